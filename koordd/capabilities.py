@@ -1,0 +1,295 @@
+"""What this host can do: one probe per kernel feature or library koordd may use.
+
+Backs `koordctl doctor [--json]` and the daemon's start-up report. A probe never
+raises: a missing feature is an unavailable `Capability` whose detail says why,
+so callers degrade with one clear log line instead of failing later mid-loop.
+Roots are injectable so tests can point every probe at a fake tree.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import importlib
+import json
+import os
+import platform
+import socket
+import struct
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Callable
+
+from koordd.cgroups import Layout, LayoutError, detect_layout
+
+
+@dataclass(frozen=True)
+class Capability:
+    name: str
+    available: bool
+    detail: str
+
+
+@dataclass
+class _Roots:
+    cgroup: Path
+    sys: Path
+    proc: Path
+    run: Path
+
+    @cached_property
+    def layout(self) -> Layout:
+        # Shared by four probes; a LayoutError is not cached, so each of them reports it on its own.
+        return detect_layout(self.cgroup)
+
+
+# --- shared helpers ---------------------------------------------------------------------------------
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _find_knob(root: Path, filename: str) -> Path | None:
+    """`filename` in `root` or one level below: most cpu knobs exist only in non-root cgroups."""
+    if (root / filename).is_file():
+        return root / filename
+    try:
+        children = sorted(p for p in root.iterdir() if p.is_dir())
+    except OSError:
+        return None
+    return next((c / filename for c in children if (c / filename).is_file()), None)
+
+
+def _cpu_knob(layout: Layout, v2_file: str, v1_file: str, since: str) -> tuple[bool, str]:
+    """Look for a cpu-controller knob in whichever hierarchy serves cpu (as CgroupFS does)."""
+    if "cpu" in layout.v2_controllers and layout.unified is not None:
+        root, filename = layout.unified, v2_file
+        subtree = (_read(root / "cgroup.subtree_control") or "").split()
+        if "cpu" not in subtree:
+            # Without cpu in the root's subtree_control no cgroup has cpu.* files, whatever the kernel.
+            return False, f"cpu not enabled in {root}/cgroup.subtree_control, so no cgroup has {v2_file}"
+    elif "cpu" in layout.v1:
+        root, filename = layout.v1["cpu"], v1_file
+    else:
+        return False, "no cpu controller in any hierarchy"
+    found = _find_knob(root, filename)
+    if found is not None:
+        return True, f"found {found}"
+    return False, f"no {filename} in {root} or its children (needs Linux {since})"
+
+
+def _try_import(name: str):
+    """(module, None) or (None, why): a missing optional library is a fact to report, not an error."""
+    try:
+        return importlib.import_module(name), None
+    except ModuleNotFoundError as e:
+        if e.name and (name == e.name or name.startswith(e.name + ".")):
+            return None, f"{name} not installed"
+        return None, f"import {name}: {e}"
+    except Exception as e:  # bcc raises OSError/Exception when libbcc is missing or broken
+        return None, f"import {name}: {type(e).__name__}: {e}"
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+# --- probes -----------------------------------------------------------------------------------------
+
+def _probe_cgroup(r: _Roots) -> tuple[bool, str]:
+    try:
+        return True, r.layout.describe()
+    except LayoutError as e:
+        return False, str(e)
+
+
+def _probe_cpu_burst(r: _Roots) -> tuple[bool, str]:
+    return _cpu_knob(r.layout, "cpu.max.burst", "cpu.cfs_burst_us", "5.14+")
+
+
+def _probe_cpu_idle(r: _Roots) -> tuple[bool, str]:
+    return _cpu_knob(r.layout, "cpu.idle", "cpu.idle", "5.15+")
+
+
+def _probe_psi(r: _Roots) -> tuple[bool, str]:
+    pressure = r.proc / "pressure"
+    if not pressure.is_dir():
+        return False, f"no {pressure}: kernel built without CONFIG_PSI or psi=0"
+    readable = [res for res in ("cpu", "memory", "io") if _read(pressure / res) is not None]
+    missing = sorted({"cpu", "memory", "io"} - set(readable))
+    system = f"{pressure}: {','.join(readable) or 'none'} readable" + (f" ({','.join(missing)} not)" if missing else "")
+    try:
+        unified, why = r.layout.unified, "no v2 tree"
+    except (LayoutError, OSError) as e:
+        # A broken cgroup tree must not hide the system-wide PSI the memory loops rely on.
+        unified, why = None, str(e)
+    if unified is None:
+        per_cg = f"per-cgroup: no ({why})"
+    else:
+        found = _find_knob(unified, "cpu.pressure")
+        per_cg = f"per-cgroup: yes ({found})" if found else f"per-cgroup: no cpu.pressure in {unified}"
+    return not missing, f"{system}; {per_cg}"
+
+
+_PERF_SYSCALL = {"x86_64": 298, "aarch64": 241}
+_PERF_TYPE_HARDWARE, _PERF_TYPE_SOFTWARE = 0, 1
+_PERF_COUNT_HW_CPU_CYCLES, _PERF_COUNT_SW_TASK_CLOCK = 0, 1
+_PERF_FLAG_FD_CLOEXEC = 8
+_NO_PMU = {errno.ENOENT, errno.EOPNOTSUPP, errno.ENODEV}
+
+
+def _perf_event_open(type_: int, config: int) -> int:
+    """Open and close one counter on this process, any CPU; 0 on success, else the errno."""
+    nr = _PERF_SYSCALL.get(platform.machine())
+    if nr is None:
+        return errno.ENOSYS
+    attr = ctypes.create_string_buffer(128)  # PERF_ATTR_SIZE_VER7; zero fields are the defaults
+    struct.pack_into("IIQ", attr, 0, type_, len(attr), config)
+    # disabled | exclude_kernel | exclude_hv: counts nothing, and user-only passes perf_event_paranoid=2.
+    struct.pack_into("Q", attr, 40, 1 | 1 << 5 | 1 << 6)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    fd = libc.syscall(ctypes.c_long(nr), attr, ctypes.c_long(0), ctypes.c_long(-1),
+                      ctypes.c_long(-1), ctypes.c_long(_PERF_FLAG_FD_CLOEXEC))
+    if fd < 0:
+        return ctypes.get_errno()
+    os.close(fd)
+    return 0
+
+
+def _perf_why(err: int, r: _Roots) -> str:
+    name = errno.errorcode.get(err, str(err))
+    if err in _NO_PMU:
+        return f"{name} — no hardware PMU (VM?)"
+    if err in (errno.EACCES, errno.EPERM):
+        paranoid = _read(r.proc / "sys/kernel/perf_event_paranoid") or "unknown"
+        return f"{name} — not permitted (kernel.perf_event_paranoid={paranoid}; needs root or CAP_PERFMON)"
+    if err == errno.ENOSYS:
+        return f"{name} — no perf_event_open syscall number for {platform.machine()}"
+    return f"{name} — {os.strerror(err)}"
+
+
+def _probe_perf(r: _Roots) -> tuple[bool, str]:
+    hw = _perf_event_open(_PERF_TYPE_HARDWARE, _PERF_COUNT_HW_CPU_CYCLES)
+    sw = _perf_event_open(_PERF_TYPE_SOFTWARE, _PERF_COUNT_SW_TASK_CLOCK)
+    hw_text = "perf_event_open(cycles): ok" if hw == 0 else f"perf_event_open(cycles): {_perf_why(hw, r)}"
+    sw_text = "software events (task-clock) work" if sw == 0 else f"software events (task-clock) fail: {_perf_why(sw, r)}"
+    return hw == 0, f"{hw_text}; {sw_text}"
+
+
+_DISTRO_BCC = Path("/usr/lib/python3/dist-packages/bcc")
+
+
+def _probe_bpf(r: _Roots) -> tuple[bool, str]:
+    _, why = _try_import("bcc")
+    if why and _DISTRO_BCC.is_dir():
+        # python3-bpfcc installs for the distro interpreter only; a venv/pyenv python does not see it.
+        why += f" for this python (a copy is in {_DISTRO_BCC.parent}: run with /usr/bin/python3 or a venv with --system-site-packages)"
+    btf = r.sys / "kernel/btf/vmlinux"
+    headers = Path("/lib/modules") / os.uname().release / "build"
+    facts = [f"bcc: {why or 'imports'}", f"BTF {btf}: {_yes(btf.exists())}", f"headers {headers}: {_yes(headers.exists())}"]
+    return why is None, "; ".join(facts)
+
+
+def _probe_resctrl(r: _Roots) -> tuple[bool, str]:
+    supported = "resctrl" in (_read(r.proc / "filesystems") or "").split()
+    mount = r.sys / "fs/resctrl"
+    if (mount / "info").is_dir():
+        return True, f"mounted at {mount}"
+    if supported:
+        return False, f"kernel supports resctrl but it is not mounted (mount -t resctrl resctrl {mount})"
+    return False, f"resctrl not in {r.proc}/filesystems (no RDT/CAT hardware or CONFIG_X86_CPU_RESCTRL off)"
+
+
+def _probe_sched_ext(r: _Roots) -> tuple[bool, str]:
+    base = r.sys / "kernel/sched_ext"
+    state = _read(base / "state")
+    if state is None:
+        return False, f"no {base}/state: kernel without CONFIG_SCHED_CLASS_EXT"
+    ops = _read(base / "root/ops")
+    return True, f"state={state}" + (f", root/ops={ops}" if ops else "")
+
+
+def _probe_netlink(r: _Roots) -> tuple[bool, str]:
+    pyroute2, why = _try_import("pyroute2")
+    if pyroute2 is not None:
+        pyroute2.IPRoute().close()
+        return True, "pyroute2 IPRoute opens"
+    # Say whether installing pyroute2 would be enough, or netlink itself is blocked.
+    try:
+        socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE).close()
+        raw = "a raw NETLINK_ROUTE socket opens"
+    except OSError as e:
+        raw = f"a raw NETLINK_ROUTE socket fails too: {e}"
+    return False, f"{why}; {raw}"
+
+
+def _probe_nvml(r: _Roots) -> tuple[bool, str]:
+    pynvml, why = _try_import("pynvml")
+    if pynvml is None:
+        return False, why
+    error = getattr(pynvml, "NVMLError", Exception)
+    try:
+        pynvml.nvmlInit()
+    except error as e:
+        return False, f"nvmlInit: {e}"
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+    finally:
+        pynvml.nvmlShutdown()
+    return count > 0, f"{count} GPU(s)"
+
+
+def _probe_journald(r: _Roots) -> tuple[bool, str]:
+    sock = r.run / "systemd/journal/socket"
+    _, why = _try_import("systemd.journal")
+    return sock.exists() and why is None, f"{sock}: {_yes(sock.exists())}; python systemd.journal: {why or 'imports'}"
+
+
+def _probe_systemd(r: _Roots) -> tuple[bool, str]:
+    marker = r.run / "systemd/system"
+    notify = os.environ.get("NOTIFY_SOCKET")
+    detail = "systemd is PID 1" if marker.is_dir() else f"no {marker}: systemd is not PID 1"
+    return marker.is_dir(), detail + (f"; NOTIFY_SOCKET={notify}" if notify else "; NOTIFY_SOCKET not set")
+
+
+PROBES: list[tuple[str, Callable[[_Roots], tuple[bool, str]]]] = [
+    ("cgroup", _probe_cgroup),
+    ("cpu.max.burst", _probe_cpu_burst),
+    ("cpu.idle", _probe_cpu_idle),
+    ("psi", _probe_psi),
+    ("perf", _probe_perf),
+    ("bpf", _probe_bpf),
+    ("resctrl", _probe_resctrl),
+    ("sched_ext", _probe_sched_ext),
+    ("netlink", _probe_netlink),
+    ("nvml", _probe_nvml),
+    ("journald", _probe_journald),
+    ("systemd", _probe_systemd),
+]
+
+
+def probe_all(cgroup_root: Path | str = "/sys/fs/cgroup", sys_root: Path | str = "/sys",
+              proc_root: Path | str = "/proc", run_root: Path | str = "/run") -> list[Capability]:
+    """Run every probe; one that raises becomes an unavailable Capability carrying the exception."""
+    roots = _Roots(Path(cgroup_root), Path(sys_root), Path(proc_root), Path(run_root))
+    caps = []
+    for name, probe in PROBES:
+        try:
+            available, detail = probe(roots)
+        except Exception as e:
+            available, detail = False, f"probe failed: {type(e).__name__}: {e}"
+        caps.append(Capability(name, available, detail))
+    return caps
+
+
+def format_report(caps: list[Capability]) -> str:
+    width = max((len(c.name) for c in caps), default=0)
+    return "\n".join(f"{c.name:<{width}}  {_yes(c.available):<3}  {c.detail}" for c in caps)
+
+
+def report_json(caps: list[Capability]) -> str:
+    return json.dumps([asdict(c) for c in caps], indent=2)

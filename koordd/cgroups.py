@@ -1,0 +1,214 @@
+"""The cgroup filesystem: layout detection, paths, and raw reads and writes.
+
+A cgroup is named by its path relative to the hierarchy root ("be.slice/job1"),
+the same name on v2 and on every v1 hierarchy. `CgroupFS` turns that name plus
+a controller into a directory. It holds no policy; the knob table
+(`koordd.knobs`) decides which file a logical knob lives in.
+"""
+from __future__ import annotations
+
+import errno
+import fnmatch
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Mapping
+
+DEFAULT_ROOT = Path("/sys/fs/cgroup")
+V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "freezer", "blkio", "pids", "net_cls")
+
+
+class CgroupGone(Exception):
+    """The cgroup disappeared (normal churn): callers skip it silently."""
+
+
+class LayoutError(Exception):
+    """No cgroup hierarchy could be recognised under the root."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each controller lives. mode: "v2", "v1" or "hybrid" (v1 controllers plus a v2 tree)."""
+    root: Path
+    mode: str
+    unified: Path | None = None
+    v1: Mapping[str, Path] = field(default_factory=dict)
+    v2_controllers: frozenset[str] = frozenset()
+
+    def has(self, controller: str) -> bool:
+        return controller in self.v2_controllers or controller in self.v1
+
+    def describe(self) -> str:
+        parts = [f"mode={self.mode}"]
+        if self.unified is not None:
+            parts.append(f"unified={self.unified} ({' '.join(sorted(self.v2_controllers)) or 'no controllers'})")
+        if self.v1:
+            parts.append("v1=" + ",".join(sorted(self.v1)))
+        return " ".join(parts)
+
+
+def detect_layout(root: Path | str = DEFAULT_ROOT) -> Layout:
+    """Recognise v2, v1 (one hierarchy per controller, or co-mounted "cpu,cpuacct") or hybrid."""
+    root = Path(root)
+    if (root / "cgroup.controllers").is_file():
+        return Layout(root, "v2", unified=root, v2_controllers=_read_controllers(root))
+    if not root.is_dir():
+        raise LayoutError(f"{root}: no such directory")
+    unified: Path | None = None
+    v1: dict[str, Path] = {}
+    for entry in sorted(root.iterdir()):
+        if not entry.is_dir():
+            continue
+        if (entry / "cgroup.controllers").is_file():
+            unified = entry
+        elif (entry / "cgroup.procs").is_file():
+            # "cpu,cpuacct" (co-mounted) and links such as cpu -> cpu,cpuacct both name their controllers.
+            for name in entry.resolve().name.split(",") + entry.name.split(","):
+                if name in V1_CONTROLLERS:
+                    v1.setdefault(name, entry)
+    if not v1 and unified is None:
+        raise LayoutError(f"{root}: no cgroup hierarchy found (neither cgroup.controllers nor v1 controllers)")
+    if not v1:
+        return Layout(root, "v2", unified=unified, v2_controllers=_read_controllers(unified))
+    v2c = _read_controllers(unified) if unified else frozenset()
+    return Layout(root, "hybrid" if unified else "v1", unified=unified, v1=v1, v2_controllers=v2c)
+
+
+def _read_controllers(d: Path | None) -> frozenset[str]:
+    try:
+        return frozenset((d / "cgroup.controllers").read_text().split())
+    except OSError:
+        return frozenset()
+
+
+def normalize_cgroup(name: str) -> str:
+    """"/be.slice/" -> "be.slice"; "" is the root. Rejects ".." so nothing escapes the hierarchy."""
+    parts = [p for p in name.strip().split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise ValueError(f"cgroup path may not contain '..': {name!r}")
+    return "/".join(parts)
+
+
+def parent_of(cgroup: str) -> str | None:
+    return None if cgroup == "" else cgroup.rpartition("/")[0]
+
+
+def depth(cgroup: str) -> int:
+    return 0 if cgroup == "" else cgroup.count("/") + 1
+
+
+class CgroupFS:
+    """Reads and writes files of named cgroups under one layout."""
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+
+    def dir(self, controller: str | None, cgroup: str) -> Path | None:
+        """Directory of `cgroup` in the hierarchy serving `controller` (None: the v2 tree)."""
+        base: Path | None
+        if controller is None or controller in self.layout.v2_controllers:
+            base = self.layout.unified
+        else:
+            base = self.layout.v1.get(controller)
+        if base is None:
+            return None
+        return base / cgroup if cgroup else base
+
+    def read(self, controller: str | None, cgroup: str, filename: str) -> str:
+        """File text; CgroupGone when the cgroup is missing, FileNotFoundError when only the file is."""
+        d = self.dir(controller, cgroup)
+        if d is None:
+            raise FileNotFoundError(errno.ENOENT, f"no hierarchy for {controller}", filename)
+        try:
+            with open(d / filename) as f:
+                return f.read()
+        except FileNotFoundError:
+            if not d.is_dir():
+                raise CgroupGone(cgroup) from None
+            raise
+
+    def write(self, controller: str | None, cgroup: str, filename: str, text: str) -> None:
+        """One write(2) of `text`; the kernel's error comes back as OSError."""
+        d = self.dir(controller, cgroup)
+        if d is None:
+            raise FileNotFoundError(errno.ENOENT, f"no hierarchy for {controller}", filename)
+        try:
+            fd = os.open(d / filename, os.O_WRONLY)
+        except FileNotFoundError:
+            if not d.is_dir():
+                raise CgroupGone(cgroup) from None
+            raise
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+    def exists(self, controller: str | None, cgroup: str) -> bool:
+        d = self.dir(controller, cgroup)
+        return d is not None and d.is_dir()
+
+    def walk(self, controller: str | None, max_depth: int) -> Iterator[str]:
+        """Cgroup names below the root, parents first, down to max_depth levels."""
+        base = self.dir(controller, "")
+        if base is None:
+            return
+        stack = [""]
+        while stack:
+            cg = stack.pop()
+            if cg:
+                yield cg
+            if depth(cg) >= max_depth:
+                continue
+            try:
+                children = sorted((e.name for e in os.scandir(base / cg) if e.is_dir(follow_symlinks=False)),
+                                  reverse=True)
+            except OSError:
+                continue
+            stack.extend(f"{cg}/{c}" if cg else c for c in children)
+
+    def walk_controller(self) -> str | None:
+        """The hierarchy whose tree names the cgroups koordd manages: cpu's on v1, the v2 tree otherwise."""
+        if "cpu" in self.layout.v1 and "cpu" not in self.layout.v2_controllers:
+            return "cpu"
+        return None
+
+
+def match_pattern(pattern: str, cgroup: str) -> bool:
+    """Glob per path component: "kubepods.slice/*" matches one level below kubepods.slice."""
+    pp, cp = pattern.split("/"), cgroup.split("/")
+    return len(pp) == len(cp) and all(fnmatch.fnmatchcase(c, p) for p, c in zip(pp, cp))
+
+
+def parse_cpulist(text: str) -> frozenset[int]:
+    """"0-3,8,10-11" -> {0,1,2,3,8,10,11}; "" -> empty."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if sep:
+            a, b = int(lo), int(hi)
+            if b < a:
+                raise ValueError(f"bad cpu range {part!r}")
+            cpus.update(range(a, b + 1))
+        else:
+            cpus.add(int(lo))
+    if any(c < 0 for c in cpus):
+        raise ValueError(f"negative cpu in {text!r}")
+    return frozenset(cpus)
+
+
+def format_cpulist(cpus) -> str:
+    """{0,1,2,3,8} -> "0-3,8" (the kernel's own form)."""
+    out, run = [], []
+    for c in sorted(cpus):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [c]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)

@@ -1,0 +1,245 @@
+"""koordd: the daemon. Start-up, the main loop, reload, and a clean stop.
+
+    koordd [--config F] [--dry-run] [--once] [--log-level L]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from . import notify
+from .actuator import Actuator
+from .capabilities import probe_all
+from .cgroups import DEFAULT_ROOT, CgroupFS, LayoutError, detect_layout
+from .config import DEFAULT_PATH, Config, ConfigError, load_config
+from .decisions import DecisionLog, journal_sender
+from .registry import load_registry
+from .runner import Runner
+from .sensors.collect import Sensors
+from .state import RestoreJournal, write_atomic
+
+log = logging.getLogger("koordd")
+RELOAD_DEBOUNCE = 0.5        # editors write a file in several steps: reload once they are done
+RESTART_KEYS = ("cgroup_root", "state_dir", "dry_run")
+STATUS_FILE = "status.json"
+
+
+def setup_logging(level: str) -> None:
+    root = logging.getLogger()
+    root.handlers.clear()
+    handler: logging.Handler
+    if journal_sender() is not None:
+        from systemd.journal import JournalHandler
+        handler = JournalHandler(SYSLOG_IDENTIFIER="koordd")
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    set_level(level)
+
+
+def set_level(level: str) -> None:
+    logging.getLogger().setLevel(getattr(logging, level.upper()))
+
+
+class Daemon:
+    def __init__(self, config: Config, registry, dry_run: bool = False):
+        self.config, self.registry = config, registry
+        self.dry_run = dry_run or config.daemon.dry_run
+        root = Path(config.daemon.cgroup_root or DEFAULT_ROOT)
+        self.layout = detect_layout(root)
+        self.fs = CgroupFS(self.layout)
+        self.state_dir = Path(config.daemon.state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.journal = RestoreJournal(self.state_dir)
+        self.actuator = Actuator(self.fs, self.journal, DecisionLog(self.state_dir, send=journal_sender()),
+                                 dry_run=self.dry_run)
+        self.sensors = Sensors(self.fs, config.classify, _patterns(config))
+        self.runner = Runner(registry, self.actuator)
+        self.wake = threading.Event()
+        self.stopping = False
+        self.reload_at: float | None = None
+        self.started = time.time()
+
+    # --- start ----------------------------------------------------------------
+
+    def start(self) -> None:
+        log.info("koordd starting: config %s, cgroups %s%s", self.config.path, self.layout.describe(),
+                 ", dry-run: nothing will be written" if self.dry_run else "")
+        for cap in probe_all(self.layout.root):
+            if not cap.available:
+                log.info("capability %s unavailable: %s", cap.name, cap.detail)
+        self._recover()
+        self.runner.configure(self.config)
+        self.sensors.snapshot()          # baseline: rates need two samples
+
+    def _recover(self) -> None:
+        """Knobs left changed by a previous run that crashed: re-adopt those whose loop runs again,
+        restore the rest."""
+        enabled = {n for n, s in self.config.loops.items() if s.enabled}
+        for h in self.journal.entries():
+            if h.owner in enabled and not self.dry_run:
+                log.info("re-adopting %s %s (original %r) for loop %s", h.cgroup, h.knob, h.original, h.owner)
+        self.actuator.restore_where(lambda h: h.owner in enabled and not self.dry_run,
+                                    "left changed by a previous run whose loop is not enabled now")
+
+    # --- main loop ------------------------------------------------------------
+
+    def run(self, once: bool = False) -> int:
+        self.start()
+        if once:
+            time.sleep(min([float(s.interval) for s in self.config.loops.values() if s.enabled] + [1.0]))
+            self.round(list(self.runner.runs.values()))
+            self._write_status()
+            return 0 if all(r.failures == 0 for r in self.runner.runs.values()) else 1
+        self._install_signals()
+        watcher = self._watch_config()
+        watchdog = notify.watchdog_period()
+        next_ping = time.monotonic()
+        ready = False
+        try:
+            while not self.stopping:
+                now = time.monotonic()
+                if self.reload_at is not None and now >= self.reload_at:
+                    self.reload_at = None
+                    self.reload()
+                due = self.runner.due(now)
+                if due:
+                    self.round(due)
+                if not ready:
+                    notify.notify("READY=1", "STATUS=running")
+                    ready = True
+                if watchdog is not None and now >= next_ping and self.runner.alive(time.monotonic()):
+                    notify.notify("WATCHDOG=1")
+                    next_ping = now + watchdog
+                wake_at = [t for t in (self.runner.next_due(), self.reload_at,
+                                       next_ping if watchdog else None) if t is not None]
+                timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
+                self.wake.wait(timeout)
+                self.wake.clear()
+        finally:
+            if watcher is not None:
+                watcher.stop()
+            self.stop()
+        return 0
+
+    def round(self, due) -> None:
+        snapshot = self.sensors.snapshot()
+        self.runner.tick(due, snapshot)
+        self._write_status()
+
+    def stop(self) -> None:
+        notify.notify("STOPPING=1")
+        self.actuator.restore_all("koordd stopping")
+        self._write_status()
+        log.info("koordd stopped; %d knobs left held", len(self.journal.entries()))
+
+    # --- reload ---------------------------------------------------------------
+
+    def request_reload(self, delay: float = 0.0) -> None:
+        self.reload_at = time.monotonic() + delay
+        self.wake.set()
+
+    def reload(self) -> None:
+        notify.reloading()
+        try:
+            new = load_config(self.config.path, self.registry)
+        except ConfigError as e:
+            log.error("reload refused, keeping the running config:\n%s", e)
+            notify.notify("READY=1", "STATUS=running (reload refused, see log)")
+            return
+        for key in RESTART_KEYS:
+            if getattr(new.daemon, key) != getattr(self.config.daemon, key):
+                log.warning("%s: daemon.%s changed; it takes effect when koordd restarts", new.path, key)
+        set_level(new.daemon.log_level)
+        self.config = new
+        self.sensors.set_classes(new.classify, _patterns(new))
+        self.runner.configure(new)
+        log.info("reloaded %s", new.path)
+        notify.notify("READY=1", "STATUS=running")
+
+    def _install_signals(self) -> None:
+        def on_stop(signum, frame):
+            self.stopping = True
+            self.wake.set()
+        signal.signal(signal.SIGTERM, on_stop)
+        signal.signal(signal.SIGINT, on_stop)
+        signal.signal(signal.SIGHUP, lambda s, f: self.request_reload())
+
+    def _watch_config(self):
+        """Reload when the file changes. Editors replace it by rename, so watch its directory."""
+        try:
+            from watchdog.events import FileSystemEventHandler
+            from watchdog.observers import Observer
+        except ImportError:
+            log.info("watchdog not installed: config reloads on SIGHUP only")
+            return None
+        target = os.path.realpath(self.config.path)
+        daemon = self
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event):
+                paths = {getattr(event, "src_path", ""), getattr(event, "dest_path", "")}
+                if target in {os.path.realpath(p) for p in paths if p}:
+                    daemon.request_reload(RELOAD_DEBOUNCE)
+
+        observer = Observer()
+        try:
+            observer.schedule(Handler(), os.path.dirname(target), recursive=False)
+            observer.daemon = True
+            observer.start()
+        except OSError as e:
+            log.warning("cannot watch %s (%s): config reloads on SIGHUP only", target, e)
+            return None
+        return observer
+
+    # --- status for koordctl ----------------------------------------------------
+
+    def _write_status(self) -> None:
+        status = {"pid": os.getpid(), "started": self.started, "updated": time.time(),
+                  "config": str(self.config.path), "dry_run": self.dry_run, "cgroups": self.layout.describe(),
+                  "loops": self.runner.status(),
+                  "held": [h.__dict__ for h in self.journal.entries()]}
+        try:
+            write_atomic(self.state_dir / STATUS_FILE, json.dumps(status, indent=1) + "\n", durable=False)
+        except OSError as e:
+            log.warning("cannot write status: %s", e)
+
+
+def _patterns(config: Config) -> list[str]:
+    return [p for rule in config.classes for p in rule.patterns]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="koordd", description="Node-local QoS daemon for LS and BE workloads.")
+    p.add_argument("--config", type=Path, default=DEFAULT_PATH, help=f"config file (default {DEFAULT_PATH})")
+    p.add_argument("--dry-run", action="store_true", help="decide and log, write nothing")
+    p.add_argument("--once", action="store_true", help="run every enabled loop one tick, then exit")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="overrides daemon.log_level")
+    args = p.parse_args(argv)
+    setup_logging(args.log_level or "info")
+    registry = load_registry()
+    try:
+        config = load_config(args.config, registry)
+    except ConfigError as e:
+        log.error("refusing to start, invalid config:\n%s", e)
+        return 78      # EX_CONFIG: systemd shows it as "status=78/CONFIG"
+    set_level(args.log_level or config.daemon.log_level)
+    try:
+        daemon = Daemon(config, registry, dry_run=args.dry_run)
+    except (LayoutError, OSError) as e:
+        log.error("cannot start: %s", e)
+        return 1
+    return daemon.run(once=args.once)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Decision records: one journald entry and one JSON line per change, refusal or restore.
+
+journalctl -u koordd KOORDD_LOOP=be_suppress -o json   shows them with their fields;
+<state_dir>/decisions.jsonl keeps the same records for `koordctl decisions`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+log = logging.getLogger("koordd.decision")
+
+APPLIED, DRY_RUN, REFUSED, RESTORED = "applied", "dry-run", "refused", "restored"
+_PRIORITY = {APPLIED: 5, DRY_RUN: 6, RESTORED: 5, REFUSED: 4}   # notice, info, notice, warning
+
+
+@dataclass(frozen=True)
+class Decision:
+    time: float
+    loop: str
+    cgroup: str
+    knob: str
+    old: str | None
+    new: str | None
+    outcome: str
+    message: str = ""
+    reason: Mapping[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    def text(self) -> str:
+        """The journal's MESSAGE: what changed, and why in words."""
+        what = {APPLIED: "set", DRY_RUN: "would set", RESTORED: "restored", REFUSED: "refused"}[self.outcome]
+        s = f"{self.loop}: {what} {self.cgroup or '/'} {self.knob} {self.old!r} -> {self.new!r}"
+        if self.message:
+            s += f": {self.message}"
+        if self.error:
+            s += f" ({self.error})"
+        return s
+
+    def fields(self) -> dict[str, str]:
+        return {"KOORDD_LOOP": self.loop, "KOORDD_CGROUP": self.cgroup, "KOORDD_KNOB": self.knob,
+                "KOORDD_OLD": "" if self.old is None else self.old,
+                "KOORDD_NEW": "" if self.new is None else self.new,
+                "KOORDD_OUTCOME": self.outcome,
+                "KOORDD_REASON": json.dumps(dict(self.reason), sort_keys=True, default=str),
+                **({"KOORDD_ERROR": self.error} if self.error else {})}
+
+
+def journal_sender() -> Callable[..., None] | None:
+    """systemd.journal.send when journald is there to receive, else None (records go to stderr)."""
+    if not os.path.exists("/run/systemd/journal/socket"):
+        return None
+    try:
+        from systemd import journal
+    except ImportError:
+        return None
+    return journal.send
+
+
+class DecisionLog:
+    FILE = "decisions.jsonl"
+
+    def __init__(self, state_dir: Path | str | None, max_bytes: int = 8 << 20, keep: int = 3,
+                 send: Callable[..., None] | None = None):
+        self.path = Path(state_dir) / self.FILE if state_dir is not None else None
+        self.max_bytes, self.keep, self.send = max_bytes, keep, send
+
+    def record(self, d: Decision) -> None:
+        if self.send is not None:
+            self.send(d.text(), PRIORITY=str(_PRIORITY[d.outcome]), SYSLOG_IDENTIFIER="koordd", **d.fields())
+        else:
+            log.log(logging.WARNING if d.outcome == REFUSED else logging.INFO, "%s reason=%s",
+                    d.text(), d.fields()["KOORDD_REASON"])
+        if self.path is not None:
+            self._append(json.dumps(asdict(d), sort_keys=True, default=str) + "\n")
+
+    def _append(self, line: str) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists() and self.path.stat().st_size + len(line) > self.max_bytes:
+                self._rotate()
+            with open(self.path, "a") as f:
+                f.write(line)
+        except OSError as e:
+            log.error("%s: cannot append decision: %s", self.path, e)
+
+    def _rotate(self) -> None:
+        """decisions.jsonl -> .1 -> .2 ...; the oldest beyond `keep` is dropped."""
+        for i in range(self.keep - 1, 0, -1):
+            older = self.path.with_name(f"{self.FILE}.{i}")
+            if older.exists():
+                older.replace(self.path.with_name(f"{self.FILE}.{i + 1}"))
+        self.path.replace(self.path.with_name(f"{self.FILE}.1"))
+
+
+def read_decisions(state_dir: Path | str, keep: int = 3) -> Iterator[dict]:
+    """Every stored record, oldest first, across rotated files; a damaged line is skipped."""
+    base = Path(state_dir) / DecisionLog.FILE
+    files = [base.with_name(f"{DecisionLog.FILE}.{i}") for i in range(keep, 0, -1)] + [base]
+    for path in files:
+        try:
+            with open(path) as f:
+                for line in f:
+                    try:
+                        yield json.loads(line)
+                    except ValueError:
+                        continue
+        except FileNotFoundError:
+            continue

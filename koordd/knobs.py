@@ -1,0 +1,230 @@
+"""The table of knobs: one logical name (as in the kernel's cgroup-v2 docs) per knob.
+
+Each knob knows the file(s) it lives in on v2 and on v1, how to read the
+current value in canonical v2 text, how to write a canonical value, and which
+kernel rules a value must satisfy before it is written. Values travel through
+koordd as that canonical text ("50000 100000", "max 100000", "0-3"), so
+decisions, the restore journal and the logs all read the same on every host.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .cgroups import CgroupFS, format_cpulist, parent_of, parse_cpulist
+
+V1_MEMORY_UNLIMITED = 9223372036854771712   # PAGE_COUNTER_MAX * 4096, what v1 shows for "no limit"
+CFS_PERIOD_RANGE = (1000, 1_000_000)        # µs, kernel's min/max cfs period
+CFS_QUOTA_MIN = 1000                        # µs
+
+
+class Unsupported(Exception):
+    """The knob has no file on this layout."""
+
+
+class InvalidValue(ValueError):
+    """The value breaks a kernel rule; the message says which."""
+
+
+# --- canonical values ------------------------------------------------------
+
+def parse_cpu_max(text: str) -> tuple[int | None, int]:
+    """"max 100000" -> (None, 100000); "50000 100000" -> (50000, 100000)."""
+    parts = text.split()
+    if len(parts) != 2:
+        raise InvalidValue(f"cpu.max wants \"<quota|max> <period>\", got {text!r}")
+    quota = None if parts[0] == "max" else _int(parts[0], "cpu.max quota")
+    period = _int(parts[1], "cpu.max period")
+    return quota, period
+
+
+def format_cpu_max(quota: int | None, period: int) -> str:
+    return f"{'max' if quota is None else int(quota)} {int(period)}"
+
+
+def _int(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidValue(f"{what} must be an integer, got {text!r}") from None
+
+
+def shares_to_weight(shares: int) -> int:
+    """v1 cpu.shares (2..262144) -> v2 cpu.weight (1..10000), the kernel's/systemd's mapping."""
+    return max(1, min(10000, 1 + ((shares - 2) * 9999) // 262142))
+
+
+def weight_to_shares(weight: int) -> int:
+    return max(2, min(262144, 2 + ((weight - 1) * 262142) // 9999))
+
+
+# --- the table -------------------------------------------------------------
+
+Reader = Callable[[str], str]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A logical knob. `read`/`write` take the CgroupFS and cgroup; v1/v2 is chosen from the layout."""
+    name: str
+    controller: str
+    doc: str
+    v2_file: str | None
+    v1_file: str | None                       # single-file v1 form (cpu.max is special-cased)
+    normalize: Callable[[str], str]           # canonical text or InvalidValue
+    to_v1: Callable[[str], str] = lambda v: v
+    from_v1: Callable[[str], str] = lambda v: v
+    check: Callable[[str, "KnobContext"], None] = lambda v, ctx: None
+
+    def uses_v2(self, fs: CgroupFS) -> bool:
+        return self.controller in fs.layout.v2_controllers
+
+    def supported(self, fs: CgroupFS) -> bool:
+        if self.uses_v2(fs):
+            return self.v2_file is not None
+        return self.controller in fs.layout.v1 and (self.v1_file is not None or self.name == "cpu.max")
+
+    def file(self, fs: CgroupFS) -> str:
+        if not self.supported(fs):
+            raise Unsupported(f"{self.name} is not available on this host ({fs.layout.describe()})")
+        return self.v2_file if self.uses_v2(fs) else (self.v1_file or self.name)
+
+    def read(self, fs: CgroupFS, cgroup: str) -> str:
+        if self.name == "cpu.max" and not self.uses_v2(fs):
+            return _read_v1_cpu_max(fs, cgroup)
+        raw = fs.read(self.controller, cgroup, self.file(fs)).strip()
+        return self.normalize(raw if self.uses_v2(fs) else self.from_v1(raw))
+
+    def write(self, fs: CgroupFS, cgroup: str, value: str) -> None:
+        if self.name == "cpu.max" and not self.uses_v2(fs):
+            return _write_v1_cpu_max(fs, cgroup, value)
+        fs.write(self.controller, cgroup, self.file(fs), value if self.uses_v2(fs) else self.to_v1(value))
+
+
+class KnobContext:
+    """What a kernel-rule check may look at: other knobs of the same cgroup and of its parent."""
+
+    def __init__(self, fs: CgroupFS, cgroup: str):
+        self.fs, self.cgroup = fs, cgroup
+
+    def current(self, knob: str, cgroup: str | None = None) -> str | None:
+        k = KNOBS[knob]
+        try:
+            return k.read(self.fs, self.cgroup if cgroup is None else cgroup) if k.supported(self.fs) else None
+        except (OSError, ValueError):
+            return None
+
+    def effective_cpus(self, cgroup: str) -> frozenset[int] | None:
+        """CPUs a cgroup may use: v2 cpuset.cpus.effective, v1 cpuset.cpus."""
+        name = "cpuset.cpus.effective" if "cpuset" in self.fs.layout.v2_controllers else "cpuset.cpus"
+        try:
+            return parse_cpulist(self.fs.read("cpuset", cgroup, name))
+        except (OSError, ValueError):
+            return None
+
+
+def _read_v1_cpu_max(fs: CgroupFS, cgroup: str) -> str:
+    quota = int(fs.read("cpu", cgroup, "cpu.cfs_quota_us"))
+    period = int(fs.read("cpu", cgroup, "cpu.cfs_period_us"))
+    return format_cpu_max(None if quota < 0 else quota, period)
+
+
+def _write_v1_cpu_max(fs: CgroupFS, cgroup: str, value: str) -> None:
+    quota, period = parse_cpu_max(value)
+    if int(fs.read("cpu", cgroup, "cpu.cfs_period_us")) != period:
+        fs.write("cpu", cgroup, "cpu.cfs_period_us", str(period))
+    fs.write("cpu", cgroup, "cpu.cfs_quota_us", "-1" if quota is None else str(quota))
+
+
+def _norm_cpu_max(text: str) -> str:
+    quota, period = parse_cpu_max(text)
+    lo, hi = CFS_PERIOD_RANGE
+    if not lo <= period <= hi:
+        raise InvalidValue(f"cpu.max period must be {lo}..{hi} µs, got {period}")
+    if quota is not None and quota < CFS_QUOTA_MIN:
+        raise InvalidValue(f"cpu.max quota must be >= {CFS_QUOTA_MIN} µs or max, got {quota}")
+    return format_cpu_max(quota, period)
+
+
+def _check_cpu_max(value: str, ctx: KnobContext) -> None:
+    # The kernel refuses a quota below the current burst (EINVAL): say so before writing.
+    quota, _ = parse_cpu_max(value)
+    burst = ctx.current("cpu.max.burst")
+    if quota is not None and burst is not None and int(burst) > quota:
+        raise InvalidValue(f"quota {quota} µs is below cpu.max.burst {burst} µs (kernel requires burst <= quota)")
+
+
+def _norm_uint(name: str, lo: int = 0, hi: int | None = None) -> Callable[[str], str]:
+    def norm(text: str) -> str:
+        v = _int(text.strip(), name)
+        if v < lo or (hi is not None and v > hi):
+            raise InvalidValue(f"{name} must be {lo}..{hi if hi is not None else 'inf'}, got {v}")
+        return str(v)
+    return norm
+
+
+def _check_burst(value: str, ctx: KnobContext) -> None:
+    current = ctx.current("cpu.max")
+    if current is None:
+        return
+    quota, _ = parse_cpu_max(current)
+    if quota is not None and int(value) > quota:
+        raise InvalidValue(f"burst {value} µs exceeds cpu.max quota {quota} µs (kernel requires burst <= quota)")
+
+
+def _norm_cpulist(text: str) -> str:
+    try:
+        return format_cpulist(parse_cpulist(text))
+    except ValueError as e:
+        raise InvalidValue(f"cpuset.cpus: {e}") from None
+
+
+def _check_cpuset(value: str, ctx: KnobContext) -> None:
+    cpus = parse_cpulist(value)
+    if not cpus:
+        if "cpuset" in ctx.fs.layout.v2_controllers:
+            return  # v2: empty means "inherit the parent's CPUs"
+        raise InvalidValue("cpuset.cpus may not be empty on cgroup v1")
+    parent = parent_of(ctx.cgroup)
+    allowed = ctx.effective_cpus(parent if parent is not None else "")
+    if allowed is not None and not cpus <= allowed:
+        raise InvalidValue(f"CPUs {format_cpulist(cpus - allowed)} are not in the parent's cpuset "
+                           f"({format_cpulist(allowed)})")
+
+
+def _norm_memory(text: str) -> str:
+    t = text.strip()
+    return "max" if t == "max" else _norm_uint("memory limit")(t)
+
+
+def _memory_from_v1(raw: str) -> str:
+    return "max" if int(raw) >= V1_MEMORY_UNLIMITED else raw
+
+
+KNOBS: dict[str, Knob] = {k.name: k for k in (
+    Knob("cpu.max", "cpu", "CPU bandwidth limit: \"<quota_us|max> <period_us>\"",
+         "cpu.max", None, _norm_cpu_max, check=_check_cpu_max),
+    Knob("cpu.max.burst", "cpu", "CPU burst allowance above quota, µs",
+         "cpu.max.burst", "cpu.cfs_burst_us", _norm_uint("cpu.max.burst"), check=_check_burst),
+    Knob("cpu.weight", "cpu", "proportional CPU weight 1..10000 (v1: cpu.shares)",
+         "cpu.weight", "cpu.shares", _norm_uint("cpu.weight", 1, 10000),
+         to_v1=lambda v: str(weight_to_shares(int(v))), from_v1=lambda r: str(shares_to_weight(int(r)))),
+    Knob("cpu.idle", "cpu", "1 = the group runs as SCHED_IDLE",
+         "cpu.idle", "cpu.idle", _norm_uint("cpu.idle", 0, 1)),
+    Knob("cpuset.cpus", "cpuset", "CPUs the group may run on",
+         "cpuset.cpus", "cpuset.cpus", _norm_cpulist, check=_check_cpuset),
+    Knob("memory.max", "memory", "hard memory limit, bytes or max (v1: memory.limit_in_bytes)",
+         "memory.max", "memory.limit_in_bytes", _norm_memory,
+         to_v1=lambda v: "-1" if v == "max" else v, from_v1=_memory_from_v1),
+)}
+
+
+def validate(fs: CgroupFS, cgroup: str, knob: str, value: str) -> str:
+    """Canonical form of `value` if the kernel would accept it for this cgroup, else InvalidValue/Unsupported."""
+    k = KNOBS.get(knob)
+    if k is None:
+        raise Unsupported(f"unknown knob {knob!r}")
+    k.file(fs)   # raises Unsupported
+    canonical = k.normalize(value)
+    k.check(canonical, KnobContext(fs, cgroup))
+    return canonical

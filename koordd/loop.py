@@ -1,0 +1,51 @@
+"""The contract between the core and a control loop.
+
+A loop is a class in `plugins/` registered under the entry-point group
+`koordd.loops`. The core calls, in this order:
+
+- `writes(settings)` when the config loads: the (class, knob) pairs the loop
+  may write; two enabled loops may not claim the same pair.
+- `initial_state(settings)` when the loop starts or its settings change.
+- `decide(snapshot, settings, state)` every `interval`: returns the actions
+  for this tick. It may update `state` (windows, timers) but does no I/O:
+  everything it knows comes from the snapshot.
+
+The class docstring is the loop's user documentation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+from .options import Option
+
+
+@dataclass(frozen=True)
+class Action:
+    """Set `knob` of `cgroup` to `value` (canonical v2 text), or back to its original when value is None."""
+    cgroup: str
+    knob: str
+    value: str | None
+    reason: Mapping[str, Any] = field(default_factory=dict)   # the numbers behind the decision
+    message: str = ""                                          # one short sentence for the journal
+
+
+def restore(cgroup: str, knob: str, message: str, **reason: Any) -> Action:
+    return Action(cgroup, knob, None, reason, message)
+
+
+class Loop:
+    name: ClassVar[str] = ""
+    options: ClassVar[tuple[Option, ...]] = ()
+
+    @staticmethod
+    def writes(settings) -> frozenset[tuple[str, str]]:
+        return frozenset()
+
+    @staticmethod
+    def initial_state(settings) -> Any:
+        return None
+
+    @staticmethod
+    def decide(snapshot, settings, state) -> list[Action]:
+        raise NotImplementedError

@@ -1,0 +1,128 @@
+"""Runs the enabled loops, each on its own interval, each failing alone.
+
+One thread: when loops are due, the sensors build one snapshot, each due loop
+decides, the actuator applies. An exception in a loop is logged with its
+traceback and the loop backs off (doubling, up to MAX_BACKOFF) while the
+others keep their rhythm.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .actuator import Actuator
+from .config import Config, Settings
+from .loop import Loop
+from .snapshot import Snapshot
+from .state import Held
+
+log = logging.getLogger(__name__)
+MAX_BACKOFF = 60.0
+
+
+@dataclass
+class LoopRun:
+    name: str
+    impl: type[Loop]
+    settings: Settings
+    state: Any
+    next_due: float
+    ticks: int = 0
+    failures: int = 0
+    last_tick: float | None = None       # wall time of the last attempt
+    last_ok: float | None = None
+    last_error: str | None = None
+    last_changes: int = 0
+
+
+def class_of(cgroup: str, snapshot: Snapshot) -> str | None:
+    """Class of a cgroup: that of the class root it is, or lies below."""
+    path = cgroup
+    while True:
+        sample = snapshot.cgroups.get(path)
+        if sample is not None:
+            return sample.cls
+        if "/" not in path:
+            return None
+        path = path.rpartition("/")[0]
+
+
+class Runner:
+    def __init__(self, registry: Mapping[str, type[Loop]], actuator: Actuator):
+        self.registry, self.actuator = registry, actuator
+        self.runs: dict[str, LoopRun] = {}
+
+    def configure(self, config: Config, now: float | None = None) -> None:
+        """Start newly enabled loops, stop disabled ones (restoring their knobs), refresh changed settings."""
+        now = time.monotonic() if now is None else now
+        for name, settings in config.loops.items():
+            run = self.runs.get(name)
+            if not settings.enabled:
+                if run is not None:
+                    self.stop(name, "loop disabled")
+                continue
+            impl = self.registry[name]
+            if run is None:
+                self.runs[name] = LoopRun(name, impl, settings, impl.initial_state(settings), now)
+                log.info("loop %s started: %s", name, settings)
+            elif run.settings != settings:
+                run.settings, run.state, run.next_due = settings, impl.initial_state(settings), now
+                log.info("loop %s reconfigured: %s", name, settings)
+        for name in set(self.runs) - {n for n, s in config.loops.items() if s.enabled}:
+            self.stop(name, "loop removed from config")
+
+    def stop(self, name: str, why: str) -> None:
+        self.runs.pop(name, None)
+        self.actuator.restore_owner(name, why)
+        log.info("loop %s stopped: %s", name, why)
+
+    def due(self, now: float) -> list[LoopRun]:
+        return [r for r in self.runs.values() if r.next_due <= now]
+
+    def next_due(self) -> float | None:
+        return min((r.next_due for r in self.runs.values()), default=None)
+
+    def tick(self, runs: list[LoopRun], snapshot: Snapshot) -> None:
+        for run in runs:
+            run.last_tick = time.time()
+            run.ticks += 1
+            try:
+                actions = run.impl.decide(snapshot, run.settings, run.state)
+                changes = self.actuator.apply(run.name, actions)
+                changes += self._release_strays(run, snapshot)
+            except Exception as e:  # noqa: BLE001 - one loop's bug must not stop the others
+                run.failures += 1
+                backoff = min(float(run.settings.interval) * 2 ** run.failures, MAX_BACKOFF)
+                run.last_error = f"{type(e).__name__}: {e}"
+                run.next_due = snapshot.time + backoff
+                log.error("loop %s failed (%d in a row), retrying in %.1fs:\n%s", run.name, run.failures,
+                          backoff, traceback.format_exc().rstrip())
+                continue
+            run.failures, run.last_error, run.last_ok = 0, None, run.last_tick
+            run.last_changes = len(changes)
+            interval = float(run.settings.interval)
+            # Keep the rhythm; after a stall, skip the missed ticks rather than run them back to back.
+            run.next_due = run.next_due + interval if run.next_due + interval > snapshot.time \
+                else snapshot.time + interval
+
+    def _release_strays(self, run: LoopRun, snapshot: Snapshot) -> list:
+        """Knobs this loop holds on cgroups that left its classes (config edit, relabel) go back."""
+        allowed = run.impl.writes(run.settings)
+
+        def still_ours(h: Held) -> bool:
+            return h.owner != run.name or (class_of(h.cgroup, snapshot), h.knob) in allowed
+
+        return self.actuator.restore_where(still_ours, f"cgroup is no longer managed by {run.name}")
+
+    def alive(self, now: float) -> bool:
+        """True while no loop is overdue by much: the scheduler itself is not stuck."""
+        return all(now - r.next_due < max(3 * float(r.settings.interval), 5.0) for r in self.runs.values())
+
+    def status(self) -> dict:
+        return {name: {"interval": float(r.settings.interval), "ticks": r.ticks, "failures": r.failures,
+                       "last_tick": r.last_tick, "last_ok": r.last_ok, "last_error": r.last_error,
+                       "last_changes": r.last_changes}
+                for name, r in sorted(self.runs.items())}

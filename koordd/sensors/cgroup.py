@@ -1,0 +1,96 @@
+"""Per-cgroup CPU usage, throttling, memory, PSI and the current values of the knobs loops reason about.
+
+Rates are computed against the previous sample of the same cgroup, so the first
+sample of a cgroup has cpu_usage None. A file that is missing (controller not
+enabled, cgroup vanished, kernel too old) yields None, never an exception.
+"""
+from __future__ import annotations
+
+from ..cgroups import CgroupFS, CgroupGone
+from ..knobs import KNOBS
+from ..snapshot import CgroupSample, PressureStat, Throttling
+from .psi import parse_psi, with_growth
+
+
+def parse_flat_keyed(text: str) -> dict[str, int]:
+    """"usage_usec 12\\nnr_periods 3" -> {"usage_usec": 12, "nr_periods": 3}."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+class CgroupSensor:
+    def __init__(self, fs: CgroupFS):
+        self.fs = fs
+        self._prev: dict[str, dict] = {}   # cgroup -> previous counters and their time
+
+    def sample(self, cgroup: str, cls: str, now: float) -> CgroupSample:
+        prev = self._prev.get(cgroup, {})
+        cur: dict = {"time": now}
+        usage_ns = self._try(lambda: self._usage_ns(cgroup))
+        cur["usage_ns"] = usage_ns
+        dt = now - prev["time"] if prev else 0.0
+        cpu_usage = None
+        if usage_ns is not None and prev.get("usage_ns") is not None and dt > 0 and usage_ns >= prev["usage_ns"]:
+            cpu_usage = (usage_ns - prev["usage_ns"]) / 1e9 / dt
+        thr = self._try(lambda: self._throttling(cgroup))
+        if thr is not None and isinstance(prev.get("thr"), Throttling):
+            p = prev["thr"]
+            thr = Throttling(thr.nr_periods, thr.nr_throttled, thr.throttled_us,
+                             thr.nr_periods - p.nr_periods, thr.nr_throttled - p.nr_throttled)
+        cur["thr"] = thr
+        pressures = {}
+        for res in ("cpu", "memory", "io"):
+            stat = self._try(lambda: parse_psi(self.fs.read(None, cgroup, f"{res}.pressure")))
+            old = prev.get(res)
+            pressures[res] = with_growth(stat, old, dt) if stat is not None else None
+            cur[res] = stat
+        self._prev[cgroup] = cur
+        return CgroupSample(
+            path=cgroup, cls=cls, cpu_usage=cpu_usage, throttling=thr,
+            cpu_max=self._knob("cpu.max", cgroup), cpu_max_burst=self._knob("cpu.max.burst", cgroup),
+            cpuset_cpus=self._knob("cpuset.cpus", cgroup),
+            memory_current=self._try(lambda: self._memory_current(cgroup)),
+            memory_max=self._knob("memory.max", cgroup),
+            cpu_pressure=pressures["cpu"], memory_pressure=pressures["memory"], io_pressure=pressures["io"],
+        )
+
+    def forget_except(self, alive: set[str]) -> None:
+        """Drop history of cgroups that are gone, so a re-created one starts fresh."""
+        for cg in set(self._prev) - alive:
+            del self._prev[cg]
+
+    # --- v1/v2 sources -----------------------------------------------------
+
+    def _v2(self, controller: str) -> bool:
+        return controller in self.fs.layout.v2_controllers
+
+    def _usage_ns(self, cgroup: str) -> int:
+        if not self._v2("cpu") and "cpuacct" in self.fs.layout.v1:
+            return int(self.fs.read("cpuacct", cgroup, "cpuacct.usage"))
+        # v2's cpu.stat has usage_usec even without the cpu controller enabled.
+        return parse_flat_keyed(self.fs.read(None, cgroup, "cpu.stat"))["usage_usec"] * 1000
+
+    def _throttling(self, cgroup: str) -> Throttling:
+        stat = parse_flat_keyed(self.fs.read("cpu", cgroup, "cpu.stat"))
+        throttled_us = stat["throttled_usec"] if "throttled_usec" in stat else stat["throttled_time"] // 1000
+        return Throttling(stat["nr_periods"], stat["nr_throttled"], throttled_us)
+
+    def _memory_current(self, cgroup: str) -> int:
+        if self._v2("memory"):
+            return int(self.fs.read("memory", cgroup, "memory.current"))
+        return int(self.fs.read("memory", cgroup, "memory.usage_in_bytes"))
+
+    def _knob(self, name: str, cgroup: str) -> str | None:
+        knob = KNOBS[name]
+        return self._try(lambda: knob.read(self.fs, cgroup)) if knob.supported(self.fs) else None
+
+    @staticmethod
+    def _try(fn):
+        try:
+            return fn()
+        except (OSError, ValueError, KeyError, CgroupGone):
+            return None

@@ -1,0 +1,49 @@
+"""Builds the snapshot: finds the classified cgroups and asks each sensor for its part."""
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+from ..cgroups import CgroupFS
+from ..snapshot import Snapshot
+from .cgroup import CgroupSensor
+from .node import NodeSensor
+
+Classify = Callable[[str], "str | None"]
+
+
+def find_classified(fs: CgroupFS, classify: Classify, max_depth: int) -> dict[str, str]:
+    """cgroup -> class for each cgroup a rule matches. A matched cgroup is a class root: the
+    cgroups below it belong to it and are not listed again, so usage is never counted twice."""
+    found: dict[str, str] = {}
+    for cg in fs.walk(fs.walk_controller(), max_depth):
+        if any(cg.startswith(root + "/") for root in found):
+            continue
+        cls = classify(cg)
+        if cls is not None:
+            found[cg] = cls
+    return found
+
+
+class Sensors:
+    def __init__(self, fs: CgroupFS, classify: Classify, patterns: Sequence[str],
+                 proc_root="/proc", sys_root="/sys", extra: Sequence = ()):
+        self.fs = fs
+        self.node = NodeSensor(proc_root, sys_root)
+        self.cgroups = CgroupSensor(fs)
+        self.set_classes(classify, patterns)
+        self.extra = extra          # optional sensors with .sample() -> tuple (e.g. GPU)
+
+    def set_classes(self, classify: Classify, patterns: Sequence[str]) -> None:
+        self.classify = classify
+        self.max_depth = max((p.count("/") + 1 for p in patterns), default=0)
+
+    def snapshot(self) -> Snapshot:
+        now = time.monotonic()
+        classes = find_classified(self.fs, self.classify, self.max_depth)
+        self.cgroups.forget_except(set(classes))
+        samples = {cg: self.cgroups.sample(cg, cls, now) for cg, cls in classes.items()}
+        gpus: tuple = ()
+        for sensor in self.extra:
+            gpus += tuple(sensor.sample())
+        return Snapshot(time=now, wall=time.time(), node=self.node.sample(now), cgroups=samples, gpus=gpus)

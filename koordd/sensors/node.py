@@ -1,0 +1,95 @@
+"""Node-wide CPU, memory, PSI and CPU topology from /proc and /sys (roots injectable)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..cgroups import parse_cpulist
+from ..snapshot import CpuTopology, NodeSample, PressureStat
+from .psi import parse_psi, with_growth
+
+
+def parse_proc_stat_cpu(text: str) -> tuple[int, int]:
+    """(busy, total) jiffies from the aggregate "cpu" line; guest time is already inside user/nice."""
+    for line in text.splitlines():
+        if line.startswith("cpu "):
+            v = [int(x) for x in line.split()[1:]]
+            v += [0] * (8 - len(v))
+            total = sum(v[:8])                 # user nice system idle iowait irq softirq steal
+            return total - v[3] - v[4], total
+    raise ValueError("/proc/stat has no aggregate cpu line")
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """Bytes per field ("MemTotal: 100 kB" -> {"MemTotal": 102400})."""
+    out = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts:
+            out[key] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
+    return out
+
+
+class NodeSensor:
+    def __init__(self, proc_root: Path | str = "/proc", sys_root: Path | str = "/sys"):
+        self.proc, self.sys = Path(proc_root), Path(sys_root)
+        self._cpu_prev: tuple[int, int] | None = None
+        self._psi_prev: dict[str, tuple[float, PressureStat]] = {}
+        self.cpu_count = self._online_cpus()
+        self.topology = self._topology()
+
+    def sample(self, now: float) -> NodeSample:
+        mem = self._read(lambda: parse_meminfo((self.proc / "meminfo").read_text()))
+        return NodeSample(
+            cpu_count=self.cpu_count,
+            cpu_used=self._cpu_used(),
+            memory_total=mem.get("MemTotal") if mem else None,
+            memory_available=mem.get("MemAvailable") if mem else None,
+            memory_anon=(mem["AnonPages"] + mem.get("Unevictable", 0)) if mem and "AnonPages" in mem else None,
+            cpu_pressure=self._psi("cpu", now),
+            memory_pressure=self._psi("memory", now),
+            io_pressure=self._psi("io", now),
+            topology=self.topology,
+        )
+
+    def _cpu_used(self) -> float | None:
+        cur = self._read(lambda: parse_proc_stat_cpu((self.proc / "stat").read_text()))
+        prev, self._cpu_prev = self._cpu_prev, cur
+        if cur is None or prev is None or cur[1] <= prev[1]:
+            return None
+        return self.cpu_count * (cur[0] - prev[0]) / (cur[1] - prev[1])
+
+    def _psi(self, resource: str, now: float) -> PressureStat | None:
+        stat = self._read(lambda: parse_psi((self.proc / "pressure" / resource).read_text()))
+        if stat is None:
+            return None
+        prev = self._psi_prev.get(resource)
+        self._psi_prev[resource] = (now, stat)
+        return with_growth(stat, prev[1], now - prev[0]) if prev else stat
+
+    def _online_cpus(self) -> int:
+        cpus = self._read(lambda: parse_cpulist((self.sys / "devices/system/cpu/online").read_text()))
+        return len(cpus) if cpus else (os.cpu_count() or 1)
+
+    def _topology(self) -> tuple[CpuTopology, ...]:
+        cpus = self._read(lambda: parse_cpulist((self.sys / "devices/system/cpu/online").read_text()))
+        if not cpus:
+            return ()
+        numa = {}
+        for node_dir in sorted((self.sys / "devices/system/node").glob("node[0-9]*")):
+            for c in self._read(lambda: parse_cpulist((node_dir / "cpulist").read_text())) or ():
+                numa[c] = int(node_dir.name[4:])
+        out = []
+        for c in sorted(cpus):
+            sib = self._read(lambda: parse_cpulist(
+                (self.sys / f"devices/system/cpu/cpu{c}/topology/thread_siblings_list").read_text()))
+            out.append(CpuTopology(c, min(sib) if sib else c, numa.get(c, 0)))
+        return tuple(out)
+
+    @staticmethod
+    def _read(fn):
+        try:
+            return fn()
+        except (OSError, ValueError):
+            return None

@@ -1,0 +1,93 @@
+"""One frozen picture of the node per tick, built by the sensors and read by the loops.
+
+Every value a sensor could not read is None ("unknown"): loops decide what
+unknown means for them. A cgroup that vanished is simply absent.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """One PSI line (some or full). avg* in percent; total in µs; growth in µs of stall per second."""
+    avg10: float
+    avg60: float
+    avg300: float
+    total_us: int
+    growth: float | None = None
+
+
+@dataclass(frozen=True)
+class PressureStat:
+    some: Pressure | None
+    full: Pressure | None
+
+
+@dataclass(frozen=True)
+class Throttling:
+    """Cumulative cpu.stat throttling counters, and their growth since the previous sample."""
+    nr_periods: int
+    nr_throttled: int
+    throttled_us: int
+    periods_delta: int | None = None
+    throttled_delta: int | None = None
+
+
+@dataclass(frozen=True)
+class CpuTopology:
+    cpu: int
+    core: int        # first CPU of its SMT sibling group: equal for siblings
+    numa_node: int
+
+
+@dataclass(frozen=True)
+class NodeSample:
+    cpu_count: int
+    cpu_used: float | None                 # cores busy, averaged since the previous sample
+    memory_total: int | None = None
+    memory_available: int | None = None
+    memory_anon: int | None = None         # anon + unevictable: what page-cache reclaim cannot free
+    cpu_pressure: PressureStat | None = None
+    memory_pressure: PressureStat | None = None
+    io_pressure: PressureStat | None = None
+    topology: tuple[CpuTopology, ...] = ()
+
+
+@dataclass(frozen=True)
+class CgroupSample:
+    path: str
+    cls: str
+    cpu_usage: float | None = None          # cores, averaged since the previous sample
+    throttling: Throttling | None = None
+    cpu_max: str | None = None              # canonical knob values, as the actuator reads them
+    cpu_max_burst: str | None = None
+    cpuset_cpus: str | None = None
+    memory_current: int | None = None
+    memory_max: str | None = None
+    cpu_pressure: PressureStat | None = None
+    memory_pressure: PressureStat | None = None
+    io_pressure: PressureStat | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    time: float                             # time.monotonic() of the sample
+    wall: float                             # time.time(), for records
+    node: NodeSample
+    cgroups: Mapping[str, CgroupSample] = field(default_factory=dict)
+    gpus: tuple = ()
+
+    def of_class(self, *classes: str) -> tuple[CgroupSample, ...]:
+        return tuple(c for c in self.cgroups.values() if c.cls in classes)
+
+
+def total_usage(samples) -> float | None:
+    """Sum of CPU usage in cores; None when any part is unknown."""
+    total = 0.0
+    for s in samples:
+        if s.cpu_usage is None:
+            return None
+        total += s.cpu_usage
+    return total

@@ -1,0 +1,1 @@
+"""koordd's control loops, one module each (installed as koordd.plugins)."""

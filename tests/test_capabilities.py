@@ -1,0 +1,263 @@
+import errno
+import json
+import sys
+import types
+
+import pytest
+
+from koordd import capabilities
+from koordd.capabilities import Capability, format_report, probe_all, report_json
+
+NAMES = ["cgroup", "cpu.max.burst", "cpu.idle", "psi", "perf", "bpf", "resctrl", "sched_ext",
+         "netlink", "nvml", "journald", "systemd"]
+PSI_TEXT = "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+
+
+def write(path, text=""):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+@pytest.fixture
+def host(tmp_path):
+    """Empty fake roots; tests fill in what the host they describe has. probe() runs them all."""
+    roots = {k: tmp_path / k for k in ("cgroup", "sys", "proc", "run")}
+    for p in roots.values():
+        p.mkdir()
+
+    def probe():
+        return {c.name: c for c in probe_all(roots["cgroup"], roots["sys"], roots["proc"], roots["run"])}
+    return types.SimpleNamespace(probe=probe, **roots)
+
+
+def make_v2(root, subtree="cpu memory", child_files=("cpu.max.burst", "cpu.idle", "cpu.pressure")):
+    write(root / "cgroup.controllers", "cpuset cpu io memory pids\n")
+    write(root / "cgroup.subtree_control", subtree + "\n")
+    write(root / "cpu.pressure", PSI_TEXT)
+    for f in child_files:
+        write(root / "system.slice" / f, "0\n")
+
+
+def make_hybrid(root, cpu_files=("cpu.cfs_burst_us", "cpu.idle")):
+    for c in ("cpu", "cpuacct"):
+        write(root / c / "cgroup.procs")
+    for f in cpu_files:
+        write(root / "cpu" / f, "0\n")
+    write(root / "unified/cgroup.controllers", "\n")
+    write(root / "unified/cpu.pressure", PSI_TEXT)
+
+
+def test_all_names_in_order_and_json_parses(host):
+    caps = probe_all(host.cgroup, host.sys, host.proc, host.run)
+    assert [c.name for c in caps] == NAMES
+    assert all(isinstance(c, Capability) for c in caps)
+    parsed = json.loads(report_json(caps))
+    assert [d["name"] for d in parsed] == NAMES
+    assert all(set(d) == {"name", "available", "detail"} and isinstance(d["available"], bool) for d in parsed)
+
+
+def test_format_report_aligns_columns():
+    caps = [Capability("cgroup", True, "mode=v2"), Capability("cpu.max.burst", False, "why")]
+    lines = format_report(caps).splitlines()
+    assert lines == ["cgroup         yes  mode=v2", "cpu.max.burst  no   why"]
+
+
+def test_v2_tree(host):
+    make_v2(host.cgroup)
+    caps = host.probe()
+    assert caps["cgroup"].available and "mode=v2" in caps["cgroup"].detail
+    assert "cpu" in caps["cgroup"].detail and "memory" in caps["cgroup"].detail
+    assert caps["cpu.max.burst"].available
+    assert caps["cpu.max.burst"].detail.endswith("system.slice/cpu.max.burst")
+    assert caps["cpu.idle"].available and caps["cpu.idle"].detail.endswith("system.slice/cpu.idle")
+
+
+def test_v2_cpu_not_delegated(host):
+    make_v2(host.cgroup, subtree="memory")
+    caps = host.probe()
+    assert not caps["cpu.max.burst"].available
+    assert "cgroup.subtree_control" in caps["cpu.max.burst"].detail
+
+
+def test_v2_old_kernel_lacks_burst(host):
+    make_v2(host.cgroup, child_files=("cpu.max",))
+    caps = host.probe()
+    assert not caps["cpu.max.burst"].available
+    assert "5.14" in caps["cpu.max.burst"].detail
+    assert not caps["cpu.idle"].available and "5.15" in caps["cpu.idle"].detail
+
+
+def test_hybrid_tree(host):
+    make_hybrid(host.cgroup)
+    caps = host.probe()
+    detail = caps["cgroup"].detail
+    assert "mode=hybrid" in detail and "v1=cpu,cpuacct" in detail and "no controllers" in detail
+    assert caps["cpu.max.burst"].available and caps["cpu.max.burst"].detail.endswith("cpu/cpu.cfs_burst_us")
+    assert caps["cpu.idle"].available and caps["cpu.idle"].detail.endswith("cpu/cpu.idle")
+
+
+def test_hybrid_without_burst(host):
+    make_hybrid(host.cgroup, cpu_files=())
+    caps = host.probe()
+    assert not caps["cpu.max.burst"].available and "cpu.cfs_burst_us" in caps["cpu.max.burst"].detail
+
+
+def test_no_cgroup_hierarchy_degrades(host):
+    caps = host.probe()
+    assert not caps["cgroup"].available and "no cgroup hierarchy" in caps["cgroup"].detail
+    assert not caps["cpu.max.burst"].available and "LayoutError" in caps["cpu.max.burst"].detail
+
+
+def test_psi_system_and_per_cgroup(host):
+    make_hybrid(host.cgroup)
+    for res in ("cpu", "memory", "io"):
+        write(host.proc / "pressure" / res, PSI_TEXT)
+    psi = host.probe()["psi"]
+    assert psi.available
+    assert "cpu,memory,io readable" in psi.detail and "per-cgroup: yes" in psi.detail
+
+
+def test_psi_partial_and_missing(host):
+    write(host.proc / "pressure/cpu", PSI_TEXT)
+    psi = host.probe()["psi"]
+    assert not psi.available and "io,memory not" in psi.detail and "per-cgroup: no" in psi.detail
+    (host.proc / "pressure/cpu").unlink()
+    (host.proc / "pressure").rmdir()
+    assert "CONFIG_PSI or psi=0" in host.probe()["psi"].detail
+
+
+@pytest.mark.parametrize("hw, sw, available, words", [
+    (0, 0, True, ["cycles): ok", "task-clock) work"]),
+    (errno.ENOENT, 0, False, ["ENOENT — no hardware PMU (VM?)", "task-clock) work"]),
+    (errno.EOPNOTSUPP, errno.EOPNOTSUPP, False, ["no hardware PMU", "task-clock) fail"]),
+    (errno.EACCES, errno.EACCES, False, ["EACCES", "perf_event_paranoid=3"]),
+])
+def test_perf(host, monkeypatch, hw, sw, available, words):
+    write(host.proc / "sys/kernel/perf_event_paranoid", "3\n")
+    monkeypatch.setattr(capabilities, "_perf_event_open", lambda type_, config: hw if type_ == 0 else sw)
+    perf = host.probe()["perf"]
+    assert perf.available is available
+    for w in words:
+        assert w in perf.detail
+
+
+def test_perf_syscall_returns_an_errno_or_zero():
+    # The real syscall on this host, whatever its PMU: it must answer, not raise.
+    assert isinstance(capabilities._perf_event_open(1, 1), int)
+
+
+def test_bpf_lists_three_facts(host, monkeypatch):
+    monkeypatch.setitem(sys.modules, "bcc", None)
+    write(host.sys / "kernel/btf/vmlinux")
+    bpf = host.probe()["bpf"]
+    assert not bpf.available
+    assert "bcc not installed" in bpf.detail and "vmlinux: yes" in bpf.detail and "/build:" in bpf.detail
+
+
+def test_resctrl(host):
+    write(host.proc / "filesystems", "nodev\tcgroup2\n")
+    assert "not in" in host.probe()["resctrl"].detail
+    write(host.proc / "filesystems", "nodev\tcgroup2\nnodev\tresctrl\n")
+    r = host.probe()["resctrl"]
+    assert not r.available and "not mounted" in r.detail
+    (host.sys / "fs/resctrl/info").mkdir(parents=True)
+    r = host.probe()["resctrl"]
+    assert r.available and "mounted at" in r.detail
+
+
+def test_sched_ext(host):
+    assert "CONFIG_SCHED_CLASS_EXT" in host.probe()["sched_ext"].detail
+    write(host.sys / "kernel/sched_ext/state", "disabled\n")
+    s = host.probe()["sched_ext"]
+    assert s.available and s.detail == "state=disabled"
+    write(host.sys / "kernel/sched_ext/state", "enabled\n")
+    write(host.sys / "kernel/sched_ext/root/ops", "flatcg\n")
+    assert host.probe()["sched_ext"].detail == "state=enabled, root/ops=flatcg"
+
+
+def test_netlink_with_and_without_pyroute2(host, monkeypatch):
+    closed = []
+    fake = types.SimpleNamespace(IPRoute=lambda: types.SimpleNamespace(close=lambda: closed.append(1)))
+    monkeypatch.setitem(sys.modules, "pyroute2", fake)
+    n = host.probe()["netlink"]
+    assert n.available and closed == [1]
+    monkeypatch.setitem(sys.modules, "pyroute2", None)
+    n = host.probe()["netlink"]
+    assert not n.available and "pyroute2 not installed" in n.detail and "NETLINK_ROUTE" in n.detail
+
+
+class FakeNVMLError(Exception):
+    pass
+
+
+def fake_pynvml(init_error=None, count=2):
+    calls = []
+
+    def init():
+        if init_error:
+            raise FakeNVMLError(init_error)
+        calls.append("init")
+    mod = types.SimpleNamespace(NVMLError=FakeNVMLError, nvmlInit=init, nvmlDeviceGetCount=lambda: count,
+                                nvmlShutdown=lambda: calls.append("shutdown"))
+    return mod, calls
+
+
+def test_nvml(host, monkeypatch):
+    mod, calls = fake_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", mod)
+    n = host.probe()["nvml"]
+    assert n.available and n.detail == "2 GPU(s)" and calls == ["init", "shutdown"]
+    mod, _ = fake_pynvml(init_error="Driver Not Loaded")
+    monkeypatch.setitem(sys.modules, "pynvml", mod)
+    n = host.probe()["nvml"]
+    assert not n.available and n.detail == "nvmlInit: Driver Not Loaded"
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert host.probe()["nvml"].detail == "pynvml not installed"
+
+
+def test_journald_and_systemd(host, monkeypatch):
+    monkeypatch.setitem(sys.modules, "systemd.journal", types.ModuleType("systemd.journal"))
+    monkeypatch.setenv("NOTIFY_SOCKET", "/run/systemd/notify")
+    caps = host.probe()
+    assert not caps["journald"].available and "socket: no" in caps["journald"].detail
+    assert not caps["systemd"].available and "not PID 1" in caps["systemd"].detail
+    write(host.run / "systemd/journal/socket")
+    (host.run / "systemd/system").mkdir()
+    caps = host.probe()
+    assert caps["journald"].available and "journal: imports" in caps["journald"].detail
+    assert caps["systemd"].available and "NOTIFY_SOCKET=/run/systemd/notify" in caps["systemd"].detail
+    monkeypatch.delenv("NOTIFY_SOCKET")
+    monkeypatch.setitem(sys.modules, "systemd.journal", None)
+    caps = host.probe()
+    assert not caps["journald"].available and "systemd.journal not installed" in caps["journald"].detail
+    assert "NOTIFY_SOCKET not set" in caps["systemd"].detail
+
+
+def test_a_raising_probe_is_contained(host, monkeypatch):
+    def boom(roots):
+        raise RuntimeError("kaboom")
+    probes = [(n, boom if n == "perf" else f) for n, f in capabilities.PROBES]
+    monkeypatch.setattr(capabilities, "PROBES", probes)
+    caps = host.probe()
+    assert list(caps) == NAMES
+    assert not caps["perf"].available and caps["perf"].detail == "probe failed: RuntimeError: kaboom"
+
+
+def test_a_raising_helper_is_contained(host, monkeypatch):
+    def boom(root):
+        raise PermissionError("denied")
+    monkeypatch.setattr(capabilities, "detect_layout", boom)
+    write(host.proc / "pressure/cpu", PSI_TEXT)
+    caps = host.probe()
+    assert list(caps) == NAMES
+    for name in ("cgroup", "cpu.max.burst", "cpu.idle"):
+        assert not caps[name].available and "PermissionError: denied" in caps[name].detail
+    # psi still reports the system-wide files and says why per-cgroup PSI is unknown.
+    assert "cpu readable" in caps["psi"].detail and "per-cgroup: no (denied)" in caps["psi"].detail
+
+
+def test_real_host():
+    caps = probe_all()
+    assert [c.name for c in caps] == NAMES
+    assert format_report(caps).count("\n") == len(NAMES) - 1
+    json.loads(report_json(caps))

@@ -1,0 +1,210 @@
+"""GpuSensor against a fake NVML module and literal /proc/<pid>/cgroup text."""
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace as NS
+
+import pytest
+
+from koordd.sensors.gpu import GpuProcess, GpuSensor, parse_proc_cgroup
+
+V2 = "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-a.scope\n"
+V1 = """12:memory:/kubepods/burstable/pod2/b
+11:cpuset:/kubepods/burstable/pod2/b
+4:cpu,cpuacct:/kubepods/burstable/pod2/b
+1:name=systemd:/kubepods/burstable/pod2/b
+"""
+HYBRID = """12:memory:/system.slice/train.service
+4:cpu,cpuacct:/system.slice/train.service
+1:name=systemd:/system.slice/train.service
+0::/system.slice/train.service
+"""
+
+
+class NVMLError(Exception):
+    pass
+
+
+class NVMLError_NotSupported(NVMLError):
+    def __str__(self):
+        return "Not Supported"
+
+
+class NVMLError_NotFound(NVMLError):
+    def __str__(self):
+        return "Not Found"
+
+
+class NVMLError_DriverNotLoaded(NVMLError):
+    def __str__(self):
+        return "Driver Not Loaded"
+
+
+class FakeNvml:
+    """The slice of pynvml the sensor uses; each device is a dict of canned answers or exceptions."""
+    NVMLError = NVMLError
+    NVMLError_NotSupported = NVMLError_NotSupported
+    NVMLError_NotFound = NVMLError_NotFound
+
+    def __init__(self, devices, init_error=None):
+        self.devices = devices
+        self.init_error = init_error
+        self.shutdowns = 0
+        self.util_queries = []   # (index, lastSeenTimeStamp)
+
+    def _get(self, handle, key):
+        value = self.devices[handle][key]
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    def nvmlInit(self):
+        if self.init_error:
+            raise self.init_error
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self):
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetName(self, h):
+        return self._get(h, "name")
+
+    def nvmlDeviceGetUUID(self, h):
+        return self._get(h, "uuid")
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return NS(gpu=self._get(h, "util"), memory=0)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        used, total = self._get(h, "mem")
+        return NS(used=used, total=total, free=total - used)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [NS(pid=p, usedGpuMemory=m) for p, m in self._get(h, "compute")]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h):
+        return [NS(pid=p, usedGpuMemory=m) for p, m in self._get(h, "graphics")]
+
+    def nvmlDeviceGetProcessUtilization(self, h, last_seen):
+        self.util_queries.append((h, last_seen))
+        samples = [s for s in self._get(h, "putil") if s[1] > last_seen]
+        if not samples:
+            raise NVMLError_NotFound()
+        return [NS(pid=p, timeStamp=t, smUtil=sm, memUtil=0, encUtil=0, decUtil=0) for p, t, sm in samples]
+
+
+def device(**over):
+    d = {"name": b"NVIDIA H100 80GB HBM3", "uuid": "GPU-1234", "util": 40, "mem": (1 << 30, 80 << 30),
+         "compute": [], "graphics": [], "putil": []}
+    d.update(over)
+    return d
+
+
+@pytest.fixture
+def proc(tmp_path):
+    for pid, text in {100: V2, 200: V1, 300: HYBRID, 400: "0::/\n"}.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("text,want", [
+    (V2, "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-a.scope"),
+    (V1, "kubepods/burstable/pod2/b"),
+    (HYBRID, "system.slice/train.service"),
+    ("0::/\n", ""),
+    ("3:cpuset:/x\n2:cpuacct:/y\n", None),   # v1 without a cpu hierarchy
+    ("garbage\n", None),
+    ("", None),
+])
+def test_parse_proc_cgroup(text, want):
+    assert parse_proc_cgroup(text) == want
+
+
+def test_pynvml_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)   # makes `import pynvml` raise ImportError
+    s = GpuSensor()
+    assert not s.available and s.reason == "pynvml not installed"
+    assert s.sample() == ()
+    s.close()
+
+
+def test_init_error_is_the_reason():
+    nvml = FakeNvml([device()], init_error=NVMLError_DriverNotLoaded())
+    s = GpuSensor(nvml=nvml)
+    assert not s.available and s.reason == "Driver Not Loaded"
+    assert s.sample() == ()
+    s.close()
+    assert nvml.shutdowns == 0
+
+
+def test_device_fields_and_bytes_decoded(proc):
+    s = GpuSensor(proc_root=proc, nvml=FakeNvml([device()]))
+    assert s.available and s.reason == ""
+    (g,) = s.sample()
+    assert (g.index, g.uuid, g.name) == (0, "GPU-1234", "NVIDIA H100 80GB HBM3")
+    assert (g.utilization_percent, g.memory_used, g.memory_total) == (40.0, 1 << 30, 80 << 30)
+    assert g.processes == ()
+
+
+def test_not_supported_fields_are_none(proc):
+    nvml = FakeNvml([device(util=NVMLError_NotSupported(), mem=NVMLError_NotSupported(),
+                            compute=NVMLError_NotSupported(), graphics=NVMLError_NotSupported(),
+                            putil=NVMLError_NotSupported()),
+                     device(uuid="GPU-2")])
+    (a, b) = GpuSensor(proc_root=proc, nvml=nvml).sample()
+    assert (a.utilization_percent, a.memory_used, a.memory_total, a.processes) == (None, None, None, ())
+    assert b.uuid == "GPU-2" and b.utilization_percent == 40.0   # one bad device spoils nothing else
+
+
+def test_processes_mapped_to_cgroups_and_merged(proc):
+    nvml = FakeNvml([device(compute=[(100, 2 << 30), (200, 1 << 30), (300, None)],
+                            graphics=[(300, 512 << 20), (400, 64 << 20)],
+                            putil=[(100, 10, 50), (100, 20, 70), (200, 15, 5), (500, 18, 30), (0, 19, 1)])])
+    (g,) = GpuSensor(proc_root=proc, nvml=nvml).sample()
+    assert g.processes == (
+        GpuProcess(100, "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-a.scope",
+                   2 << 30, 60.0),
+        GpuProcess(200, "kubepods/burstable/pod2/b", 1 << 30, 5.0),
+        GpuProcess(300, "system.slice/train.service", 512 << 20, None),   # in both lists: counted once
+        GpuProcess(400, "", 64 << 20, None),
+        GpuProcess(500, None, None, 30.0),                                # used the SMs, then vanished
+    )
+
+
+def test_vanished_pid(proc):
+    nvml = FakeNvml([device(compute=[(999, 1 << 20)])])
+    (g,) = GpuSensor(proc_root=proc, nvml=nvml).sample()
+    assert g.processes == (GpuProcess(999, None, 1 << 20, None),)
+
+
+def test_utilisation_window_advances(proc):
+    dev = device(compute=[(100, 1)], putil=[(100, 10, 50), (100, 20, 70)])
+    nvml = FakeNvml([dev])
+    s = GpuSensor(proc_root=proc, nvml=nvml)
+    assert s.sample()[0].processes[0].sm_util == 60.0
+    # No newer samples: NVML says NotFound, which is "no data", not an error.
+    assert s.sample()[0].processes[0].sm_util is None
+    dev["putil"].append((100, 30, 10))
+    assert s.sample()[0].processes[0].sm_util == 10.0
+    assert nvml.util_queries == [(0, 0), (0, 20), (0, 20)]
+
+
+def test_close_shuts_down_once():
+    nvml = FakeNvml([device()])
+    s = GpuSensor(nvml=nvml)
+    s.close()
+    s.close()
+    assert nvml.shutdowns == 1 and not s.available and s.sample() == ()
+
+
+def test_against_real_pynvml_error_names():
+    pynvml = pytest.importorskip("pynvml")
+    for name in ("NVMLError", "NVMLError_NotSupported", "NVMLError_NotFound", "NVMLError_DriverNotLoaded"):
+        assert issubclass(getattr(pynvml, name), pynvml.NVMLError)
+    assert str(pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)) == "Driver Not Loaded"
