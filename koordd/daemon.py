@@ -23,6 +23,7 @@ from .decisions import DecisionLog, journal_sender
 from .registry import load_registry
 from .runner import Runner
 from .sensors.collect import Sensors
+from .sensors.gpu import GpuSensor
 from .state import RestoreJournal, write_atomic
 
 log = logging.getLogger("koordd")
@@ -62,7 +63,9 @@ class Daemon:
         self.journal = RestoreJournal(self.state_dir)
         self.actuator = Actuator(self.fs, self.journal, DecisionLog(self.state_dir, send=journal_sender()),
                                  dry_run=self.dry_run)
-        self.sensors = Sensors(self.fs, config.classify, _patterns(config))
+        self.gpu = GpuSensor()           # reports itself as unavailable without pynvml or a driver
+        self.sensors = Sensors(self.fs, config.classify, _patterns(config),
+                               extra=(self.gpu,) if self.gpu.available else ())
         self.runner = Runner(registry, self.actuator)
         self.wake = threading.Event()
         self.stopping = False
@@ -139,6 +142,7 @@ class Daemon:
     def stop(self) -> None:
         notify.notify("STOPPING=1")
         self.actuator.restore_all("koordd stopping")
+        self.gpu.close()
         self._write_status()
         log.info("koordd stopped; %d knobs left held", len(self.journal.entries()))
 

@@ -123,7 +123,7 @@ def _quota_actions(be, capacity, allowance, guard, settings, reason, why) -> lis
             target = min(target, current * (1 - settings.psi_guard_shrink_percent / 100))
         if target > current:
             target = min(target, current + GROW_FRACTION * node_us)
-        target = int(max(target, MIN_QUOTA_US))
+        target = round(max(target, MIN_QUOTA_US))
         actions.append(restore(cg.path, "cpuset.cpus", "policy is cfs_quota"))
         if quota is not None and abs(target - current) < SKIP_FRACTION * node_us:
             continue
@@ -152,13 +152,14 @@ def _cpuset_actions(snapshot, be, capacity, allowance, guard, settings, reason, 
 
 
 def pick_cpus(usable: list[CpuTopology], n: int) -> set[int]:
-    """n CPUs: whole SMT cores first, taken round-robin over NUMA nodes, highest cores first
+    """n CPUs: whole SMT cores first, taken round-robin over NUMA nodes, highest cores and nodes first
     (CPU 0 and its neighbours usually carry the host's interrupts). Same input, same answer,
     and a larger n is a superset of a smaller one, so BE's set only grows or shrinks at the edge."""
     nodes: dict[int, dict[int, list[int]]] = {}
     for t in usable:
         nodes.setdefault(t.numa_node, {}).setdefault(t.core, []).append(t.cpu)
-    queues = [sorted(cores.values(), key=lambda cpus: -min(cpus)) for _, cores in sorted(nodes.items())]
+    queues = [sorted(cores.values(), key=lambda cpus: -min(cpus))
+              for _, cores in sorted(nodes.items(), reverse=True)]
     order: list[int] = []
     while any(queues):
         for q in queues:

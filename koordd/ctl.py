@@ -1,0 +1,242 @@
+"""koordctl: check a config, report what this host can do, and show what koordd is doing.
+
+    koordctl validate [FILE]                    exit 0 valid, 1 invalid (one "file:line: message" per error)
+    koordctl doctor [--json] [--cgroup-root DIR]
+    koordctl status [--json] [--config F] [--state-dir DIR]             exit 0 running, 1 not
+    koordctl decisions [--loop L] [--since T] [-n N] [--json] [--config F] [--state-dir DIR]
+
+status and decisions only read files under the daemon's state_dir (taken from the config unless
+--state-dir is given); they never change anything there. Any other failure is one line on stderr, exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from .capabilities import format_report, probe_all, report_json
+from .cgroups import DEFAULT_ROOT
+from .config import DAEMON_OPTIONS, DEFAULT_PATH, ConfigError, load_config
+from .daemon import STATUS_FILE
+from .decisions import read_decisions
+from .options import parse_duration
+from .registry import load_registry
+from .state import RestoreJournal
+
+DEFAULT_STATE_DIR = next(o.default for o in DAEMON_OPTIONS if o.name == "state_dir")
+
+
+class CtlError(Exception):
+    """Reported as one line on stderr, exit 2."""
+
+
+# --- shared helpers -----------------------------------------------------------------------------
+
+def state_dir(args: argparse.Namespace) -> Path:
+    """--state-dir, else the config's state_dir, else (invalid config) the default, saying so on stderr."""
+    if args.state_dir is not None:
+        return args.state_dir
+    try:
+        return Path(load_config(args.config, load_registry()).daemon.state_dir)
+    except ConfigError as e:
+        more = f" (and {len(e.errors) - 1} more)" if len(e.errors) > 1 else ""
+        print(f"koordctl: invalid config: {e.errors[0]}{more}; using the default state_dir {DEFAULT_STATE_DIR}",
+              file=sys.stderr)
+        return Path(DEFAULT_STATE_DIR)
+
+
+def read_json(path: Path) -> Any:
+    """The parsed file, or None when it does not exist."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise CtlError(f"{path}: unreadable: {getattr(e, 'strerror', None) or e}") from None
+
+
+def table(rows: Iterable[Sequence[Any]], headers: Sequence[str] | None = None) -> str:
+    """Left-aligned columns as wide as their widest cell; None shows as "-"."""
+    cells = [[str(h) for h in headers]] if headers else []
+    cells += [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))] if cells else []
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+def local_time(t: float | None) -> str | None:
+    return None if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def ago(t: float | None, now: float) -> str | None:
+    """How long ago `t` was: 0.4s ago, 3m05s ago, 2h10m ago, 3d4h ago."""
+    if t is None:
+        return None
+    d = max(0.0, now - t)
+    if d < 60:
+        span = f"{d:.1f}s"
+    elif d < 3600:
+        span = f"{d // 60:.0f}m{d % 60:02.0f}s"
+    elif d < 86400:
+        span = f"{d // 3600:.0f}h{d % 3600 // 60:02.0f}m"
+    else:
+        span = f"{d // 86400:.0f}d{d % 86400 // 3600:.0f}h"
+    return f"{span} ago"
+
+
+def knob_value(v: str | None) -> str:
+    """None (no value: the knob was absent or not read) as "-", an empty value as "" so it shows."""
+    return "-" if v is None else v or '""'
+
+
+# --- subcommands --------------------------------------------------------------------------------
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    try:
+        load_config(args.file, load_registry())
+    except ConfigError as e:
+        print("\n".join(e.errors))
+        return 1
+    print(f"{args.file}: ok")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    caps = probe_all(args.cgroup_root)
+    print(report_json(caps) if args.json else format_report(caps))
+    return 0
+
+
+def pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:     # it exists, under another user
+        return True
+    return True
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    sd = state_dir(args)
+    status = read_json(sd / STATUS_FILE)
+    if not isinstance(status, dict):
+        print(f"koordd has not run with state_dir {sd}")
+        return 1
+    # originals.json is written before every knob and survives a crash; status.json may be stale.
+    # Parsed here rather than by RestoreJournal, which moves an unreadable file aside.
+    journal = read_json(sd / RestoreJournal.FILE)
+    source = RestoreJournal.FILE if isinstance(journal, dict) else STATUS_FILE
+    held = (journal if isinstance(journal, dict) else status).get("held") or []
+    running = pid_alive(status.get("pid"))
+    if args.json:
+        print(json.dumps({**status, "state_dir": str(sd), "running": running, "held": held,
+                          "held_source": source}, indent=1, sort_keys=True))
+        return 0 if running else 1
+    now = time.time()
+    state = "running" if running else "not running"
+    print(table([
+        ("koordd", f"{state} (pid {status.get('pid')}, status updated {ago(status.get('updated'), now)})"),
+        ("started", f"{local_time(status.get('started'))} ({ago(status.get('started'), now)})"),
+        ("config", status.get("config")),
+        ("dry-run", "yes" if status.get("dry_run") else "no"),
+        ("cgroups", status.get("cgroups")),
+        ("state_dir", sd),
+    ]))
+    loops = status.get("loops") or {}
+    print()
+    print(table([(name, f"{r.get('interval', 0):g}s", r.get("ticks"), ago(r.get("last_tick"), now),
+                  r.get("failures"), r.get("last_error")) for name, r in loops.items()],
+                ("LOOP", "INTERVAL", "TICKS", "LAST TICK", "FAILURES", "LAST ERROR"))
+          if loops else "no loops enabled")
+    print()
+    print(f"held knobs (from {source}):" if held else f"held knobs (from {source}): none")
+    if held:
+        print(table([(h.get("cgroup") or "/", h.get("knob"), h.get("original"), h.get("owner"),
+                      f"{local_time(h.get('since'))} ({ago(h.get('since'), now)})") for h in held],
+                    ("CGROUP", "KNOB", "ORIGINAL", "OWNER", "SINCE")))
+    return 0 if running else 1
+
+
+def parse_since(text: str, now: float) -> float:
+    """A duration meaning "ago" ("10m", "2h") or an ISO 8601 time (local unless it has an offset)."""
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise CtlError(f"--since {text!r}: neither a duration (\"10m\", \"2h\") nor an ISO 8601 time"
+                       " (\"2024-05-01T13:00\")") from None
+
+
+def cmd_decisions(args: argparse.Namespace) -> int:
+    sd = state_dir(args)
+    since = None if args.since is None else parse_since(args.since, time.time())
+    try:
+        records = [r for r in read_decisions(sd) if isinstance(r, dict)
+                   and (args.loop is None or r.get("loop") == args.loop)
+                   and (since is None or (r.get("time") or 0) >= since)]
+    except OSError as e:
+        raise CtlError(f"{e.filename}: unreadable: {e.strerror or e}") from None
+    if args.n is not None:
+        records = records[-args.n:] if args.n > 0 else []
+    if args.json:
+        for r in records:
+            print(json.dumps(r, sort_keys=True))
+    elif not records:
+        print(f"no decisions recorded in {sd}" + (" matching the filters" if args.loop or since else ""))
+    else:
+        print(table(((local_time(r.get("time")), r.get("loop"), r.get("outcome"), r.get("cgroup") or "/",
+                      r.get("knob"), f"{knob_value(r.get('old'))} -> {knob_value(r.get('new'))}",
+                      " ".join(filter(None, (r.get("message"), r.get("error") and f"({r['error']})"))))
+                     for r in records),
+                    ("TIME", "LOOP", "OUTCOME", "CGROUP", "KNOB", "CHANGE", "MESSAGE")))
+    return 0
+
+
+# --- command line -------------------------------------------------------------------------------
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="koordctl", description="Check and inspect koordd, the node QoS daemon.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="machine-readable output")
+    state = argparse.ArgumentParser(add_help=False)
+    state.add_argument("--config", type=Path, default=DEFAULT_PATH, help=f"config file (default {DEFAULT_PATH})")
+    state.add_argument("--state-dir", type=Path, help="read this state_dir instead of the config's")
+
+    s = sub.add_parser("validate", help="check a config file")
+    s.add_argument("file", nargs="?", type=Path, default=DEFAULT_PATH, help=f"default {DEFAULT_PATH}")
+    s.set_defaults(func=cmd_validate)
+    s = sub.add_parser("doctor", parents=[as_json], help="what this host's kernel and libraries support")
+    s.add_argument("--cgroup-root", type=Path, default=DEFAULT_ROOT, help=f"default {DEFAULT_ROOT}")
+    s.set_defaults(func=cmd_doctor)
+    s = sub.add_parser("status", parents=[as_json, state], help="is koordd running; its loops and held knobs")
+    s.set_defaults(func=cmd_status)
+    s = sub.add_parser("decisions", parents=[as_json, state], help="the decision log (JSON lines with --json)")
+    s.add_argument("--loop", help="only this loop's decisions")
+    s.add_argument("--since", metavar="T", help='a duration ago ("10m", "2h") or an ISO 8601 time')
+    s.add_argument("-n", type=int, metavar="N", help="only the last N")
+    s.set_defaults(func=cmd_decisions)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CtlError as e:
+        print(f"koordctl: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Decision tests for be_suppress: hand-built snapshots in, actions out. No files, no kernel."""
+import pytest
+
+from koordd.config import make_settings, loop_options
+from koordd.snapshot import CgroupSample, CpuTopology, NodeSample, Pressure, PressureStat, Snapshot
+from koordd.plugins.be_suppress import BeSuppress, pick_cpus
+
+PERIOD = 100_000
+
+
+def settings(**kw):
+    return make_settings(loop_options(BeSuppress), {"enabled": True, **kw})
+
+
+def snap(node_used, cgroups, cpus=2, t=100.0, topology=()):
+    return Snapshot(time=t, wall=0.0, node=NodeSample(cpu_count=cpus, cpu_used=node_used, topology=topology),
+                    cgroups={c.path: c for c in cgroups})
+
+
+def cg(path, cls, usage, cpu_max="max 100000", cpuset="", pressure=None):
+    psi = PressureStat(Pressure(pressure, 0, 0, 0), None) if pressure is not None else None
+    return CgroupSample(path=path, cls=cls, cpu_usage=usage, cpu_max=cpu_max, cpuset_cpus=cpuset, cpu_pressure=psi)
+
+
+def decide(snapshot, state=None, **kw):
+    s = settings(**kw)
+    return BeSuppress.decide(snapshot, s, state if state is not None else BeSuppress.initial_state(s))
+
+
+def quota_of(actions):
+    sets = [a for a in actions if a.knob == "cpu.max" and a.value is not None]
+    return [int(a.value.split()[0]) for a in sets]
+
+
+@pytest.mark.parametrize("node_used, ls, be, cpus, expect_quota", [
+    # 2 CPUs × 65% = 1.3; LS 1.0, no system → 0.3 cores → 30000 µs, but growth from max is a shrink: at once.
+    (2.0, 1.0, 1.0, 2, 30000),
+    # system usage (node − cgroups) 0.2 comes off too.
+    (2.2, 1.0, 1.0, 4, int((4 * 0.65 - 1.2) * PERIOD)),
+    # LS above the threshold: floor of 2000 µs.
+    (2.0, 1.9, 0.1, 2, 2000),
+])
+def test_quota_follows_the_koordlet_rule(node_used, ls, be, cpus, expect_quota):
+    s = snap(node_used, [cg("ls", "LS", ls), cg("be", "BE", be)], cpus=cpus)
+    assert quota_of(decide(s)) == [expect_quota]
+
+
+def test_unknown_usage_holds_the_current_limits():
+    assert decide(snap(None, [cg("ls", "LS", 1.0), cg("be", "BE", 1.0)])) == []
+    assert decide(snap(2.0, [cg("ls", "LS", None), cg("be", "BE", 1.0)])) == []
+
+
+def test_no_be_cgroups_no_actions():
+    assert decide(snap(1.0, [cg("ls", "LS", 1.0)])) == []
+
+
+def test_growth_is_limited_per_tick_and_shrink_is_immediate():
+    # LS went idle: allowance 1.3 cores, current 30000 → at most +10% of 2 × 100000 per tick.
+    s = snap(0.3, [cg("ls", "LS", 0.0), cg("be", "BE", 0.3, cpu_max="30000 100000")])
+    assert quota_of(decide(s)) == [50000]
+    # LS busy again: straight down to the allowance.
+    s = snap(2.0, [cg("ls", "LS", 1.2), cg("be", "BE", 0.8, cpu_max="120000 100000")])
+    assert quota_of(decide(s)) == [10000]
+
+
+def test_changes_under_one_percent_are_skipped():
+    s = snap(1.3, [cg("ls", "LS", 1.0), cg("be", "BE", 0.3, cpu_max="29000 100000")])
+    assert quota_of(decide(s)) == []
+
+
+def test_usage_window_remembers_an_ls_spike():
+    state = BeSuppress.initial_state(settings())
+    spike = snap(2.0, [cg("ls", "LS", 1.2), cg("be", "BE", 0.8)], t=10.0)
+    assert quota_of(decide(spike, state)) == [10000]
+    calm = snap(0.5, [cg("ls", "LS", 0.2), cg("be", "BE", 0.3, cpu_max="10000 100000")], t=11.0)
+    assert quota_of(decide(calm, state)) == []            # the spike is still inside the 3 s window
+    later = snap(0.5, [cg("ls", "LS", 0.2), cg("be", "BE", 0.3, cpu_max="10000 100000")], t=20.0)
+    assert quota_of(decide(later, state)) == [30000]      # window passed: grow by 10% of the node
+
+
+def test_psi_guard_shrinks_below_the_usage_rule():
+    calm = snap(0.5, [cg("ls", "LS", 0.2, pressure=5.0), cg("be", "BE", 0.3, cpu_max="80000 100000")])
+    assert quota_of(decide(calm)) == [100000]
+    pressured = snap(0.5, [cg("ls", "LS", 0.2, pressure=55.0), cg("be", "BE", 0.3, cpu_max="80000 100000")])
+    actions = decide(pressured)
+    assert quota_of(actions) == [64000]                    # 80000 × (1 − 20%)
+    assert actions[-1].reason["psi_guard"] is True and "pressure" in actions[-1].message
+    assert quota_of(decide(pressured, psi_guard_percent=0)) == [100000]
+
+
+def test_allowance_is_split_between_be_cgroups_and_every_action_explains_itself():
+    s = snap(2.0, [cg("ls", "LS", 0.7), cg("be1", "BE", 0.6), cg("be2", "BE", 0.7)])
+    actions = [a for a in decide(s) if a.value is not None]
+    assert [(a.cgroup, a.value) for a in actions] == [("be1", "30000 100000"), ("be2", "30000 100000")]
+    assert {"allowance", "non_be_usage", "system_usage", "capacity"} <= set(actions[0].reason)
+
+
+def test_quota_policy_resets_cpuset_and_cpuset_policy_resets_quota():
+    s = snap(2.0, [cg("ls", "LS", 1.0), cg("be", "BE", 1.0)], cpus=4)
+    assert ("be", "cpuset.cpus", None) in [(a.cgroup, a.knob, a.value) for a in decide(s)]
+    cpuset_actions = decide(s, policy="cpuset")
+    assert ("be", "cpu.max", None) in [(a.cgroup, a.knob, a.value) for a in cpuset_actions]
+    assert BeSuppress.writes(settings(policy="cpuset")) == {("BE", "cpuset.cpus")}
+    assert BeSuppress.writes(settings()) == {("BE", "cpu.max")}
+
+
+def topo(pairs_per_node=2, nodes=2):
+    """CPUs numbered like Linux: siblings are c and c + n_cores."""
+    cores = pairs_per_node * nodes
+    return tuple(CpuTopology(c, c % cores, (c % cores) // pairs_per_node) for c in range(2 * cores))
+
+
+@pytest.mark.parametrize("n, expect", [
+    (2, {3, 7}),                 # one whole core (3 and its sibling 7): highest core of the highest node
+    (4, {1, 5, 3, 7}),           # then a whole core from the other NUMA node
+    (6, {1, 5, 3, 7, 2, 6}),
+    (8, set(range(8))),
+])
+def test_pick_cpus_takes_whole_cores_spread_over_numa(n, expect):
+    assert pick_cpus(list(topo()), n) == expect
+
+
+def test_cpuset_policy_respects_floor_growth_and_lse():
+    t = topo()
+    lse = cg("lse", "LSE", 0.5, cpuset="3,7")
+    # 8 CPUs × 65% = 5.2 − 6.5 → floor 2 CPUs, never LSE's 3 and 7.
+    s = snap(7.0, [lse, cg("ls", "LS", 6.0), cg("be", "BE", 0.5, cpuset="")], cpus=8, topology=t)
+    sets = [a for a in decide(s, policy="cpuset") if a.knob == "cpuset.cpus"]
+    assert sets[0].value == "2,6"
+    # Idle node from 2 CPUs: grows by ceil(10% × 8) = 1 per tick.
+    s = snap(0.5, [lse, cg("ls", "LS", 0.0), cg("be", "BE", 0.0, cpuset="1,5")], cpus=8, topology=t)
+    sets = [a for a in decide(s, policy="cpuset") if a.knob == "cpuset.cpus"]
+    assert len(sets[0].value.replace("-", ",").split(",")) >= 2 and sets[0].reason["cpus"] == 3
