@@ -117,8 +117,8 @@ class Daemon:
                 due = self.runner.due(now)
                 if due:
                     self.round(due)
-                if not ready:
-                    notify.notify("READY=1", "STATUS=running")
+                if not ready and (due or not self.runner.runs):
+                    notify.notify("READY=1", "STATUS=running")     # after the first tick
                     ready = True
                 if watchdog is not None and now >= next_ping and self.runner.alive(time.monotonic()):
                     notify.notify("WATCHDOG=1")

@@ -21,6 +21,7 @@ from .state import Held
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF = 60.0
+COALESCE = 0.05
 
 
 @dataclass
@@ -66,7 +67,9 @@ class Runner:
                 continue
             impl = self.registry[name]
             if run is None:
-                self.runs[name] = LoopRun(name, impl, settings, impl.initial_state(settings), now)
+                # First tick one interval from now: usage rates need that much history.
+                self.runs[name] = LoopRun(name, impl, settings, impl.initial_state(settings),
+                                          now + float(settings.interval))
                 log.info("loop %s started: %s", name, settings)
             elif run.settings != settings:
                 run.settings, run.state, run.next_due = settings, impl.initial_state(settings), now
@@ -80,7 +83,9 @@ class Runner:
         log.info("loop %s stopped: %s", name, why)
 
     def due(self, now: float) -> list[LoopRun]:
-        return [r for r in self.runs.values() if r.next_due <= now]
+        # Loops due within COALESCE share this snapshot: a second one a few ms later would measure
+        # usage rates over a few ms, which is noise.
+        return [r for r in self.runs.values() if r.next_due <= now + COALESCE]
 
     def next_due(self) -> float | None:
         return min((r.next_due for r in self.runs.values()), default=None)
