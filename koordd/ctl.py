@@ -236,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     except CtlError as e:
         print(f"koordctl: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:     # `koordctl decisions | head`: quietly, as Python's docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":
