@@ -1,0 +1,186 @@
+"""koordd as a process on a fake cgroup tree: start-up, sd_notify, reloads, stop and crash recovery."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fakecgroup import FakeCgroups
+
+CONFIG = """
+[daemon]
+cgroup_root = "{root}"
+state_dir = "{state}"
+
+[[classes]]
+name = "BE"
+cgroups = ["be.slice"]
+
+[[classes]]
+name = "LS"
+cgroups = ["ls.slice"]
+
+[loops.be_suppress]
+enabled = {enabled}
+interval = "200ms"
+threshold_percent = {threshold}
+"""
+
+
+class Node:
+    """A fake tree, a config file next to it, and helpers to run koordd against them."""
+
+    def __init__(self, tmp: Path):
+        self.tree = FakeCgroups(tmp, "v2").add("be.slice").add("ls.slice")
+        self.state = tmp / "state"
+        self.config = tmp / "etc" / "koordd.toml"
+        self.config.parent.mkdir()
+        self.stderr = tmp / "koordd.stderr"
+        self.write_config()
+
+    def write_config(self, enabled=True, threshold=65, extra="", replace=True):
+        text = CONFIG.format(root=self.tree.root, state=self.state, enabled=str(enabled).lower(),
+                             threshold=threshold) + extra
+        if replace:       # the way editors save: write a new file, rename it over the old one
+            tmp = self.config.with_suffix(".swp")
+            tmp.write_text(text)
+            os.replace(tmp, self.config)
+        else:
+            self.config.write_text(text)
+
+    def cpu_max(self) -> str:
+        return self.tree.read("be.slice", "cpu", "cpu.max").strip()
+
+    def run(self, *args, env=None, wait=True):
+        cmd = [sys.executable, "-m", "koordd.daemon", "--config", str(self.config), *args]
+        with open(self.stderr, "ab") as err:
+            proc = subprocess.Popen(cmd, stderr=err, env={**os.environ, **(env or {})})
+        if wait:
+            proc.wait(timeout=60)
+        return proc
+
+    def log(self) -> str:
+        return self.stderr.read_text()
+
+    def decisions(self) -> list[dict]:
+        path = self.state / "decisions.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def held(self) -> list[dict]:
+        return json.loads((self.state / "originals.json").read_text())["held"]
+
+
+@pytest.fixture
+def node(tmp_path):
+    return Node(tmp_path)
+
+
+def wait_for(predicate, timeout=15.0, what="condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class NotifySocket:
+    def __init__(self, path: Path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.1)
+        self.path, self.messages = path, []
+
+    def expect(self, line: str, timeout=15.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if any(line in m.split("\n") for m in self.messages):
+                return
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except socket.timeout:
+                pass
+        raise AssertionError(f"no {line} in {self.messages}")
+
+
+def test_once_caps_be_and_records_the_decision(node):
+    assert node.run("--once").returncode == 0, node.log()
+    quota, period = node.cpu_max().split()
+    assert period == "100000" and quota != "max"
+    [d] = node.decisions()
+    assert (d["loop"], d["cgroup"], d["knob"], d["old"], d["outcome"]) == \
+        ("be_suppress", "be.slice", "cpu.max", "max 100000", "applied")
+    assert d["new"] == node.cpu_max() and "allowance" in d["reason"]
+    assert node.held() == [{"cgroup": "be.slice", "knob": "cpu.max", "original": "max 100000",
+                            "owner": "be_suppress", "since": pytest.approx(time.time(), abs=60)}]
+
+
+def test_dry_run_writes_nothing(node):
+    assert node.run("--once", "--dry-run").returncode == 0, node.log()
+    assert node.cpu_max() == "max 100000"
+    assert [d["outcome"] for d in node.decisions()] == ["dry-run"]
+    assert not (node.state / "originals.json").exists()
+
+
+def test_invalid_config_refuses_to_start(node):
+    node.config.write_text(node.config.read_text().replace("threshold_percent", "treshold_percent"))
+    assert node.run("--once").returncode == 78
+    assert f"{node.config}:17: loops.be_suppress.treshold_percent: unknown key" in node.log()
+    assert "did you mean 'threshold_percent'" in node.log()
+    assert node.cpu_max() == "max 100000"
+
+
+def test_lifecycle_notify_reload_and_stop(node, tmp_path):
+    notify = NotifySocket(tmp_path / "notify.sock")
+    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "1000000"}, wait=False)
+    try:
+        notify.expect("READY=1")
+        wait_for(lambda: node.cpu_max() != "max 100000", what="BE capped")
+        notify.expect("WATCHDOG=1")
+
+        # A broken edit is refused; the running config stays and keeps acting.
+        node.write_config(extra="bogus = 1\n")
+        wait_for(lambda: "reload refused" in node.log(), what="refused reload")
+        assert "bogus" in node.log() and proc.poll() is None
+        assert node.cpu_max() != "max 100000"
+
+        # The loop disabled by a file edit (noticed without a signal): BE gets its original back.
+        node.write_config(enabled=False)
+        wait_for(lambda: node.cpu_max() == "max 100000", what="restore on disable")
+        notify.expect("RELOADING=1")
+
+        # Enabled again, applied through SIGHUP (in-place write, as `systemctl reload` after an edit).
+        node.write_config(enabled=True, replace=False)
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: node.cpu_max() != "max 100000", what="BE capped again")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, node.log()
+    notify.expect("STOPPING=1")
+    assert node.cpu_max() == "max 100000"
+    assert node.held() == []
+    outcomes = [d["outcome"] for d in node.decisions()]
+    assert outcomes[0] == "applied" and outcomes[-1] == "restored" and outcomes.count("restored") == 2
+
+
+def test_after_a_crash_an_enabled_loop_re_adopts_and_a_disabled_one_restores(node):
+    node.tree.set("be.slice", "cpu", "cpu.max", "5000 100000\n")          # left by a killed koordd
+    node.state.mkdir()
+    (node.state / "originals.json").write_text(json.dumps({"version": 1, "held": [
+        {"cgroup": "be.slice", "knob": "cpu.max", "original": "max 100000", "owner": "be_suppress",
+         "since": 1.0}]}))
+    assert node.run("--once").returncode == 0, node.log()
+    assert "re-adopting be.slice cpu.max" in node.log()
+    assert [h["original"] for h in node.held()] == ["max 100000"]         # the true original survives
+
+    node.write_config(enabled=False)
+    assert node.run("--once").returncode == 0, node.log()
+    assert node.cpu_max() == "max 100000" and node.held() == []
+    assert node.decisions()[-1]["outcome"] == "restored"

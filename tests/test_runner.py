@@ -1,0 +1,130 @@
+"""The runner: loops fail alone, back off, and give their knobs back when they stop or lose a cgroup."""
+from __future__ import annotations
+
+import pytest
+
+from fakecgroup import FakeCgroups
+from koordd.actuator import Actuator
+from koordd.config import parse_config
+from koordd.decisions import DecisionLog
+from koordd.loop import Action, Loop
+from koordd.runner import MAX_BACKOFF, Runner
+from koordd.snapshot import CgroupSample, NodeSample, Snapshot
+from koordd.state import RestoreJournal
+
+
+class Capper(Loop):
+    """Sets cpu.max of every BE cgroup to a fixed quota."""
+    name = "capper"
+
+    @staticmethod
+    def writes(settings):
+        return frozenset({("BE", "cpu.max")})
+
+    @staticmethod
+    def decide(snapshot, settings, state):
+        return [Action(c.path, "cpu.max", "20000 100000", {"why": 1}, "cap") for c in snapshot.of_class("BE")]
+
+
+class Crasher(Loop):
+    name = "crasher"
+
+    @staticmethod
+    def decide(snapshot, settings, state):
+        raise RuntimeError("bug in a loop")
+
+
+REGISTRY = {"capper": Capper, "crasher": Crasher}
+
+
+def config(text: str):
+    return parse_config(text, "koordd.toml", REGISTRY)
+
+
+BOTH = """
+[[classes]]
+name = "BE"
+cgroups = ["be.slice"]
+[loops.capper]
+enabled = true
+interval = "1s"
+[loops.crasher]
+enabled = true
+interval = "1s"
+"""
+
+
+def snapshot(t: float, classes: dict[str, str]) -> Snapshot:
+    return Snapshot(t, 0.0, NodeSample(2, 0.5), {p: CgroupSample(p, c) for p, c in classes.items()})
+
+
+@pytest.fixture
+def setup(tmp_path):
+    tree = FakeCgroups(tmp_path, "v2").add("be.slice")
+    journal = RestoreJournal(tmp_path / "state")
+    runner = Runner(REGISTRY, Actuator(tree.fs, journal, DecisionLog(tmp_path / "state")))
+    return tree, journal, runner
+
+
+def test_a_crashing_loop_backs_off_and_the_other_still_acts(setup):
+    tree, journal, runner = setup
+    runner.configure(config(BOTH), now=0.0)
+    assert runner.due(0.0) == []                       # first tick one interval after start
+    runner.tick(runner.due(1.0), snapshot(1.0, {"be.slice": "BE"}))
+    assert tree.read("be.slice", "cpu", "cpu.max").strip() == "20000 100000"
+    crasher = runner.runs["crasher"]
+    assert crasher.failures == 1 and "bug in a loop" in crasher.last_error
+    assert crasher.next_due == 1.0 + 2.0               # interval × 2^failures
+    runner.tick([crasher], snapshot(3.0, {"be.slice": "BE"}))
+    assert crasher.failures == 2 and crasher.next_due == 3.0 + 4.0
+    assert runner.runs["capper"].failures == 0 and runner.runs["capper"].last_error is None
+
+
+def test_backoff_is_capped(setup):
+    _, _, runner = setup
+    runner.configure(config(BOTH), now=0.0)
+    crasher = runner.runs["crasher"]
+    t = 1.0
+    for _ in range(12):
+        runner.tick([crasher], snapshot(t, {}))
+        assert crasher.next_due - t <= MAX_BACKOFF
+        t, last_gap = crasher.next_due, crasher.next_due - t
+    assert crasher.failures == 12 and last_gap == MAX_BACKOFF
+
+
+def test_disabling_a_loop_restores_its_knobs(setup):
+    tree, journal, runner = setup
+    runner.configure(config(BOTH), now=0.0)
+    runner.tick(runner.due(1.0), snapshot(1.0, {"be.slice": "BE"}))
+    assert journal.get("be.slice", "cpu.max").original == "max 100000"
+    runner.configure(config(BOTH.replace('[loops.capper]\nenabled = true', '[loops.capper]\nenabled = false')))
+    assert "capper" not in runner.runs
+    assert tree.read("be.slice", "cpu", "cpu.max").strip() == "max 100000"
+    assert journal.entries() == []
+
+
+def test_a_cgroup_that_leaves_the_class_gets_its_knob_back(setup):
+    tree, journal, runner = setup
+    runner.configure(config(BOTH), now=0.0)
+    capper = runner.runs["capper"]
+    runner.tick([capper], snapshot(1.0, {"be.slice": "BE"}))
+    assert tree.read("be.slice", "cpu", "cpu.max").strip() == "20000 100000"
+    runner.tick([capper], snapshot(2.0, {"be.slice": "LS"}))        # relabelled by a config edit
+    assert tree.read("be.slice", "cpu", "cpu.max").strip() == "max 100000"
+    assert journal.entries() == []
+
+
+def test_changed_settings_get_a_fresh_state_and_keep_the_knobs(setup):
+    tree, journal, runner = setup
+    runner.configure(config(BOTH), now=0.0)
+    runner.tick(runner.due(1.0), snapshot(1.0, {"be.slice": "BE"}))
+    runner.configure(config(BOTH.replace('interval = "1s"\n[loops.crasher]', 'interval = "2s"\n[loops.crasher]')))
+    assert float(runner.runs["capper"].settings.interval) == 2.0
+    assert journal.get("be.slice", "cpu.max") is not None
+
+
+def test_alive_turns_false_when_the_scheduler_stalls(setup):
+    _, _, runner = setup
+    runner.configure(config(BOTH), now=0.0)
+    assert runner.alive(1.0)
+    assert not runner.alive(100.0)
