@@ -128,12 +128,13 @@ class CgroupFS:
             raise
 
     def write(self, controller: str | None, cgroup: str, filename: str, text: str) -> None:
-        """One write(2) of `text`; the kernel's error comes back as OSError."""
+        """One write(2) of `text`; the kernel's error comes back as OSError.
+        O_TRUNC as `echo >` does: cgroupfs ignores it, a plain file (a test tree) needs it."""
         d = self.dir(controller, cgroup)
         if d is None:
             raise FileNotFoundError(errno.ENOENT, f"no hierarchy for {controller}", filename)
         try:
-            fd = os.open(d / filename, os.O_WRONLY)
+            fd = os.open(d / filename, os.O_WRONLY | os.O_TRUNC)
         except FileNotFoundError:
             if not d.is_dir():
                 raise CgroupGone(cgroup) from None

@@ -103,7 +103,7 @@ def read_decisions(state_dir: Path | str, keep: int = 3) -> Iterator[dict]:
     files = [base.with_name(f"{DecisionLog.FILE}.{i}") for i in range(keep, 0, -1)] + [base]
     for path in files:
         try:
-            with open(path) as f:
+            with open(path, errors="replace") as f:    # a damaged line may not even be UTF-8
                 for line in f:
                     try:
                         yield json.loads(line)

@@ -8,6 +8,7 @@ decisions, the restore journal and the logs all read the same on every host.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -16,6 +17,7 @@ from .cgroups import CgroupFS, format_cpulist, parent_of, parse_cpulist
 V1_MEMORY_UNLIMITED = 9223372036854771712   # PAGE_COUNTER_MAX * 4096, what v1 shows for "no limit"
 CFS_PERIOD_RANGE = (1000, 1_000_000)        # µs, kernel's min/max cfs period
 CFS_QUOTA_MIN = 1000                        # µs
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 class Unsupported(Exception):
@@ -50,12 +52,14 @@ def _int(text: str, what: str) -> int:
 
 
 def shares_to_weight(shares: int) -> int:
-    """v1 cpu.shares (2..262144) -> v2 cpu.weight (1..10000), the kernel's/systemd's mapping."""
-    return max(1, min(10000, 1 + ((shares - 2) * 9999) // 262142))
+    """v1 cpu.shares (2..262144) -> v2 cpu.weight (1..10000), the kernel's/systemd's mapping:
+    weight = shares * 100 / 1024 rounded, so the defaults 1024 and 100 meet."""
+    return max(1, min(10000, (shares * 100 + 512) // 1024))
 
 
 def weight_to_shares(weight: int) -> int:
-    return max(2, min(262144, 2 + ((weight - 1) * 262142) // 9999))
+    """The inverse (rounded), exact on the way back: shares_to_weight(weight_to_shares(w)) == w."""
+    return max(2, min(262144, (weight * 1024 + 50) // 100))
 
 
 # --- the table -------------------------------------------------------------
@@ -193,8 +197,9 @@ def _check_cpuset(value: str, ctx: KnobContext) -> None:
 
 
 def _norm_memory(text: str) -> str:
+    # The kernel keeps a limit in pages and shows it rounded down: so does the canonical form.
     t = text.strip()
-    return "max" if t == "max" else _norm_uint("memory limit")(t)
+    return "max" if t == "max" else str(int(_norm_uint("memory limit")(t)) // PAGE_SIZE * PAGE_SIZE)
 
 
 def _memory_from_v1(raw: str) -> str:

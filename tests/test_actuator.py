@@ -1,0 +1,301 @@
+"""The actuator's pipeline, the restore journal and the decision log, on fake cgroup trees."""
+from __future__ import annotations
+
+import errno
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from fakecgroup import FakeCgroups
+from koordd.actuator import Actuator
+from koordd.decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, Decision, DecisionLog, read_decisions
+from koordd.knobs import KNOBS, Knob
+from koordd.loop import Action, restore
+from koordd.state import Held, RestoreJournal
+
+JOB = "be.slice/job"
+
+
+def make_rig(tmp_path, tree, dry_run=False, **log_args):
+    state = tmp_path / "state"
+    sent = []
+    log = DecisionLog(state, send=lambda message, **fields: sent.append((message, fields)), **log_args)
+    journal = RestoreJournal(state)
+    return SimpleNamespace(tree=tree, state=state, sent=sent, journal=journal,
+                           act=Actuator(tree.fs, journal, log, dry_run=dry_run))
+
+
+@pytest.fixture
+def rig(tmp_path):
+    return make_rig(tmp_path, FakeCgroups(tmp_path, "v2").add(JOB))
+
+
+def quota(value="50000 100000", cgroup=JOB, **reason):
+    return Action(cgroup, "cpu.max", value, reason or {"be_usage": 1.5}, "BE over its allowance")
+
+
+def records(rig):
+    return list(read_decisions(rig.state))
+
+
+def on_disk(rig):
+    path = rig.state / RestoreJournal.FILE
+    return json.loads(path.read_text())["held"] if path.exists() else []
+
+
+# --- setting -----------------------------------------------------------------
+
+def test_set_writes_records_and_journals_on_every_layout(tmp_path, tree):
+    rig = make_rig(tmp_path, tree)
+    [d] = rig.act.apply("be_suppress", [quota()])
+    assert (d.outcome, d.loop, d.cgroup, d.knob, d.old, d.new) == (APPLIED, "be_suppress", JOB, "cpu.max",
+                                                                   "max 100000", "50000 100000")
+    assert d.reason == {"be_usage": 1.5} and d.message == "BE over its allowance" and d.error is None
+    if tree.v1:
+        assert tree.read(JOB, "cpu", "cpu.cfs_quota_us") == "50000"
+    else:
+        assert tree.read(JOB, "cpu", "cpu.max") == "50000 100000"
+    assert [(h["cgroup"], h["knob"], h["original"], h["owner"]) for h in on_disk(rig)] == [
+        (JOB, "cpu.max", "max 100000", "be_suppress")]
+    assert [r["outcome"] for r in records(rig)] == [APPLIED]
+
+
+def test_equal_value_is_skipped(rig):
+    assert rig.act.apply("be_suppress", [quota("max 100000")]) == []
+    assert rig.sent == [] and records(rig) == [] and rig.journal.entries() == []
+    assert not (rig.state / RestoreJournal.FILE).exists()
+
+
+def test_second_change_keeps_the_first_original(rig):
+    rig.act.apply("be_suppress", [quota("50000 100000")])
+    [d] = rig.act.apply("be_suppress", [quota("40000 100000")])
+    assert (d.old, d.new) == ("50000 100000", "40000 100000")
+    assert rig.journal.get(JOB, "cpu.max").original == "max 100000"
+    assert rig.act.apply("be_suppress", [quota("40000 100000")]) == []
+
+
+def test_original_is_on_disk_before_the_write(rig, monkeypatch):
+    seen = []
+    real = Knob.write
+
+    def write(self, fs, cgroup, value):
+        seen.append(on_disk(rig))
+        real(self, fs, cgroup, value)
+
+    monkeypatch.setattr(Knob, "write", write)
+    rig.act.apply("be_suppress", [quota()])
+    assert [[(h["knob"], h["original"]) for h in s] for s in seen] == [[("cpu.max", "max 100000")]]
+
+
+def test_kernel_error_is_refused_once_and_forgotten(rig, monkeypatch):
+    def write(self, fs, cgroup, value):
+        assert on_disk(rig) != []              # persisted even though the write will fail
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(Knob, "write", write)
+    [d] = rig.act.apply("be_suppress", [quota()])
+    assert (d.outcome, d.old, d.new) == (REFUSED, "max 100000", "50000 100000")
+    assert d.error.startswith("EINVAL")
+    assert rig.journal.entries() == [] and on_disk(rig) == []
+    assert rig.act.apply("be_suppress", [quota()]) == []                   # same refusal: recorded once
+    assert [d.new for d in rig.act.apply("be_suppress", [quota("60000 100000")])] == ["60000 100000"]
+    assert [r["outcome"] for r in records(rig)] == [REFUSED, REFUSED]
+
+
+def test_partial_v1_write_stays_journaled(tmp_path, monkeypatch):
+    """Period landed, quota refused: the knob did change, so its original must be kept."""
+    rig = make_rig(tmp_path, FakeCgroups(tmp_path, "v1").add(JOB))
+    real = rig.act.fs.write
+
+    def write(controller, cgroup, name, text):
+        if name == "cpu.cfs_quota_us":
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real(controller, cgroup, name, text)
+
+    monkeypatch.setattr(rig.act.fs, "write", write)
+    [d] = rig.act.apply("be_suppress", [quota("25000 50000")])
+    assert d.outcome == REFUSED
+    assert rig.journal.get(JOB, "cpu.max").original == "max 100000"
+
+
+@pytest.mark.parametrize("action, error", [
+    (Action(JOB, "cpu.turbo", "1"), "unknown knob 'cpu.turbo'"),
+    (Action(JOB, "cpu.max", "10 100000"), "quota must be >= 1000"),
+    (Action(JOB, "cpuset.cpus", "0-99"), "not in the parent's cpuset"),
+])
+def test_invalid_actions_are_refused_before_reading_or_writing(rig, action, error):
+    [d] = rig.act.apply("be_suppress", [action])
+    assert d.outcome == REFUSED and error in d.error and rig.journal.entries() == []
+
+
+def test_unreadable_knob_is_refused(rig):
+    (rig.tree.dir(JOB, "cpu") / "cpu.max").unlink()
+    [d] = rig.act.apply("be_suppress", [quota()])
+    assert d.outcome == REFUSED and d.error.startswith("cannot read current value: ENOENT")
+
+
+def test_vanished_cgroup_is_skipped_silently(rig):
+    rig.tree.remove(JOB)
+    assert rig.act.apply("be_suppress", [quota()]) == [] and rig.sent == []
+
+
+def test_owner_conflict_is_refused(rig):
+    rig.act.apply("be_suppress", [quota()])
+    [d] = rig.act.apply("cpu_burst", [quota("70000 100000")])
+    assert d.outcome == REFUSED and d.error == "knob is held by loop be_suppress"
+    assert rig.tree.read(JOB, "cpu", "cpu.max") == "50000 100000"
+    assert rig.act.apply("cpu_burst", [restore(JOB, "cpu.max", "not mine")]) == []
+    assert rig.journal.get(JOB, "cpu.max").owner == "be_suppress"
+
+
+def test_dry_run_writes_nothing_and_records_each_new_value_once(tmp_path):
+    rig = make_rig(tmp_path, FakeCgroups(tmp_path, "v2").add(JOB), dry_run=True)
+    ticks = [quota("50000 100000"), quota("50000 100000"), quota("40000 100000"), quota("max 100000")]
+    got = [[(d.outcome, d.old, d.new) for d in rig.act.apply("be_suppress", [a])] for a in ticks]
+    assert got == [[(DRY_RUN, "max 100000", "50000 100000")], [], [(DRY_RUN, "max 100000", "40000 100000")],
+                   [(DRY_RUN, "max 100000", "max 100000")]]
+    assert rig.tree.read(JOB, "cpu", "cpu.max") == "max 100000\n"
+    assert rig.journal.entries() == [] and not (rig.state / RestoreJournal.FILE).exists()
+    assert [fields["KOORDD_OUTCOME"] for _, fields in rig.sent] == [DRY_RUN] * 3
+
+
+def test_dry_run_still_refuses_invalid_values(tmp_path):
+    rig = make_rig(tmp_path, FakeCgroups(tmp_path, "v2").add(JOB), dry_run=True)
+    [d] = rig.act.apply("be_suppress", [quota("1 100000")])
+    assert d.outcome == REFUSED
+
+
+# --- restoring -------------------------------------------------------------------
+
+def test_restore_action_puts_the_original_back(tmp_path, tree):
+    rig = make_rig(tmp_path, tree)
+    rig.act.apply("be_suppress", [quota()])
+    [d] = rig.act.apply("be_suppress", [restore(JOB, "cpu.max", "BE back under", be_usage=0.2)])
+    assert (d.outcome, d.old, d.new, d.reason) == (RESTORED, "50000 100000", "max 100000", {"be_usage": 0.2})
+    assert rig.journal.entries() == [] and on_disk(rig) == []
+    assert KNOBS["cpu.max"].read(tree.fs, JOB) == "max 100000"
+    assert rig.act.apply("be_suppress", [restore(JOB, "cpu.max", "again")]) == []
+
+
+def test_restore_when_someone_already_put_it_back(rig):
+    rig.act.apply("be_suppress", [quota()])
+    rig.tree.set(JOB, "cpu", "cpu.max", "max 100000\n")
+    assert rig.act.apply("be_suppress", [restore(JOB, "cpu.max", "done")]) == []
+    assert rig.journal.entries() == []
+
+
+def test_restore_of_a_vanished_cgroup_drops_the_entry(rig):
+    rig.act.apply("be_suppress", [quota()])
+    rig.tree.remove(JOB)
+    n = len(rig.sent)
+    assert rig.act.restore_all("stopping") == []
+    assert rig.journal.entries() == [] and on_disk(rig) == [] and len(rig.sent) == n
+
+
+def test_failed_restore_keeps_the_entry(rig, monkeypatch):
+    rig.act.apply("be_suppress", [quota()])
+    monkeypatch.setattr(Knob, "write", lambda *a: (_ for _ in ()).throw(OSError(errno.EBUSY, "Device busy")))
+    [d] = rig.act.restore_all("stopping")
+    assert d.outcome == REFUSED and d.error.startswith("EBUSY") and d.new == "max 100000"
+    assert rig.journal.get(JOB, "cpu.max") is not None
+
+
+def test_restore_all_newest_first(rig):
+    rig.tree.add("be.slice/other")
+    rig.act.apply("be_suppress", [quota(cgroup="be.slice")])
+    rig.act.apply("cpu_burst", [Action(JOB, "cpu.max.burst", "20000")])
+    rig.act.apply("be_suppress", [quota(cgroup="be.slice/other")])
+    done = rig.act.restore_all("koordd stopping")
+    assert [(d.cgroup, d.knob, d.outcome, d.message) for d in done] == [
+        ("be.slice/other", "cpu.max", RESTORED, "koordd stopping"),
+        (JOB, "cpu.max.burst", RESTORED, "koordd stopping"),
+        ("be.slice", "cpu.max", RESTORED, "koordd stopping")]
+    assert rig.journal.entries() == []
+
+
+def test_restore_owner_leaves_other_loops_alone(rig):
+    rig.act.apply("be_suppress", [quota(cgroup="be.slice")])
+    rig.act.apply("cpu_burst", [Action(JOB, "cpu.max.burst", "20000")])
+    assert [d.knob for d in rig.act.restore_owner("be_suppress", "disabled")] == ["cpu.max"]
+    assert [h.owner for h in rig.journal.entries()] == ["cpu_burst"]
+
+
+def test_journal_survives_a_restart(rig, tmp_path):
+    rig.act.apply("be_suppress", [quota()])
+    again = make_rig(tmp_path, rig.tree)
+    assert [(h.cgroup, h.original, h.owner) for h in again.journal.entries()] == [(JOB, "max 100000", "be_suppress")]
+    [d] = again.act.restore_all("cleanup after crash")
+    assert d.outcome == RESTORED and rig.tree.read(JOB, "cpu", "cpu.max") == "max 100000"
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"held": [{"cgroup": "a"}]}', "[]", '{"held": 5}',
+                                  '{"held": [{"cgroup": "a", "knob": "k", "original": "1", "owner": "o", '
+                                  '"since": "soon"}]}'])
+def test_corrupt_journal_is_moved_aside(tmp_path, text):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / RestoreJournal.FILE).write_text(text)
+    journal = RestoreJournal(state)
+    assert journal.entries() == [] and not (state / RestoreJournal.FILE).exists()
+    [aside] = [p for p in state.iterdir() if ".corrupt." in p.name]
+    assert aside.read_text() == text
+    journal.add(Held("a", "cpu.max", "max 100000", "o", 1.0))
+    assert RestoreJournal(state).get("a", "cpu.max").owner == "o"
+
+
+# --- decision records ---------------------------------------------------------------
+
+def test_journald_fields_and_jsonl(rig):
+    rig.act.apply("be_suppress", [quota()])
+    [(message, fields)] = rig.sent
+    assert message == "be_suppress: set be.slice/job cpu.max 'max 100000' -> '50000 100000': BE over its allowance"
+    assert fields == {"PRIORITY": "5", "SYSLOG_IDENTIFIER": "koordd", "KOORDD_LOOP": "be_suppress",
+                      "KOORDD_CGROUP": JOB, "KOORDD_KNOB": "cpu.max", "KOORDD_OLD": "max 100000",
+                      "KOORDD_NEW": "50000 100000", "KOORDD_OUTCOME": APPLIED,
+                      "KOORDD_REASON": '{"be_usage": 1.5}'}
+    [line] = (rig.state / DecisionLog.FILE).read_text().splitlines()
+    rec = json.loads(line)
+    assert {k: rec[k] for k in ("loop", "cgroup", "knob", "old", "new", "outcome", "reason", "error")} == {
+        "loop": "be_suppress", "cgroup": JOB, "knob": "cpu.max", "old": "max 100000", "new": "50000 100000",
+        "outcome": APPLIED, "reason": {"be_usage": 1.5}, "error": None}
+
+
+def test_refusal_fields(rig):
+    rig.act.apply("be_suppress", [quota()])
+    rig.act.apply("other", [quota("60000 100000")])
+    message, fields = rig.sent[-1]
+    assert fields["PRIORITY"] == "4" and fields["KOORDD_ERROR"] == "knob is held by loop be_suppress"
+    assert fields["KOORDD_OLD"] == "" and message.startswith("other: refused be.slice/job cpu.max None -> ")
+
+
+def decision(i):
+    return Decision(float(i), "loop", "a", "cpu.max", "max 100000", f"{1000 + i} 100000", APPLIED, f"n{i}")
+
+
+def test_rotation_keeps_the_newest_records(tmp_path):
+    log = DecisionLog(tmp_path, max_bytes=600, keep=2, send=lambda *a, **k: None)
+    for i in range(40):
+        log.record(decision(i))
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["decisions.jsonl", "decisions.jsonl.1", "decisions.jsonl.2"]
+    assert all(p.stat().st_size <= 600 for p in tmp_path.iterdir())
+    got = [r["message"] for r in read_decisions(tmp_path, keep=2)]
+    assert got == [f"n{i}" for i in range(40 - len(got), 40)] and len(got) > 2
+
+
+def test_read_decisions_skips_damaged_lines(tmp_path):
+    log = DecisionLog(tmp_path, max_bytes=10**6, send=lambda *a, **k: None)
+    log.record(decision(0))
+    (tmp_path / "decisions.jsonl").rename(tmp_path / "decisions.jsonl.2")
+    (tmp_path / "decisions.jsonl.1").write_bytes(b'{"message": "torn\n\xff\xfe\x00garbage\n')
+    log.record(decision(1))
+    with open(tmp_path / "decisions.jsonl", "a") as f:
+        f.write('{"message": "half a li')
+    assert [r["message"] for r in read_decisions(tmp_path)] == ["n0", "n1"]
+
+
+def test_without_a_state_dir_records_only_go_to_the_journal(tmp_path):
+    sent = []
+    DecisionLog(None, send=lambda m, **k: sent.append(m)).record(decision(0))
+    assert len(sent) == 1 and list(tmp_path.iterdir()) == []

@@ -1,0 +1,256 @@
+"""Sensors on literal kernel text: PSI, /proc + /sys for the node, fake cgroup trees for cgroups."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from fakecgroup import FakeCgroups, psi
+from koordd.cgroups import match_pattern
+from koordd.sensors import collect
+from koordd.sensors.cgroup import CgroupSensor, parse_flat_keyed
+from koordd.sensors.collect import Sensors, find_classified
+from koordd.sensors.node import NodeSensor, parse_meminfo, parse_proc_stat_cpu
+from koordd.sensors.psi import parse_psi, with_growth
+from koordd.snapshot import CpuTopology, Pressure, PressureStat, Throttling
+
+JOB = "be.slice/job"
+
+# --- PSI ------------------------------------------------------------------------------
+
+GOOD = "some avg10=1.13 avg60=1.12 avg300=0.32 total=1327965\nfull avg10=0.00 avg60=0.01 avg300=0.00 total=42\n"
+
+
+def test_parse_psi():
+    assert parse_psi(GOOD) == PressureStat(Pressure(1.13, 1.12, 0.32, 1327965), Pressure(0.0, 0.01, 0.0, 42))
+    assert parse_psi("some avg10=0.50 avg60=0.00 avg300=0.00 total=7\n") == PressureStat(
+        Pressure(0.5, 0.0, 0.0, 7), None)                                   # system cpu before 5.13
+
+
+@pytest.mark.parametrize("text", [
+    "", "\n", "half avg10=0.00 avg60=0.00 avg300=0.00 total=0",
+    "some avg10=0.00 avg60=0.00 total=0", "some avg10=x avg60=0.00 avg300=0.00 total=0",
+    "some avg10=0.00 avg60=0.00 avg300=0.00 total=1.5", "some avg10 avg60=0.00 avg300=0.00 total=0",
+])
+def test_parse_psi_malformed(text):
+    with pytest.raises(ValueError):
+        parse_psi(text)
+
+
+def test_with_growth():
+    old, new = parse_psi(psi(1000, 100)), parse_psi(psi(3000, 100))
+    grown = with_growth(new, old, 2.0)
+    assert (grown.some.growth, grown.full.growth) == (1000.0, 0.0)
+    assert with_growth(new, None, 2.0) is new and with_growth(new, old, 0.0) is new
+    assert with_growth(old, new, 1.0).some.growth is None               # counter went back: no rate
+    assert with_growth(parse_psi(psi(5, None)), old, 1.0).full is None
+
+
+# --- node -----------------------------------------------------------------------------
+
+MEMINFO = """MemTotal:       16000000 kB
+MemFree:         1000000 kB
+MemAvailable:    8000000 kB
+AnonPages:       4000000 kB
+Unevictable:        1000 kB
+HugePages_Total:       0
+"""
+
+
+def stat(user, system, idle, iowait=0, steal=0):
+    return (f"cpu  {user} 0 {system} {idle} {iowait} 0 0 {steal} 0 0\n"
+            f"cpu0 {user} 0 {system} {idle} {iowait} 0 0 {steal} 0 0\nintr 1 2 3\nctxt 99\n")
+
+
+@pytest.fixture
+def host(tmp_path):
+    """A 4-CPU host: SMT pairs (0,2) and (1,3), NUMA node 0 = 0-1, node 1 = 2-3."""
+    proc, sys = tmp_path / "proc", tmp_path / "sys"
+    files = {proc / "stat": stat(100, 50, 800, 50), proc / "meminfo": MEMINFO,
+             sys / "devices/system/cpu/online": "0-3\n",
+             sys / "devices/system/node/node0/cpulist": "0-1\n", sys / "devices/system/node/node1/cpulist": "2-3\n",
+             sys / "devices/system/node/possible": "0-1\n"}
+    for res in ("cpu", "memory", "io"):
+        files[proc / "pressure" / res] = psi(1000, 500)
+    for cpu, sib in ((0, "0,2"), (1, "1,3"), (2, "0,2"), (3, "1,3")):
+        files[sys / f"devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"] = sib + "\n"
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return SimpleNamespace(proc=proc, sys=sys)
+
+
+def test_node_sensor_over_two_samples(host):
+    sensor = NodeSensor(host.proc, host.sys)
+    first = sensor.sample(10.0)
+    assert (first.cpu_count, first.cpu_used) == (4, None)
+    assert (first.memory_total, first.memory_available, first.memory_anon) == (
+        16000000 * 1024, 8000000 * 1024, 4001000 * 1024)
+    assert first.memory_pressure.some == Pressure(0.0, 0.0, 0.0, 1000)
+    assert first.topology == (CpuTopology(0, 0, 0), CpuTopology(1, 1, 0), CpuTopology(2, 0, 1),
+                              CpuTopology(3, 1, 1))
+    # +300 busy (user 200, system 100) of +400 jiffies: 3 of 4 cores busy
+    (host.proc / "stat").write_text(stat(300, 150, 850, 100))
+    (host.proc / "pressure" / "memory").write_text(psi(3000, 500))
+    second = sensor.sample(12.0)
+    assert second.cpu_used == pytest.approx(3.0)
+    assert (second.memory_pressure.some.growth, second.memory_pressure.full.growth) == (1000.0, 0.0)
+    assert second.cpu_pressure.some.growth == 0.0
+
+
+def test_node_sensor_tolerates_missing_and_broken_files(host, tmp_path):
+    (host.proc / "meminfo").unlink()
+    (host.proc / "pressure" / "io").write_text("garbage\n")
+    sensor = NodeSensor(host.proc, host.sys)
+    s = sensor.sample(1.0)
+    assert (s.memory_total, s.memory_anon, s.io_pressure) == (None, None, None)
+    (host.proc / "stat").write_text("intr 1\n")
+    assert sensor.sample(2.0).cpu_used is None
+    bare = NodeSensor(tmp_path / "nothing", tmp_path / "nothing")
+    assert bare.topology == () and bare.cpu_count >= 1 and bare.sample(1.0).cpu_used is None
+
+
+def test_proc_parsers():
+    assert parse_proc_stat_cpu(stat(10, 5, 80, 5, steal=2)) == (17, 102)
+    assert parse_proc_stat_cpu("cpu  1 2 3 4\n") == (6, 10)      # old kernels: fewer columns
+    with pytest.raises(ValueError):
+        parse_proc_stat_cpu("cpu0 1 2 3 4\n")
+    assert parse_meminfo(MEMINFO)["HugePages_Total"] == 0
+    assert parse_flat_keyed("usage_usec 12\nnr_periods 3\nbroken\n") == {"usage_usec": 12, "nr_periods": 3}
+
+
+# --- cgroups ----------------------------------------------------------------------------
+
+def test_cgroup_usage_and_throttling_from_two_samples(tree):
+    sensor = CgroupSensor(tree.fs)
+    tree.stat(JOB, usage_us=1_000_000, nr_periods=10, nr_throttled=2, throttled_us=5000, memory_current=4096)
+    first = sensor.sample(JOB, "be", 100.0)
+    assert (first.path, first.cls, first.cpu_usage) == (JOB, "be", None)
+    assert first.throttling == Throttling(10, 2, 5000)
+    tree.stat(JOB, usage_us=5_000_000, nr_periods=30, nr_throttled=7, throttled_us=9000, memory_current=8192)
+    second = sensor.sample(JOB, "be", 102.0)
+    assert second.cpu_usage == pytest.approx(2.0)
+    assert second.throttling == Throttling(30, 7, 9000, 20, 5)
+    assert second.memory_current == 8192
+
+
+def test_cgroup_knob_values_and_pressure(tree):
+    if tree.v1:
+        tree.set(JOB, "cpu", "cpu.cfs_quota_us", "50000\n")
+        tree.set(JOB, "memory", "memory.limit_in_bytes", "1073741824\n")
+    else:
+        tree.set(JOB, "cpu", "cpu.max", "50000 100000\n")
+        tree.set(JOB, "memory", "memory.max", "1073741824\n")
+    sensor = CgroupSensor(tree.fs)
+    s = sensor.sample(JOB, "be", 1.0)
+    assert (s.cpu_max, s.cpu_max_burst, s.memory_max) == ("50000 100000", "0", "1073741824")
+    assert s.cpuset_cpus == ("0-7" if tree.v1 else "")
+    if tree.mode in ("v2", "hybrid"):
+        assert s.cpu_pressure.some.total_us == 0
+        tree.set(JOB, None, "io.pressure", psi(500_000, 0))
+        assert sensor.sample(JOB, "be", 3.0).io_pressure.some.growth == 250_000.0
+    else:
+        assert (s.cpu_pressure, s.memory_pressure, s.io_pressure) == (None, None, None)
+
+
+def test_missing_files_give_none(tree):
+    sensor = CgroupSensor(tree.fs)
+    sensor.sample(JOB, "be", 1.0)
+    for controller, name in (("cpu", "cpu.stat"), ("cpuacct", "cpuacct.usage"), (None, "cpu.stat"),
+                             ("cpu", "cpu.max"), ("cpu", "cpu.cfs_quota_us")):
+        try:
+            (tree.dir(JOB, controller) / name).unlink(missing_ok=True)
+        except ValueError:
+            pass                                      # pure v1 has no v2 tree
+    s = sensor.sample(JOB, "be", 2.0)
+    assert (s.cpu_usage, s.throttling, s.cpu_max) == (None, None, None)
+    assert s.cpu_max_burst == "0"
+
+
+def test_v2_cpu_stat_without_the_cpu_controller_has_no_throttling(tmp_path):
+    tree = FakeCgroups(tmp_path, "v2").add(JOB, usage_us=1000)
+    tree.set(JOB, None, "cpu.stat", "usage_usec 1000\nuser_usec 500\nsystem_usec 500\n")
+    s = CgroupSensor(tree.fs).sample(JOB, "be", 1.0)
+    assert s.throttling is None
+
+
+def test_counter_going_back_gives_no_rate(tree):
+    sensor = CgroupSensor(tree.fs)
+    tree.stat(JOB, usage_us=5_000_000)
+    sensor.sample(JOB, "be", 1.0)
+    tree.stat(JOB, usage_us=1_000)
+    assert sensor.sample(JOB, "be", 2.0).cpu_usage is None
+
+
+def test_vanished_cgroup_gives_none_not_errors(tree):
+    sensor = CgroupSensor(tree.fs)
+    sensor.sample(JOB, "be", 1.0)
+    tree.remove(JOB)
+    s = sensor.sample(JOB, "be", 2.0)
+    assert (s.cpu_usage, s.throttling, s.cpu_max, s.cpu_max_burst, s.cpuset_cpus, s.memory_current,
+            s.memory_max, s.cpu_pressure, s.memory_pressure, s.io_pressure) == (None,) * 10
+
+
+def test_forget_except_starts_a_recreated_cgroup_fresh(tree):
+    sensor = CgroupSensor(tree.fs)
+    tree.stat(JOB, usage_us=1_000_000)
+    sensor.sample(JOB, "be", 1.0)
+    sensor.forget_except(set())
+    tree.stat(JOB, usage_us=3_000_000)
+    assert sensor.sample(JOB, "be", 2.0).cpu_usage is None
+
+
+# --- finding and snapshots -----------------------------------------------------------------
+
+PATTERNS = {"kubepods.slice/kubepods-besteffort.slice": "BE", "kubepods.slice/kubepods-burstable.slice/*": "LS",
+            "system.slice": "SYSTEM", "kubepods.slice/kubepods-besteffort.slice/*": "BE"}
+
+
+def classify(cg):
+    return next((cls for p, cls in PATTERNS.items() if match_pattern(p, cg)), None)
+
+
+def k8s_tree(tmp_path, mode):
+    tree = FakeCgroups(tmp_path, mode)
+    for cg in ("kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-a.scope",
+               "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod2.slice",
+               "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod3.slice",
+               "system.slice/sshd.service", "user.slice"):
+        tree.add(cg)
+    return tree
+
+
+@pytest.mark.parametrize("mode", ["v2", "v1", "hybrid", "v1-comount"])
+def test_find_classified_stops_at_class_roots(tmp_path, mode):
+    tree = k8s_tree(tmp_path, mode)
+    assert find_classified(tree.fs, classify, 4) == {
+        "kubepods.slice/kubepods-besteffort.slice": "BE",        # its pods are not listed again
+        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod2.slice": "LS",
+        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod3.slice": "LS",
+        "system.slice": "SYSTEM"}
+    assert find_classified(tree.fs, classify, 1) == {"system.slice": "SYSTEM"}
+
+
+@pytest.mark.parametrize("mode", ["v2", "v1", "hybrid", "v1-comount"])
+def test_snapshot_end_to_end(tmp_path, host, monkeypatch, mode):
+    tree = k8s_tree(tmp_path, mode)
+    clock = iter([50.0, 51.0])
+    monkeypatch.setattr(collect, "time", SimpleNamespace(monotonic=lambda: next(clock), time=time.time))
+    be = "kubepods.slice/kubepods-besteffort.slice"
+    ls2 = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod2.slice"
+    sensors = Sensors(tree.fs, classify, list(PATTERNS), proc_root=host.proc, sys_root=host.sys)
+    assert sensors.max_depth == 3
+    tree.stat(be, usage_us=1_000_000)
+    first = sensors.snapshot()
+    assert set(first.cgroups) == {be, ls2, ls2.replace("pod2", "pod3"), "system.slice"}
+    tree.stat(be, usage_us=2_500_000, nr_throttled=4)
+    tree.stat(ls2, usage_us=500_000)
+    (host.proc / "stat").write_text(stat(300, 150, 850, 100))
+    tree.remove(ls2.replace("pod2", "pod3"))
+    second = sensors.snapshot()
+    assert second.time == 51.0 and second.node.cpu_used == pytest.approx(3.0)
+    assert set(second.cgroups) == {be, ls2, "system.slice"}           # pod3 vanished: simply absent
+    assert second.cgroups[be].cpu_usage == pytest.approx(1.5) and second.cgroups[be].cls == "BE"
+    assert second.cgroups[ls2].cpu_usage == pytest.approx(0.5)
+    assert [c.path for c in second.of_class("LS")] == [ls2]
