@@ -12,7 +12,7 @@ import fnmatch
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 DEFAULT_ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "freezer", "blkio", "pids", "net_cls")
@@ -102,41 +102,56 @@ class CgroupFS:
 
     def __init__(self, layout: Layout):
         self.layout = layout
+        # Plain strings, resolved once: path building runs for every file of every cgroup each tick.
+        self._bases: dict[str | None, str | None] = {}
+
+    def _base(self, controller: str | None) -> str | None:
+        try:
+            return self._bases[controller]
+        except KeyError:
+            if controller is None or controller in self.layout.v2_controllers:
+                base = self.layout.unified
+            else:
+                base = self.layout.v1.get(controller)
+            self._bases[controller] = None if base is None else str(base)
+            return self._bases[controller]
+
+    def _dir(self, controller: str | None, cgroup: str) -> str:
+        base = self._base(controller)
+        if base is None:
+            raise FileNotFoundError(errno.ENOENT, f"no hierarchy for {controller}")
+        return f"{base}/{cgroup}" if cgroup else base
 
     def dir(self, controller: str | None, cgroup: str) -> Path | None:
         """Directory of `cgroup` in the hierarchy serving `controller` (None: the v2 tree)."""
-        base: Path | None
-        if controller is None or controller in self.layout.v2_controllers:
-            base = self.layout.unified
-        else:
-            base = self.layout.v1.get(controller)
-        if base is None:
-            return None
-        return base / cgroup if cgroup else base
+        base = self._base(controller)
+        return None if base is None else Path(self._dir(controller, cgroup))
 
     def read(self, controller: str | None, cgroup: str, filename: str) -> str:
         """File text; CgroupGone when the cgroup is missing, FileNotFoundError when only the file is."""
-        d = self.dir(controller, cgroup)
-        if d is None:
-            raise FileNotFoundError(errno.ENOENT, f"no hierarchy for {controller}", filename)
+        d = self._dir(controller, cgroup)
         try:
-            with open(d / filename) as f:
-                return f.read()
+            fd = os.open(f"{d}/{filename}", os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            if not d.is_dir():
+            if not os.path.isdir(d):
                 raise CgroupGone(cgroup) from None
             raise
+        try:
+            chunks = []
+            while chunk := os.read(fd, 65536):     # kernel files: one or two reads, no text-layer cost
+                chunks.append(chunk)
+            return b"".join(chunks).decode()
+        finally:
+            os.close(fd)
 
     def write(self, controller: str | None, cgroup: str, filename: str, text: str) -> None:
         """One write(2) of `text`; the kernel's error comes back as OSError.
         O_TRUNC as `echo >` does: cgroupfs ignores it, a plain file (a test tree) needs it."""
-        d = self.dir(controller, cgroup)
-        if d is None:
-            raise FileNotFoundError(errno.ENOENT, f"no hierarchy for {controller}", filename)
+        d = self._dir(controller, cgroup)
         try:
-            fd = os.open(d / filename, os.O_WRONLY | os.O_TRUNC)
+            fd = os.open(f"{d}/{filename}", os.O_WRONLY | os.O_TRUNC)
         except FileNotFoundError:
-            if not d.is_dir():
+            if not os.path.isdir(d):
                 raise CgroupGone(cgroup) from None
             raise
         try:
@@ -148,21 +163,24 @@ class CgroupFS:
         d = self.dir(controller, cgroup)
         return d is not None and d.is_dir()
 
-    def walk(self, controller: str | None, max_depth: int) -> Iterator[str]:
-        """Cgroup names below the root, parents first, down to max_depth levels."""
-        base = self.dir(controller, "")
-        if base is None:
+    def walk(self, controller: str | None, max_depth: int,
+             prune: Callable[[str], bool] | None = None) -> Iterator[str]:
+        """Cgroup names below the root, parents first, down to max_depth levels; the subtree of a
+        cgroup for which prune(cgroup) is true is not entered."""
+        if self._base(controller) is None:
             return
         stack = [""]
         while stack:
             cg = stack.pop()
             if cg:
                 yield cg
+                if prune is not None and prune(cg):
+                    continue
             if depth(cg) >= max_depth:
                 continue
             try:
-                children = sorted((e.name for e in os.scandir(base / cg) if e.is_dir(follow_symlinks=False)),
-                                  reverse=True)
+                with os.scandir(self._dir(controller, cg)) as it:
+                    children = sorted((e.name for e in it if e.is_dir(follow_symlinks=False)), reverse=True)
             except OSError:
                 continue
             stack.extend(f"{cg}/{c}" if cg else c for c in children)

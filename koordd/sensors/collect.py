@@ -16,12 +16,15 @@ def find_classified(fs: CgroupFS, classify: Classify, max_depth: int) -> dict[st
     """cgroup -> class for each cgroup a rule matches. A matched cgroup is a class root: the
     cgroups below it belong to it and are not listed again, so usage is never counted twice."""
     found: dict[str, str] = {}
-    for cg in fs.walk(fs.walk_controller(), max_depth):
-        if any(cg.startswith(root + "/") for root in found):
-            continue
+
+    def matched(cg: str) -> bool:
         cls = classify(cg)
         if cls is not None:
             found[cg] = cls
+        return cls is not None
+
+    for _ in fs.walk(fs.walk_controller(), max_depth, prune=matched):
+        pass
     return found
 
 
