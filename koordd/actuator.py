@@ -67,6 +67,7 @@ class Actuator:
             return self._record(Decision(time.time(), loop, a.cgroup, a.knob, old, new, DRY_RUN, a.message,
                                          dict(a.reason)))
         if old == new:
+            self._refused.pop(key, None)
             return None
         if held is None:
             # Persist the original before touching the knob: a crash after this line is still undoable.
@@ -132,6 +133,9 @@ class Actuator:
         except (OSError, Unsupported, ValueError) as e:
             # Keep it in the journal: the next attempt (or the next start) tries again.
             err = kernel_error(e) if isinstance(e, OSError) else str(e)
+            if self._refused.get((held.cgroup, held.knob)) == (None, err):
+                return None    # retried every tick: recorded once
+            self._refused[(held.cgroup, held.knob)] = (None, err)
             return self._record(Decision(time.time(), loop or held.owner, held.cgroup, held.knob, None,
                                          held.original, REFUSED, message, reason or {}, err))
         self.journal.remove(held.cgroup, held.knob)

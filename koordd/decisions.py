@@ -83,8 +83,13 @@ class DecisionLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.exists() and self.path.stat().st_size + len(line) > self.max_bytes:
                 self._rotate()
-            with open(self.path, "a") as f:
-                f.write(line)
+            with open(self.path, "a+b") as f:
+                # A crash mid-line leaves a torn last record: start ours on a line of its own.
+                if f.tell() > 0:
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":
+                        line = "\n" + line
+                f.write(line.encode())
         except OSError as e:
             log.error("%s: cannot append decision: %s", self.path, e)
 

@@ -299,3 +299,11 @@ def test_without_a_state_dir_records_only_go_to_the_journal(tmp_path):
     sent = []
     DecisionLog(None, send=lambda m, **k: sent.append(m)).record(decision(0))
     assert len(sent) == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_a_torn_last_line_does_not_swallow_the_next_record(tmp_path):
+    from koordd.decisions import Decision, DecisionLog, read_decisions
+    log = DecisionLog(tmp_path)
+    (tmp_path / "decisions.jsonl").write_text('{"loop": "x", "cut sho')        # crash mid-write
+    log.record(Decision(1.0, "be_suppress", "be", "cpu.max", "max 100000", "5000 100000", "applied"))
+    assert [d["loop"] for d in read_decisions(tmp_path)] == ["be_suppress"]

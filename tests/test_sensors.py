@@ -112,7 +112,7 @@ def test_node_sensor_tolerates_missing_and_broken_files(host, tmp_path):
 
 
 def test_proc_parsers():
-    assert parse_proc_stat_cpu(stat(10, 5, 80, 5, steal=2)) == (17, 102)
+    assert parse_proc_stat_cpu(stat(10, 5, 80, 5, steal=2)) == (15, 102)   # steal is not our busy time
     assert parse_proc_stat_cpu("cpu  1 2 3 4\n") == (6, 10)      # old kernels: fewer columns
     with pytest.raises(ValueError):
         parse_proc_stat_cpu("cpu0 1 2 3 4\n")

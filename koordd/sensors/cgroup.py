@@ -37,8 +37,8 @@ class CgroupSensor:
         if usage_ns is not None and prev.get("usage_ns") is not None and dt > 0 and usage_ns >= prev["usage_ns"]:
             cpu_usage = (usage_ns - prev["usage_ns"]) / 1e9 / dt
         thr = self._try(lambda: self._throttling(cgroup))
-        if thr is not None and isinstance(prev.get("thr"), Throttling):
-            p = prev["thr"]
+        p = prev.get("thr")
+        if thr is not None and p is not None and thr.nr_periods >= p.nr_periods:   # else: re-created
             thr = Throttling(thr.nr_periods, thr.nr_throttled, thr.throttled_us,
                              thr.nr_periods - p.nr_periods, thr.nr_throttled - p.nr_throttled)
         cur["thr"] = thr

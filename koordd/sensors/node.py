@@ -10,13 +10,14 @@ from .psi import parse_psi, with_growth
 
 
 def parse_proc_stat_cpu(text: str) -> tuple[int, int]:
-    """(busy, total) jiffies from the aggregate "cpu" line; guest time is already inside user/nice."""
+    """(busy, total) jiffies from the aggregate "cpu" line; guest time is already inside user/nice,
+    and steal (time the hypervisor gave to someone else) is not busy here."""
     for line in text.splitlines():
         if line.startswith("cpu "):
             v = [int(x) for x in line.split()[1:]]
             v += [0] * (8 - len(v))
             total = sum(v[:8])                 # user nice system idle iowait irq softirq steal
-            return total - v[3] - v[4], total
+            return total - v[3] - v[4] - v[7], total
     raise ValueError("/proc/stat has no aggregate cpu line")
 
 
