@@ -135,7 +135,12 @@ class Daemon:
         return 0
 
     def round(self, due) -> None:
-        snapshot = self.sensors.snapshot()
+        try:
+            snapshot = self.sensors.snapshot()
+        except Exception:  # noqa: BLE001 - sensors should never raise; if one does, skip this round
+            log.exception("building the snapshot failed; loops skip this tick")
+            self.runner.skip(due, time.monotonic())
+            return
         self.runner.tick(due, snapshot)
         self._write_status()
 

@@ -90,6 +90,10 @@ class Runner:
     def next_due(self) -> float | None:
         return min((r.next_due for r in self.runs.values()), default=None)
 
+    def skip(self, runs: list[LoopRun], now: float) -> None:
+        for run in runs:
+            run.next_due = now + float(run.settings.interval)
+
     def tick(self, runs: list[LoopRun], snapshot: Snapshot) -> None:
         for run in runs:
             run.last_tick = time.time()

@@ -128,3 +128,10 @@ def test_alive_turns_false_when_the_scheduler_stalls(setup):
     runner.configure(config(BOTH), now=0.0)
     assert runner.alive(1.0)
     assert not runner.alive(100.0)
+
+
+def test_skipped_loops_wait_one_interval(setup):
+    _, _, runner = setup
+    runner.configure(config(BOTH), now=0.0)
+    runner.skip(list(runner.runs.values()), 5.0)
+    assert {r.next_due for r in runner.runs.values()} == {6.0}
