@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Callable, Iterable
 
-from .cgroups import CgroupFS, CgroupGone
+from .cgroups import CgroupFS, CgroupGone, depth
 from .decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, Decision, DecisionLog
 from .knobs import KNOBS, InvalidValue, Unsupported, validate
 from .loop import Action
@@ -35,11 +35,53 @@ class Actuator:
 
     def apply(self, loop: str, actions: Iterable[Action]) -> list[Decision]:
         out = []
-        for a in actions:
-            d = self._restore_action(loop, a) if a.value is None else self._set(loop, a)
+        for a in self._ordered(list(actions)):
+            if a.value is None:
+                d = self._restore_action(loop, a)
+            elif a.knob in KNOBS and KNOBS[a.knob].oneshot:
+                d = self._command(loop, a)
+            else:
+                d = self._set(loop, a)
             if d is not None:
                 out.append(d)
         return out
+
+    def _ordered(self, actions: list[Action]) -> list[Action]:
+        """Limits that go down are written child before parent, limits that go up parent before child,
+        so no child ever asks for more than its parent allows (v1 refuses that with EINVAL)."""
+        if len(actions) < 2:
+            return actions
+
+        def key(a: Action) -> tuple[int, int]:
+            knob = KNOBS.get(a.knob)
+            if knob is None or knob.magnitude is None:
+                return (1, depth(a.cgroup))
+            held = self.journal.get(a.cgroup, a.knob)
+            target = a.value if a.value is not None else (held.original if held else None)
+            try:
+                lowering = target is not None and \
+                    knob.magnitude(target) < knob.magnitude(knob.read(self.fs, a.cgroup))
+            except (OSError, CgroupGone, ValueError, Unsupported):
+                lowering = False
+            return (0, -depth(a.cgroup)) if lowering else (1, depth(a.cgroup))
+
+        return sorted(actions, key=key)
+
+    def _command(self, loop: str, a: Action) -> Decision | None:
+        """A write that is an act, not a state (memory.reclaim, cgroup.kill): nothing to compare or restore."""
+        try:
+            value = validate(self.fs, a.cgroup, a.knob, a.value)
+            if not self.dry_run:
+                KNOBS[a.knob].write(self.fs, a.cgroup, value)
+        except CgroupGone:
+            return None
+        except (Unsupported, InvalidValue) as e:
+            return self._refuse(loop, a, None, str(e))
+        except OSError as e:
+            # EAGAIN from memory.reclaim means "reclaimed less than asked": still worth recording.
+            return self._refuse(loop, a, None, kernel_error(e))
+        return self._record(Decision(time.time(), loop, a.cgroup, a.knob, None, value,
+                                     DRY_RUN if self.dry_run else APPLIED, a.message, dict(a.reason)))
 
     # --- setting ------------------------------------------------------------
 

@@ -9,10 +9,11 @@ decisions, the restore journal and the logs all read the same on every host.
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass
 from typing import Callable
 
-from .cgroups import CgroupFS, format_cpulist, parent_of, parse_cpulist
+from .cgroups import CgroupFS, CgroupGone, format_cpulist, parent_of, parse_cpulist
 
 V1_MEMORY_UNLIMITED = 9223372036854771712   # PAGE_COUNTER_MAX * 4096, what v1 shows for "no limit"
 CFS_PERIOD_RANGE = (1000, 1_000_000)        # µs, kernel's min/max cfs period
@@ -71,38 +72,55 @@ Reader = Callable[[str], str]
 class Knob:
     """A logical knob. `read`/`write` take the CgroupFS and cgroup; v1/v2 is chosen from the layout."""
     name: str
-    controller: str
+    controller: str | None                    # v2 controller; None: a core file of every v2 cgroup
     doc: str
     v2_file: str | None
-    v1_file: str | None                       # single-file v1 form (cpu.max is special-cased)
+    v1_file: str | None
     normalize: Callable[[str], str]           # canonical text or InvalidValue
+    v1_controller: str | None = None          # the v1 hierarchy, when it differs from `controller`
     to_v1: Callable[[str], str] = lambda v: v
     from_v1: Callable[[str], str] = lambda v: v
+    v1_read: Callable[[CgroupFS, str], str] | None = None          # v1 forms spread over files
+    v1_write: Callable[[CgroupFS, str, str], None] | None = None
     check: Callable[[str, "KnobContext"], None] = lambda v, ctx: None
+    oneshot: bool = False                     # a command (memory.reclaim, cgroup.kill): never read or restored
+    magnitude: Callable[[str], float] | None = None   # for write order: parents first when raising
 
     def uses_v2(self, fs: CgroupFS) -> bool:
+        if self.controller is None:
+            # Core v2 files (cgroup.freeze, cgroup.kill) exist on hybrid hosts too, but workloads there
+            # are placed by their v1 hierarchies: use the v1 form unless the host is pure v2.
+            return fs.layout.mode == "v2"
         return self.controller in fs.layout.v2_controllers
+
+    def _v1_controller(self) -> str | None:
+        return self.v1_controller or self.controller
 
     def supported(self, fs: CgroupFS) -> bool:
         if self.uses_v2(fs):
             return self.v2_file is not None
-        return self.controller in fs.layout.v1 and (self.v1_file is not None or self.name == "cpu.max")
+        return self._v1_controller() in fs.layout.v1 and (self.v1_file is not None or self.v1_write is not None)
 
-    def file(self, fs: CgroupFS) -> str:
+    def _require(self, fs: CgroupFS) -> None:
         if not self.supported(fs):
             raise Unsupported(f"{self.name} is not available on this host ({fs.layout.describe()})")
-        return self.v2_file if self.uses_v2(fs) else (self.v1_file or self.name)
 
     def read(self, fs: CgroupFS, cgroup: str) -> str:
-        if self.name == "cpu.max" and not self.uses_v2(fs):
-            return _read_v1_cpu_max(fs, cgroup)
-        raw = fs.read(self.controller, cgroup, self.file(fs)).strip()
-        return self.normalize(raw if self.uses_v2(fs) else self.from_v1(raw))
+        self._require(fs)
+        if self.uses_v2(fs):
+            return self.normalize(fs.read(self.controller, cgroup, self.v2_file).strip())
+        if self.v1_read is not None:
+            return self.v1_read(fs, cgroup)
+        return self.normalize(self.from_v1(fs.read(self._v1_controller(), cgroup, self.v1_file).strip()))
 
     def write(self, fs: CgroupFS, cgroup: str, value: str) -> None:
-        if self.name == "cpu.max" and not self.uses_v2(fs):
-            return _write_v1_cpu_max(fs, cgroup, value)
-        fs.write(self.controller, cgroup, self.file(fs), value if self.uses_v2(fs) else self.to_v1(value))
+        self._require(fs)
+        if self.uses_v2(fs):
+            fs.write(self.controller, cgroup, self.v2_file, value)
+        elif self.v1_write is not None:
+            self.v1_write(fs, cgroup, value)
+        else:
+            fs.write(self._v1_controller(), cgroup, self.v1_file, self.to_v1(value))
 
 
 class KnobContext:
@@ -138,6 +156,11 @@ def _write_v1_cpu_max(fs: CgroupFS, cgroup: str, value: str) -> None:
     if int(fs.read("cpu", cgroup, "cpu.cfs_period_us")) != period:
         fs.write("cpu", cgroup, "cpu.cfs_period_us", str(period))
     fs.write("cpu", cgroup, "cpu.cfs_quota_us", "-1" if quota is None else str(quota))
+
+
+def _cpu_max_magnitude(value: str) -> float:
+    quota, period = parse_cpu_max(value)
+    return float("inf") if quota is None else quota / period
 
 
 def _norm_cpu_max(text: str) -> str:
@@ -202,15 +225,37 @@ def _norm_memory(text: str) -> str:
     return "max" if t == "max" else str(int(_norm_uint("memory limit")(t)) // PAGE_SIZE * PAGE_SIZE)
 
 
+def _memory_magnitude(value: str) -> float:
+    return float("inf") if value == "max" else float(value)
+
+
+def _kill_v1(fs: CgroupFS, cgroup: str) -> None:
+    """v1 has no cgroup.kill: SIGKILL each task of the memory cgroup and below."""
+    base = fs.dir("memory", cgroup)
+    if base is None or not base.is_dir():
+        raise CgroupGone(cgroup)
+    for procs in sorted(base.rglob("cgroup.procs")):
+        try:
+            pids = [int(p) for p in procs.read_text().split()]
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def _memory_from_v1(raw: str) -> str:
     return "max" if int(raw) >= V1_MEMORY_UNLIMITED else raw
 
 
 KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("cpu.max", "cpu", "CPU bandwidth limit: \"<quota_us|max> <period_us>\"",
-         "cpu.max", None, _norm_cpu_max, check=_check_cpu_max),
+         "cpu.max", None, _norm_cpu_max, v1_read=_read_v1_cpu_max, v1_write=_write_v1_cpu_max,
+         check=_check_cpu_max, magnitude=_cpu_max_magnitude),
     Knob("cpu.max.burst", "cpu", "CPU burst allowance above quota, µs",
-         "cpu.max.burst", "cpu.cfs_burst_us", _norm_uint("cpu.max.burst"), check=_check_burst),
+         "cpu.max.burst", "cpu.cfs_burst_us", _norm_uint("cpu.max.burst"), check=_check_burst, magnitude=float),
     Knob("cpu.weight", "cpu", "proportional CPU weight 1..10000 (v1: cpu.shares)",
          "cpu.weight", "cpu.shares", _norm_uint("cpu.weight", 1, 10000),
          to_v1=lambda v: str(weight_to_shares(int(v))), from_v1=lambda r: str(shares_to_weight(int(r)))),
@@ -220,7 +265,21 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "cpuset.cpus", "cpuset.cpus", _norm_cpulist, check=_check_cpuset),
     Knob("memory.max", "memory", "hard memory limit, bytes or max (v1: memory.limit_in_bytes)",
          "memory.max", "memory.limit_in_bytes", _norm_memory,
-         to_v1=lambda v: "-1" if v == "max" else v, from_v1=_memory_from_v1),
+         to_v1=lambda v: "-1" if v == "max" else v, from_v1=_memory_from_v1, magnitude=_memory_magnitude),
+    # v2 only: v1 has no equivalent of these protections and the throttling limit.
+    Knob("memory.high", "memory", "memory throttling limit, bytes or max", "memory.high", None, _norm_memory,
+         magnitude=_memory_magnitude),
+    Knob("memory.low", "memory", "best-effort memory protection, bytes", "memory.low", None, _norm_memory),
+    Knob("memory.min", "memory", "hard memory protection, bytes", "memory.min", None, _norm_memory),
+    Knob("memory.reclaim", "memory", "proactive reclaim of this many bytes (5.19+)", "memory.reclaim", None,
+         _norm_uint("memory.reclaim", 1), oneshot=True),
+    Knob("cgroup.freeze", None, "1 = every task of the cgroup is frozen (v1: freezer.state)",
+         "cgroup.freeze", "freezer.state", _norm_uint("cgroup.freeze", 0, 1), v1_controller="freezer",
+         to_v1=lambda v: "FROZEN" if v == "1" else "THAWED",
+         from_v1=lambda raw: "0" if raw == "THAWED" else "1"),
+    Knob("cgroup.kill", None, "1 = SIGKILL every task of the subtree (5.14+; v1: each task in turn)",
+         "cgroup.kill", None, _norm_uint("cgroup.kill", 1, 1), v1_controller="memory",
+         v1_write=lambda fs, cg, v: _kill_v1(fs, cg), oneshot=True),
 )}
 
 
@@ -229,7 +288,7 @@ def validate(fs: CgroupFS, cgroup: str, knob: str, value: str) -> str:
     k = KNOBS.get(knob)
     if k is None:
         raise Unsupported(f"unknown knob {knob!r}")
-    k.file(fs)   # raises Unsupported
+    k._require(fs)
     canonical = k.normalize(value)
     k.check(canonical, KnobContext(fs, cgroup))
     return canonical

@@ -5,6 +5,7 @@ A loop is a class in `plugins/` registered under the entry-point group
 
 - `writes(settings)` when the config loads: the (class, knob) pairs the loop
   may write; two enabled loops may not claim the same pair.
+- `watches(settings)`: cgroups it needs sampled although no class names them.
 - `initial_state(settings)` when the loop starts or its settings change.
 - `decide(snapshot, settings, state)` every `interval`: returns the actions
   for this tick. It may update `state` (windows, timers) but does no I/O:
@@ -40,6 +41,11 @@ class Loop:
 
     @staticmethod
     def writes(settings) -> frozenset[tuple[str, str]]:
+        return frozenset()
+
+    @staticmethod
+    def watches(settings) -> frozenset[str]:
+        """Cgroups to sample even when no class rule names them (e.g. a scope to protect)."""
         return frozenset()
 
     @staticmethod

@@ -82,6 +82,9 @@ class Runner:
         self.actuator.restore_owner(name, why)
         log.info("loop %s stopped: %s", name, why)
 
+    def watched(self) -> set[str]:
+        return {cg for r in self.runs.values() for cg in r.impl.watches(r.settings)}
+
     def due(self, now: float) -> list[LoopRun]:
         # Loops due within COALESCE share this snapshot: a second one a few ms later would measure
         # usage rates over a few ms, which is noise.

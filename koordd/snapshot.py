@@ -58,14 +58,17 @@ class NodeSample:
 @dataclass(frozen=True)
 class CgroupSample:
     path: str
-    cls: str
+    cls: str                                # "" for a cgroup a loop watches without a class (a scope)
     cpu_usage: float | None = None          # cores, averaged since the previous sample
     throttling: Throttling | None = None
     cpu_max: str | None = None              # canonical knob values, as the actuator reads them
     cpu_max_burst: str | None = None
     cpuset_cpus: str | None = None
     memory_current: int | None = None
+    memory_anon: int | None = None          # anon + unevictable: what reclaiming page cache cannot free
     memory_max: str | None = None
+    oom_kills: int | None = None            # cumulative kernel OOM kills inside this cgroup
+    frozen: bool | None = None
     cpu_pressure: PressureStat | None = None
     memory_pressure: PressureStat | None = None
     io_pressure: PressureStat | None = None
@@ -78,9 +81,11 @@ class Snapshot:
     node: NodeSample
     cgroups: Mapping[str, CgroupSample] = field(default_factory=dict)
     gpus: tuple = ()
+    held: Mapping[tuple[str, str], str] = field(default_factory=dict)   # (cgroup, knob) -> koordd's original
+    supported: frozenset[str] = frozenset()                             # knobs this host has
 
     def of_class(self, *classes: str) -> tuple[CgroupSample, ...]:
-        return tuple(c for c in self.cgroups.values() if c.cls in classes)
+        return tuple(c for c in self.cgroups.values() if c.cls and c.cls in classes)
 
 
 def total_usage(samples) -> float | None:

@@ -26,7 +26,7 @@ from koordd.cgroups import CgroupFS, detect_layout
 LAYOUTS = ("v2", "v1", "hybrid", "v1-comount")
 V2_CONTROLLERS = "cpuset cpu io memory pids"
 V1_UNLIMITED = "9223372036854771712"
-V1_HIERARCHIES = ("cpu", "cpuacct", "cpuset", "memory", "systemd")
+V1_HIERARCHIES = ("cpu", "cpuacct", "cpuset", "memory", "freezer", "systemd")
 
 
 def psi(some_total: int = 0, full_total: int | None = 0, avg10: float = 0.0, avg60: float = 0.0,
@@ -93,7 +93,8 @@ class FakeCgroups:
     # --- building --------------------------------------------------------------
 
     def add(self, cgroup: str, *, usage_us: int = 0, nr_periods: int = 0, nr_throttled: int = 0,
-            throttled_us: int = 0, memory_current: int = 0, cpuset: str | None = None) -> "FakeCgroups":
+            throttled_us: int = 0, memory_current: int = 0, memory_anon: int | None = None,
+            cpuset: str | None = None) -> "FakeCgroups":
         """Create `cgroup` (and missing parents) in every hierarchy with the kernel's defaults."""
         parts = cgroup.split("/")
         for i in range(1, len(parts) + 1):
@@ -101,23 +102,26 @@ class FakeCgroups:
             if not (self.hierarchies()[0] / cg).is_dir():
                 self._make_cgroup(cg)
         self.stat(cgroup, usage_us=usage_us, nr_periods=nr_periods, nr_throttled=nr_throttled,
-                  throttled_us=throttled_us, memory_current=memory_current)
+                  throttled_us=throttled_us, memory_current=memory_current, memory_anon=memory_anon)
         if cpuset is not None:
             self.set(cgroup, "cpuset", "cpuset.cpus", cpuset + "\n")
         return self
 
     def stat(self, cgroup: str, *, usage_us: int = 0, nr_periods: int = 0, nr_throttled: int = 0,
-             throttled_us: int = 0, memory_current: int = 0) -> None:
-        """Rewrite the counters: cpu.stat (and v1 cpuacct.usage), memory usage."""
+             throttled_us: int = 0, memory_current: int = 0, memory_anon: int | None = None) -> None:
+        """Rewrite the counters: cpu.stat (and v1 cpuacct.usage), memory usage (anon defaults to all of it)."""
+        anon = memory_current if memory_anon is None else memory_anon
         if self.mode == "v2":
             self.set(cgroup, "cpu", "cpu.stat", _v2_cpu_stat(usage_us, nr_periods, nr_throttled, throttled_us))
             if self.memory:
                 self.set(cgroup, "memory", "memory.current", f"{memory_current}\n")
+                self.set(cgroup, "memory", "memory.stat", _v2_memory_stat(anon, memory_current - anon) + "\n")
             return
         self.set(cgroup, "cpu", "cpu.stat", _v1_cpu_stat(nr_periods, nr_throttled, throttled_us) + "\n")
         self.set(cgroup, "cpuacct", "cpuacct.usage", f"{usage_us * 1000}\n")
         if self.memory:
             self.set(cgroup, "memory", "memory.usage_in_bytes", f"{memory_current}\n")
+            self.set(cgroup, "memory", "memory.stat", _v1_memory_stat(anon, memory_current - anon) + "\n")
         if self.mode == "hybrid":   # the v2 tree keeps core stats even without the cpu controller
             self.set(cgroup, None, "cpu.stat", f"usage_usec {usage_us}\nuser_usec {usage_us // 2}\n"
                                                f"system_usec {usage_us - usage_us // 2}\nnice_usec 0\n")
@@ -128,7 +132,8 @@ class FakeCgroups:
             shutil.rmtree(h / cgroup, ignore_errors=True)
 
     def _v1_dirs(self) -> tuple[str, ...]:
-        dirs = ("cpu,cpuacct", "cpuset", "memory", "systemd") if self.mode == "v1-comount" else V1_HIERARCHIES
+        dirs = ("cpu,cpuacct", "cpuset", "memory", "freezer", "systemd") if self.mode == "v1-comount" \
+            else V1_HIERARCHIES
         return tuple(d for d in dirs if self.memory or d != "memory")
 
     def _make_v2_root(self, root: Path, controllers: str) -> None:
@@ -166,7 +171,9 @@ class FakeCgroups:
                      "cgroup.events": "populated 0\nfrozen 0", "cpu.max": "max 100000", "cpu.max.burst": "0",
                      "cpu.weight": "100", "cpu.idle": "0", "cpuset.cpus": "", "cpuset.mems": "",
                      "cpuset.cpus.effective": inherited.strip(), "cpuset.mems.effective": "0",
-                     "memory.current": "0", "memory.max": "max", "memory.high": "max"}
+                     "memory.current": "0", "memory.max": "max", "memory.high": "max", "memory.low": "0",
+                     "memory.min": "0", "memory.reclaim": "", "memory.stat": _v2_memory_stat(0),
+                     "cgroup.freeze": "0", "cgroup.kill": ""}
             if not self.memory:
                 files = {k: v for k, v in files.items() if not k.startswith("memory.")}
             for res in ("cpu", "memory", "io"):
@@ -184,7 +191,9 @@ class FakeCgroups:
                                             "cpuset.effective_cpus": parent_cpus})
         if self.memory:
             _write_all(self.dir(cg, "memory"), {"memory.usage_in_bytes": "0",
-                                                "memory.limit_in_bytes": V1_UNLIMITED})
+                                                "memory.limit_in_bytes": V1_UNLIMITED,
+                                                "memory.stat": _v1_memory_stat(0)})
+        _write_all(self.dir(cg, "freezer"), {"freezer.state": "THAWED"})
         if self.mode == "hybrid":
             d = self.root / "unified" / cg
             d.mkdir()
@@ -204,6 +213,15 @@ def _v2_cpu_stat(usage_us: int, nr_periods: int, nr_throttled: int, throttled_us
 def _v1_cpu_stat(nr_periods: int, nr_throttled: int, throttled_us: int) -> str:
     return (f"nr_periods {nr_periods}\nnr_throttled {nr_throttled}\nthrottled_time {throttled_us * 1000}\n"
             f"nr_bursts 0\nburst_time 0")
+
+
+def _v2_memory_stat(anon: int, file: int = 0) -> str:
+    return f"anon {anon}\nfile {file}\nkernel 0\nshmem 0\nunevictable 0\ninactive_anon 0\nactive_anon {anon}"
+
+
+def _v1_memory_stat(rss: int, cache: int = 0) -> str:
+    return (f"cache {cache}\nrss {rss}\nunevictable 0\ntotal_cache {cache}\ntotal_rss {rss}\n"
+            f"total_unevictable 0")
 
 
 def _v1_cpu_files() -> dict[str, str]:

@@ -307,3 +307,62 @@ def test_a_torn_last_line_does_not_swallow_the_next_record(tmp_path):
     (tmp_path / "decisions.jsonl").write_text('{"loop": "x", "cut sho')        # crash mid-write
     log.record(Decision(1.0, "be_suppress", "be", "cpu.max", "max 100000", "5000 100000", "applied"))
     assert [d["loop"] for d in read_decisions(tmp_path)] == ["be_suppress"]
+
+
+# --- write order and commands ----------------------------------------------------
+
+def test_lowering_goes_child_first_and_raising_parent_first(rig):
+    rig.tree.set("be.slice", "cpu", "cpu.max", "80000 100000\n")
+    rig.tree.set(JOB, "cpu", "cpu.max", "60000 100000\n")
+    down = [quota("40000 100000", "be.slice"), quota("30000 100000", JOB)]
+    assert [d.cgroup for d in rig.act.apply("x", down)] == [JOB, "be.slice"]
+    up = [quota("90000 100000", JOB), quota("120000 100000", "be.slice")]
+    assert [d.cgroup for d in rig.act.apply("x", up)] == ["be.slice", JOB]
+    # Restores take the same care: back down to the originals (80000, 60000) goes child first.
+    assert [d.cgroup for d in rig.act.apply("x", [restore("be.slice", "cpu.max", ""),
+                                                  restore(JOB, "cpu.max", "")])] == [JOB, "be.slice"]
+
+
+def test_commands_are_written_every_time_and_never_journaled(rig):
+    reclaim = Action(JOB, "memory.reclaim", "1048576", {"over_by": 1}, "reclaim before freezing")
+    assert [d.outcome for d in rig.act.apply("memory_evict", [reclaim, reclaim])] == [APPLIED, APPLIED]
+    assert rig.tree.read(JOB, "memory", "memory.reclaim") == "1048576"
+    assert on_disk(rig) == [] and records(rig)[0]["old"] is None
+    [bad] = rig.act.apply("memory_evict", [Action(JOB, "cgroup.kill", "2")])
+    assert bad.outcome == REFUSED
+
+
+def test_commands_in_dry_run_write_nothing(tmp_path):
+    rig = make_rig(tmp_path, FakeCgroups(tmp_path, "v2").add(JOB), dry_run=True)
+    [d] = rig.act.apply("memory_evict", [Action(JOB, "cgroup.kill", "1")])
+    assert d.outcome == DRY_RUN and rig.tree.read(JOB, None, "cgroup.kill") == "\n"
+
+
+def test_freeze_is_a_restorable_state_on_v2_and_v1(tmp_path, tree):
+    rig = make_rig(tmp_path, tree)
+    [d] = rig.act.apply("memory_evict", [Action(JOB, "cgroup.freeze", "1")])
+    assert (d.old, d.new) == ("0", "1")
+    frozen = tree.read(JOB, None, "cgroup.freeze") if tree.mode == "v2" else tree.read(JOB, "freezer",
+                                                                                      "freezer.state")
+    assert frozen.strip() in ("1", "FROZEN")
+    rig.act.restore_all("stop")
+    thawed = tree.read(JOB, None, "cgroup.freeze") if tree.mode == "v2" else tree.read(JOB, "freezer",
+                                                                                      "freezer.state")
+    assert thawed.strip() in ("0", "THAWED")
+
+
+def test_v1_kill_sends_sigkill_to_every_task_of_the_subtree(tmp_path):
+    import subprocess
+    import sys
+    tree = FakeCgroups(tmp_path, "v1").add(JOB).add(JOB + "/inner")
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    try:
+        tree.set(JOB, "memory", "cgroup.procs", f"{procs[0].pid}\n")
+        tree.set(JOB + "/inner", "memory", "cgroup.procs", f"{procs[1].pid}\n")
+        rig = make_rig(tmp_path, tree)
+        [d] = rig.act.apply("memory_evict", [Action(JOB, "cgroup.kill", "1")])
+        assert d.outcome == APPLIED
+        assert [p.wait(timeout=10) for p in procs] == [-9, -9]
+    finally:
+        for p in procs:
+            p.kill()

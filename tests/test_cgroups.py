@@ -10,9 +10,9 @@ from koordd.cgroups import (CgroupFS, CgroupGone, LayoutError, depth, detect_lay
 
 @pytest.mark.parametrize("mode, want_mode, v2, v1", [
     ("v2", "v2", {"cpuset", "cpu", "io", "memory", "pids"}, set()),
-    ("v1", "v1", set(), {"cpu", "cpuacct", "cpuset", "memory"}),
-    ("hybrid", "hybrid", {"hugetlb"}, {"cpu", "cpuacct", "cpuset", "memory"}),
-    ("v1-comount", "v1", set(), {"cpu", "cpuacct", "cpuset", "memory"}),
+    ("v1", "v1", set(), {"cpu", "cpuacct", "cpuset", "memory", "freezer"}),
+    ("hybrid", "hybrid", {"hugetlb"}, {"cpu", "cpuacct", "cpuset", "memory", "freezer"}),
+    ("v1-comount", "v1", set(), {"cpu", "cpuacct", "cpuset", "memory", "freezer"}),
 ])
 def test_detect_layout(tmp_path, mode, want_mode, v2, v1):
     tree = FakeCgroups(tmp_path, mode)

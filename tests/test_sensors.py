@@ -254,3 +254,28 @@ def test_snapshot_end_to_end(tmp_path, host, monkeypatch, mode):
     assert second.cgroups[be].cpu_usage == pytest.approx(1.5) and second.cgroups[be].cls == "BE"
     assert second.cgroups[ls2].cpu_usage == pytest.approx(0.5)
     assert [c.path for c in second.of_class("LS")] == [ls2]
+
+
+def test_memory_anon_oom_kills_and_frozen(tree):
+    tree.stat("be.slice/job", memory_current=300, memory_anon=200)
+    if tree.mode == "v2":
+        tree.set("be.slice/job", "memory", "memory.events", "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n")
+        tree.set("be.slice/job", None, "cgroup.freeze", "1\n")
+    else:
+        tree.set("be.slice/job", "memory", "memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+        tree.set("be.slice/job", "freezer", "freezer.state", "FROZEN\n")
+    s = CgroupSensor(tree.fs).sample("be.slice/job", "BE", 1.0)
+    assert (s.memory_current, s.memory_anon, s.oom_kills, s.frozen) == (300, 200, 2, True)
+
+
+def test_watched_cgroups_are_sampled_without_a_class_and_held_originals_pass_through(tmp_path, host):
+    tree = FakeCgroups(tmp_path, "v2").add("scope/be").add("other")
+    sensors = Sensors(tree.fs, lambda cg: "BE" if cg == "scope/be" else None, ["scope/be"],
+                      proc_root=host.proc, sys_root=host.sys)
+    snap = sensors.snapshot(watch={"scope", "gone"}, held={("scope/be", "cpu.max"): "max 100000"})
+    assert {p: c.cls for p, c in snap.cgroups.items()} == {"scope/be": "BE", "scope": ""}
+    assert snap.of_class("BE")[0].path == "scope/be" and snap.held == {("scope/be", "cpu.max"): "max 100000"}
+    assert {"cpu.max", "memory.reclaim", "cgroup.kill"} <= snap.supported
+    v1 = Sensors(FakeCgroups(tmp_path / "v1", "v1").fs, lambda cg: None, [], proc_root=host.proc,
+                 sys_root=host.sys)
+    assert "memory.reclaim" not in v1.supported and "cgroup.freeze" in v1.supported

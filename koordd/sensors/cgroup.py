@@ -54,7 +54,10 @@ class CgroupSensor:
             cpu_max=self._knob("cpu.max", cgroup), cpu_max_burst=self._knob("cpu.max.burst", cgroup),
             cpuset_cpus=self._knob("cpuset.cpus", cgroup),
             memory_current=self._try(lambda: self._memory_current(cgroup)),
+            memory_anon=self._try(lambda: self._memory_anon(cgroup)),
             memory_max=self._knob("memory.max", cgroup),
+            oom_kills=self._try(lambda: self._oom_kills(cgroup)),
+            frozen=_flag(self._knob("cgroup.freeze", cgroup)),
             cpu_pressure=pressures["cpu"], memory_pressure=pressures["memory"], io_pressure=pressures["io"],
         )
 
@@ -84,6 +87,16 @@ class CgroupSensor:
             return int(self.fs.read("memory", cgroup, "memory.current"))
         return int(self.fs.read("memory", cgroup, "memory.usage_in_bytes"))
 
+    def _memory_anon(self, cgroup: str) -> int:
+        stat = parse_flat_keyed(self.fs.read("memory", cgroup, "memory.stat"))
+        if self._v2("memory"):
+            return stat["anon"] + stat.get("unevictable", 0)
+        return stat["total_rss"] + stat.get("total_unevictable", 0)
+
+    def _oom_kills(self, cgroup: str) -> int:
+        name = "memory.events" if self._v2("memory") else "memory.oom_control"
+        return parse_flat_keyed(self.fs.read("memory", cgroup, name))["oom_kill"]
+
     def _knob(self, name: str, cgroup: str) -> str | None:
         knob = KNOBS[name]
         return self._try(lambda: knob.read(self.fs, cgroup)) if knob.supported(self.fs) else None
@@ -94,3 +107,7 @@ class CgroupSensor:
             return fn()
         except (OSError, ValueError, KeyError, CgroupGone):
             return None
+
+
+def _flag(value: str | None) -> bool | None:
+    return None if value is None else value == "1"

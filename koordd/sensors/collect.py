@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from ..cgroups import CgroupFS
+from ..knobs import KNOBS
 from ..snapshot import Snapshot
 from .cgroup import CgroupSensor
 from .node import NodeSensor
@@ -36,17 +37,24 @@ class Sensors:
         self.cgroups = CgroupSensor(fs)
         self.set_classes(classify, patterns)
         self.extra = extra          # optional sensors with .sample() -> tuple (e.g. GPU)
+        self.supported = frozenset(name for name, knob in KNOBS.items() if knob.supported(fs))
 
     def set_classes(self, classify: Classify, patterns: Sequence[str]) -> None:
         self.classify = classify
         self.max_depth = max((p.count("/") + 1 for p in patterns), default=0)
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, watch: Iterable[str] = (), held: Mapping[tuple[str, str], str] | None = None) -> Snapshot:
+        """`watch`: cgroups a loop needs even without a class (e.g. the scope memory_evict protects);
+        `held`: the originals of the knobs koordd holds changed, for loops that reason from a base value."""
         now = time.monotonic()
         classes = find_classified(self.fs, self.classify, self.max_depth)
+        for cg in watch:
+            if cg not in classes and self.fs.exists(self.fs.walk_controller(), cg):
+                classes[cg] = ""
         self.cgroups.forget_except(set(classes))
         samples = {cg: self.cgroups.sample(cg, cls, now) for cg, cls in classes.items()}
         gpus: tuple = ()
         for sensor in self.extra:
             gpus += tuple(sensor.sample())
-        return Snapshot(time=now, wall=time.time(), node=self.node.sample(now), cgroups=samples, gpus=gpus)
+        return Snapshot(time=now, wall=time.time(), node=self.node.sample(now), cgroups=samples, gpus=gpus,
+                        held=dict(held or {}), supported=self.supported)
