@@ -48,7 +48,10 @@ def setup_logging(level: str) -> None:
 
 
 def set_level(level: str) -> None:
-    logging.getLogger().setLevel(getattr(logging, level.upper()))
+    # Only koordd's own loggers follow log_level: libraries at debug (watchdog logs every inotify
+    # event) would drown the journal, and could even feed on their own log file's events.
+    logging.getLogger().setLevel(logging.WARNING)
+    logging.getLogger("koordd").setLevel(getattr(logging, level.upper()))
 
 
 class Daemon:

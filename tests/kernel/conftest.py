@@ -1,0 +1,377 @@
+"""Fixtures for the kernel tests: cgroups of their own on the real hierarchy, busy-loop hogs in
+them, and koordd run as a subprocess.
+
+Everything here creates only cgroups named koordd-test-<pid>-<n> directly under the hierarchy
+roots, moves only the processes it starts (each joins its cgroup before exec), and removes all of
+it at teardown, also when a test fails: koordd first (SIGTERM, then SIGKILL), then the hogs
+(SIGKILL to every pid listed in our own cgroups), then the cgroups, children before the parent.
+No other cgroup is written to, except the `cgroup.subtree_control` of our own parent on cgroup v2.
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CHILDREN = ("ls", "be")
+HOG = ["/bin/sh", "-c", "while :; do :; done"] if os.path.exists("/bin/sh") \
+    else [sys.executable, "-c", "while True: pass"]
+PR_SET_PDEATHSIG = 1
+NCPU = os.sysconf("SC_NPROCESSORS_ONLN")
+_serial = itertools.count()
+
+
+def wait_for(predicate, timeout: float, step: float = 0.1):
+    """predicate()'s first truthy value within `timeout` seconds, else None."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(step)
+
+
+def _die_with_parent(sig: int) -> None:
+    """In a child before exec: get `sig` when pytest goes away, so nothing outlives a killed run."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def detect_host() -> tuple[str, dict[str, Path]]:
+    """("hybrid" | "v2", {role: hierarchy root}) or pytest.skip with what is missing.
+
+    hybrid: v1 `cpu` (quota) and `cpuacct` (usage) hierarchies plus the unified tree (PSI).
+    v2: the cgroup2 root with the cpu controller already enabled for its children.
+    """
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates cgroups under /sys/fs/cgroup and writes their CPU quota")
+    if (CGROUP_ROOT / "cgroup.controllers").is_file():
+        enabled = (CGROUP_ROOT / "cgroup.subtree_control").read_text().split()
+        if "cpu" not in enabled:
+            pytest.skip("needs the cpu controller enabled in /sys/fs/cgroup/cgroup.subtree_control "
+                        "(pure cgroup v2 host); the test does not change the host's root cgroup")
+        return "v2", {"cpu": CGROUP_ROOT, "usage": CGROUP_ROOT, "unified": CGROUP_ROOT}
+    cpu, cpuacct, unified = CGROUP_ROOT / "cpu", CGROUP_ROOT / "cpuacct", CGROUP_ROOT / "unified"
+    if (cpu / "cpu.cfs_quota_us").is_file() and (cpuacct / "cpuacct.usage").is_file() \
+            and (unified / "cgroup.controllers").is_file():
+        return "hybrid", {"cpu": cpu, "usage": cpuacct, "unified": unified}
+    pytest.skip("needs a hybrid cgroup host (v1 cpu + cpuacct hierarchies and the unified tree under "
+                "/sys/fs/cgroup) or a pure cgroup v2 host with the cpu controller enabled")
+
+
+@dataclass
+class CgroupEnv:
+    """A parent cgroup `name` with children ls and be, present in every hierarchy in `roots`."""
+    mode: str
+    roles: dict[str, Path]
+    name: str
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def roots(self) -> list[Path]:
+        """Distinct hierarchy roots (a co-mounted cpu,cpuacct counts once)."""
+        out: dict[str, Path] = {}
+        for p in self.roles.values():
+            out.setdefault(os.path.realpath(p), p)
+        return list(out.values())
+
+    def cgroup(self, child: str) -> str:
+        """koordd's name for a child: the path relative to the hierarchy root."""
+        return f"{self.name}/{child}"
+
+    def dir(self, role: str, child: str | None = None) -> Path:
+        d = self.roles[role] / self.name
+        return d / child if child else d
+
+    # --- life cycle ---------------------------------------------------------------
+
+    def create(self) -> None:
+        for root in self.roots:
+            (root / self.name).mkdir()
+            if self.mode == "v2":
+                (root / self.name / "cgroup.subtree_control").write_text("+cpu")
+            for child in CHILDREN:
+                (root / self.name / child).mkdir()
+
+    def spawn_hog(self, child: str) -> subprocess.Popen:
+        """One busy loop, in `child` of every hierarchy from before its first instruction."""
+        targets = [str(root / self.name / child / "cgroup.procs") for root in self.roots]
+
+        def join():
+            _die_with_parent(signal.SIGKILL)
+            for t in targets:
+                with open(t, "w") as f:
+                    f.write(str(os.getpid()))
+
+        p = subprocess.Popen(HOG, preexec_fn=join, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, close_fds=True)
+        self.procs.append(p)
+        return p
+
+    def pids(self) -> set[int]:
+        out = set()
+        for root in self.roots:
+            for d in [root / self.name] + [root / self.name / c for c in CHILDREN]:
+                try:
+                    out |= {int(x) for x in (d / "cgroup.procs").read_text().split()}
+                except (OSError, ValueError):
+                    pass
+        return out
+
+    def destroy(self) -> list[str]:
+        """Kill our processes, remove our cgroups; returns what could not be cleaned (empty: all gone)."""
+        problems = []
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                problems.append(f"hog {p.pid} did not exit after SIGKILL")
+        # Anything else that ended up in our own cgroups (e.g. a hog's child) goes too.
+        for _ in range(50):
+            left = self.pids()
+            if not left:
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+        else:
+            problems.append(f"processes still in {self.name}: {sorted(self.pids())}")
+        for root in self.roots:
+            for d in [root / self.name / c for c in CHILDREN] + [root / self.name]:
+                if not d.exists():
+                    continue
+                ok = wait_for(lambda: _rmdir(d), timeout=5, step=0.1)
+                if not ok:
+                    problems.append(f"cannot remove {d}")
+        return problems
+
+    # --- readings -------------------------------------------------------------------
+
+    def usage_ns(self, child: str) -> int:
+        d = self.dir("usage", child)
+        if self.mode == "hybrid":
+            return int((d / "cpuacct.usage").read_text())
+        for line in (d / "cpu.stat").read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if k == "usage_usec":
+                return int(v) * 1000
+        raise AssertionError(f"{d}/cpu.stat has no usage_usec")
+
+    def cpu_max(self, child: str) -> str:
+        """Canonical "<quota|max> <period>", as koordd writes it in its records."""
+        d = self.dir("cpu", child)
+        if self.mode == "hybrid":
+            quota = int((d / "cpu.cfs_quota_us").read_text())
+            period = int((d / "cpu.cfs_period_us").read_text())
+            return f"{'max' if quota < 0 else quota} {period}"
+        return (d / "cpu.max").read_text().strip()
+
+    def quota_cores(self, child: str) -> float | None:
+        """The quota as cores, None when unlimited."""
+        quota, period = self.cpu_max(child).split()
+        return None if quota == "max" else int(quota) / int(period)
+
+    def raw_quota(self, child: str) -> str:
+        """The kernel file as it reads: v1 cpu.cfs_quota_us ("-1" when unlimited), v2 cpu.max's first field."""
+        d = self.dir("cpu", child)
+        if self.mode == "hybrid":
+            return (d / "cpu.cfs_quota_us").read_text().strip()
+        return (d / "cpu.max").read_text().split()[0]
+
+    def measure(self, seconds: float, step: float = 0.1) -> dict:
+        """CPU use in cores over `seconds`: of ls and be, of the whole node ("node", from /proc/stat)
+        and of everything else ("other" = node - ls - be); and the BE quota (cores) sampled meanwhile."""
+        t0 = time.monotonic()
+        n0 = _proc_stat_busy()
+        u0 = {c: self.usage_ns(c) for c in CHILDREN}
+        quotas = []
+        while time.monotonic() - t0 < seconds:
+            quotas.append(self.quota_cores("be"))
+            time.sleep(step)
+        u1 = {c: self.usage_ns(c) for c in CHILDREN}
+        n1 = _proc_stat_busy()
+        dt = time.monotonic() - t0
+        out = {c: (u1[c] - u0[c]) / 1e9 / dt for c in CHILDREN}
+        out["node"] = NCPU * (n1[0] - n0[0]) / max(n1[1] - n0[1], 1)
+        out["other"] = max(out["node"] - out["ls"] - out["be"], 0.0)
+        out["quotas"] = quotas
+        return out
+
+
+def _proc_stat_busy() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole node: total - idle - iowait, as koordd counts them."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu "):
+                v = [int(x) for x in line.split()[1:9]]
+                return sum(v) - v[3] - v[4], sum(v)
+    raise AssertionError("/proc/stat has no aggregate cpu line")
+
+
+def _rmdir(d: Path) -> bool:
+    try:
+        d.rmdir()
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def cgroups():
+    """Our own parent cgroup with children ls and be; always removed afterwards."""
+    mode, roles = detect_host()
+    env = CgroupEnv(mode, roles, f"koordd-test-{os.getpid()}-{next(_serial)}")
+    try:
+        env.create()
+        yield env
+    finally:
+        problems = env.destroy()
+    assert not problems, "cleanup failed: " + "; ".join(problems)
+
+
+# --- koordd as a subprocess --------------------------------------------------------
+
+
+def koordd_command() -> list[str]:
+    script = Path(sys.executable).parent / "koordd"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("koordd")
+    return [found] if found else [sys.executable, "-m", "koordd.daemon"]
+
+
+@dataclass
+class Koordd:
+    """Config, state and runs of koordd for one test."""
+    tmp: Path
+    env: CgroupEnv
+    runs: list[subprocess.Popen] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.tmp / "state"
+
+    def write_config(self, enabled: bool = True, interval: str = "500ms", name: str = "koordd.toml",
+                     extra: str = "") -> Path:
+        # The config lives in a directory of its own: koordd watches that directory for edits.
+        path = self.tmp / "etc" / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(f"""\
+[daemon]
+cgroup_root = ""
+state_dir = {json.dumps(str(self.state_dir))}
+log_level = "info"
+
+[[classes]]
+name = "LS"
+cgroups = [{json.dumps(self.env.cgroup("ls"))}]
+
+[[classes]]
+name = "BE"
+cgroups = [{json.dumps(self.env.cgroup("be"))}]
+
+[loops.be_suppress]
+enabled = {"true" if enabled else "false"}
+interval = {json.dumps(interval)}
+threshold_percent = 65
+policy = "cfs_quota"
+{extra}""")
+        return path
+
+    def _env(self) -> dict:
+        env = dict(os.environ)
+        for k in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+            env.pop(k, None)      # never talk to a service manager from a test
+        return env
+
+    def start(self, config: Path, *args: str) -> subprocess.Popen:
+        # Logs go elsewhere than the config's directory: koordd watches that one (and would see
+        # every line it logs there as an event).
+        log = self.tmp / "logs" / f"koordd-{len(self.logs)}.log"
+        log.parent.mkdir(exist_ok=True)
+        self.logs.append(log)
+        with open(log, "w") as f:
+            p = subprocess.Popen(koordd_command() + ["--config", str(config), *args], stdin=subprocess.DEVNULL,
+                                 stdout=f, stderr=subprocess.STDOUT, env=self._env(),
+                                 preexec_fn=lambda: _die_with_parent(signal.SIGTERM))
+        self.runs.append(p)
+        return p
+
+    def run_once(self, config: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(koordd_command() + ["--config", str(config), "--once"], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout, env=self._env())
+
+    def stop(self, p: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        p.send_signal(sig)
+        return p.wait(timeout=timeout)
+
+    def log_text(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-6000:]}" for p in self.logs if p.exists())
+
+    # --- state files -------------------------------------------------------------
+
+    def decisions(self) -> list[dict]:
+        try:
+            text = (self.state_dir / "decisions.jsonl").read_text()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in text.splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def held(self) -> list[dict] | None:
+        """originals.json's entries; None when the file does not exist."""
+        try:
+            return json.loads((self.state_dir / "originals.json").read_text())["held"]
+        except FileNotFoundError:
+            return None
+
+    def status(self) -> dict | None:
+        try:
+            return json.loads((self.state_dir / "status.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+
+@pytest.fixture
+def koordd(tmp_path, cgroups):
+    """Runs of koordd; any still running at teardown get SIGTERM (restore), then SIGKILL.
+    Torn down before `cgroups`, so koordd never outlives the cgroups it manages."""
+    k = Koordd(tmp_path, cgroups)
+    yield k
+    for p in k.runs:
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
