@@ -244,6 +244,11 @@ def _kill_v1(fs: CgroupFS, cgroup: str) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    # A task frozen by the v1 freezer cannot die until thawed; whoever froze it, thaw it now.
+    freezer = fs.dir("freezer", cgroup)
+    if freezer is not None and (freezer / "freezer.state").is_file():
+        if (freezer / "freezer.state").read_text().strip() != "THAWED":
+            fs.write("freezer", cgroup, "freezer.state", "THAWED")
 
 
 def _memory_from_v1(raw: str) -> str:
