@@ -178,12 +178,16 @@ class CgroupFS:
                     continue
             if depth(cg) >= max_depth:
                 continue
-            try:
-                with os.scandir(self._dir(controller, cg)) as it:
-                    children = sorted((e.name for e in it if e.is_dir(follow_symlinks=False)), reverse=True)
-            except OSError:
-                continue
-            stack.extend(f"{cg}/{c}" if cg else c for c in children)
+            stack.extend(reversed(self.children(controller, cg)))
+
+    def children(self, controller: str | None, cgroup: str) -> list[str]:
+        """Direct child cgroups, sorted; [] when the cgroup is gone."""
+        try:
+            with os.scandir(self._dir(controller, cgroup)) as it:
+                names = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+        except OSError:
+            return []
+        return [f"{cgroup}/{n}" if cgroup else n for n in names]
 
     def walk_controller(self) -> str | None:
         """The hierarchy whose tree names the cgroups koordd manages: cpu's on v1, the v2 tree otherwise."""

@@ -140,7 +140,8 @@ class Daemon:
     def round(self, due) -> None:
         try:
             snapshot = self.sensors.snapshot(self.runner.watched(),
-                                             {(h.cgroup, h.knob): h.original for h in self.journal.entries()})
+                                             {(h.cgroup, h.knob): h.original for h in self.journal.entries()},
+                                             self.runner.member_classes())
         except Exception:  # noqa: BLE001 - sensors should never raise; if one does, skip this round
             log.exception("building the snapshot failed; loops skip this tick")
             self.runner.skip(due, time.monotonic())

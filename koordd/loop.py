@@ -6,6 +6,7 @@ A loop is a class in `plugins/` registered under the entry-point group
 - `writes(settings)` when the config loads: the (class, knob) pairs the loop
   may write; two enabled loops may not claim the same pair.
 - `watches(settings)`: cgroups it needs sampled although no class names them.
+- `members_of(settings)`: classes whose roots' children it needs sampled one by one.
 - `initial_state(settings)` when the loop starts or its settings change.
 - `decide(snapshot, settings, state)` every `interval`: returns the actions
   for this tick. It may update `state` (windows, timers) but does no I/O:
@@ -46,6 +47,12 @@ class Loop:
     @staticmethod
     def watches(settings) -> frozenset[str]:
         """Cgroups to sample even when no class rule names them (e.g. a scope to protect)."""
+        return frozenset()
+
+    @staticmethod
+    def members_of(settings) -> frozenset[str]:
+        """Classes whose roots' children (pods, jobs) the loop acts on one by one: they are sampled
+        too and reach the loop as `snapshot.units(cls)`."""
         return frozenset()
 
     @staticmethod

@@ -85,6 +85,9 @@ class Runner:
     def watched(self) -> set[str]:
         return {cg for r in self.runs.values() for cg in r.impl.watches(r.settings)}
 
+    def member_classes(self) -> set[str]:
+        return {cls for r in self.runs.values() for cls in r.impl.members_of(r.settings)}
+
     def due(self, now: float) -> list[LoopRun]:
         # Loops due within COALESCE share this snapshot: a second one a few ms later would measure
         # usage rates over a few ms, which is noise.

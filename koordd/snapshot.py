@@ -81,11 +81,24 @@ class Snapshot:
     node: NodeSample
     cgroups: Mapping[str, CgroupSample] = field(default_factory=dict)
     gpus: tuple = ()
+    members: Mapping[str, tuple[CgroupSample, ...]] = field(default_factory=dict)  # class root -> its children
     held: Mapping[tuple[str, str], str] = field(default_factory=dict)   # (cgroup, knob) -> koordd's original
     supported: frozenset[str] = frozenset()                             # knobs this host has
 
     def of_class(self, *classes: str) -> tuple[CgroupSample, ...]:
+        """The class roots: the cgroups a rule matched. Their usage sums to the class's usage."""
         return tuple(c for c in self.cgroups.values() if c.cls and c.cls in classes)
+
+    def units(self, *classes: str) -> tuple[CgroupSample, ...]:
+        """What a loop acts on one by one (pods, jobs): each class root's children where a loop asked
+        for them (Loop.members_of), else the root itself."""
+        return tuple(m for c in self.of_class(*classes) for m in (self.members.get(c.path) or (c,)))
+
+    def find(self, path: str) -> CgroupSample | None:
+        if path in self.cgroups:
+            return self.cgroups[path]
+        root = next((r for r in self.members if path.startswith(r + "/")), None)
+        return next((m for m in self.members.get(root, ()) if m.path == path), None)
 
 
 def total_usage(samples) -> float | None:

@@ -31,7 +31,10 @@ above `pressure_full_percent`; once both have been below for `thaw_delay`, the m
 frozen victim is thawed, then the next one a `thaw_delay` later, and so on. Stopping koordd or
 disabling the loop thaws every cgroup it froze.
 
-Never acts on an LS, LSR, LSE or SYSTEM cgroup, nor on a BE cgroup that has one of those below it.
+Victims are the children of the BE class roots (the pods of kubepods-besteffort.slice, the jobs
+of be.slice), so one round takes out no more than it needs; a BE root without children is a
+victim of its own. Never acts on an LS, LSR, LSE or SYSTEM cgroup, nor on a BE cgroup that has
+one of those below it.
 
 Writes, on BE cgroups: `memory.reclaim`, `cgroup.kill` (commands, nothing to restore) and
 `cgroup.freeze` (restored).
@@ -122,6 +125,10 @@ class MemoryEvict(Loop):
         return frozenset({settings.scope}) if settings.scope else frozenset()
 
     @staticmethod
+    def members_of(settings) -> frozenset[str]:
+        return frozenset({"BE"})      # victims are pods or jobs, not the whole BE slice
+
+    @staticmethod
     def initial_state(settings) -> State:
         return State()
 
@@ -133,7 +140,7 @@ class MemoryEvict(Loop):
             return []          # scope gone or a sensor is blind: hold everything as it is
         capacity, usage, pressure_stat = measured
         shelters = _shelters(snapshot)
-        be = [c for c in snapshot.of_class("BE") if _inside(c.path, settings.scope) and c.path not in shelters]
+        be = [c for c in snapshot.units("BE") if _inside(c.path, settings.scope) and c.path not in shelters]
         by_path = {c.path: c for c in be}
         actions = _adopt_frozen(snapshot, settings.scope, shelters, state)
         _forget(state, by_path, snapshot, now)
@@ -241,7 +248,7 @@ def _adopt_frozen(snapshot: Snapshot, scope: str, shelters: set[str], state: Sta
     actions = []
     held = {cg for (cg, knob) in snapshot.held if knob == "cgroup.freeze"}
     for cg in sorted(held):
-        sample = snapshot.cgroups.get(cg)
+        sample = snapshot.find(cg)
         if sample is None or sample.cls != "BE":
             continue             # gone or relabelled: the runner puts it back
         if not _inside(cg, scope) or cg in shelters:

@@ -555,3 +555,13 @@ def test_end_to_end_on_v2_reclaims_then_kills(tmp_path):
     runner.tick(list(runner.runs.values()), Snapshot(2.0, 0.0, node, base.cgroups, supported=base.supported))
     assert tree.read("be.slice", None, "cgroup.kill").strip() == "1"
     assert tree.read("ls.slice", None, "cgroup.kill").strip() == ""
+
+
+def test_victims_are_the_children_of_a_be_root_not_the_whole_slice():
+    root = cg("be.slice", anon=600)
+    jobs = (cg("be.slice/big", anon=400), cg("be.slice/small", anon=200))
+    s = Snapshot(time=100.0, wall=0.0, node=snap(800).node, cgroups={"be.slice": root},
+                 members={"be.slice": jobs}, supported=V1)
+    kills = [a for a in decide(s, reclaim=False) if a.knob == "cgroup.kill"]
+    assert [a.cgroup for a in kills] == ["be.slice/big"]          # 800 → below 680 needs 120 MiB: one job
+    assert MemoryEvict.members_of(settings()) == {"BE"}

@@ -279,3 +279,16 @@ def test_watched_cgroups_are_sampled_without_a_class_and_held_originals_pass_thr
     v1 = Sensors(FakeCgroups(tmp_path / "v1", "v1").fs, lambda cg: None, [], proc_root=host.proc,
                  sys_root=host.sys)
     assert "memory.reclaim" not in v1.supported and "cgroup.freeze" in v1.supported
+
+
+def test_members_of_requested_classes_are_sampled_apart_from_the_class_roots(tmp_path, host):
+    tree = FakeCgroups(tmp_path, "v1").add("be.slice/job1", memory_current=10).add("be.slice/job2")
+    tree.add("ls.slice/web")
+    classify = {"be.slice": "BE", "ls.slice": "LS"}.get
+    sensors = Sensors(tree.fs, classify, ["be.slice", "ls.slice"], proc_root=host.proc, sys_root=host.sys)
+    snap = sensors.snapshot(member_classes={"BE"})
+    assert set(snap.cgroups) == {"be.slice", "ls.slice"}                 # class sums stay per root
+    assert [m.path for m in snap.units("BE")] == ["be.slice/job1", "be.slice/job2"]
+    assert [m.path for m in snap.units("LS")] == ["ls.slice"]            # not asked for: the root itself
+    assert snap.find("be.slice/job1").memory_current == 10 and snap.find("be.slice/nope") is None
+    assert snap.find("ls.slice").cls == "LS"

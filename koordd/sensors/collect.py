@@ -43,18 +43,25 @@ class Sensors:
         self.classify = classify
         self.max_depth = max((p.count("/") + 1 for p in patterns), default=0)
 
-    def snapshot(self, watch: Iterable[str] = (), held: Mapping[tuple[str, str], str] | None = None) -> Snapshot:
+    def snapshot(self, watch: Iterable[str] = (), held: Mapping[tuple[str, str], str] | None = None,
+                 member_classes: Iterable[str] = ()) -> Snapshot:
         """`watch`: cgroups a loop needs even without a class (e.g. the scope memory_evict protects);
-        `held`: the originals of the knobs koordd holds changed, for loops that reason from a base value."""
+        `held`: the originals of the knobs koordd holds changed, for loops that reason from a base value;
+        `member_classes`: classes whose roots' children are sampled too (loops acting per pod)."""
         now = time.monotonic()
+        walk = self.fs.walk_controller()
         classes = find_classified(self.fs, self.classify, self.max_depth)
         for cg in watch:
-            if cg not in classes and self.fs.exists(self.fs.walk_controller(), cg):
+            if cg not in classes and self.fs.exists(walk, cg):
                 classes[cg] = ""
-        self.cgroups.forget_except(set(classes))
+        wanted = set(member_classes)
+        children = {root: self.fs.children(walk, root) for root, cls in classes.items() if cls and cls in wanted}
+        self.cgroups.forget_except(set(classes) | {c for kids in children.values() for c in kids})
         samples = {cg: self.cgroups.sample(cg, cls, now) for cg, cls in classes.items()}
+        members = {root: tuple(self.cgroups.sample(c, classes[root], now) for c in kids)
+                   for root, kids in children.items() if kids}
         gpus: tuple = ()
         for sensor in self.extra:
             gpus += tuple(sensor.sample())
         return Snapshot(time=now, wall=time.time(), node=self.node.sample(now), cgroups=samples, gpus=gpus,
-                        held=dict(held or {}), supported=self.supported)
+                        members=members, held=dict(held or {}), supported=self.supported)
