@@ -112,6 +112,7 @@ class Actuator:
             self._refused.pop(key, None)
             return None
         if held is None:
+            self._journal_side_effects(loop, a.cgroup, knob)
             # Persist the original before touching the knob: a crash after this line is still undoable.
             self.journal.add(Held(a.cgroup, a.knob, old, loop, time.time()))
         try:
@@ -125,6 +126,17 @@ class Actuator:
         self._refused.pop(key, None)
         return self._record(Decision(time.time(), loop, a.cgroup, a.knob, old, new, APPLIED, a.message,
                                      dict(a.reason)))
+
+    def _journal_side_effects(self, loop: str, cgroup: str, knob) -> None:
+        """Knobs the kernel rewrites as a side effect of this write (cpu.idle rewrites cpu.weight) get
+        their originals saved first, so newest-first restore puts this knob back, then them."""
+        for name in knob.resets:
+            side = KNOBS[name]
+            if self.journal.get(cgroup, name) is None and side.supported(self.fs):
+                try:
+                    self.journal.add(Held(cgroup, name, side.read(self.fs, cgroup), loop, time.time()))
+                except (OSError, CgroupGone, ValueError):
+                    pass
 
     def _forget_if_unchanged(self, held: Held | None, cgroup: str, knob: str, old: str) -> None:
         """After a failed write, drop the journal entry we just made unless part of the write landed."""

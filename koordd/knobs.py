@@ -85,6 +85,7 @@ class Knob:
     check: Callable[[str, "KnobContext"], None] = lambda v, ctx: None
     oneshot: bool = False                     # a command (memory.reclaim, cgroup.kill): never read or restored
     magnitude: Callable[[str], float] | None = None   # for write order: parents first when raising
+    resets: tuple[str, ...] = ()              # knobs the kernel rewrites when this one changes
 
     def uses_v2(self, fs: CgroupFS) -> bool:
         if self.controller is None:
@@ -265,7 +266,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "cpu.weight", "cpu.shares", _norm_uint("cpu.weight", 1, 10000),
          to_v1=lambda v: str(weight_to_shares(int(v))), from_v1=lambda r: str(shares_to_weight(int(r)))),
     Knob("cpu.idle", "cpu", "1 = the group runs as SCHED_IDLE",
-         "cpu.idle", "cpu.idle", _norm_uint("cpu.idle", 0, 1)),
+         "cpu.idle", "cpu.idle", _norm_uint("cpu.idle", 0, 1),
+         resets=("cpu.weight",)),       # idle forces weight 1, and leaving idle sets the default weight
     Knob("cpuset.cpus", "cpuset", "CPUs the group may run on",
          "cpuset.cpus", "cpuset.cpus", _norm_cpulist, check=_check_cpuset),
     Knob("memory.max", "memory", "hard memory limit, bytes or max (v1: memory.limit_in_bytes)",

@@ -366,3 +366,19 @@ def test_v1_kill_sends_sigkill_to_every_task_of_the_subtree(tmp_path):
     finally:
         for p in procs:
             p.kill()
+
+
+@pytest.mark.parametrize("mode", ["v2", "v1"])
+def test_a_knob_the_kernel_rewrites_as_a_side_effect_is_saved_first(tmp_path, mode):
+    tree21 = FakeCgroups(tmp_path, mode).add(JOB)
+    rig = make_rig(tmp_path, tree21)
+    if tree21.v1:
+        tree21.set(JOB, "cpu", "cpu.shares", "512\n")
+    else:
+        tree21.set(JOB, "cpu", "cpu.weight", "50\n")
+    rig.act.apply("qos_baseline", [Action(JOB, "cpu.idle", "1")])
+    assert [(h["knob"], h["original"]) for h in on_disk(rig)] == [("cpu.weight", "50"), ("cpu.idle", "0")]
+    tree21.set(JOB, "cpu", "cpu.shares" if tree21.v1 else "cpu.weight", "1024\n" if tree21.v1 else "100\n")
+    restored = rig.act.restore_all("stop")                      # as the kernel does when idle goes back to 0
+    assert [d.knob for d in restored] == ["cpu.idle", "cpu.weight"]
+    assert KNOBS["cpu.weight"].read(tree21.fs, JOB) == "50"
