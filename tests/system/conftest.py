@@ -1,0 +1,72 @@
+"""Fixtures for the system tests (inside scripts/vmtest's VM only; see vm.py for the skip rule).
+
+`koordd_stopped` gives every test a stopped, disabled koordd with the shipped config and no test
+drop-in, and puts that back afterwards (stopping koordd restores its knobs). `hogs` runs stress-ng
+in ls.slice (1 CPU) and be.slice (2 CPUs) as transient systemd units.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from . import vm
+
+
+def _reset_koordd() -> None:
+    """Stopped (so its knobs are restored), disabled, shipped config, no test drop-in. Only what
+    differs is changed: under TCG each daemon-reload (also implied by enable/disable) takes seconds."""
+    if vm.is_active() not in ("inactive", "failed"):
+        vm.systemctl("stop", vm.UNIT, check=False)
+    if vm.sh("systemctl", "is-enabled", vm.UNIT, check=False).stdout.strip() != "disabled":
+        vm.systemctl("disable", vm.UNIT, check=False)
+    if vm.is_active() == "failed":
+        vm.systemctl("reset-failed", vm.UNIT, check=False)
+    if vm.DROPIN.exists():
+        vm.DROPIN.unlink()
+        vm.systemctl("daemon-reload")
+    if not vm.CONFIG.exists() or vm.CONFIG.read_text() != vm.shipped_config():
+        vm.write_config(vm.shipped_config())
+
+
+@pytest.fixture
+def koordd_stopped():
+    _reset_koordd()
+    assert vm.is_active() in ("inactive", "failed"), vm.is_active()
+    yield
+    pid = vm.main_pid()
+    if pid and vm.pid_alive(pid):
+        os.kill(pid, signal.SIGCONT)     # in case a test left it stopped
+    _reset_koordd()
+
+
+@pytest.fixture(scope="session")
+def cpu_controller():
+    """The cpu controller for the QoS slices.
+
+    systemd enables the cpu controller only for units that set a CPU property: a bare
+    `systemd-run --slice=be.slice` leaves be.slice without cpu.max (root's cgroup.subtree_control is
+    "memory pids"), and be_suppress has nothing to write. An operator enables it on the slices.
+    """
+    for s in (vm.BE, vm.LS):
+        vm.systemctl("set-property", "--runtime", s, "CPUWeight=100")
+    yield
+
+
+@pytest.fixture
+def hogs(cpu_controller, koordd_stopped):
+    """stress-ng: 1 CPU worker in ls.slice (lshog), 2 in be.slice (behog), on the VM's 2 CPUs."""
+    units = {"lshog": (vm.LS, "1"), "behog": (vm.BE, "2")}
+    for unit in units:
+        vm.systemctl("stop", unit, check=False)
+        vm.systemctl("reset-failed", unit, check=False)
+    for unit, (slice_, n) in units.items():
+        vm.sh("systemd-run", f"--slice={slice_}", f"--unit={unit}", "stress-ng", "--cpu", n, "--quiet")
+    assert vm.wait_for(lambda: vm.cpu_max(vm.BE) is not None, 30), \
+        f"{vm.BE}/cpu.max did not appear; root subtree_control: {(vm.CGROUP / 'cgroup.subtree_control').read_text()}"
+    assert vm.cpu_max(vm.BE) == vm.MAX, f"be.slice starts capped: {vm.cpu_max(vm.BE)}"
+    yield
+    for unit in units:
+        vm.systemctl("stop", unit, check=False)
+        vm.systemctl("reset-failed", unit, check=False)

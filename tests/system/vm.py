@@ -1,0 +1,201 @@
+"""Helpers for the system tests: the skip rule, systemctl/journalctl wrappers, cgroup reads.
+
+TCG is slow and noisy: every wait here has a generous deadline, and CPU comparisons are ratios
+measured within one run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+CGROUP = Path("/sys/fs/cgroup")
+UNIT = "koordd"
+CONFIG = Path("/etc/koordd/koordd.toml")
+SHIPPED_CONFIG = Path(__file__).resolve().parents[2] / "config" / "koordd.toml"
+STATE_DIR = Path("/var/lib/koordd")
+DROPIN_DIR = Path("/etc/systemd/system/koordd.service.d")
+DROPIN = DROPIN_DIR / "test.conf"
+BE, LS = "be.slice", "ls.slice"
+MAX = "max 100000"          # an untouched cgroup's cpu.max
+
+
+def _missing() -> list[str]:
+    missing = []
+    if os.environ.get("KOORDD_SYSTEM_TEST") != "1":
+        missing.append("KOORDD_SYSTEM_TEST=1 is not set")
+    if not os.path.isdir("/run/systemd/system"):
+        missing.append("systemd is not PID 1")
+    if not (CGROUP / "cgroup.controllers").is_file():
+        missing.append("/sys/fs/cgroup is not a pure cgroup v2 hierarchy")
+    if os.geteuid() != 0:
+        missing.append("not root")
+    return missing
+
+
+SKIP_REASON = ("system tests run inside the VM of scripts/vmtest (koordd as a systemd service on a real "
+               "cgroup-v2 kernel); here: " + "; ".join(_missing())) if _missing() else ""
+# Every test module starts with `pytestmark = vm.only_in_vm`.
+only_in_vm = pytest.mark.skipif(bool(SKIP_REASON), reason=SKIP_REASON)
+
+
+# --- commands ------------------------------------------------------------------------------------------
+
+def sh(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    p = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} exited {p.returncode}\nstdout: {p.stdout}\nstderr: {p.stderr}")
+    return p
+
+
+def systemctl(*args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess:
+    return sh("systemctl", *args, check=check, timeout=timeout)
+
+
+def show(prop: str, unit: str = UNIT) -> str:
+    return sh("systemctl", "show", "-p", prop, "--value", unit).stdout.strip()
+
+
+def is_active(unit: str = UNIT) -> str:
+    return sh("systemctl", "is-active", unit, check=False).stdout.strip()
+
+
+def main_pid() -> int:
+    return int(show("MainPID") or 0)
+
+
+def n_restarts() -> int:
+    return int(show("NRestarts") or 0)
+
+
+def wait_journal(predicate, timeout: float = 45):
+    """wait_for for journal queries: journald lags under TCG, and each journalctl costs CPU (which
+    koordd counts as LS/system usage), so poll slowly."""
+    return wait_for(predicate, timeout, step=2.0)
+
+
+def wait_for(predicate, timeout: float, step: float = 0.5):
+    """predicate()'s first truthy value within `timeout` seconds, else None."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(step)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# --- journal -------------------------------------------------------------------------------------------
+
+def journal_cursor() -> int:
+    """Now, in the journal's clock (__REALTIME_TIMESTAMP, µs): later entries are read with journal(cursor).
+
+    Not a journal cursor: journalctl 252's --after-cursor combined with matches (also -u) skips the
+    first matching entry when the cursor's own entry does not match."""
+    return time.time_ns() // 1000
+
+
+def journal(cursor: int = 0, *matches: str, unit: str = UNIT) -> list[dict]:
+    """Entries of `unit` (koordd's own and systemd's about it) after `cursor`, as journalctl -o json."""
+    sh("journalctl", "--sync", check=False)
+    args = ["journalctl", "-u", unit, "-o", "json", "--no-pager"]
+    if cursor:
+        args.append(f"--since=@{cursor // 1_000_000 - 1}")
+    entries = []
+    for line in sh(*args, *matches).stdout.splitlines():
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if int(e.get("__REALTIME_TIMESTAMP", 0)) > cursor:
+            entries.append(e)
+    return entries
+
+
+def messages(entries: list[dict]) -> list[str]:
+    out = []
+    for e in entries:
+        m = e.get("MESSAGE", "")
+        if isinstance(m, list):        # journalctl's byte-array form for non-UTF-8 messages
+            m = bytes(m).decode(errors="replace")
+        out.append(m)
+    return out
+
+
+def journal_text(cursor: int = 0, unit: str = UNIT) -> str:
+    return "\n".join(messages(journal(cursor, unit=unit)))
+
+
+def decisions(cursor: int = 0, outcome: str | None = None, cgroup: str = BE) -> list[dict]:
+    """be_suppress's cpu.max decisions on `cgroup` after `cursor`, from the journal."""
+    matches = ["KOORDD_LOOP=be_suppress", f"KOORDD_CGROUP={cgroup}", "KOORDD_KNOB=cpu.max"]
+    if outcome:
+        matches.append(f"KOORDD_OUTCOME={outcome}")
+    return journal(cursor, *matches)
+
+
+# --- cgroups ---------------------------------------------------------------------------------------------
+
+def cpu_max(cgroup: str = BE) -> str | None:
+    try:
+        return (CGROUP / cgroup / "cpu.max").read_text().strip()
+    except OSError:
+        return None
+
+
+def quota(cgroup: str = BE) -> int | None:
+    """cpu.max quota in µs, None for "max" or when the file is not there."""
+    value = cpu_max(cgroup)
+    if value is None or value.split()[0] == "max":
+        return None
+    return int(value.split()[0])
+
+
+def usage_usec(cgroup: str) -> int:
+    for line in (CGROUP / cgroup / "cpu.stat").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "usage_usec":
+            return int(value)
+    raise AssertionError(f"no usage_usec in {cgroup}/cpu.stat")
+
+
+def measure(seconds: float, *cgroups: str) -> dict[str, float]:
+    """CPUs used by each cgroup over `seconds` (usage_usec deltas over wall time)."""
+    t0, before = time.monotonic(), {c: usage_usec(c) for c in cgroups}
+    time.sleep(seconds)
+    t1, after = time.monotonic(), {c: usage_usec(c) for c in cgroups}
+    return {c: (after[c] - before[c]) / 1e6 / (t1 - t0) for c in cgroups}
+
+
+def held() -> list[dict]:
+    """Entries of koordd's restore journal (<state_dir>/originals.json)."""
+    try:
+        return json.loads((STATE_DIR / "originals.json").read_text()).get("held", [])
+    except FileNotFoundError:
+        return []
+
+
+# --- koordd's configuration ------------------------------------------------------------------------------
+
+def write_config(text: str) -> None:
+    """Replace the config the way editors do (write a temporary file, rename it over)."""
+    tmp = CONFIG.with_name(".koordd.toml.test")
+    tmp.write_text(text)
+    os.replace(tmp, CONFIG)
+
+
+def shipped_config() -> str:
+    return SHIPPED_CONFIG.read_text()
