@@ -100,6 +100,10 @@ class Actuator:
             return None
         except (Unsupported, InvalidValue) as e:
             return self._refuse(loop, a, None, str(e))
+        except FileNotFoundError:
+            return self._refuse(loop, a, None, f"{a.knob} does not exist for this cgroup: its controller is not "
+                                f"enabled in the parent's cgroup.subtree_control (for a systemd slice: "
+                                f"systemctl set-property <slice> CPUWeight=100 / MemoryAccounting=yes)")
         except OSError as e:
             return self._refuse(loop, a, None, f"cannot read current value: {kernel_error(e)}")
         if self.dry_run:

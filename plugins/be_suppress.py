@@ -113,9 +113,8 @@ def _peak_pressure(samples: tuple[CgroupSample, ...]) -> float | None:
 def _quota_actions(be, capacity, allowance, guard, settings, reason, why) -> list[Action]:
     actions = []
     for cg in be:
-        if cg.cpu_max is None:
-            continue                                     # cpu controller not there for this cgroup
-        quota, period = parse_cpu_max(cg.cpu_max)
+        # No cpu.max (controller not enabled for the cgroup): ask anyway, so the refusal is on record.
+        quota, period = parse_cpu_max(cg.cpu_max) if cg.cpu_max else (None, DEFAULT_PERIOD_US)
         node_us = capacity * period
         current = node_us if quota is None else quota
         target = allowance / len(be) * period

@@ -131,8 +131,9 @@ def test_invalid_actions_are_refused_before_reading_or_writing(rig, action, erro
 
 def test_unreadable_knob_is_refused(rig):
     (rig.tree.dir(JOB, "cpu") / "cpu.max").unlink()
+    (rig.tree.dir(JOB, "cpu") / "cpu.max").mkdir()               # reads fail with EISDIR
     [d] = rig.act.apply("be_suppress", [quota()])
-    assert d.outcome == REFUSED and d.error.startswith("cannot read current value: ENOENT")
+    assert d.outcome == REFUSED and d.error.startswith("cannot read current value: EISDIR")
 
 
 def test_vanished_cgroup_is_skipped_silently(rig):
@@ -382,3 +383,9 @@ def test_a_knob_the_kernel_rewrites_as_a_side_effect_is_saved_first(tmp_path, mo
     restored = rig.act.restore_all("stop")                      # as the kernel does when idle goes back to 0
     assert [d.knob for d in restored] == ["cpu.idle", "cpu.weight"]
     assert KNOBS["cpu.weight"].read(tree21.fs, JOB) == "50"
+
+
+def test_a_knob_missing_because_its_controller_is_off_is_refused_once_with_the_fix(rig):
+    (rig.tree.dir(JOB, "cpu") / "cpu.max").unlink()              # cpu not in the parent's subtree_control
+    [d] = rig.act.apply("be_suppress", [quota(), quota()])
+    assert d.outcome == REFUSED and "subtree_control" in d.error and "set-property" in d.error

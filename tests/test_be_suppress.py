@@ -131,3 +131,8 @@ def test_cpuset_policy_respects_floor_growth_and_lse():
     s = snap(0.5, [lse, cg("ls", "LS", 0.0), cg("be", "BE", 0.0, cpuset="1,5")], cpus=8, topology=t)
     sets = [a for a in decide(s, policy="cpuset") if a.knob == "cpuset.cpus"]
     assert len(sets[0].value.replace("-", ",").split(",")) >= 2 and sets[0].reason["cpus"] == 3
+
+
+def test_a_be_cgroup_without_cpu_max_still_gets_an_action_so_the_refusal_is_recorded():
+    s = snap(2.0, [cg("ls", "LS", 1.0), cg("be", "BE", 1.0, cpu_max=None)])
+    assert quota_of(decide(s)) == [30000]
