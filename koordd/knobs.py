@@ -176,10 +176,18 @@ def _norm_cpu_max(text: str) -> str:
 
 def _check_cpu_max(value: str, ctx: KnobContext) -> None:
     # The kernel refuses a quota below the current burst (EINVAL): say so before writing.
-    quota, _ = parse_cpu_max(value)
+    quota, period = parse_cpu_max(value)
     burst = ctx.current("cpu.max.burst")
     if quota is not None and burst is not None and int(burst) > quota:
         raise InvalidValue(f"quota {quota} µs is below cpu.max.burst {burst} µs (kernel requires burst <= quota)")
+    parent = parent_of(ctx.cgroup)
+    if quota is not None and parent and not KNOBS["cpu.max"].uses_v2(ctx.fs):
+        # v1 refuses a child quota above its parent's (EINVAL); v2 would just cap it.
+        current = ctx.current("cpu.max", parent)
+        pq, pp = parse_cpu_max(current) if current else (None, 1)
+        if pq is not None and quota / period > pq / pp:
+            raise InvalidValue(f"quota {quota}/{period} µs exceeds the parent's {pq}/{pp} "
+                               f"(cgroup v1 requires child <= parent)")
 
 
 def _norm_uint(name: str, lo: int = 0, hi: int | None = None) -> Callable[[str], str]:

@@ -197,3 +197,20 @@ def test_unsupported_knob_without_its_controller(tmp_path, mode):
 def test_parse_cpu_max():
     assert parse_cpu_max("max 100000\n") == (None, 100000)
     assert parse_cpu_max("50000 100000") == (50000, 100000)
+
+
+@pytest.mark.parametrize("mode, refused", [("v1", True), ("v2", False)])
+def test_v1_child_quota_may_not_exceed_the_parent(tmp_path, mode, refused):
+    from fakecgroup import FakeCgroups
+    from koordd.knobs import InvalidValue, validate
+    tree = FakeCgroups(tmp_path, mode).add("be.slice/job")
+    if mode == "v1":
+        tree.set("be.slice", "cpu", "cpu.cfs_quota_us", "50000\n")
+    else:
+        tree.set("be.slice", "cpu", "cpu.max", "50000 100000\n")
+    assert validate(tree.fs, "be.slice/job", "cpu.max", "50000 100000") == "50000 100000"
+    if refused:
+        with pytest.raises(InvalidValue, match="parent"):
+            validate(tree.fs, "be.slice/job", "cpu.max", "60000 100000")
+    else:
+        assert validate(tree.fs, "be.slice/job", "cpu.max", "60000 100000") == "60000 100000"
