@@ -81,6 +81,7 @@ class CgroupEnv:
     roles: dict[str, Path]
     name: str
     procs: list[subprocess.Popen] = field(default_factory=list)
+    children: tuple[str, ...] = CHILDREN
 
     @property
     def roots(self) -> list[Path]:
@@ -105,11 +106,11 @@ class CgroupEnv:
             (root / self.name).mkdir()
             if self.mode == "v2":
                 (root / self.name / "cgroup.subtree_control").write_text("+cpu")
-            for child in CHILDREN:
+            for child in self.children:
                 (root / self.name / child).mkdir()
 
-    def spawn_hog(self, child: str) -> subprocess.Popen:
-        """One busy loop, in `child` of every hierarchy from before its first instruction."""
+    def spawn(self, child: str, argv: list[str], **popen) -> subprocess.Popen:
+        """Run `argv` in `child` of every hierarchy from before its first instruction; killed at teardown."""
         targets = [str(root / self.name / child / "cgroup.procs") for root in self.roots]
 
         def join():
@@ -118,15 +119,20 @@ class CgroupEnv:
                 with open(t, "w") as f:
                     f.write(str(os.getpid()))
 
-        p = subprocess.Popen(HOG, preexec_fn=join, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, close_fds=True)
+        popen.setdefault("stdout", subprocess.DEVNULL)
+        popen.setdefault("stderr", subprocess.DEVNULL)
+        p = subprocess.Popen(argv, preexec_fn=join, stdin=subprocess.DEVNULL, close_fds=True, **popen)
         self.procs.append(p)
         return p
+
+    def spawn_hog(self, child: str) -> subprocess.Popen:
+        """One busy loop in `child`."""
+        return self.spawn(child, HOG)
 
     def pids(self) -> set[int]:
         out = set()
         for root in self.roots:
-            for d in [root / self.name] + [root / self.name / c for c in CHILDREN]:
+            for d in [root / self.name] + [root / self.name / c for c in self.children]:
                 try:
                     out |= {int(x) for x in (d / "cgroup.procs").read_text().split()}
                 except (OSError, ValueError):
@@ -143,7 +149,9 @@ class CgroupEnv:
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                problems.append(f"hog {p.pid} did not exit after SIGKILL")
+                problems.append(f"process {p.pid} did not exit after SIGKILL")
+            if p.stdout:
+                p.stdout.close()
         # Anything else that ended up in our own cgroups (e.g. a hog's child) goes too.
         for _ in range(50):
             left = self.pids()
@@ -158,7 +166,7 @@ class CgroupEnv:
         else:
             problems.append(f"processes still in {self.name}: {sorted(self.pids())}")
         for root in self.roots:
-            for d in [root / self.name / c for c in CHILDREN] + [root / self.name]:
+            for d in [root / self.name / c for c in self.children] + [root / self.name]:
                 if not d.exists():
                     continue
                 ok = wait_for(lambda: _rmdir(d), timeout=5, step=0.1)

@@ -40,7 +40,7 @@ def start_hogs(cgroups) -> None:
         cgroups.spawn_hog("be")
 
 
-def quiet_measure(cgroups, seconds: float, attempts: int = 3) -> dict:
+def quiet_measure(cgroups, seconds: float, attempts: int = 6) -> dict:
     """The first of `attempts` measurement windows in which the rest of the node stayed quiet."""
     others = []
     for _ in range(attempts):

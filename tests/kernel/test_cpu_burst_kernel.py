@@ -14,15 +14,12 @@ Both phases (koordd off, then on) run the same load for the same time in the sam
 """
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import time
 
 import pytest
 
-from .conftest import NCPU, _die_with_parent, _proc_stat_busy, wait_for
+from .conftest import NCPU, _proc_stat_busy, wait_for
 
 pytestmark = pytest.mark.kernel
 
@@ -89,24 +86,7 @@ def cpu_stat(cgroups, child: str = "ls") -> dict[str, int]:
     return out
 
 
-def spawn(cgroups, child: str, argv: list[str]) -> subprocess.Popen:
-    """Like CgroupEnv.spawn_hog, for any command: joins `child` in every hierarchy before exec, and
-    is killed at teardown with the hogs."""
-    targets = [str(root / cgroups.name / child / "cgroup.procs") for root in cgroups.roots]
-
-    def join():
-        _die_with_parent(signal.SIGKILL)
-        for t in targets:
-            with open(t, "w") as f:
-                f.write(str(os.getpid()))
-
-    p = subprocess.Popen(argv, preexec_fn=join, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, close_fds=True)
-    cgroups.procs.append(p)
-    return p
-
-
-def throttling(cgroups, seconds: float, attempts: int = 3) -> dict:
+def throttling(cgroups, seconds: float, attempts: int = 6) -> dict:
     """Δnr_periods, Δnr_throttled and CPU use of ls over a window in which the rest of the node stayed
     quiet (the first of `attempts`); fails when none was."""
     others = []
@@ -157,7 +137,7 @@ def test_bursty_ls_is_throttled_less_with_cpu_burst(cgroups, koordd, capsys, dyn
     require_burst(cgroups)
     set_quota(cgroups, "ls", BASE)
     assert burst(cgroups) == 0
-    spawn(cgroups, "ls", [sys.executable, "-c", BURSTY])
+    cgroups.spawn("ls", [sys.executable, "-c", BURSTY])
     time.sleep(1.0)
     off = throttling(cgroups, WINDOW)
 
@@ -194,7 +174,7 @@ def test_bursty_ls_is_throttled_less_with_cpu_burst(cgroups, koordd, capsys, dyn
 def test_raised_quota_goes_back_to_base_under_load_and_sigterm_restores(cgroups, koordd, capsys):
     require_burst(cgroups)
     set_quota(cgroups, "ls", BASE)
-    spawn(cgroups, "ls", [sys.executable, "-c", "while True: pass"])   # always throttled at its quota
+    cgroups.spawn("ls", [sys.executable, "-c", "while True: pass"])   # always throttled at its quota
     proc = koordd.start(config(koordd))
 
     # Idle pool (LS alone uses half a CPU of 2): throttled every period, so the quota is raised.

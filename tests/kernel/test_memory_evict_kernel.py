@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CGROUP_ROOT, Koordd, _die_with_parent, _rmdir, wait_for
+from .conftest import CGROUP_ROOT, CgroupEnv, Koordd, wait_for
 
 pytestmark = pytest.mark.kernel
 
@@ -80,19 +80,10 @@ def detect() -> tuple[str, dict[str, Path]]:
 
 
 @dataclass
-class Scope:
+class Scope(CgroupEnv):
     """The test's memory-limited scope `name` with children ls and be1..be3, in every hierarchy."""
-    mode: str
-    roles: dict[str, Path]
-    name: str
-    procs: dict[str, list[subprocess.Popen]] = field(default_factory=dict)
-
-    @property
-    def roots(self) -> list[Path]:
-        out: dict[str, Path] = {}
-        for p in self.roles.values():
-            out.setdefault(os.path.realpath(p), p)
-        return list(out.values())
+    children: tuple[str, ...] = CHILDREN
+    by_child: dict[str, list[subprocess.Popen]] = field(default_factory=dict)
 
     def path(self, child: str | None = None) -> str:
         """koordd's name: relative to the hierarchy root."""
@@ -122,38 +113,19 @@ class Scope:
             for child in CHILDREN:
                 (root / self.name / child).mkdir()
 
-    def spawn(self, child: str, code: str, **kw) -> subprocess.Popen:
-        targets = [str(root / self.name / child / "cgroup.procs") for root in self.roots]
-
-        def join():
-            _die_with_parent(signal.SIGKILL)
-            for t in targets:
-                with open(t, "w") as f:
-                    f.write(str(os.getpid()))
-
-        p = subprocess.Popen([sys.executable, "-c", code], preexec_fn=join, stdin=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, close_fds=True, **kw)
-        self.procs.setdefault(child, []).append(p)
+    def spawn_code(self, child: str, code: str, **popen) -> subprocess.Popen:
+        p = self.spawn(child, [sys.executable, "-c", code], **popen)
+        self.by_child.setdefault(child, []).append(p)
         return p
 
     def start_ls(self) -> subprocess.Popen:
-        p = self.spawn("ls", LS_CODE, stdout=subprocess.PIPE, text=True)
+        p = self.spawn_code("ls", LS_CODE, stdout=subprocess.PIPE, text=True)
         line = p.stdout.readline().strip()
         assert line == "ready", f"LS process did not come up (said {line!r}, exit {p.poll()})"
         return p
 
     def start_be(self) -> list[subprocess.Popen]:
-        return [self.spawn(c, BE_CODE, stdout=subprocess.DEVNULL) for c in BE]
-
-    def pids(self) -> set[int]:
-        out = set()
-        for root in self.roots:
-            for d in [root / self.name] + [root / self.name / c for c in CHILDREN]:
-                try:
-                    out |= {int(x) for x in (d / "cgroup.procs").read_text().split()}
-                except (OSError, ValueError):
-                    pass
-        return out
+        return [self.spawn_code(c, BE_CODE) for c in BE]
 
     def thaw_all(self) -> None:
         for child in BE + ("ls",):
@@ -166,37 +138,8 @@ class Scope:
                 pass
 
     def destroy(self) -> list[str]:
-        problems = []
         self.thaw_all()              # a frozen v1 task cannot die
-        for ps in self.procs.values():
-            for p in ps:
-                if p.poll() is None:
-                    p.kill()
-        for ps in self.procs.values():
-            for p in ps:
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    problems.append(f"process {p.pid} did not exit after SIGKILL")
-                if p.stdout:
-                    p.stdout.close()
-        for _ in range(50):
-            left = self.pids()
-            if not left:
-                break
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.1)
-        else:
-            problems.append(f"processes still in {self.name}: {sorted(self.pids())}")
-        for root in self.roots:
-            for d in [root / self.name / c for c in CHILDREN] + [root / self.name]:
-                if d.exists() and not wait_for(lambda: _rmdir(d), timeout=5, step=0.1):
-                    problems.append(f"cannot remove {d}")
-        return problems
+        return super().destroy()
 
     # --- readings -----------------------------------------------------------------------
 
@@ -226,7 +169,7 @@ class Scope:
         return (self.dir("freezer", child) / "freezer.state").read_text().strip() == "FROZEN"
 
     def be_alive(self) -> list[str]:
-        return [c for c in BE if any(p.poll() is None for p in self.procs.get(c, []))]
+        return [c for c in BE if any(p.poll() is None for p in self.by_child.get(c, []))]
 
 
 @pytest.fixture

@@ -109,7 +109,7 @@ def measure(cgroups, cpu: int, seconds: float) -> dict:
     return out
 
 
-def quiet_measure(cgroups, cpu: int, seconds: float = MEASURE, attempts: int = 3) -> dict:
+def quiet_measure(cgroups, cpu: int, seconds: float = MEASURE, attempts: int = 6) -> dict:
     """The first window in which nothing but the hogs ran on the shared CPU (work on the other CPUs
     cannot touch the contest: the hogs may not run there)."""
     others = []
