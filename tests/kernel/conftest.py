@@ -247,17 +247,38 @@ def _rmdir(d: Path) -> bool:
         return False
 
 
-@pytest.fixture
-def cgroups():
-    """Our own parent cgroup with children ls and be; always removed afterwards."""
-    mode, roles = detect_host()
-    env = CgroupEnv(mode, roles, f"koordd-test-{os.getpid()}-{next(_serial)}")
+def unique_name(tag: str = "") -> str:
+    return f"koordd-test-{os.getpid()}-{tag}{next(_serial)}"
+
+
+def created(env: CgroupEnv):
+    """Fixture body: create `env`, yield it, and destroy it even when the test fails; a cleanup that
+    left something behind fails the test."""
     try:
         env.create()
         yield env
     finally:
         problems = env.destroy()
     assert not problems, "cleanup failed: " + "; ".join(problems)
+
+
+def stop_all(k: "Koordd") -> None:
+    """Fixture teardown: koordd runs still alive get SIGTERM (restore), then SIGKILL."""
+    for p in k.runs:
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+
+@pytest.fixture
+def cgroups():
+    """Our own parent cgroup with children ls and be; always removed afterwards."""
+    mode, roles = detect_host()
+    yield from created(CgroupEnv(mode, roles, unique_name()))
 
 
 # --- koordd as a subprocess --------------------------------------------------------
@@ -375,11 +396,4 @@ def koordd(tmp_path, cgroups):
     Torn down before `cgroups`, so koordd never outlives the cgroups it manages."""
     k = Koordd(tmp_path, cgroups)
     yield k
-    for p in k.runs:
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+    stop_all(k)

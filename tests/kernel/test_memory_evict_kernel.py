@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CGROUP_ROOT, CgroupEnv, Koordd, wait_for
+from .conftest import CGROUP_ROOT, CgroupEnv, Koordd, created, stop_all, unique_name, wait_for
 
 pytestmark = pytest.mark.kernel
 
@@ -59,7 +59,6 @@ while len(chunks) < {BE_MAX_MIB // BE_STEP_MIB}:
 while True:
     time.sleep(60)
 """
-_serial = iter(range(1_000_000))
 
 
 def detect() -> tuple[str, dict[str, Path]]:
@@ -175,13 +174,7 @@ class Scope(CgroupEnv):
 @pytest.fixture
 def scope():
     mode, roles = detect()
-    env = Scope(mode, roles, f"koordd-test-{os.getpid()}-m{next(_serial)}")
-    try:
-        env.create()
-        yield env
-    finally:
-        problems = env.destroy()
-    assert not problems, "cleanup failed: " + "; ".join(problems)
+    yield from created(Scope(mode, roles, unique_name("m")))
 
 
 @pytest.fixture
@@ -189,14 +182,7 @@ def koordd(tmp_path, scope):
     """koordd runs for one test; torn down (SIGTERM, then SIGKILL) before the scope goes away."""
     k = Koordd(tmp_path, scope)
     yield k
-    for p in k.runs:
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+    stop_all(k)
 
 
 def write_config(koordd: Koordd, scope: Scope, action: str) -> Path:
