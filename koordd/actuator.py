@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Callable, Iterable
 
-from .cgroups import CgroupFS, CgroupGone, depth
+from .cgroups import CgroupFS, CgroupGone, depth, parent_of
 from .decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, Decision, DecisionLog
 from .knobs import KNOBS, InvalidValue, Unsupported, validate
 from .loop import Action
@@ -49,8 +49,8 @@ class Actuator:
     def _ordered(self, actions: list[Action]) -> list[Action]:
         """Limits that go down are written child before parent, limits that go up parent before child,
         so no child ever asks for more than its parent allows (v1 refuses that with EINVAL)."""
-        if len(actions) < 2:
-            return actions
+        if not _nested({a.cgroup for a in actions}):
+            return actions          # no parent and child in one batch: nothing to order, nothing to read
 
         def key(a: Action) -> tuple[int, int]:
             knob = KNOBS.get(a.knob)
@@ -220,3 +220,14 @@ class Actuator:
     def restore_all(self, message: str) -> list[Decision]:
         self._would_be.clear()
         return self.restore_where(lambda h: False, message)
+
+
+def _nested(cgroups: set[str]) -> bool:
+    """True when one of the cgroups lies below another."""
+    for cg in cgroups:
+        parent = parent_of(cg)
+        while parent:
+            if parent in cgroups:
+                return True
+            parent = parent_of(parent)
+    return False
