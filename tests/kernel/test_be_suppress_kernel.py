@@ -6,9 +6,9 @@ Needs root and a hybrid (v1 cpu + cpuacct + unified tree) or a cgroup v2 host; s
 On the 2-CPU machines this runs on: one LS busy loop and two BE busy loops. Uncontrolled, the two
 groups share the node about equally (BE ~1.0 core, LS ~1.0). With threshold 65%, LS + system + BE
 may use 1.3 cores, so BE's allowance is about 0.3 core. On n CPUs the test scales: n/2 LS loops,
-n BE loops, BE allowance about 0.15 n. Bounds are loose on purpose; CPU is measured only over
-windows where the rest of the node is quiet (else the test fails saying so: the numbers would mean
-nothing; run it on an otherwise idle machine, as CI is).
+n BE loops, BE allowance about 0.15 n. Bounds are loose on purpose. Other work on the node (up to
+half of it) shrinks BE's allowance further, as it should: the checks compare BE's share of the
+test's CPU with and without koordd, and give LS what the other work and BE left.
 """
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ import time
 
 import pytest
 
-from .conftest import NCPU, wait_for
+from .conftest import NCPU, calm_window, wait_for
 
 pytestmark = pytest.mark.kernel
 
 LOOP = "be_suppress"
 SETTLE = 2.0          # seconds after the first quota before measuring
 MEASURE = 4.0         # seconds of measurement
-MAX_OTHER = 0.3       # cores busy outside the test's cgroups (koordd included) for a window to count
+MAX_OTHER = 0.5 * NCPU     # CPUs busy outside the test's cgroups (koordd included) for a window to count
 N_LS = max(1, NCPU // 2)
 N_BE = max(2, NCPU)
 
@@ -40,17 +40,13 @@ def start_hogs(cgroups) -> None:
         cgroups.spawn_hog("be")
 
 
-def quiet_measure(cgroups, seconds: float, attempts: int = 6) -> dict:
-    """The first of `attempts` measurement windows in which the rest of the node stayed quiet."""
-    others = []
-    for _ in range(attempts):
-        m = cgroups.measure(seconds)
-        if m["other"] <= MAX_OTHER:
-            return m
-        others.append(m["other"])
-    pytest.fail(f"node busy with other work: {', '.join(f'{o:.2f}' for o in others)} cores used outside the "
-                f"test's cgroups in {attempts} windows of {seconds:g}s (limit {MAX_OTHER}); CPU shares "
-                "measured now would mean nothing")
+def calm_measure(cgroups, seconds: float) -> dict:
+    return calm_window(lambda: cgroups.measure(seconds), MAX_OTHER, "LS and BE's CPU use")
+
+
+def be_share(m: dict) -> float:
+    """BE's part of the CPU the test's two groups used: other work on the node leaves it unchanged."""
+    return m["be"] / max(m["be"] + m["ls"], 1e-6)
 
 
 def applied(koordd, cgroup: str, after: float = 0.0) -> list[dict]:
@@ -68,10 +64,11 @@ def wait_for_quota(koordd, cgroups, timeout: float = 20.0) -> list[dict]:
 
 def baseline(cgroups) -> dict:
     time.sleep(1.0)                      # let the hogs spread over the CPUs
-    base = quiet_measure(cgroups, 3.0)
+    base = calm_measure(cgroups, 3.0)
     assert cgroups.quota_cores("be") is None
-    # Sanity: without koordd BE takes about half the node (its group's fair share).
-    assert base["be"] > 0.3 * NCPU, f"uncontrolled BE used only {base['be']:.2f} cores (LS {base['ls']:.2f})"
+    # Sanity: without koordd BE takes about half of what the two groups get (its group's fair share).
+    assert be_share(base) > 0.35, \
+        f"uncontrolled BE used only {base['be']:.2f} cores (LS {base['ls']:.2f}, other {base['other']:.2f})"
     return base
 
 
@@ -88,7 +85,7 @@ def test_be_suppress_throttles_be_and_restores_on_sigterm(cgroups, koordd, capsy
     wait_for_quota(koordd, cgroups)
     time.sleep(SETTLE)
     assert proc.poll() is None, f"koordd exited early with {proc.returncode}\n{koordd.log_text()}"
-    run = quiet_measure(cgroups, MEASURE)
+    run = calm_measure(cgroups, MEASURE)
     quotas = [q for q in run["quotas"] if q is not None]
     numbers = (f"{NCPU} CPUs; baseline BE {base['be']:.2f} LS {base['ls']:.2f} other {base['other']:.2f} cores; "
                f"with koordd BE {run['be']:.2f} LS {run['ls']:.2f} other {run['other']:.2f} cores; "
@@ -98,11 +95,12 @@ def test_be_suppress_throttles_be_and_restores_on_sigterm(cgroups, koordd, capsy
 
     assert cgroups.raw_quota("be") != "-1" and len(quotas) == len(run["quotas"]), \
         f"BE quota not held during the measurement ({run['quotas']}); {numbers}"
+    free = (NCPU - run["other"]) / NCPU          # the part of the node other work left to the test
     assert run["be"] < 0.3 * NCPU, f"BE not suppressed: {numbers}"
-    assert run["be"] < 0.6 * base["be"], f"BE not well below its uncontrolled use: {numbers}"
+    assert be_share(run) < 0.6 * be_share(base), f"BE not well below its uncontrolled share: {numbers}"
     assert run["be"] <= max(quotas) * 1.15 + 0.05, f"BE above its quota: {numbers}"
-    assert run["be"] >= 0.5 * min(quotas) - 0.02, f"BE far below its quota (starved?): {numbers}"
-    assert run["ls"] >= 0.8 * N_LS, f"LS lost CPU: {numbers}"
+    assert run["be"] >= 0.5 * min(quotas) * free - 0.02, f"BE far below its quota (starved?): {numbers}"
+    assert run["ls"] >= 0.8 * min(N_LS, NCPU - run["other"] - run["be"]), f"LS lost CPU: {numbers}"
 
     rc = koordd.stop(proc)
     assert rc == 0, f"koordd exited {rc} on SIGTERM\n{koordd.log_text()}"

@@ -9,8 +9,8 @@ the same CPU: on this 2-CPU machine a single LS thread next to BE on both CPUs a
 of a CPU from the group fair share (BE's second thread runs on the other CPU), which leaves the
 loop almost nothing to show; on one shared CPU the whole CPU is contested. BE starts with half
 LS's weight (shares 512 / cpu.weight 50), so uncontrolled LS gets about 2/3 of the CPU; as SCHED_IDLE
-BE gets about 3/1027 of it, and at weight 1 against 100, 1/101. CPU is measured only over windows
-where nothing else ran on that CPU (else the test fails saying so).
+BE gets about 3/1027 of it, and at weight 1 against 100, 1/101. Other work on that CPU (up to half
+of it) leaves the split between LS and BE alone: the checks compare shares of what the two got.
 """
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ import time
 
 import pytest
 
-from .conftest import HOG, _die_with_parent, wait_for
+from .conftest import HOG, _die_with_parent, calm_window, wait_for
 
 pytestmark = pytest.mark.kernel
 
 LOOP = "qos_baseline"
 MEASURE = 4.0          # seconds per measurement window
-MAX_OTHER = 0.1        # share of the shared CPU used outside the test's cgroups, for a window to count
+MAX_OTHER = 0.5        # share of the shared CPU used outside the test's cgroups, for a window to count
 BE_SHARES, BE_WEIGHT = 512, "50"       # BE's weight before koordd (v1 shares, v2 cpu.weight): half of LS's
 
 
@@ -109,18 +109,10 @@ def measure(cgroups, cpu: int, seconds: float) -> dict:
     return out
 
 
-def quiet_measure(cgroups, cpu: int, seconds: float = MEASURE, attempts: int = 6) -> dict:
-    """The first window in which nothing but the hogs ran on the shared CPU (work on the other CPUs
+def calm_measure(cgroups, cpu: int, seconds: float = MEASURE) -> dict:
+    """A window in which other work left the hogs most of the shared CPU (work on the other CPUs
     cannot touch the contest: the hogs may not run there)."""
-    others = []
-    for _ in range(attempts):
-        m = measure(cgroups, cpu, seconds)
-        if m["other"] <= MAX_OTHER:
-            return m
-        others.append(m["other"])
-    pytest.fail(f"CPU {cpu} busy with other work: {', '.join(f'{o:.2f}' for o in others)} of it used outside "
-                f"the test's cgroups in {attempts} windows of {seconds:g}s (limit {MAX_OTHER}); CPU shares "
-                "measured now would mean nothing")
+    return calm_window(lambda: measure(cgroups, cpu, seconds), MAX_OTHER, f"the contest on CPU {cpu}")
 
 
 def config(koordd, cgroups, **options) -> object:
@@ -156,8 +148,8 @@ def check_shares(off: dict, on: dict, numbers: str) -> None:
     assert 0.45 <= off["ls_share"] <= 0.85, f"no real competition without the loop: {numbers}"
     assert on["ls_share"] >= 0.93, f"LS did not get the CPU: {numbers}"
     assert on["ls_share"] - off["ls_share"] >= 0.1, numbers
-    assert on["be"] <= 0.5 * off["be"], f"BE not pushed back: {numbers}"
-    assert on["ls"] >= 0.8, f"LS lost CPU time: {numbers}"
+    assert 1 - on["ls_share"] <= 0.5 * (1 - off["ls_share"]), f"BE not pushed back: {numbers}"
+    assert on["ls"] >= 0.8 * (1 - on["other"]), f"LS lost CPU time: {numbers}"
 
 
 def test_be_idle_gives_ls_the_cpu_is_reconciled_and_restored(cgroups, koordd, capsys):
@@ -168,14 +160,14 @@ def test_be_idle_gives_ls_the_cpu_is_reconciled_and_restored(cgroups, koordd, ca
     raw_weight = set_be_weight(cgroups)
     assert cpu_file(cgroups, "be", "cpu.idle") == "0"
     cpu = start_hogs(cgroups)
-    off = quiet_measure(cgroups, cpu)
+    off = calm_measure(cgroups, cpu)
 
     started = time.time()
     proc = koordd.start(config(koordd, cgroups))
     assert wait_for(lambda: cpu_file(cgroups, "be", "cpu.idle") == "1" and decisions(koordd, "cpu.idle", "applied"),
                     20), f"koordd did not set {be} cpu.idle: {koordd.decisions()}\n{koordd.log_text()}"
     time.sleep(1.0)
-    on = quiet_measure(cgroups, cpu)
+    on = calm_measure(cgroups, cpu)
     numbers = report(capsys, "BE cpu.idle=1", off, on)
     assert proc.poll() is None, koordd.log_text()
     assert cpu_file(cgroups, "be", "cpu.idle") == "1", numbers
@@ -222,7 +214,7 @@ def test_without_idle_be_gets_the_minimum_weight(cgroups, koordd, capsys):
     wfile = weight_file(cgroups)
     raw_weight = set_be_weight(cgroups)
     cpu = start_hogs(cgroups)
-    off = quiet_measure(cgroups, cpu)
+    off = calm_measure(cgroups, cpu)
 
     started = time.time()
     proc = koordd.start(config(koordd, cgroups, be_cpu_idle="false"))
@@ -230,7 +222,7 @@ def test_without_idle_be_gets_the_minimum_weight(cgroups, koordd, capsys):
     assert wait_for(lambda: cpu_file(cgroups, "be", wfile) == min_raw, 20), \
         f"koordd did not set {be} weight: {koordd.decisions()}\n{koordd.log_text()}"
     time.sleep(1.0)
-    on = quiet_measure(cgroups, cpu)
+    on = calm_measure(cgroups, cpu)
     numbers = report(capsys, "BE cpu.weight=1", off, on)
     assert proc.poll() is None, koordd.log_text()
     check_shares(off, on, numbers)

@@ -57,16 +57,12 @@ def cpu_controller():
 @pytest.fixture
 def hogs(cpu_controller, koordd_stopped):
     """stress-ng: 1 CPU worker in ls.slice (lshog), 2 in be.slice (behog), on the VM's 2 CPUs."""
-    units = {"lshog": (vm.LS, "1"), "behog": (vm.BE, "2")}
-    for unit in units:
-        vm.systemctl("stop", unit, check=False)
-        vm.systemctl("reset-failed", unit, check=False)
+    units = {"lshog": (vm.LS, 1), "behog": (vm.BE, 2)}
+    vm.stop_units(*units)
     for unit, (slice_, n) in units.items():
-        vm.sh("systemd-run", f"--slice={slice_}", f"--unit={unit}", "stress-ng", "--cpu", n, "--quiet")
+        vm.start_stress(unit, slice_, n)
     assert vm.wait_for(lambda: vm.cpu_max(vm.BE) is not None, 30), \
         f"{vm.BE}/cpu.max did not appear; root subtree_control: {(vm.CGROUP / 'cgroup.subtree_control').read_text()}"
     assert vm.cpu_max(vm.BE) == vm.MAX, f"be.slice starts capped: {vm.cpu_max(vm.BE)}"
     yield
-    for unit in units:
-        vm.systemctl("stop", unit, check=False)
-        vm.systemctl("reset-failed", unit, check=False)
+    vm.stop_units(*units)

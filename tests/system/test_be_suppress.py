@@ -16,14 +16,13 @@ import os
 import re
 import signal
 import statistics
-import time
 
 from . import vm
 
 pytestmark = vm.only_in_vm
 
 CAP_TIMEOUT = 60         # seconds until koordd has capped be.slice after start
-SETTLE = 10              # seconds for the cap to settle (PSI guard, growth limit of 10%/tick)
+SETTLE = 10              # rounds of be_suppress for the cap to settle (PSI guard, growth limit of 10%/tick)
 FLOOR_BAND = 4000        # the 2000 µs floor, plus changes under 1% of the node (2000 µs) being skipped
 
 
@@ -40,12 +39,12 @@ def wait_capped(timeout: float = CAP_TIMEOUT) -> int:
     return q
 
 
-def sample_quotas(seconds: float, step: float = 0.5) -> list[int | None]:
+def sample_quotas(rounds: int) -> list[int | None]:
+    """be.slice's quota after each of the next `rounds` rounds of be_suppress."""
     out = []
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    for _ in range(rounds):
+        vm.wait_ticks("be_suppress", 1)
         out.append(vm.quota())
-        time.sleep(step)
     return out
 
 
@@ -60,14 +59,13 @@ def brief(entries: list[dict]) -> str:
 
 def test_be_is_capped_through_cpu_max_and_ls_keeps_its_cpu(hogs):
     # Uncontrolled first: the same hogs, no koordd.
-    time.sleep(3)
     before = vm.measure(6, vm.LS, vm.BE)
     assert vm.cpu_max(vm.BE) == vm.MAX
 
     cursor = vm.journal_cursor()
     start_koordd()
     wait_capped()
-    time.sleep(SETTLE)
+    vm.wait_ticks("be_suppress", SETTLE)
     after = vm.measure(6, vm.LS, vm.BE)
     assert vm.quota() is not None, f"be.slice cpu.max {vm.cpu_max()}"
 
@@ -108,7 +106,7 @@ def test_be_is_capped_through_cpu_max_and_ls_keeps_its_cpu(hogs):
 def test_reload_changes_behaviour_and_a_broken_config_is_refused(hogs):
     start_koordd()
     wait_capped()
-    time.sleep(SETTLE)
+    vm.wait_ticks("be_suppress", SETTLE)
     # At 65% BE mostly sits well above the floor (a short LS/system spike drops it there for a few
     # ticks; it regrows by 10% of the node per tick).
     at_65 = [q for q in sample_quotas(10) if q is not None]
@@ -123,7 +121,7 @@ def test_reload_changes_behaviour_and_a_broken_config_is_refused(hogs):
     vm.systemctl("reload", vm.UNIT)
     assert vm.is_active() == "active"
     assert vm.wait_for(lambda: (vm.quota() or 0) <= FLOOR_BAND, 30), vm.journal_text(cursor)
-    time.sleep(3)
+    vm.wait_ticks("be_suppress", 3)
     at_30 = [q for q in sample_quotas(10) if q is not None]
     summary = f"be.slice quota at 65%: {at_65}; at 30%: {at_30}"
     print(summary)
@@ -146,7 +144,7 @@ def test_reload_changes_behaviour_and_a_broken_config_is_refused(hogs):
     assert vm.sh("koordctl", "validate", str(vm.CONFIG), check=False).returncode != 0
     vm.systemctl("reload", vm.UNIT)
     assert vm.wait_journal(lambda: "reload refused" in vm.journal_text(cursor)), vm.journal_text(cursor)
-    time.sleep(5)
+    vm.wait_ticks("be_suppress", 5)              # the same process keeps going on the config it had
     assert vm.is_active() == "active" and vm.main_pid() == pid
     assert "reload refused" in vm.show("StatusText"), vm.show("StatusText")
     still = sample_quotas(4)
@@ -183,7 +181,7 @@ def test_stop_restores_and_kill_9_readopts(hogs):
                        and vm.n_restarts() > restarts, 60), vm.journal_text(cursor)
     readopted = re.compile(r"re-adopting be\.slice cpu\.max \(original 'max 100000'\)")
     assert vm.wait_journal(lambda: readopted.search(vm.journal_text(cursor))), vm.journal_text(cursor)
-    time.sleep(5)
+    vm.wait_ticks("be_suppress", 5)
     assert vm.quota() is not None, f"not capped after the restart: {vm.cpu_max()}\n{vm.journal_text(cursor)}"
     assert any(h["cgroup"] == vm.BE and h["original"] == vm.MAX for h in vm.held()), vm.held()
 

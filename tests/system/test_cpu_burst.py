@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import time
 
 import pytest
 
@@ -28,7 +27,7 @@ BASE = "50000 100000"
 BASE_QUOTA = 50000
 RAISED = int(BASE_QUOTA * 1.2)       # the first step up
 TIMEOUT = 60                         # seconds for koordd to raise or lower the quota under TCG
-UNITS = {"lsburst": (vm.LS, "1"), "behog": (vm.BE, "2")}
+UNITS = {"lsburst": (vm.LS, 1), "behog": (vm.BE, 2)}
 
 
 def burst(cgroup: str = vm.LS) -> str | None:
@@ -68,15 +67,12 @@ def load_node(on: bool) -> None:
 @pytest.fixture
 def ls_quota(cpu_controller, koordd_stopped):
     """ls.slice capped at half a CPU with one busy worker in it; behog ready but stopped."""
-    for unit in UNITS:
-        vm.systemctl("stop", unit, check=False)
-        vm.systemctl("reset-failed", unit, check=False)
+    vm.stop_units(*UNITS)
     try:
         # The slice's cgroup exists once a unit runs in it: set the quota, then start the units.
         vm.systemctl("set-property", "--runtime", vm.LS, "CPUQuota=50%")
         for unit, (slice_, n) in UNITS.items():
-            vm.sh("systemd-run", f"--slice={slice_}", f"--unit={unit}", "stress-ng", "--cpu", n, "--quiet")
-        time.sleep(2)                            # stress-ng forks its workers after it starts
+            vm.start_stress(unit, slice_, n)
         load_node(False)
         idle_be = vm.measure(2, vm.BE)[vm.BE]
         assert idle_be < 0.1, f"behog still runs after SIGSTOP: {idle_be:.2f} CPUs"
@@ -88,9 +84,7 @@ def ls_quota(cpu_controller, koordd_stopped):
     finally:
         # koordd first: stopping it restores its knobs, which must happen before the quota is removed.
         vm.systemctl("stop", vm.UNIT, check=False)
-        for unit in UNITS:
-            vm.systemctl("stop", unit, check=False)
-            vm.systemctl("reset-failed", unit, check=False)
+        vm.stop_units(*UNITS)
         vm.systemctl("set-property", "--runtime", vm.LS, "CPUQuota=")
         reset = vm.wait_for(lambda: vm.cpu_max(vm.LS) in (None, vm.MAX), 30)
     assert reset, f"{vm.LS} keeps cpu.max {vm.cpu_max(vm.LS)} after CPUQuota="
@@ -115,8 +109,8 @@ def wait_back_at_base() -> None:
         f"{vm.LS} quota not back at base under load: {vm.cpu_max(vm.LS)}\n{vm.journal_text()}"
     samples = []
     for _ in range(6):                       # stays there while the node is loaded
+        vm.wait_ticks("cpu_burst", 1)
         samples.append(vm.cpu_max(vm.LS))
-        time.sleep(1.0)
     assert set(samples) == {BASE}, samples
 
 

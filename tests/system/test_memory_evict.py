@@ -53,16 +53,10 @@ while True:
 """
 
 
-def _stop_units() -> None:
-    for unit in (LS_UNIT,) + BE_UNITS:
-        vm.systemctl("stop", unit, check=False)
-        vm.systemctl("reset-failed", unit, check=False)
-
-
 @pytest.fixture
 def evict_slice(koordd_stopped):
     """evict.slice with its memory limit (before anything runs in it); units and slice removed after."""
-    _stop_units()
+    vm.stop_units(LS_UNIT, *BE_UNITS)
     SLICE_UNIT.parent.mkdir(parents=True, exist_ok=True)
     SLICE_UNIT.write_text(f"[Slice]\nMemoryAccounting=yes\nMemoryMax={LIMIT}\nMemorySwapMax=0\n")
     vm.systemctl("daemon-reload")
@@ -75,7 +69,7 @@ def evict_slice(koordd_stopped):
             (vm.CGROUP / BE_SLICE / unit / "cgroup.freeze").write_text("0")
         except OSError:
             pass
-    _stop_units()
+    vm.stop_units(LS_UNIT, *BE_UNITS)
     vm.systemctl("stop", SCOPE, check=False)
     SLICE_UNIT.unlink(missing_ok=True)
     vm.systemctl("daemon-reload")
@@ -214,9 +208,9 @@ def test_be_is_frozen_and_stopping_koordd_thaws_it(evict_slice):
     start_be()
 
     def settled():
-        """Something frozen, and no new freeze for 4 s."""
+        """Something frozen, and no new freeze in the next 4 rounds of memory_evict."""
         n = len(records(since, "cgroup.freeze", "applied"))
-        time.sleep(4)
+        vm.wait_ticks("memory_evict", 4)
         return n and n == len(records(since, "cgroup.freeze", "applied"))
 
     assert vm.wait_for(settled, 180), f"nothing frozen: {records(since)}"

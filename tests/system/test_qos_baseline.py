@@ -11,7 +11,6 @@ checks compare shares measured within one run. be_suppress is off here (its cpu.
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -19,7 +18,7 @@ from . import vm
 
 pytestmark = vm.only_in_vm
 
-UNITS = {"qosls": (vm.LS, "1"), "qosbe": (vm.BE, "2")}
+UNITS = {"qosls": (vm.LS, 1), "qosbe": (vm.BE, 2)}
 LS_WEIGHT = 200
 LS_LOW, LS_MIN = 256 << 20, 64 << 20
 
@@ -84,18 +83,13 @@ def brief(entries: list[dict]) -> str:
 
 @pytest.fixture
 def pinned_hogs(cpu_controller, koordd_stopped):
-    for unit in UNITS:
-        vm.systemctl("stop", unit, check=False)
-        vm.systemctl("reset-failed", unit, check=False)
+    vm.stop_units(*UNITS)
     for unit, (slice_, n) in UNITS.items():
-        vm.sh("systemd-run", f"--slice={slice_}", f"--unit={unit}", "-p", "CPUAffinity=1",
-              "stress-ng", "--cpu", n, "--quiet")
+        vm.start_stress(unit, slice_, n, "CPUAffinity=1")
     assert vm.wait_for(lambda: read(vm.BE, "cpu.idle") is not None, 30), \
         f"{vm.BE}/cpu.idle did not appear: {(vm.CGROUP / 'cgroup.subtree_control').read_text()}"
     yield
-    for unit in UNITS:
-        vm.systemctl("stop", unit, check=False)
-        vm.systemctl("reset-failed", unit, check=False)
+    vm.stop_units(*UNITS)
     # The runtime property set below must not outlive the test (koordd's restore wrote the old value,
     # but systemd would write its own again on its next realisation of the slice).
     vm.systemctl("set-property", "--runtime", vm.LS, "MemoryLow=0", check=False)
@@ -108,7 +102,6 @@ def test_baseline_set_reconciled_and_restored(pinned_hogs):
     assert originals[(vm.BE, "cpu.idle")] == "0" and originals[(vm.LS, "cpu.weight")] == "100", originals
     assert None not in originals.values(), f"a knob file is missing on the slices: {originals}"
 
-    time.sleep(3)
     before = vm.measure(6, vm.LS, vm.BE)
 
     vm.write_config(CONFIG)
@@ -122,7 +115,7 @@ def test_baseline_set_reconciled_and_restored(pinned_hogs):
             (vm.LS, "memory.min"): str(LS_MIN)}
     assert vm.wait_for(lambda: {k: read(*k) for k in want} == want, 30), \
         f"{ {k: read(*k) for k in want} } != {want}\n{vm.journal_text(cursor)}"
-    time.sleep(3)
+    vm.wait_ticks("qos_baseline", 3)
     after = vm.measure(6, vm.LS, vm.BE)
     summary = (f"uncontrolled LS {before[vm.LS]:.2f} BE {before[vm.BE]:.2f} CPUs (LS share {share(before):.2f}); "
                f"BE idle: LS {after[vm.LS]:.2f} BE {after[vm.BE]:.2f} CPUs (LS share {share(after):.2f})")

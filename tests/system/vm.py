@@ -90,6 +90,55 @@ def wait_for(predicate, timeout: float, step: float = 0.5):
         time.sleep(step)
 
 
+def koordd_status() -> dict:
+    """koordd's status file (<state_dir>/status.json), rewritten after every round; {} before the first."""
+    try:
+        return json.loads((STATE_DIR / "status.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def wait_ticks(loop: str, n: int, timeout: float = 240) -> None:
+    """Wait until the running koordd has run `n` more rounds of `loop`.
+
+    Settling is counted in koordd's own rounds, not seconds: under a slower emulator the wait gets
+    longer and the test still sees what `n` rounds of the loop did."""
+    pid = main_pid()
+
+    def ticks() -> int:
+        s = koordd_status()
+        return s.get("loops", {}).get(loop, {}).get("ticks", 0) if s.get("pid") == pid else 0
+
+    start = ticks()
+    assert wait_for(lambda: ticks() >= start + n, timeout), \
+        f"koordd (pid {pid}) ran fewer than {n} rounds of {loop} in {timeout}s: {koordd_status()}"
+
+
+def wait_tasks(cgroup: str, n: int, timeout: float = 60) -> None:
+    """Wait until `cgroup` holds at least `n` processes (e.g. stress-ng and the workers it forks)."""
+    def count() -> int:
+        try:
+            return len((CGROUP / cgroup / "cgroup.procs").read_text().split())
+        except OSError:
+            return 0
+    assert wait_for(lambda: count() >= n, timeout), f"{cgroup} holds {count()} processes, not {n}"
+
+
+def start_stress(unit: str, slice_: str, workers: int, *properties: str) -> None:
+    """stress-ng with `workers` CPU workers as the transient service `unit` in `slice_`; returns once
+    the workers are forked (stress-ng starts them after its own start)."""
+    props = [f"--property={p}" for p in properties]
+    sh("systemd-run", f"--slice={slice_}", f"--unit={unit}", *props, "stress-ng", "--cpu", str(workers), "--quiet")
+    wait_tasks(f"{slice_}/{unit}.service", workers + 1)
+
+
+def stop_units(*units: str) -> None:
+    """Stopped and forgotten (no failed state left over), whether or not they ran."""
+    for unit in units:
+        systemctl("stop", unit, check=False)
+        systemctl("reset-failed", unit, check=False)
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
