@@ -29,8 +29,8 @@ BASE = 50_000
 WINDOW = 12.0          # seconds of each throttling measurement
 SETTLE = 3.0           # seconds after koordd's first burst before measuring
 # CPUs busy outside the test's cgroups (koordd included) for a window to count: a burst needs up to
-# 0.8 of a CPU within one period, so the rest of the node must leave at least that much free.
-MAX_OTHER = NCPU - 1.2
+# 0.8 of a CPU within one period: the rest of the node must leave LS at least one whole CPU.
+MAX_OTHER = NCPU - 1.0
 
 BURSTY = """\
 import time
