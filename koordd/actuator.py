@@ -32,6 +32,7 @@ class Actuator:
         self.fs, self.journal, self.decisions, self.dry_run = fs, journal, decisions, dry_run
         self._would_be: dict[tuple[str, str], tuple[str, str]] = {}  # dry-run: (loop, value) we pretend to have written
         self._refused: dict[tuple[str, str], tuple] = {}     # last refusal per knob, to record it once
+        self._would_restore: set[tuple[str, str]] = set()     # dry-run: restores already said once
 
     def apply(self, loop: str, actions: Iterable[Action]) -> list[Decision]:
         out = []
@@ -183,9 +184,18 @@ class Actuator:
             if knob is None:
                 raise Unsupported(f"unknown knob {held.knob!r}")
             current = knob.read(self.fs, held.cgroup)
+            if self.dry_run:
+                # Say what a real run would put back; the knob and its journal entry stay as they are.
+                if current == held.original or (held.cgroup, held.knob) in self._would_restore:
+                    return None
+                self._would_restore.add((held.cgroup, held.knob))
+                return self._record(Decision(time.time(), loop or held.owner, held.cgroup, held.knob, current,
+                                             held.original, DRY_RUN, message, reason or {}))
             if current != held.original:
                 knob.write(self.fs, held.cgroup, held.original)
         except CgroupGone:
+            if self.dry_run:
+                return None
             self.journal.remove(held.cgroup, held.knob)   # nothing left to restore
             return None
         except (OSError, Unsupported, ValueError) as e:

@@ -92,9 +92,13 @@ class Daemon:
         restore the rest."""
         enabled = {n for n, s in self.config.loops.items() if s.enabled}
         for h in self.journal.entries():
-            if h.owner in enabled and not self.dry_run:
+            if self.dry_run:
+                log.info("%s %s changed by a previous run (original %r, loop %s) is left as it is (dry-run)",
+                         h.cgroup, h.knob, h.original, h.owner)
+            elif h.owner in enabled:
                 log.info("re-adopting %s %s (original %r) for loop %s", h.cgroup, h.knob, h.original, h.owner)
-        self.actuator.restore_where(lambda h: h.owner in enabled and not self.dry_run,
+        # In dry-run the actuator only records what it would restore.
+        self.actuator.restore_where(lambda h: h.owner in enabled,
                                     "left changed by a previous run whose loop is not enabled now")
 
     # --- main loop ------------------------------------------------------------

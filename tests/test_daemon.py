@@ -184,3 +184,22 @@ def test_after_a_crash_an_enabled_loop_re_adopts_and_a_disabled_one_restores(nod
     assert node.run("--once").returncode == 0, node.log()
     assert node.cpu_max() == "max 100000" and node.held() == []
     assert node.decisions()[-1]["outcome"] == "restored"
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["loop-enabled", "loop-disabled"])
+def test_dry_run_after_a_crash_writes_nothing_and_keeps_the_journal(node, enabled):
+    # A dry-run start must not restore what a crashed run left: not at start, not at stop.
+    node.tree.set("be.slice", "cpu", "cpu.max", "5000 100000\n")          # left by a killed koordd
+    node.state.mkdir()
+    held = [{"cgroup": "be.slice", "knob": "cpu.max", "original": "max 100000", "owner": "be_suppress",
+             "since": 1.0}]
+    (node.state / "originals.json").write_text(json.dumps({"version": 1, "held": held}))
+    node.write_config(enabled=enabled)
+    assert node.run("--once", "--dry-run").returncode == 0, node.log()
+    assert node.cpu_max() == "5000 100000"
+    assert node.held() == held
+    restores = [d for d in node.decisions() if d["knob"] == "cpu.max" and d["new"] == "max 100000"]
+    assert all(d["outcome"] == "dry-run" for d in restores), restores
+    if not enabled:     # what a real start would do is said, as a dry-run decision
+        assert [(d["old"], d["outcome"]) for d in restores] == [("5000 100000", "dry-run")], node.decisions()
+    assert "left as it is (dry-run)" in node.log()
