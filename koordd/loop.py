@@ -11,6 +11,9 @@ A loop is a class in `plugins/` registered under the entry-point group
 - `decide(snapshot, settings, state)` every `interval`: returns the actions
   for this tick. It may update `state` (windows, timers) but does no I/O:
   everything it knows comes from the snapshot.
+- `settle(actions, decisions, settings, state)` right after the actuator
+  applied them: a loop that counts its own acts (a kill budget) keeps only
+  those the actuator carried out (decision applied or dry-run). No I/O either.
 
 The class docstring is the loop's user documentation.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
+from .decisions import APPLIED, DRY_RUN
 from .options import Option
 
 
@@ -62,3 +66,12 @@ class Loop:
     @staticmethod
     def decide(snapshot, settings, state) -> list[Action]:
         raise NotImplementedError
+
+    @staticmethod
+    def settle(actions: list[Action], decisions: list, settings, state) -> None:
+        """Correct `state` for actions the actuator did not carry out (refused, cgroup gone)."""
+
+
+def carried_out(decisions) -> set[tuple[str, str]]:
+    """(cgroup, knob) of the decisions that wrote (or would have, in dry-run)."""
+    return {(d.cgroup, d.knob) for d in decisions if d.outcome in (APPLIED, DRY_RUN)}

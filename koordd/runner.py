@@ -105,8 +105,9 @@ class Runner:
             run.last_tick = time.time()
             run.ticks += 1
             try:
-                actions = run.impl.decide(snapshot, run.settings, run.state)
+                actions = list(run.impl.decide(snapshot, run.settings, run.state))
                 changes = self.actuator.apply(run.name, actions)
+                run.impl.settle(actions, changes, run.settings, run.state)
                 changes += self._release_strays(run, snapshot)
             except Exception as e:  # noqa: BLE001 - one loop's bug must not stop the others
                 run.failures += 1

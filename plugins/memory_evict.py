@@ -46,7 +46,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from koordd.cgroups import match_pattern, normalize_cgroup
-from koordd.loop import Action, Loop, restore
+from koordd.loop import Action, Loop, carried_out, restore
 from koordd.options import Duration, Option
 from koordd.snapshot import CgroupSample, PressureStat, Snapshot
 
@@ -131,6 +131,10 @@ class MemoryEvict(Loop):
     @staticmethod
     def initial_state(settings) -> State:
         return State()
+
+    @staticmethod
+    def settle(actions: list[Action], decisions: list, settings, state: State) -> None:
+        _settle(actions, decisions, state)
 
     @staticmethod
     def decide(snapshot: Snapshot, settings, state: State) -> list[Action]:
@@ -342,6 +346,21 @@ def _act(victims, need, settings, state: State, snapshot: Snapshot, now, reason,
                               + (f"; {settings.max_kills_per_minute} kills in the last minute already" if capped
                                  else "")))
     return actions
+
+
+def _settle(actions: list[Action], decisions: list, state: State) -> None:
+    """A kill or freeze the actuator did not carry out (refused, cgroup gone) spends no kill budget
+    and releases no memory: forget it, so the next round sees the victim as it is."""
+    done = carried_out(decisions)
+    for a in actions:
+        if (a.cgroup, a.knob) in done:
+            continue
+        if a.knob == "cgroup.kill" and a.cgroup in state.killed:
+            t = state.killed.pop(a.cgroup)
+            if t in state.kills:
+                state.kills.remove(t)
+        elif a.knob == "cgroup.freeze" and a.value == "1":
+            state.frozen.pop(a.cgroup, None)
 
 
 def _where(scope: str) -> str:

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 from fakecgroup import FakeCgroups
 from koordd.actuator import Actuator
 from koordd.config import ConfigError, loop_options, make_settings, parse_config
-from koordd.decisions import DecisionLog
+from koordd.decisions import DecisionLog, read_decisions
 from koordd.plugins.memory_evict import KILL_SETTLE, MemoryEvict
 from koordd.runner import Runner
 from koordd.sensors.collect import Sensors
@@ -555,6 +555,34 @@ def test_end_to_end_on_v2_reclaims_then_kills(tmp_path):
     runner.tick(list(runner.runs.values()), Snapshot(2.0, 0.0, node, base.cgroups, supported=base.supported))
     assert tree.read("be.slice", None, "cgroup.kill").strip() == "1"
     assert tree.read("ls.slice", None, "cgroup.kill").strip() == ""
+
+
+def test_a_refused_kill_spends_no_kill_budget(tmp_path):
+    # The kernel refuses the kill (here: no cgroup.kill file). The loop must not count it: not in
+    # its budget, not as memory about to be released. Once the kernel takes kills again, it kills.
+    tree = FakeCgroups(tmp_path, "v2")
+    tree.add("be.slice", memory_current=400 * MiB).add("ls.slice", memory_current=300 * MiB)
+    kill_file = tree.root / "be.slice" / "cgroup.kill"
+    kill_file.unlink()
+    conf = parse_config('[[classes]]\nname = "LS"\ncgroups = ["ls.slice"]\n[[classes]]\nname = "BE"\n'
+                        'cgroups = ["be.slice"]\n[loops.memory_evict]\nenabled = true\ncooldown = "0s"\n'
+                        'reclaim = false\nmax_kills_per_minute = 1\n', "k.toml", REGISTRY)
+    actuator = Actuator(tree.fs, RestoreJournal(tmp_path / "state"), DecisionLog(tmp_path / "state"))
+    runner = Runner(REGISTRY, actuator)
+    runner.configure(conf, now=0.0)
+    base = Sensors(tree.fs, conf.classify, ["ls.slice", "be.slice"]).snapshot(runner.watched())
+    node = NodeSample(2, 0.5, memory_total=1000 * MiB, memory_anon=750 * MiB)
+    run = runner.runs["memory_evict"]
+
+    runner.tick([run], Snapshot(1.0, 0.0, node, base.cgroups, supported=base.supported))
+    refused = [d for d in read_decisions(tmp_path / "state") if d["knob"] == "cgroup.kill"]
+    assert [d["outcome"] for d in refused] == ["refused"], refused
+    assert list(run.state.kills) == [] and run.state.killed == {}, run.state
+
+    kill_file.write_text("")
+    runner.tick([run], Snapshot(2.0, 0.0, node, base.cgroups, supported=base.supported))
+    assert kill_file.read_text().strip() == "1"
+    assert len(run.state.kills) == 1 and "be.slice" in run.state.killed
 
 
 def test_victims_are_the_children_of_a_be_root_not_the_whole_slice():
