@@ -239,7 +239,8 @@ def _memory_magnitude(value: str) -> float:
 
 
 def _kill_v1(fs: CgroupFS, cgroup: str) -> None:
-    """v1 has no cgroup.kill: SIGKILL each task of the memory cgroup and below."""
+    """v1 has no cgroup.kill: SIGKILL each task of the memory cgroup and below. A task frozen by the
+    v1 freezer dies only once thawed: the loop that kills thaws it too, as a decision of its own."""
     base = fs.dir("memory", cgroup)
     if base is None or not base.is_dir():
         raise CgroupGone(cgroup)
@@ -253,11 +254,6 @@ def _kill_v1(fs: CgroupFS, cgroup: str) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    # A task frozen by the v1 freezer cannot die until thawed; whoever froze it, thaw it now.
-    freezer = fs.dir("freezer", cgroup)
-    if freezer is not None and (freezer / "freezer.state").is_file():
-        if (freezer / "freezer.state").read_text().strip() != "THAWED":
-            fs.write("freezer", cgroup, "freezer.state", "THAWED")
 
 
 def _memory_from_v1(raw: str) -> str:

@@ -29,7 +29,8 @@ each task in turn on v1) or, with `action = "freeze"`, frozen (`cgroup.freeze`, 
 A victim frozen by this loop stays frozen while usage is above the lower mark or memory PSI is
 above `pressure_full_percent`; once both have been below for `thaw_delay`, the most recently
 frozen victim is thawed, then the next one a `thaw_delay` later, and so on. Stopping koordd or
-disabling the loop thaws every cgroup it froze.
+disabling the loop thaws every cgroup it froze. A victim killed while frozen (by this loop or
+anyone else) is thawed right after the kill, as a decision of its own: on v1 a frozen task cannot die.
 
 Victims are the children of the BE class roots (the pods of kubepods-besteffort.slice, the jobs
 of be.slice), so one round takes out no more than it needs; a BE root without children is a
@@ -333,9 +334,15 @@ def _act(victims, need, settings, state: State, snapshot: Snapshot, now, reason,
             state.reclaimed.pop(c.path, None)
             actions.append(Action(c.path, "cgroup.kill", "1", {**why, "step": "kill"},
                                   f"{trigger}: killing {c.path} ({_mib(used)}){goal}"))
-            if c.path in state.frozen:           # a frozen task dies only once thawed (v1)
+            # A frozen task dies only once thawed (v1): ours goes back to its original, anyone
+            # else's freeze is lifted as a decision of its own.
+            if c.path in state.frozen:
                 del state.frozen[c.path]
                 actions.append(restore(c.path, "cgroup.freeze", f"thawing the killed {c.path}", step="thaw"))
+            elif c.frozen:
+                actions.append(Action(c.path, "cgroup.freeze", "0", {**why, "step": "thaw"},
+                                      f"thawing the killed {c.path} (frozen by someone else): a frozen task "
+                                      f"dies only once thawed"))
             continue
         if c.frozen or c.path in state.frozen:
             continue                              # kill budget spent and already frozen: nothing more to do

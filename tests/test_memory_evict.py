@@ -557,6 +557,26 @@ def test_end_to_end_on_v2_reclaims_then_kills(tmp_path):
     assert tree.read("ls.slice", None, "cgroup.kill").strip() == ""
 
 
+def test_killing_a_cgroup_someone_else_froze_thaws_it_as_a_decision(tmp_path):
+    # v1: a frozen task cannot die. The thaw is the loop's own recorded write, not a hidden side
+    # effect of the kill.
+    tree = FakeCgroups(tmp_path, "hybrid")
+    tree.add("be", memory_current=300 * MiB, memory_anon=300 * MiB).add("ls", memory_current=100 * MiB)
+    tree.set("be", "freezer", "freezer.state", "FROZEN\n")
+    conf = parse_config('[[classes]]\nname = "LS"\ncgroups = ["ls"]\n[[classes]]\nname = "BE"\n'
+                        'cgroups = ["be"]\n[loops.memory_evict]\nenabled = true\ncooldown = "0s"\n',
+                        "k.toml", REGISTRY)
+    actuator = Actuator(tree.fs, RestoreJournal(tmp_path / "state"), DecisionLog(tmp_path / "state"))
+    runner = Runner(REGISTRY, actuator)
+    runner.configure(conf, now=0.0)
+    base = Sensors(tree.fs, conf.classify, ["ls", "be"]).snapshot(runner.watched())
+    node = NodeSample(2, 0.5, memory_total=500 * MiB, memory_anon=450 * MiB)
+    runner.tick(list(runner.runs.values()), Snapshot(1.0, 0.0, node, base.cgroups, supported=base.supported))
+    made = [(d["knob"], d["old"], d["new"], d["outcome"]) for d in read_decisions(tmp_path / "state")]
+    assert made == [("cgroup.kill", None, "1", "applied"), ("cgroup.freeze", "1", "0", "applied")], made
+    assert tree.read("be", "freezer", "freezer.state").strip() == "THAWED"
+
+
 def test_a_refused_kill_spends_no_kill_budget(tmp_path):
     # The kernel refuses the kill (here: no cgroup.kill file). The loop must not count it: not in
     # its budget, not as memory about to be released. Once the kernel takes kills again, it kills.
