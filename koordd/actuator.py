@@ -33,6 +33,7 @@ class Actuator:
         self._would_be: dict[tuple[str, str], tuple[str, str]] = {}  # dry-run: (loop, value) we pretend to have written
         self._refused: dict[tuple[str, str], tuple] = {}     # last refusal per knob, to record it once
         self._would_restore: set[tuple[str, str]] = set()     # dry-run: restores already said once
+        self.unsupported: dict[str, str] = {}     # knob -> why this host lacks it (Sensors.probe)
 
     def apply(self, loop: str, actions: Iterable[Action]) -> list[Decision]:
         out = []
@@ -70,6 +71,8 @@ class Actuator:
 
     def _command(self, loop: str, a: Action) -> Decision | None:
         """A write that is an act, not a state (memory.reclaim, cgroup.kill): nothing to compare or restore."""
+        if a.knob in self.unsupported:
+            return self._refuse(loop, a, None, self.unsupported[a.knob])
         try:
             value = validate(self.fs, a.cgroup, a.knob, a.value)
             if not self.dry_run:
@@ -91,6 +94,8 @@ class Actuator:
         held = self.journal.get(*key)
         if held is not None and held.owner != loop:
             return self._refuse(loop, a, None, f"knob is held by loop {held.owner}")
+        if a.knob in self.unsupported:
+            return self._refuse(loop, a, None, self.unsupported[a.knob])
         knob = KNOBS.get(a.knob)
         try:
             if knob is None:

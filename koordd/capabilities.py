@@ -20,7 +20,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
-from koordd.cgroups import Layout, LayoutError, detect_layout
+from koordd.cgroups import CgroupFS, Layout, LayoutError, detect_layout
+from koordd.knobs import KNOBS, unsupported_knobs
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,19 @@ def _probe_cpu_burst(r: _Roots) -> tuple[bool, str]:
 
 def _probe_cpu_idle(r: _Roots) -> tuple[bool, str]:
     return _cpu_knob(r.layout, "cpu.idle", "cpu.idle", "5.15+")
+
+
+def _probe_knobs(r: _Roots) -> tuple[bool, str]:
+    """The knobs the cgroup layout offers whose files this kernel lacks (probed file by file)."""
+    try:
+        fs = CgroupFS(r.layout)
+    except LayoutError as e:
+        return False, str(e)
+    missing = {name: why for name, why in unsupported_knobs(fs).items() if KNOBS[name].supported(fs)}
+    offered = sorted(name for name, knob in KNOBS.items() if knob.supported(fs))
+    if missing:
+        return False, "; ".join(missing[name] for name in sorted(missing))
+    return True, f"every knob the layout offers is there: {', '.join(offered)}"
 
 
 def _probe_psi(r: _Roots) -> tuple[bool, str]:
@@ -260,6 +274,7 @@ PROBES: list[tuple[str, Callable[[_Roots], tuple[bool, str]]]] = [
     ("cgroup", _probe_cgroup),
     ("cpu.max.burst", _probe_cpu_burst),
     ("cpu.idle", _probe_cpu_idle),
+    ("knobs", _probe_knobs),
     ("psi", _probe_psi),
     ("perf", _probe_perf),
     ("bpf", _probe_bpf),

@@ -19,6 +19,7 @@ from .actuator import Actuator
 from .capabilities import probe_all
 from .cgroups import DEFAULT_ROOT, CgroupFS, LayoutError, detect_layout
 from .config import DEFAULT_PATH, Config, ConfigError, load_config
+from .knobs import KNOBS
 from .decisions import DecisionLog, journal_sender
 from .registry import load_registry
 from .runner import Runner
@@ -69,6 +70,7 @@ class Daemon:
         self.gpu = GpuSensor()           # reports itself as unavailable without pynvml or a driver
         self.sensors = Sensors(self.fs, config.classify, _patterns(config),
                                extra=(self.gpu,) if self.gpu.available else ())
+        self.actuator.unsupported = self.sensors.unsupported
         self.runner = Runner(registry, self.actuator)
         self.wake = threading.Event()
         self.stopping = False
@@ -83,9 +85,23 @@ class Daemon:
         for cap in probe_all(self.layout.root):
             if not cap.available:
                 log.info("capability %s unavailable: %s", cap.name, cap.detail)
+        self._log_missing_knobs()
         self._recover()
         self.runner.configure(self.config)
         self.sensors.snapshot()          # baseline: rates need two samples
+
+    def _log_missing_knobs(self) -> None:
+        """One line per knob the kernel lacks (those the layout lacks follow from the cgroup mode)."""
+        for name, why in sorted(self.sensors.unsupported.items()):
+            if KNOBS[name].supported(self.fs):
+                log.info("knob %s", why)
+
+    def _probe_knobs(self) -> None:
+        before = self.sensors.unsupported
+        self.sensors.probe()
+        self.actuator.unsupported = self.sensors.unsupported
+        if self.sensors.unsupported != before:
+            self._log_missing_knobs()
 
     def _recover(self) -> None:
         """Knobs left changed by a previous run that crashed: re-adopt those whose loop runs again,
@@ -180,6 +196,7 @@ class Daemon:
         set_level(new.daemon.log_level)
         self.config = new
         self.sensors.set_classes(new.classify, _patterns(new))
+        self._probe_knobs()
         self.runner.configure(new)
         log.info("reloaded %s", new.path)
         notify.notify("READY=1", "STATUS=running")

@@ -102,6 +102,31 @@ class Knob:
             return self.v2_file is not None
         return self._v1_controller() in fs.layout.v1 and (self.v1_file is not None or self.v1_write is not None)
 
+    def present(self, fs: CgroupFS) -> bool | None:
+        """Whether this kernel has the knob's file: looked up in the cgroups right below the root that
+        would carry it. None when none can tell (no such cgroup yet, or on v2 the controller is not
+        enabled below the root yet): then the layout's word stands."""
+        if not self.supported(fs):
+            return False
+        v2 = self.uses_v2(fs)
+        filename = self.v2_file if v2 else self.v1_file
+        base = fs.dir(self.controller if v2 else self._v1_controller(), "")
+        if filename is None or base is None:
+            return None           # a v1 form spread over several files (cpu.max): nothing single to look for
+        if v2 and self.controller is not None:
+            try:
+                if self.controller not in (base / "cgroup.subtree_control").read_text().split():
+                    return None
+            except OSError:
+                return None
+        try:
+            children = [d for d in base.iterdir() if d.is_dir()]
+        except OSError:
+            return None
+        if not children:
+            return None
+        return any((d / filename).exists() for d in children)
+
     def _require(self, fs: CgroupFS) -> None:
         if not self.supported(fs):
             raise Unsupported(f"{self.name} is not available on this host ({fs.layout.describe()})")
@@ -303,3 +328,22 @@ def validate(fs: CgroupFS, cgroup: str, knob: str, value: str) -> str:
     canonical = k.normalize(value)
     k.check(canonical, KnobContext(fs, cgroup))
     return canonical
+
+
+def unsupported_knobs(fs: CgroupFS) -> dict[str, str]:
+    """Knobs this host cannot serve, each with why: the cgroup layout has no place for it, or the
+    kernel has no such file (cpu.idle before 5.15, memory.reclaim before 5.19). Probed at start and
+    on reload; loops read the rest as `snapshot.supported`."""
+    out = {}
+    for name, knob in KNOBS.items():
+        if not knob.supported(fs):
+            out[name] = f"{name} is not available on this host ({fs.layout.describe()})"
+        elif knob.present(fs) is False:
+            if not knob.uses_v2(fs):
+                where = f"of the v1 {knob._v1_controller()} hierarchy has {knob.v1_file}"
+            elif knob.controller:
+                where = f"below the root with the {knob.controller} controller has it"
+            else:
+                where = "below the root has it"
+            out[name] = f"{name} is not available on this kernel: no cgroup {where}"
+    return out

@@ -8,7 +8,7 @@ import pytest
 from koordd import capabilities
 from koordd.capabilities import Capability, format_report, probe_all, report_json
 
-NAMES = ["cgroup", "cpu.max.burst", "cpu.idle", "psi", "perf", "bpf", "resctrl", "sched_ext",
+NAMES = ["cgroup", "cpu.max.burst", "cpu.idle", "knobs", "psi", "perf", "bpf", "resctrl", "sched_ext",
          "netlink", "nvml", "journald", "systemd"]
 PSI_TEXT = "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from koordd.capabilities import PROBES
 from koordd.ctl import ago, main, table
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "config" / "koordd.toml"
-CAPABILITIES = ("cgroup", "cpu.max.burst", "cpu.idle", "psi", "perf", "bpf", "resctrl", "sched_ext",
-                "netlink", "nvml", "journald", "systemd")
+CAPABILITIES = tuple(name for name, _ in PROBES)        # doctor reports every probe, in order
 
 
 def write_config(tmp_path: Path, body: str) -> Path:

@@ -11,6 +11,8 @@ from koordd.actuator import Actuator
 from koordd.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.decisions import APPLIED, RESTORED, DecisionLog, read_decisions
 from koordd.knobs import KNOBS
+from koordd.loop import Action
+from koordd.sensors.collect import Sensors
 from koordd.plugins.be_suppress import BeSuppress
 from koordd.plugins.qos_baseline import QosBaseline, memory_target, parse_memory_value
 from koordd.snapshot import CgroupSample, NodeSample, Snapshot
@@ -280,3 +282,35 @@ def test_memory_knobs_on_v2_and_none_on_hybrid(tmp_path):
             assert tree.read("ls", "memory", "memory.low").strip() == str(2 * GiB)
         else:
             assert got == set()            # nothing asked for, so nothing refused every tick either
+
+
+def test_a_kernel_without_cpu_idle_gets_the_weight_fallback_and_a_refusal_that_says_so(tmp_path):
+    # Linux before 5.15 (no cpu.idle) and 5.19 (no memory.reclaim): the layout offers both, the files
+    # are not there. Support is probed per file, so the loop falls back instead of being refused.
+    tree = FakeCgroups(tmp_path, "v2").add("be").add("ls")
+    for cgroup in ("be", "ls"):
+        (tree.root / cgroup / "cpu.idle").unlink()
+        (tree.root / cgroup / "memory.reclaim").unlink()
+    sensors = Sensors(tree.fs, lambda cg: {"be": "BE", "ls": "LS"}.get(cg), ["be", "ls"])
+    assert "cpu.idle" not in sensors.supported and "memory.reclaim" not in sensors.supported
+    assert {"cpu.weight", "cpu.max", "cgroup.kill"} <= sensors.supported
+    assert "not available on this kernel" in sensors.unsupported["cpu.idle"]
+
+    state = tmp_path / "state"
+    act = Actuator(tree.fs, RestoreJournal(state), DecisionLog(state, send=lambda message, **fields: None))
+    act.unsupported = sensors.unsupported
+    snapshot = Snapshot(time=1.0, wall=0.0, node=NodeSample(cpu_count=2, cpu_used=1.0, memory_total=GiB),
+                        cgroups={"be": cg("be", "BE"), "ls": cg("ls", "LS")}, supported=sensors.supported)
+    out = act.apply("qos_baseline", QosBaseline.decide(snapshot, settings(), None))
+    assert [(d.cgroup, d.knob, d.new, d.outcome) for d in out] == [("be", "cpu.weight", "1", APPLIED)], out
+    [refused] = act.apply("qos_baseline", [Action("be", "cpu.idle", "1")])
+    assert refused.outcome == "refused" and "not available on this kernel" in refused.error, refused
+
+
+def test_a_controller_not_enabled_yet_leaves_support_to_the_layout(tmp_path):
+    # systemd enables the cpu controller below the root only once a unit asks for it: until then no
+    # cgroup has cpu.idle, and that says nothing about the kernel.
+    tree = FakeCgroups(tmp_path, "v2").add("be")
+    tree.set("", None, "cgroup.subtree_control", "memory pids\n")
+    (tree.root / "be" / "cpu.idle").unlink()
+    assert "cpu.idle" in Sensors(tree.fs, lambda cg: None, []).supported

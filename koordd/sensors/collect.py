@@ -5,7 +5,7 @@ import time
 from typing import Callable, Iterable, Mapping, Sequence
 
 from ..cgroups import CgroupFS
-from ..knobs import KNOBS
+from ..knobs import KNOBS, unsupported_knobs
 from ..snapshot import Snapshot
 from .cgroup import CgroupSensor
 from .node import NodeSensor
@@ -37,7 +37,12 @@ class Sensors:
         self.cgroups = CgroupSensor(fs)
         self.set_classes(classify, patterns)
         self.extra = extra          # optional sensors with .sample() -> tuple (e.g. GPU)
-        self.supported = frozenset(name for name, knob in KNOBS.items() if knob.supported(fs))
+        self.probe()
+
+    def probe(self) -> None:
+        """Which knobs this host has, file by file (at start, and again on reload)."""
+        self.unsupported = unsupported_knobs(self.fs)
+        self.supported = frozenset(KNOBS) - self.unsupported.keys()
 
     def set_classes(self, classify: Classify, patterns: Sequence[str]) -> None:
         self.classify = classify
