@@ -29,9 +29,11 @@ CLASS_NAMES = ("SYSTEM", "LSE", "LSR", "LS", "BE")
 TOP_LEVEL = ("daemon", "classes", "loops")
 
 DAEMON_OPTIONS: tuple[Option, ...] = (
-    Option("cgroup_root", str, "", 'cgroup hierarchy root; "" detects it under /sys/fs/cgroup'),
-    Option("state_dir", str, "/var/lib/koordd", "where the restore journal is kept"),
-    Option("dry_run", bool, False, "decide and log every write, but write nothing"),
+    Option("cgroup_root", str, "", 'cgroup hierarchy root; "" detects v2, v1 or hybrid under /sys/fs/cgroup '
+                                   "(takes effect on restart)"),
+    Option("state_dir", str, "/var/lib/koordd", "restore journal, decision log and status file (takes effect "
+                                                "on restart)"),
+    Option("dry_run", bool, False, "decide and log every write, but write nothing (takes effect on restart)"),
     Option("log_level", str, "info", "log verbosity", choices=("debug", "info", "warning", "error")),
 )
 

@@ -118,7 +118,7 @@ class QosBaseline(Loop):
     __doc__ = __doc__
     name = "qos_baseline"
     options = (
-        Option("be_cpu_idle", bool, True, "BE runs as SCHED_IDLE (cpu.idle = 1) where the kernel has cpu.idle"),
+        Option("be_cpu_idle", bool, True, "BE runs as SCHED_IDLE (cpu.idle = 1) where the kernel has cpu.idle (Linux 5.15+)"),
         Option("be_cpu_weight", int, MIN_WEIGHT,
                "BE cpu.weight where cpu.idle is not used (no cpu.idle, or be_cpu_idle = false); 0 = leave alone",
                min=0, max=MAX_WEIGHT),
