@@ -104,18 +104,20 @@ def test_be_is_capped_through_cpu_max_and_ls_keeps_its_cpu(hogs):
 
 
 def test_reload_changes_behaviour_and_a_broken_config_is_refused(hogs):
+    # 85%, so BE's allowance (1.7 CPUs - the LS/system peak of 1.1-1.4 under TCG) stays well above
+    # the floor; at the shipped 65% a spike of the guest's own daemons takes it to the floor for
+    # the 3 s window, and under emulation those spikes are frequent.
+    text = vm.shipped_config()
+    assert "threshold_percent = 65" in text
+    vm.write_config(text.replace("threshold_percent = 65", "threshold_percent = 85"))
     start_koordd()
     wait_capped()
     vm.wait_ticks("be_suppress", SETTLE)
-    # At 65% BE mostly sits well above the floor (a short LS/system spike drops it there for a few
-    # ticks; it regrows by 10% of the node per tick).
-    at_65 = [q for q in sample_quotas(10) if q is not None]
-    assert at_65 and statistics.median(at_65) > FLOOR_BAND, \
-        f"at 65% be.slice stays at the floor: {at_65}\n{vm.journal_text()}"
+    at_85 = [q for q in sample_quotas(10) if q is not None]
+    assert at_85 and statistics.median(at_85) > FLOOR_BAND, \
+        f"at 85% be.slice stays at the floor: {at_85}\n{vm.journal_text()}"
 
-    # 65% -> 30%: LS alone uses more than 30% of the node, so BE stays at the floor.
-    text = vm.shipped_config()
-    assert "threshold_percent = 65" in text
+    # 85% -> 30%: LS alone uses more than 30% of the node, so BE stays at the floor.
     cursor = vm.journal_cursor()
     vm.write_config(text.replace("threshold_percent = 65", "threshold_percent = 30"))
     vm.systemctl("reload", vm.UNIT)
@@ -123,9 +125,9 @@ def test_reload_changes_behaviour_and_a_broken_config_is_refused(hogs):
     assert vm.wait_for(lambda: (vm.quota() or 0) <= FLOOR_BAND, 30), vm.journal_text(cursor)
     vm.wait_ticks("be_suppress", 3)
     at_30 = [q for q in sample_quotas(10) if q is not None]
-    summary = f"be.slice quota at 65%: {at_65}; at 30%: {at_30}"
+    summary = f"be.slice quota at 85%: {at_85}; at 30%: {at_30}"
     print(summary)
-    assert at_30 and max(at_30) <= FLOOR_BAND and max(at_30) < statistics.median(at_65), summary
+    assert at_30 and max(at_30) <= FLOOR_BAND and max(at_30) < statistics.median(at_85), summary
     text_after = lambda: vm.journal_text(cursor)
     assert vm.wait_journal(lambda: "reloaded /etc/koordd/koordd.toml" in text_after()
                            and re.search(r"be_suppress reconfigured: .*threshold_percent=30\b", text_after())), \
