@@ -88,7 +88,9 @@ class Daemon:
         self._log_missing_knobs()
         self._recover()
         self.runner.configure(self.config)
-        self.sensors.snapshot()          # baseline: rates need two samples
+        # Baseline: rates need two samples.
+        self.sensors.snapshot(self.runner.watched(), member_classes=self.runner.member_classes(),
+                              fields=self.runner.needs(), member_fields=self.runner.member_needs())
 
     def _log_missing_knobs(self) -> None:
         """One line per knob the kernel lacks (those the layout lacks follow from the cgroup mode)."""
@@ -161,7 +163,8 @@ class Daemon:
         try:
             snapshot = self.sensors.snapshot(self.runner.watched(),
                                              {(h.cgroup, h.knob): h.original for h in self.journal.entries()},
-                                             self.runner.member_classes())
+                                             self.runner.member_classes(), self.runner.needs(),
+                                             self.runner.member_needs())
         except Exception:  # noqa: BLE001 - sensors should never raise; if one does, skip this round
             log.exception("building the snapshot failed; loops skip this tick")
             self.runner.skip(due, time.monotonic())

@@ -7,6 +7,8 @@ A loop is a class in `plugins/` registered under the entry-point group
   may write; two enabled loops may not claim the same pair.
 - `watches(settings)`: cgroups it needs sampled although no class names them.
 - `members_of(settings)`: classes whose roots' children it needs sampled one by one.
+- `needs(settings)`: the CgroupSample fields (and `gpus`) decide() reads: only what
+  the enabled loops need is read each tick.
 - `initial_state(settings)` when the loop starts or its settings change.
 - `decide(snapshot, settings, state)` every `interval`: returns the actions
   for this tick. It may update `state` (windows, timers) but does no I/O:
@@ -24,6 +26,7 @@ from typing import Any, ClassVar, Mapping
 
 from .decisions import APPLIED, DRY_RUN
 from .options import Option
+from .snapshot import CGROUP_FIELDS, GPUS
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,12 @@ class Loop:
         """Classes whose roots' children (pods, jobs) the loop acts on one by one: they are sampled
         too and reach the loop as `snapshot.units(cls)`."""
         return frozenset()
+
+    @staticmethod
+    def needs(settings) -> frozenset[str]:
+        """CgroupSample fields (snapshot.CGROUP_FIELDS) and "gpus" that decide() reads. The default,
+        everything, suits a loop that does not say; every file read costs, every tick."""
+        return CGROUP_FIELDS | {GPUS}
 
     @staticmethod
     def initial_state(settings) -> Any:

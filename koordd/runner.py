@@ -85,6 +85,15 @@ class Runner:
     def watched(self) -> set[str]:
         return {cg for r in self.runs.values() for cg in r.impl.watches(r.settings)}
 
+    def needs(self) -> frozenset[str]:
+        """What the enabled loops read from a snapshot: the sensors read only that."""
+        return frozenset().union(*(r.impl.needs(r.settings) for r in self.runs.values()))
+
+    def member_needs(self) -> frozenset[str]:
+        """What is read of class members (pods): only the loops that asked for members need them."""
+        return frozenset().union(*(r.impl.needs(r.settings) for r in self.runs.values()
+                                   if r.impl.members_of(r.settings)))
+
     def member_classes(self) -> set[str]:
         return {cls for r in self.runs.values() for cls in r.impl.members_of(r.settings)}
 

@@ -74,6 +74,13 @@ class CgroupSample:
     io_pressure: PressureStat | None = None
 
 
+# What a sensor can read for a cgroup; a loop names those it reads (Loop.needs) and only those are read.
+CGROUP_FIELDS = frozenset(("cpu_usage", "throttling", "cpu_max", "cpu_max_burst", "cpuset_cpus", "memory_current",
+                           "memory_anon", "memory_max", "oom_kills", "frozen", "cpu_pressure", "memory_pressure",
+                           "io_pressure"))
+GPUS = "gpus"          # Loop.needs: the GPU sensor (NVML) is polled only for a loop that names it
+
+
 @dataclass(frozen=True)
 class Snapshot:
     time: float                             # time.monotonic() of the sample

@@ -69,6 +69,10 @@ class BeSuppress(Loop):
         return frozenset({("BE", "cpu.max" if settings.policy == "cfs_quota" else "cpuset.cpus")})
 
     @staticmethod
+    def needs(settings) -> frozenset[str]:
+        return frozenset({"cpu_usage", "cpu_pressure", "cpu_max" if settings.policy == "cfs_quota" else "cpuset_cpus"})
+
+    @staticmethod
     def initial_state(settings) -> State:
         return State()
 

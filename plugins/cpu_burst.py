@@ -99,6 +99,10 @@ class CpuBurst(Loop):
     )
 
     @staticmethod
+    def needs(settings) -> frozenset[str]:
+        return frozenset({"cpu_usage", "throttling", "cpu_max", "cpu_max_burst", "cpuset_cpus"})
+
+    @staticmethod
     def writes(settings) -> frozenset[tuple[str, str]]:
         out = set()
         if settings.dynamic_quota:

@@ -122,6 +122,11 @@ class MemoryEvict(Loop):
         return frozenset({("BE", "memory.reclaim"), ("BE", "cgroup.freeze"), ("BE", "cgroup.kill")})
 
     @staticmethod
+    def needs(settings) -> frozenset[str]:
+        # memory.current only where memory.stat has no anon count; memory.max and PSI for the scope.
+        return frozenset({"frozen", "memory_anon", "memory_current", "memory_max", "memory_pressure"})
+
+    @staticmethod
     def watches(settings) -> frozenset[str]:
         return frozenset({settings.scope}) if settings.scope else frozenset()
 

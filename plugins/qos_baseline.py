@@ -130,6 +130,11 @@ class QosBaseline(Loop):
     )
 
     @staticmethod
+    def needs(settings) -> frozenset[str]:
+        # memory.max is the base of "N%" memory settings; every knob value is read by the actuator.
+        return frozenset({"memory_max"})
+
+    @staticmethod
     def writes(settings) -> frozenset[tuple[str, str]]:
         out = set()
         if settings.be_cpu_idle:

@@ -292,3 +292,26 @@ def test_members_of_requested_classes_are_sampled_apart_from_the_class_roots(tmp
     assert [m.path for m in snap.units("LS")] == ["ls.slice"]            # not asked for: the root itself
     assert snap.find("be.slice/job1").memory_current == 10 and snap.find("be.slice/nope") is None
     assert snap.find("ls.slice").cls == "LS"
+
+
+def test_only_the_fields_the_loops_need_are_read(tmp_path, host, monkeypatch):
+    tree = FakeCgroups(tmp_path, "v2").add("be.slice/job1").add("be.slice/job2").add("ls.slice")
+    classify = {"be.slice": "BE", "ls.slice": "LS"}.get
+    gpu = SimpleNamespace(polled=0)
+    gpu.sample = lambda: (gpu.__setattr__("polled", gpu.polled + 1), ())[1]
+    sensors = Sensors(tree.fs, classify, ["be.slice", "ls.slice"], proc_root=host.proc, sys_root=host.sys,
+                      extra=(gpu,))
+    read = []
+    real_read = sensors.fs.read
+    monkeypatch.setattr(sensors.fs, "read", lambda c, cg, name: read.append((cg, name)) or real_read(c, cg, name))
+    snap = sensors.snapshot(member_classes={"BE"}, fields=frozenset({"cpu_usage", "cpu_max"}),
+                            member_fields=frozenset({"frozen"}))
+    assert sorted(read) == [("be.slice", "cpu.max"), ("be.slice", "cpu.stat"),
+                            ("be.slice/job1", "cgroup.freeze"), ("be.slice/job2", "cgroup.freeze"),
+                            ("ls.slice", "cpu.max"), ("ls.slice", "cpu.stat")]
+    be = snap.cgroups["be.slice"]
+    assert be.cpu_max == "max 100000" and be.memory_current is None and be.cpu_pressure is None
+    assert snap.find("be.slice/job1").frozen is False and snap.find("be.slice/job1").cpu_max is None
+    assert gpu.polled == 0                                  # no loop named "gpus"
+    sensors.snapshot(fields=frozenset({"gpus"}))
+    assert gpu.polled == 1

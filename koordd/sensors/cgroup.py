@@ -8,8 +8,13 @@ from __future__ import annotations
 
 from ..cgroups import CgroupFS, CgroupGone
 from ..knobs import KNOBS
-from ..snapshot import CgroupSample, PressureStat, Throttling
+from ..snapshot import CGROUP_FIELDS, CgroupSample, PressureStat, Throttling
 from .psi import parse_psi, with_growth
+
+
+# Sample fields that are a knob's current value, as the actuator reads it.
+KNOB_FIELDS = (("cpu_max", "cpu.max"), ("cpu_max_burst", "cpu.max.burst"), ("cpuset_cpus", "cpuset.cpus"),
+               ("memory_max", "memory.max"))
 
 
 def parse_flat_keyed(text: str) -> dict[str, int]:
@@ -27,39 +32,41 @@ class CgroupSensor:
         self.fs = fs
         self._prev: dict[str, dict] = {}   # cgroup -> previous counters and their time
 
-    def sample(self, cgroup: str, cls: str, now: float) -> CgroupSample:
+    def sample(self, cgroup: str, cls: str, now: float, fields: frozenset[str] = CGROUP_FIELDS) -> CgroupSample:
+        """The fields asked for; the others stay None (never read)."""
         prev = self._prev.get(cgroup, {})
         cur: dict = {"time": now}
-        usage_ns = self._try(lambda: self._usage_ns(cgroup))
-        cur["usage_ns"] = usage_ns
         dt = now - prev["time"] if prev else 0.0
-        cpu_usage = None
-        if usage_ns is not None and prev.get("usage_ns") is not None and dt > 0 and usage_ns >= prev["usage_ns"]:
-            cpu_usage = (usage_ns - prev["usage_ns"]) / 1e9 / dt
-        thr = self._try(lambda: self._throttling(cgroup))
-        p = prev.get("thr")
-        if thr is not None and p is not None and thr.nr_periods >= p.nr_periods:   # else: re-created
-            thr = Throttling(thr.nr_periods, thr.nr_throttled, thr.throttled_us,
-                             thr.nr_periods - p.nr_periods, thr.nr_throttled - p.nr_throttled)
-        cur["thr"] = thr
-        pressures = {}
+        out: dict = {}
+        if "cpu_usage" in fields:
+            usage_ns = cur["usage_ns"] = self._try(lambda: self._usage_ns(cgroup))
+            if usage_ns is not None and prev.get("usage_ns") is not None and dt > 0 and usage_ns >= prev["usage_ns"]:
+                out["cpu_usage"] = (usage_ns - prev["usage_ns"]) / 1e9 / dt
+        if "throttling" in fields:
+            thr = self._try(lambda: self._throttling(cgroup))
+            p = prev.get("thr")
+            if thr is not None and p is not None and thr.nr_periods >= p.nr_periods:   # else: re-created
+                thr = Throttling(thr.nr_periods, thr.nr_throttled, thr.throttled_us,
+                                 thr.nr_periods - p.nr_periods, thr.nr_throttled - p.nr_throttled)
+            out["throttling"] = cur["thr"] = thr
         for res in ("cpu", "memory", "io"):
-            stat = self._try(lambda: parse_psi(self.fs.read(None, cgroup, f"{res}.pressure")))
-            old = prev.get(res)
-            pressures[res] = with_growth(stat, old, dt) if stat is not None else None
-            cur[res] = stat
+            if f"{res}_pressure" in fields:
+                stat = self._try(lambda: parse_psi(self.fs.read(None, cgroup, f"{res}.pressure")))
+                out[f"{res}_pressure"] = with_growth(stat, prev.get(res), dt) if stat is not None else None
+                cur[res] = stat
+        for field, knob in KNOB_FIELDS:
+            if field in fields:
+                out[field] = self._knob(knob, cgroup)
+        if "frozen" in fields:
+            out["frozen"] = _flag(self._knob("cgroup.freeze", cgroup))
+        if "memory_current" in fields:
+            out["memory_current"] = self._try(lambda: self._memory_current(cgroup))
+        if "memory_anon" in fields:
+            out["memory_anon"] = self._try(lambda: self._memory_anon(cgroup))
+        if "oom_kills" in fields:
+            out["oom_kills"] = self._try(lambda: self._oom_kills(cgroup))
         self._prev[cgroup] = cur
-        return CgroupSample(
-            path=cgroup, cls=cls, cpu_usage=cpu_usage, throttling=thr,
-            cpu_max=self._knob("cpu.max", cgroup), cpu_max_burst=self._knob("cpu.max.burst", cgroup),
-            cpuset_cpus=self._knob("cpuset.cpus", cgroup),
-            memory_current=self._try(lambda: self._memory_current(cgroup)),
-            memory_anon=self._try(lambda: self._memory_anon(cgroup)),
-            memory_max=self._knob("memory.max", cgroup),
-            oom_kills=self._try(lambda: self._oom_kills(cgroup)),
-            frozen=_flag(self._knob("cgroup.freeze", cgroup)),
-            cpu_pressure=pressures["cpu"], memory_pressure=pressures["memory"], io_pressure=pressures["io"],
-        )
+        return CgroupSample(path=cgroup, cls=cls, **out)
 
     def forget_except(self, alive: set[str]) -> None:
         """Drop history of cgroups that are gone, so a re-created one starts fresh."""

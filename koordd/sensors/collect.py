@@ -6,7 +6,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from ..cgroups import CgroupFS
 from ..knobs import KNOBS, unsupported_knobs
-from ..snapshot import Snapshot
+from ..snapshot import CGROUP_FIELDS, GPUS, Snapshot
 from .cgroup import CgroupSensor
 from .node import NodeSensor
 
@@ -49,10 +49,13 @@ class Sensors:
         self.max_depth = max((p.count("/") + 1 for p in patterns), default=0)
 
     def snapshot(self, watch: Iterable[str] = (), held: Mapping[tuple[str, str], str] | None = None,
-                 member_classes: Iterable[str] = ()) -> Snapshot:
+                 member_classes: Iterable[str] = (), fields: frozenset[str] = CGROUP_FIELDS | {GPUS},
+                 member_fields: frozenset[str] | None = None) -> Snapshot:
         """`watch`: cgroups a loop needs even without a class (e.g. the scope memory_evict protects);
         `held`: the originals of the knobs koordd holds changed, for loops that reason from a base value;
-        `member_classes`: classes whose roots' children are sampled too (loops acting per pod)."""
+        `member_classes`: classes whose roots' children are sampled too (loops acting per pod);
+        `fields`: the CgroupSample fields (and "gpus") the loops read: nothing else is read;
+        `member_fields`: those read of the members (default: `fields`)."""
         now = time.monotonic()
         walk = self.fs.walk_controller()
         classes = find_classified(self.fs, self.classify, self.max_depth)
@@ -62,11 +65,13 @@ class Sensors:
         wanted = set(member_classes)
         children = {root: self.fs.children(walk, root) for root, cls in classes.items() if cls and cls in wanted}
         self.cgroups.forget_except(set(classes) | {c for kids in children.values() for c in kids})
-        samples = {cg: self.cgroups.sample(cg, cls, now) for cg, cls in classes.items()}
-        members = {root: tuple(self.cgroups.sample(c, classes[root], now) for c in kids)
+        samples = {cg: self.cgroups.sample(cg, cls, now, fields) for cg, cls in classes.items()}
+        member_fields = fields if member_fields is None else member_fields
+        members = {root: tuple(self.cgroups.sample(c, classes[root], now, member_fields) for c in kids)
                    for root, kids in children.items() if kids}
         gpus: tuple = ()
-        for sensor in self.extra:
-            gpus += tuple(sensor.sample())
+        if GPUS in fields:
+            for sensor in self.extra:
+                gpus += tuple(sensor.sample())
         return Snapshot(time=now, wall=time.time(), node=self.node.sample(now), cgroups=samples, gpus=gpus,
                         members=members, held=dict(held or {}), supported=self.supported)
