@@ -121,7 +121,8 @@ def test_reload_changes_behaviour_and_a_broken_config_is_refused(hogs):
     cursor = vm.journal_cursor()
     vm.write_config(text.replace("threshold_percent = 65", "threshold_percent = 30"))
     vm.systemctl("reload", vm.UNIT)
-    assert vm.is_active() == "active"
+    # `systemctl reload` returns once SIGHUP is sent; koordd then reports RELOADING=1 ... READY=1.
+    assert vm.wait_for(lambda: vm.is_active() == "active", 60), vm.is_active()
     assert vm.wait_for(lambda: (vm.quota() or 0) <= FLOOR_BAND, 30), vm.journal_text(cursor)
     vm.wait_ticks("be_suppress", 3)
     at_30 = [q for q in sample_quotas(10) if q is not None]
@@ -147,7 +148,7 @@ def test_reload_changes_behaviour_and_a_broken_config_is_refused(hogs):
     vm.systemctl("reload", vm.UNIT)
     assert vm.wait_journal(lambda: "reload refused" in vm.journal_text(cursor)), vm.journal_text(cursor)
     vm.wait_ticks("be_suppress", 5)              # the same process keeps going on the config it had
-    assert vm.is_active() == "active" and vm.main_pid() == pid
+    assert vm.wait_for(lambda: vm.is_active() == "active", 60) and vm.main_pid() == pid, vm.is_active()
     assert "reload refused" in vm.show("StatusText"), vm.show("StatusText")
     still = sample_quotas(4)
     assert all(q is not None and q <= FLOOR_BAND for q in still), f"after the refused reload: {still}"
