@@ -100,10 +100,15 @@ def depth(cgroup: str) -> int:
 class CgroupFS:
     """Reads and writes files of named cgroups under one layout."""
 
-    def __init__(self, layout: Layout):
+    def __init__(self, layout: Layout, keep_open: bool = False, max_open: int = 4096):
         self.layout = layout
         # Plain strings, resolved once: path building runs for every file of every cgroup each tick.
         self._bases: dict[str | None, str | None] = {}
+        # keep_open: files read every tick stay open and are re-read with one pread at offset 0 (the
+        # kernel regenerates cgroup files on every read); a removed cgroup's file answers ENODEV and
+        # is opened afresh. Only for kernfs: a plain file unlinked and re-made would read stale.
+        self.keep_open, self.max_open = keep_open, max_open
+        self._open: dict[str, tuple[str, int]] = {}       # path -> (cgroup, fd)
 
     def _base(self, controller: str | None) -> str | None:
         try:
@@ -130,19 +135,39 @@ class CgroupFS:
     def read(self, controller: str | None, cgroup: str, filename: str) -> str:
         """File text; CgroupGone when the cgroup is missing, FileNotFoundError when only the file is."""
         d = self._dir(controller, cgroup)
+        path = f"{d}/{filename}"
+        kept = self._open.get(path)
+        if kept is not None:
+            try:
+                return _pread_all(kept[1])
+            except OSError:              # ENODEV: the cgroup was removed (maybe made again): reopen
+                self._close(path)
         try:
-            fd = os.open(f"{d}/{filename}", os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             if not os.path.isdir(d):
                 raise CgroupGone(cgroup) from None
             raise
+        if self.keep_open and len(self._open) < self.max_open:
+            self._open[path] = (cgroup, fd)
+            return _pread_all(fd)
         try:
-            chunks = []
-            while chunk := os.read(fd, 65536):     # kernel files: one or two reads, no text-layer cost
-                chunks.append(chunk)
-            return b"".join(chunks).decode()
+            return _pread_all(fd)
         finally:
             os.close(fd)
+
+    def _close(self, path: str) -> None:
+        _, fd = self._open.pop(path)
+        os.close(fd)
+
+    def close_except(self, cgroups: set[str]) -> None:
+        """Close the kept files of cgroups no longer sampled (gone, or out of every class)."""
+        for path in [p for p, (cg, _) in self._open.items() if cg not in cgroups]:
+            self._close(path)
+
+    def close(self) -> None:
+        for path in list(self._open):
+            self._close(path)
 
     def write(self, controller: str | None, cgroup: str, filename: str, text: str) -> None:
         """One write(2) of `text`; the kernel's error comes back as OSError.
@@ -194,6 +219,31 @@ class CgroupFS:
         if "cpu" in self.layout.v1 and "cpu" not in self.layout.v2_controllers:
             return "cpu"
         return None
+
+
+def on_cgroupfs(layout: Layout, mounts: str = "/proc/self/mounts") -> bool:
+    """True when every hierarchy of `layout` is a mounted cgroup filesystem (not a tree of plain
+    files, as in tests): only there may files be kept open and re-read (CgroupFS keep_open)."""
+    try:
+        with open(mounts) as f:
+            points = {fields[1] for fields in (line.split() for line in f)
+                      if len(fields) > 2 and fields[2] in ("cgroup", "cgroup2")}
+    except OSError:
+        return False
+    bases = ([layout.unified] if layout.unified is not None else []) + list(layout.v1.values())
+    return bool(bases) and all(os.path.realpath(b) in points for b in bases)
+
+
+def _pread_all(fd: int, size: int = 65536) -> str:
+    """The whole file from offset 0, no text-layer cost: a cgroup file fits one pread, and a short
+    read is its end (a second pread past it would make the kernel generate the file again)."""
+    chunks, offset = [], 0
+    while True:
+        chunk = os.pread(fd, size, offset)
+        chunks.append(chunk)
+        if len(chunk) < size:
+            return b"".join(chunks).decode()
+        offset += len(chunk)
 
 
 def match_pattern(pattern: str, cgroup: str) -> bool:

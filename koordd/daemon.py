@@ -17,7 +17,7 @@ from pathlib import Path
 from . import notify
 from .actuator import Actuator
 from .capabilities import probe_all
-from .cgroups import DEFAULT_ROOT, CgroupFS, LayoutError, detect_layout
+from .cgroups import DEFAULT_ROOT, CgroupFS, LayoutError, detect_layout, on_cgroupfs
 from .config import DEFAULT_PATH, Config, ConfigError, load_config
 from .knobs import KNOBS
 from .decisions import DecisionLog, journal_sender
@@ -61,7 +61,7 @@ class Daemon:
         self.dry_run = dry_run or config.daemon.dry_run
         root = Path(config.daemon.cgroup_root or DEFAULT_ROOT)
         self.layout = detect_layout(root)
-        self.fs = CgroupFS(self.layout)
+        self.fs = CgroupFS(self.layout, keep_open=on_cgroupfs(self.layout), max_open=_raise_open_files_limit())
         self.state_dir = Path(config.daemon.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.journal = RestoreJournal(self.state_dir)
@@ -176,6 +176,7 @@ class Daemon:
         notify.notify("STOPPING=1")
         self.actuator.restore_all("koordd stopping")
         self.gpu.close()
+        self.fs.close()
         self._write_status()
         log.info("koordd stopped; %d knobs left held", len(self.journal.entries()))
 
@@ -250,6 +251,20 @@ class Daemon:
             write_atomic(self.state_dir / STATUS_FILE, json.dumps(status, indent=1) + "\n", durable=False)
         except OSError as e:
             log.warning("cannot write status: %s", e)
+
+
+def _raise_open_files_limit(reserve: int = 256) -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one (systemd's default soft limit is 1024) and return
+    how many cgroup files may be kept open, leaving `reserve` for everything else."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        except (ValueError, OSError):
+            pass
+    return max(soft - reserve, 0)
 
 
 def _patterns(config: Config) -> list[str]:

@@ -160,3 +160,53 @@ def test_parent_and_depth():
 def test_fs_is_plain_over_a_layout(tmp_path):
     tree = FakeCgroups(tmp_path, "v2").add("a")
     assert CgroupFS(detect_layout(tree.root)).read(None, "a", "cpu.max") == "max 100000\n"
+
+
+def test_kept_open_files_are_re_read_with_pread_and_reopened_after_enodev(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from koordd import cgroups as mod
+    tree = FakeCgroups(tmp_path, "v2").add("a").add("b")
+    fs = CgroupFS(tree.layout, keep_open=True)
+    assert fs.read("cpu", "a", "cpu.max").strip() == "max 100000"
+    assert len(fs._open) == 1
+    tree.set("a", "cpu", "cpu.max", "5000 100000\n")          # rewritten in place, as the kernel does
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(mod.os, "open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
+    assert fs.read("cpu", "a", "cpu.max").strip() == "5000 100000"
+    assert opened == []                                         # one pread on the kept descriptor
+
+    # A removed cgroup's file answers ENODEV: closed, opened afresh (here: the cgroup is back).
+    real_pread = os.pread
+    kept = fs._open[f"{tree.root}/a/cpu.max"][1]
+
+    failed = []
+
+    def pread(fd, n, offset):
+        if fd == kept and not failed:          # once: the reopened file may get the same number
+            failed.append(fd)
+            raise OSError(errno.ENODEV, "No such device")
+        return real_pread(fd, n, offset)
+    monkeypatch.setattr(mod.os, "pread", pread)
+    assert fs.read("cpu", "a", "cpu.max").strip() == "5000 100000" and len(opened) == 1
+
+    fs.read("cpu", "b", "cpu.max")
+    fs.close_except({"b"})                                     # a is no longer sampled
+    assert [cg for cg, _ in fs._open.values()] == ["b"]
+    fs.close()
+    assert fs._open == {}
+
+
+def test_files_are_kept_open_only_up_to_the_limit_and_only_on_cgroupfs(tmp_path):
+    from koordd.cgroups import on_cgroupfs
+    tree = FakeCgroups(tmp_path, "v2").add("a")
+    fs = CgroupFS(tree.layout, keep_open=True, max_open=1)
+    fs.read("cpu", "a", "cpu.max")
+    fs.read("cpu", "a", "cpu.weight")                          # over the limit: read and closed
+    assert len(fs._open) == 1 and fs.read("cpu", "a", "cpu.weight").strip() == "100"
+    assert not on_cgroupfs(tree.layout)                        # plain files: the daemon keeps nothing open
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"cgroup2 {tree.root} cgroup2 rw 0 0\n")
+    assert on_cgroupfs(tree.layout, str(mounts))

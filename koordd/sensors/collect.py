@@ -64,7 +64,9 @@ class Sensors:
                 classes[cg] = ""
         wanted = set(member_classes)
         children = {root: self.fs.children(walk, root) for root, cls in classes.items() if cls and cls in wanted}
-        self.cgroups.forget_except(set(classes) | {c for kids in children.values() for c in kids})
+        alive = set(classes) | {c for kids in children.values() for c in kids}
+        self.cgroups.forget_except(alive)
+        self.fs.close_except(alive)
         samples = {cg: self.cgroups.sample(cg, cls, now, fields) for cg, cls in classes.items()}
         member_fields = fields if member_fields is None else member_fields
         members = {root: tuple(self.cgroups.sample(c, classes[root], now, member_fields) for c in kids)
