@@ -36,8 +36,14 @@ class Actuator:
         self.unsupported: dict[str, str] = {}     # knob -> why this host lacks it (Sensors.probe)
 
     def apply(self, loop: str, actions: Iterable[Action]) -> list[Decision]:
-        out = []
-        for a in self._ordered(list(actions)):
+        return self.apply_round([(loop, list(actions))])[loop]
+
+    def apply_round(self, batches: list[tuple[str, list[Action]]]) -> dict[str, list[Decision]]:
+        """The actions of every loop due in one round, written in one order (see _ordered), so a
+        parent's limit written by one loop and a child's written by another never cross; each
+        loop gets its own decisions back."""
+        out: dict[str, list[Decision]] = {loop: [] for loop, _ in batches}
+        for loop, a in self._ordered([(loop, a) for loop, actions in batches for a in actions]):
             if a.value is None:
                 d = self._restore_action(loop, a)
             elif a.knob in KNOBS and KNOBS[a.knob].oneshot:
@@ -45,16 +51,17 @@ class Actuator:
             else:
                 d = self._set(loop, a)
             if d is not None:
-                out.append(d)
+                out[loop].append(d)
         return out
 
-    def _ordered(self, actions: list[Action]) -> list[Action]:
+    def _ordered(self, pairs: list[tuple[str, Action]]) -> list[tuple[str, Action]]:
         """Limits that go down are written child before parent, limits that go up parent before child,
         so no child ever asks for more than its parent allows (v1 refuses that with EINVAL)."""
-        if not _nested({a.cgroup for a in actions}):
-            return actions          # no parent and child in one batch: nothing to order, nothing to read
+        if not _nested({a.cgroup for _, a in pairs}):
+            return pairs            # no parent and child in one batch: nothing to order, nothing to read
 
-        def key(a: Action) -> tuple[int, int]:
+        def key(pair: tuple[str, Action]) -> tuple[int, int]:
+            a = pair[1]
             knob = KNOBS.get(a.knob)
             if knob is None or knob.magnitude is None:
                 return (1, depth(a.cgroup))
@@ -67,7 +74,7 @@ class Actuator:
                 lowering = False
             return (0, -depth(a.cgroup)) if lowering else (1, depth(a.cgroup))
 
-        return sorted(actions, key=key)
+        return sorted(pairs, key=key)
 
     def _command(self, loop: str, a: Action) -> Decision | None:
         """A write that is an act, not a state (memory.reclaim, cgroup.kill): nothing to compare or restore."""

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from .actuator import Actuator
 from .config import Config, Settings
-from .loop import Loop
+from .loop import Action, Loop
 from .snapshot import Snapshot
 from .state import Held
 
@@ -110,21 +110,38 @@ class Runner:
             run.next_due = now + float(run.settings.interval)
 
     def tick(self, runs: list[LoopRun], snapshot: Snapshot) -> None:
+        """Every due loop decides; then all their actions are written as one batch (one write order
+        across loops: a parent's limit and a child's never cross); then each loop settles."""
+        decided: list[tuple[LoopRun, list]] = []
         for run in runs:
             run.last_tick = time.time()
             run.ticks += 1
             try:
                 actions = list(run.impl.decide(snapshot, run.settings, run.state))
-                changes = self.actuator.apply(run.name, actions)
+                bad = [a for a in actions if not isinstance(a, Action)]
+                if bad:
+                    raise TypeError(f"decide returned {bad[0]!r}, not an Action")
+            except Exception as e:  # noqa: BLE001 - one loop's bug must not stop the others
+                self._failed(run, e, snapshot)
+                continue
+            decided.append((run, actions))
+        try:
+            applied = self.actuator.apply_round([(run.name, actions) for run, actions in decided])
+        except Exception:  # noqa: BLE001 - one loop's odd action must not cost the others their round
+            applied = {}
+            for run, actions in list(decided):
+                try:
+                    applied[run.name] = self.actuator.apply(run.name, actions)
+                except Exception as e:  # noqa: BLE001
+                    self._failed(run, e, snapshot)
+                    decided.remove((run, actions))
+        for run, actions in decided:
+            try:
+                changes = applied[run.name]
                 run.impl.settle(actions, changes, run.settings, run.state)
                 changes += self._release_strays(run, snapshot)
-            except Exception as e:  # noqa: BLE001 - one loop's bug must not stop the others
-                run.failures += 1
-                backoff = min(float(run.settings.interval) * 2 ** run.failures, MAX_BACKOFF)
-                run.last_error = f"{type(e).__name__}: {e}"
-                run.next_due = snapshot.time + backoff
-                log.error("loop %s failed (%d in a row), retrying in %.1fs:\n%s", run.name, run.failures,
-                          backoff, traceback.format_exc().rstrip())
+            except Exception as e:  # noqa: BLE001
+                self._failed(run, e, snapshot)
                 continue
             run.failures, run.last_error, run.last_ok = 0, None, run.last_tick
             run.last_changes = len(changes)
@@ -132,6 +149,14 @@ class Runner:
             # Keep the rhythm; after a stall, skip the missed ticks rather than run them back to back.
             run.next_due = run.next_due + interval if run.next_due + interval > snapshot.time \
                 else snapshot.time + interval
+
+    def _failed(self, run: LoopRun, e: Exception, snapshot: Snapshot) -> None:
+        run.failures += 1
+        backoff = min(float(run.settings.interval) * 2 ** run.failures, MAX_BACKOFF)
+        run.last_error = f"{type(e).__name__}: {e}"
+        run.next_due = snapshot.time + backoff
+        log.error("loop %s failed (%d in a row), retrying in %.1fs:\n%s", run.name, run.failures, backoff,
+                  "".join(traceback.format_exception(e)).rstrip())
 
     def _release_strays(self, run: LoopRun, snapshot: Snapshot) -> list:
         """Knobs this loop holds on cgroups that left its classes (config edit, relabel) go back."""

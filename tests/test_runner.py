@@ -135,3 +135,65 @@ def test_skipped_loops_wait_one_interval(setup):
     runner.configure(config(BOTH), now=0.0)
     runner.skip(list(runner.runs.values()), 5.0)
     assert {r.next_due for r in runner.runs.values()} == {6.0}
+
+
+class RaiseChild(Loop):
+    """Raises the quota of k/c above k's current one: v1 refuses that until k is raised."""
+    name = "raise_child"
+
+    @staticmethod
+    def writes(settings):
+        return frozenset({("LS", "cpu.max")})
+
+    @staticmethod
+    def decide(snapshot, settings, state):
+        return [Action("k/c", "cpu.max", "80000 100000", {}, "child up")]
+
+
+class RaiseParent(Loop):
+    name = "raise_parent"
+
+    @staticmethod
+    def writes(settings):
+        return frozenset({("LSR", "cpu.max")})
+
+    @staticmethod
+    def decide(snapshot, settings, state):
+        return [Action("k", "cpu.max", "100000 100000", {}, "parent up")]
+
+
+def test_one_write_order_across_the_loops_of_a_round(tmp_path):
+    # Two loops due together: the child's raise is written after the parent's whatever loop runs
+    # first; written loop by loop, the child's would be refused (v1: child quota above the parent's).
+    tree = FakeCgroups(tmp_path, "v1").add("k").add("k/c")
+    tree.set("k", "cpu", "cpu.cfs_quota_us", "50000\n")
+    tree.set("k/c", "cpu", "cpu.cfs_quota_us", "20000\n")
+    registry = {"raise_child": RaiseChild, "raise_parent": RaiseParent}
+    conf = parse_config('[[classes]]\nname = "LS"\ncgroups = ["k/c"]\n[[classes]]\nname = "LSR"\n'
+                        'cgroups = ["k"]\n[loops.raise_child]\nenabled = true\n[loops.raise_parent]\n'
+                        'enabled = true\n', "k.toml", registry)
+    runner = Runner(registry, Actuator(tree.fs, RestoreJournal(tmp_path / "state"), DecisionLog(tmp_path / "state")))
+    runner.configure(conf, now=0.0)
+    runs = [runner.runs["raise_child"], runner.runs["raise_parent"]]
+    runner.tick(runs, snapshot(1.0, {"k": "LSR", "k/c": "LS"}))
+    assert tree.read("k", "cpu", "cpu.cfs_quota_us").strip() == "100000"
+    assert tree.read("k/c", "cpu", "cpu.cfs_quota_us").strip() == "80000"
+    assert [r.failures for r in runs] == [0, 0] and [r.last_changes for r in runs] == [1, 1]
+
+
+class Junk(Loop):
+    name = "junk"
+
+    @staticmethod
+    def decide(snapshot, settings, state):
+        return ["not an action"]
+
+
+def test_a_loop_returning_something_else_than_actions_fails_alone(setup, tmp_path):
+    tree, journal, _ = setup
+    registry = {"capper": Capper, "junk": Junk}
+    runner = Runner(registry, Actuator(tree.fs, journal, DecisionLog(tmp_path / "state")))
+    runner.configure(parse_config(BOTH.replace("crasher", "junk"), "koordd.toml", registry), now=0.0)
+    runner.tick(runner.due(1.0), snapshot(1.0, {"be.slice": "BE"}))
+    assert tree.read("be.slice", "cpu", "cpu.max").strip() == "20000 100000"
+    assert runner.runs["junk"].failures == 1 and "not an Action" in runner.runs["junk"].last_error
