@@ -26,7 +26,7 @@ from .daemon import STATUS_FILE
 from .decisions import read_decisions
 from .options import parse_duration
 from .registry import load_registry
-from .state import RestoreJournal
+from .state import RestoreJournal, read_held
 
 DEFAULT_STATE_DIR = next(o.default for o in DAEMON_OPTIONS if o.name == "state_dir")
 
@@ -129,11 +129,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not isinstance(status, dict):
         print(f"koordd has not run with state_dir {sd}")
         return 1
-    # originals.json is written before every knob and survives a crash; status.json may be stale.
-    # Parsed here rather than by RestoreJournal, which moves an unreadable file aside.
-    journal = read_json(sd / RestoreJournal.FILE)
-    source = RestoreJournal.FILE if isinstance(journal, dict) else STATUS_FILE
-    held = (journal if isinstance(journal, dict) else status).get("held") or []
+    # The restore journal is written before every knob and survives a crash; status.json may be stale.
+    # Read with read_held rather than by RestoreJournal, which moves an unreadable file aside.
+    try:
+        journal = read_held(sd)
+    except (OSError, ValueError) as e:
+        bad = sd / RestoreJournal.FILE if (sd / RestoreJournal.FILE).exists() else sd / RestoreJournal.V1_FILE
+        raise CtlError(f"{bad}: unreadable: {getattr(e, 'strerror', None) or e}") from None
+    held, source = (journal[0], journal[1].name) if journal is not None else (status.get("held") or [], STATUS_FILE)
     running = pid_alive(status.get("pid"))
     if args.json:
         print(json.dumps({**status, "state_dir": str(sd), "running": running, "held": held,

@@ -49,48 +49,140 @@ class Held:
     original: str
     owner: str
     since: float
+    kind: str = "cgroup"          # the kind of target (a cgroup; later resctrl groups, tc classes, ...)
+
+
+class JournalUnreadable(ValueError):
+    pass
+
+
+def _held(e: dict) -> Held:
+    return Held(e["cgroup"], e["knob"], e["original"], e["owner"], float(e["since"]), e.get("kind", "cgroup"))
+
+
+def _replay(path: Path) -> tuple[dict[tuple[str, str, str], Held], int, bool]:
+    """The journal's held knobs, its line count, and whether its last line was torn (a crash
+    mid-append): that line is dropped, its write never completed, nor the knob write to follow it."""
+    held: dict[tuple[str, str, str], Held] = {}
+    lines = path.read_text().split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    try:
+        if json.loads(lines[0]) != {"version": RestoreJournal.VERSION}:
+            raise JournalUnreadable(f"unknown header {lines[0][:80]!r}")
+    except (IndexError, ValueError) as e:
+        raise JournalUnreadable(f"no version header: {e}") from None
+    for n, line in enumerate(lines[1:], 2):
+        try:
+            record = json.loads(line)
+            if "hold" in record:
+                h = _held(record["hold"])
+                held[(h.kind, h.cgroup, h.knob)] = h
+            else:
+                r = record["release"]
+                held.pop((r.get("kind", "cgroup"), r["cgroup"], r["knob"]), None)
+        except (ValueError, KeyError, TypeError) as e:
+            if n == len(lines):
+                log.warning("%s:%d: torn last record dropped (%s)", path, n, e)
+                return held, n, True
+            raise JournalUnreadable(f"line {n}: {e}") from None
+    return held, len(lines), False
+
+
+def read_held(state_dir: Path | str) -> tuple[list[dict], Path] | None:
+    """The held knobs as dicts and the file they came from, for readers (koordctl, tests); None when
+    koordd has none. Reads a 0.1 journal (originals.json) too. JournalUnreadable/OSError if broken."""
+    d = Path(state_dir)
+    path = d / RestoreJournal.FILE
+    if path.exists():
+        return [asdict(h) for h in _replay(path)[0].values()], path
+    old = d / RestoreJournal.V1_FILE
+    if old.exists():
+        try:
+            return [asdict(_held(e)) for e in json.loads(old.read_text())["held"]], old
+        except (ValueError, KeyError, TypeError) as e:
+            raise JournalUnreadable(str(e)) from None
+    return None
 
 
 class RestoreJournal:
-    FILE = "originals.json"
+    """Append-only: one fsynced line per change ({"hold": ...} before a knob is written, {"release":
+    ...} after it is restored), compacted when dead lines outnumber live ones. A 0.1 journal
+    (originals.json, rewritten whole on every change) is read and converted at start."""
+    FILE = "originals.jsonl"
+    V1_FILE = "originals.json"
+    VERSION = 2
+    COMPACT_MIN = 64                # lines before compaction is considered
 
     def __init__(self, state_dir: Path | str):
-        self.path = Path(state_dir) / self.FILE
-        self._held: dict[tuple[str, str], Held] = {}
+        self.dir = Path(state_dir)
+        self.path = self.dir / self.FILE
+        self._held: dict[tuple[str, str, str], Held] = {}
+        self._lines = 0
+        self._fd: int | None = None
         self._load()
 
     def _load(self) -> None:
+        old = self.dir / self.V1_FILE
         try:
-            data = json.loads(self.path.read_text())
-            for e in data["held"]:
-                h = Held(e["cgroup"], e["knob"], e["original"], e["owner"], float(e["since"]))
-                self._held[(h.cgroup, h.knob)] = h
-        except FileNotFoundError:
-            return
+            if self.path.exists():
+                self._held, self._lines, torn = _replay(self.path)
+                if torn:
+                    self._lines = 0     # the next change compacts first: an append would continue that line
+            elif old.exists():
+                # Converted at the first change (so a dry-run start writes nothing).
+                for e in json.loads(old.read_text())["held"]:
+                    h = _held(e)
+                    self._held[(h.kind, h.cgroup, h.knob)] = h
         except (OSError, ValueError, KeyError, TypeError) as e:
             # Keep the unreadable file for a human; starting empty is the only way forward.
-            aside = self.path.with_suffix(f".corrupt.{int(time.time())}")
-            log.error("%s: unreadable restore journal (%s); moved to %s", self.path, e, aside)
+            bad = self.path if self.path.exists() else old
+            aside = bad.with_suffix(f"{bad.suffix}.corrupt.{int(time.time())}")
+            log.error("%s: unreadable restore journal (%s); moved to %s", bad, e, aside)
             try:
-                self.path.rename(aside)
+                bad.rename(aside)
             except OSError:
                 pass
             self._held.clear()
+            self._lines = 0
 
-    def _save(self) -> None:
-        write_atomic(self.path, json.dumps({"version": 1, "held": [asdict(h) for h in self._held.values()]},
-                                           indent=1) + "\n")
+    def _append(self, record: dict) -> None:
+        if self._fd is None:
+            if self._lines == 0:
+                self._compact()         # a new file starts with its header (and a 0.1 journal's entries)
+                old = self.dir / self.V1_FILE
+                if old.exists():
+                    old.unlink()
+                    log.info("%s: converted to %s", old, self.path)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        os.write(self._fd, (json.dumps(record) + "\n").encode())
+        os.fsync(self._fd)
+        self._lines += 1
+        if self._lines > max(self.COMPACT_MIN, 4 * len(self._held)):
+            self._compact()
 
-    def get(self, cgroup: str, knob: str) -> Held | None:
-        return self._held.get((cgroup, knob))
+    def _compact(self) -> None:
+        """Rewrite the file with only the live entries (atomically, durably)."""
+        self.close()
+        lines = [json.dumps({"version": self.VERSION})] + [json.dumps({"hold": asdict(h)}) for h in self._held.values()]
+        write_atomic(self.path, "\n".join(lines) + "\n")
+        self._lines = len(lines)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def get(self, cgroup: str, knob: str, kind: str = "cgroup") -> Held | None:
+        return self._held.get((kind, cgroup, knob))
 
     def add(self, held: Held) -> None:
-        self._held[(held.cgroup, held.knob)] = held
-        self._save()
+        self._append({"hold": asdict(held)})
+        self._held[(held.kind, held.cgroup, held.knob)] = held
 
-    def remove(self, cgroup: str, knob: str) -> None:
-        if self._held.pop((cgroup, knob), None) is not None:
-            self._save()
+    def remove(self, cgroup: str, knob: str, kind: str = "cgroup") -> None:
+        if self._held.pop((kind, cgroup, knob), None) is not None:
+            self._append({"release": {"kind": kind, "cgroup": cgroup, "knob": knob}})
 
     def entries(self, owner: str | None = None) -> list[Held]:
         """Held knobs, oldest first, optionally of one owner."""

@@ -12,7 +12,7 @@ from koordd.actuator import Actuator
 from koordd.decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, Decision, DecisionLog, read_decisions
 from koordd.knobs import KNOBS, Knob
 from koordd.loop import Action, restore
-from koordd.state import Held, RestoreJournal
+from koordd.state import Held, RestoreJournal, read_held
 
 JOB = "be.slice/job"
 
@@ -40,8 +40,9 @@ def records(rig):
 
 
 def on_disk(rig):
-    path = rig.state / RestoreJournal.FILE
-    return json.loads(path.read_text())["held"] if path.exists() else []
+    """The restore journal as a fresh reader sees it."""
+    got = read_held(rig.state)
+    return got[0] if got else []
 
 
 # --- setting -----------------------------------------------------------------

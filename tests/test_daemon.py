@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fakecgroup import FakeCgroups
+from koordd.state import read_held
 
 CONFIG = """
 [daemon]
@@ -74,7 +75,8 @@ class Node:
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     def held(self) -> list[dict]:
-        return json.loads((self.state / "originals.json").read_text())["held"]
+        got = read_held(self.state)
+        return got[0] if got else []
 
 
 @pytest.fixture
@@ -119,14 +121,14 @@ def test_once_caps_be_and_records_the_decision(node):
         ("be_suppress", "be.slice", "cpu.max", "max 100000", "applied")
     assert d["new"] == node.cpu_max() and "allowance" in d["reason"]
     assert node.held() == [{"cgroup": "be.slice", "knob": "cpu.max", "original": "max 100000",
-                            "owner": "be_suppress", "since": pytest.approx(time.time(), abs=60)}]
+                            "owner": "be_suppress", "since": pytest.approx(time.time(), abs=60), "kind": "cgroup"}]
 
 
 def test_dry_run_writes_nothing(node):
     assert node.run("--once", "--dry-run").returncode == 0, node.log()
     assert node.cpu_max() == "max 100000"
     assert [d["outcome"] for d in node.decisions()] == ["dry-run"]
-    assert not (node.state / "originals.json").exists()
+    assert not (node.state / "originals.jsonl").exists() and not (node.state / "originals.json").exists()
 
 
 def test_invalid_config_refuses_to_start(node):
@@ -197,7 +199,8 @@ def test_dry_run_after_a_crash_writes_nothing_and_keeps_the_journal(node, enable
     node.write_config(enabled=enabled)
     assert node.run("--once", "--dry-run").returncode == 0, node.log()
     assert node.cpu_max() == "5000 100000"
-    assert node.held() == held
+    assert node.held() == [{**h, "kind": "cgroup"} for h in held]
+    assert (node.state / "originals.json").exists() and not (node.state / "originals.jsonl").exists()
     restores = [d for d in node.decisions() if d["knob"] == "cpu.max" and d["new"] == "max 100000"]
     assert all(d["outcome"] == "dry-run" for d in restores), restores
     if not enabled:     # what a real start would do is said, as a dry-run decision

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from koordd.state import read_held
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CHILDREN = ("ls", "be")
 HOG = ["/bin/sh", "-c", "while :; do :; done"] if os.path.exists("/bin/sh") \
@@ -394,11 +396,9 @@ policy = "cfs_quota"
         return out
 
     def held(self) -> list[dict] | None:
-        """originals.json's entries; None when the file does not exist."""
-        try:
-            return json.loads((self.state_dir / "originals.json").read_text())["held"]
-        except FileNotFoundError:
-            return None
+        """The restore journal's entries; None when koordd never wrote one."""
+        got = read_held(self.state_dir)
+        return got[0] if got else None
 
     def status(self) -> dict | None:
         try:

@@ -106,7 +106,7 @@ def test_be_suppress_throttles_be_and_restores_on_sigterm(cgroups, koordd, capsy
     assert rc == 0, f"koordd exited {rc} on SIGTERM\n{koordd.log_text()}"
     assert cgroups.raw_quota("be") == ("-1" if cgroups.mode == "hybrid" else "max")
     assert cgroups.cpu_max("be") == original
-    assert koordd.held() == [], f"originals.json still holds {koordd.held()}"
+    assert koordd.held() == [], f"the restore journal still holds {koordd.held()}"
 
     records = [d for d in koordd.decisions() if d.get("time", 0) >= started]
     writes = applied(koordd, be, after=started)

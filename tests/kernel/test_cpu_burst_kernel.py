@@ -122,7 +122,7 @@ def stop_and_check_restored(koordd, cgroups, proc) -> None:
         .read_text().split()[0]
     assert raw_quota == str(BASE), f"quota not restored: {raw_quota}"
     assert raw_burst_file(cgroups) == "0", f"burst not restored: {raw_burst_file(cgroups)}"
-    assert koordd.held() == [], f"originals.json still holds {koordd.held()}"
+    assert koordd.held() == [], f"the restore journal still holds {koordd.held()}"
     assert not [d for d in koordd.decisions() if d.get("outcome") == "refused"], koordd.decisions()
 
 

@@ -170,7 +170,7 @@ def test_stop_restores_and_kill_9_readopts(hogs):
     restored = vm.wait_journal(lambda: vm.decisions(cursor, "restored"))
     assert restored and restored[-1]["KOORDD_NEW"] == vm.MAX, vm.journal_text(cursor)
 
-    # kill -9: the cap stays in the kernel and the original in originals.json; systemd restarts
+    # kill -9: the cap stays in the kernel and the original in the restore journal; systemd restarts
     # koordd (Restart=on-failure), which re-adopts the knob and keeps capping.
     vm.systemctl("start", vm.UNIT)
     wait_capped()

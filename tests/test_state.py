@@ -1,0 +1,95 @@
+"""The restore journal: append-only (one fsynced line a change), compacted, a torn last line survived,
+a 0.1 journal (originals.json) read and converted at the first change, a broken one moved aside."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from koordd import state as state_mod
+from koordd.ctl import main as koordctl
+from koordd.state import Held, RestoreJournal, read_held
+
+
+def held(cgroup: str, knob: str = "cpu.max", original: str = "max 100000") -> Held:
+    return Held(cgroup, knob, original, "be_suppress", 1.0)
+
+
+def lines(d) -> list[dict]:
+    return [json.loads(line) for line in (d / RestoreJournal.FILE).read_text().splitlines()]
+
+
+def test_each_change_appends_one_fsynced_line(tmp_path, monkeypatch):
+    j = RestoreJournal(tmp_path)
+    j.add(held("a"))
+    syncs = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(state_mod.os, "fsync", lambda fd: syncs.append(fd) or real_fsync(fd))
+    monkeypatch.setattr(state_mod, "write_atomic", lambda *a, **k: pytest.fail("rewrote the whole file"))
+    j.add(held("b"))
+    j.remove("a", "cpu.max")
+    j.remove("a", "cpu.max")                        # not held: nothing written
+    assert len(syncs) == 2
+    assert lines(tmp_path) == [{"version": 2}, {"hold": {**vars(held("a"))}}, {"hold": {**vars(held("b"))}},
+                               {"release": {"kind": "cgroup", "cgroup": "a", "knob": "cpu.max"}}]
+    again = RestoreJournal(tmp_path)
+    assert again.entries() == [held("b")]
+    assert read_held(tmp_path) == ([vars(held("b"))], tmp_path / RestoreJournal.FILE)
+
+
+def test_compaction_keeps_only_the_live_entries(tmp_path):
+    j = RestoreJournal(tmp_path)
+    j.add(held("keep"))
+    for i in range(100):
+        j.add(held(f"x{i}"))
+        j.remove(f"x{i}", "cpu.max")
+    assert len(lines(tmp_path)) <= RestoreJournal.COMPACT_MIN + 1
+    assert RestoreJournal(tmp_path).entries() == [held("keep")]
+
+
+def test_a_torn_last_line_is_dropped_and_the_rest_kept(tmp_path):
+    j = RestoreJournal(tmp_path)
+    j.add(held("a"))
+    j.close()
+    with open(tmp_path / RestoreJournal.FILE, "a") as f:
+        f.write('{"hold": {"cgroup": "b", "kn')          # the crash came mid-append
+    again = RestoreJournal(tmp_path)
+    assert again.entries() == [held("a")]
+    again.add(held("c"))                                   # appends after a torn line still parse
+    assert [h.cgroup for h in RestoreJournal(tmp_path).entries()] in (["a", "c"],)
+
+
+def test_a_damaged_line_before_the_end_moves_the_journal_aside(tmp_path, caplog):
+    j = RestoreJournal(tmp_path)
+    j.add(held("a"))
+    j.add(held("b"))
+    j.close()
+    text = (tmp_path / RestoreJournal.FILE).read_text().splitlines()
+    text[1] = "{damaged"
+    (tmp_path / RestoreJournal.FILE).write_text("\n".join(text) + "\n")
+    assert RestoreJournal(tmp_path).entries() == []
+    assert list(tmp_path.glob("originals.jsonl.corrupt.*")) and "unreadable restore journal" in caplog.text
+
+
+def test_a_0_1_journal_is_read_and_converted_at_the_first_change(tmp_path):
+    old = tmp_path / RestoreJournal.V1_FILE
+    old.write_text(json.dumps({"version": 1, "held": [
+        {"cgroup": "a", "knob": "cpu.max", "original": "max 100000", "owner": "be_suppress", "since": 1.0}]}))
+    j = RestoreJournal(tmp_path)
+    assert j.entries() == [held("a")]
+    assert old.exists() and not (tmp_path / RestoreJournal.FILE).exists()     # reading writes nothing
+    assert read_held(tmp_path) == ([vars(held("a"))], old)
+    j.add(held("b"))
+    assert not old.exists()
+    assert RestoreJournal(tmp_path).entries() == [held("a"), held("b")]
+
+
+def test_koordctl_status_reads_the_journal(tmp_path, capsys):
+    j = RestoreJournal(tmp_path)
+    j.add(held("be.slice"))
+    (tmp_path / "status.json").write_text(json.dumps({"pid": os.getpid(), "started": 0, "updated": 0,
+                                                     "loops": {}, "held": []}))
+    assert koordctl(["status", "--json", "--state-dir", str(tmp_path)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["held_source"] == RestoreJournal.FILE and [h["cgroup"] for h in got["held"]] == ["be.slice"]
