@@ -177,6 +177,7 @@ class Daemon:
         self.actuator.restore_all("koordd stopping")
         self.gpu.close()
         self.fs.close()
+        self.journal.close()
         self._write_status()
         log.info("koordd stopped; %d knobs left held", len(self.journal.entries()))
 
