@@ -8,7 +8,8 @@ A loop is a class in `plugins/` registered under the entry-point group
 - `watches(settings)`: cgroups it needs sampled although no class names them.
 - `members_of(settings)`: classes whose roots' children it needs sampled one by one.
 - `needs(settings)`: the CgroupSample fields (and `gpus`) decide() reads: only what
-  the enabled loops need is read each tick.
+  the enabled loops need is read each tick; `member_needs(settings)` the fields it
+  reads of members (default: the same).
 - `initial_state(settings)` when the loop starts or its settings change.
 - `decide(snapshot, settings, state)` every `interval`: returns the actions
   for this tick. It may update `state` (windows, timers) but does no I/O:
@@ -67,6 +68,11 @@ class Loop:
         """CgroupSample fields (snapshot.CGROUP_FIELDS) and "gpus" that decide() reads. The default,
         everything, suits a loop that does not say; every file read costs, every tick."""
         return CGROUP_FIELDS | {GPUS}
+
+    @classmethod
+    def member_needs(cls, settings) -> frozenset[str]:
+        """The fields decide() reads of members (members_of); a pod costs what is read of it, every tick."""
+        return cls.needs(settings)
 
     @staticmethod
     def initial_state(settings) -> Any:

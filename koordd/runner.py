@@ -91,7 +91,7 @@ class Runner:
 
     def member_needs(self) -> frozenset[str]:
         """What is read of class members (pods): only the loops that asked for members need them."""
-        return frozenset().union(*(r.impl.needs(r.settings) for r in self.runs.values()
+        return frozenset().union(*(r.impl.member_needs(r.settings) for r in self.runs.values()
                                    if r.impl.members_of(r.settings)))
 
     def member_classes(self) -> set[str]:

@@ -127,6 +127,10 @@ class MemoryEvict(Loop):
         return frozenset({"frozen", "memory_anon", "memory_current", "memory_max", "memory_pressure"})
 
     @staticmethod
+    def member_needs(settings) -> frozenset[str]:
+        return frozenset({"frozen", "memory_anon", "memory_current"})      # victims: size and state only
+
+    @staticmethod
     def watches(settings) -> frozenset[str]:
         return frozenset({settings.scope}) if settings.scope else frozenset()
 

@@ -49,13 +49,16 @@ def decide_reads_only_what_it_needs(monkeypatch):
 
         def decide(snapshot, settings, state, _original=original, _cls=cls):
             seen: set[str] = set()
+            seen_of_members: set[str] = set()
             if dataclasses.is_dataclass(snapshot):
                 snapshot = dataclasses.replace(
                     snapshot, cgroups={k: spy(v, seen) for k, v in snapshot.cgroups.items()},
-                    members={k: tuple(spy(m, seen) for m in v) for k, v in snapshot.members.items()})
+                    members={k: tuple(spy(m, seen_of_members) for m in v) for k, v in snapshot.members.items()})
             out = _original(snapshot, settings, state)
             unnamed = seen - _cls.needs(settings)
             assert not unnamed, f"{_cls.name}.decide read {sorted(unnamed)}, which its needs() does not name"
+            unnamed = seen_of_members - _cls.member_needs(settings)
+            assert not unnamed, f"{_cls.name}.decide read {sorted(unnamed)} of members; member_needs() does not name it"
             return out
 
         monkeypatch.setattr(cls, "decide", staticmethod(decide))

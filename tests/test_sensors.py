@@ -9,7 +9,7 @@ import pytest
 from fakecgroup import FakeCgroups, psi
 from koordd.cgroups import match_pattern
 from koordd.sensors import collect
-from koordd.sensors.cgroup import CgroupSensor, parse_flat_keyed
+from koordd.sensors.cgroup import CgroupSensor, flat_keyed
 from koordd.sensors.collect import Sensors, find_classified
 from koordd.sensors.node import NodeSensor, parse_meminfo, parse_proc_stat_cpu
 from koordd.sensors.psi import parse_psi, with_growth
@@ -117,7 +117,9 @@ def test_proc_parsers():
     with pytest.raises(ValueError):
         parse_proc_stat_cpu("cpu0 1 2 3 4\n")
     assert parse_meminfo(MEMINFO)["HugePages_Total"] == 0
-    assert parse_flat_keyed("usage_usec 12\nnr_periods 3\nbroken\n") == {"usage_usec": 12, "nr_periods": 3}
+    text = "usage_usec 12\nnr_periods 3\nbroken\nanon_thp 7\nanon 5\nlast 9"
+    assert flat_keyed(text, "usage_usec", "nr_periods", "broken", "missing") == {"usage_usec": 12, "nr_periods": 3}
+    assert flat_keyed(text, "anon", "last") == {"anon": 5, "last": 9}          # not anon_thp; no final newline
 
 
 # --- cgroups ----------------------------------------------------------------------------
@@ -315,3 +317,14 @@ def test_only_the_fields_the_loops_need_are_read(tmp_path, host, monkeypatch):
     assert gpu.polled == 0                                  # no loop named "gpus"
     sensors.snapshot(fields=frozenset({"gpus"}))
     assert gpu.polled == 1
+
+
+def test_v2_cpu_stat_is_read_once_for_usage_and_throttling(tmp_path, host, monkeypatch):
+    tree = FakeCgroups(tmp_path, "v2").add("be.slice")
+    sensors = Sensors(tree.fs, {"be.slice": "BE"}.get, ["be.slice"], proc_root=host.proc, sys_root=host.sys)
+    read = []
+    real_read = sensors.fs.read
+    monkeypatch.setattr(sensors.fs, "read", lambda c, cg, name: read.append(name) or real_read(c, cg, name))
+    tree.stat("be.slice", usage_us=5_000_000, nr_periods=10, nr_throttled=3)
+    be = sensors.snapshot(fields=frozenset({"cpu_usage", "throttling"})).cgroups["be.slice"]
+    assert read == ["cpu.stat"] and be.throttling.nr_throttled == 3

@@ -17,13 +17,21 @@ KNOB_FIELDS = (("cpu_max", "cpu.max"), ("cpu_max_burst", "cpu.max.burst"), ("cpu
                ("memory_max", "memory.max"))
 
 
-def parse_flat_keyed(text: str) -> dict[str, int]:
-    """"usage_usec 12\\nnr_periods 3" -> {"usage_usec": 12, "nr_periods": 3}."""
+def flat_keyed(text: str, *keys: str) -> dict[str, int]:
+    """The named keys of a flat-keyed file ("usage_usec 12\\nnr_periods 3"), found by search rather than
+    by parsing every line: memory.stat has some 40 lines of which a loop wants two."""
     out = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2:
-            out[parts[0]] = int(parts[1])
+    for key in keys:
+        needle = key + " "
+        i = 0 if text.startswith(needle) else text.find("\n" + needle) + 1
+        if i == 0 and not text.startswith(needle):
+            continue
+        start = i + len(needle)
+        end = text.find("\n", start)
+        try:
+            out[key] = int(text[start:end] if end >= 0 else text[start:])
+        except ValueError:
+            continue
     return out
 
 
@@ -38,12 +46,13 @@ class CgroupSensor:
         cur: dict = {"time": now}
         dt = now - prev["time"] if prev else 0.0
         out: dict = {}
+        cpu_stat = _Once(lambda controller: self.fs.read(controller, cgroup, "cpu.stat"))   # v2: one file, two fields
         if "cpu_usage" in fields:
-            usage_ns = cur["usage_ns"] = self._try(lambda: self._usage_ns(cgroup))
+            usage_ns = cur["usage_ns"] = self._try(lambda: self._usage_ns(cgroup, cpu_stat))
             if usage_ns is not None and prev.get("usage_ns") is not None and dt > 0 and usage_ns >= prev["usage_ns"]:
                 out["cpu_usage"] = (usage_ns - prev["usage_ns"]) / 1e9 / dt
         if "throttling" in fields:
-            thr = self._try(lambda: self._throttling(cgroup))
+            thr = self._try(lambda: self._throttling(cgroup, cpu_stat))
             p = prev.get("thr")
             if thr is not None and p is not None and thr.nr_periods >= p.nr_periods:   # else: re-created
                 thr = Throttling(thr.nr_periods, thr.nr_throttled, thr.throttled_us,
@@ -78,14 +87,14 @@ class CgroupSensor:
     def _v2(self, controller: str) -> bool:
         return controller in self.fs.layout.v2_controllers
 
-    def _usage_ns(self, cgroup: str) -> int:
+    def _usage_ns(self, cgroup: str, cpu_stat: "_Once") -> int:
         if not self._v2("cpu") and "cpuacct" in self.fs.layout.v1:
             return int(self.fs.read("cpuacct", cgroup, "cpuacct.usage"))
         # v2's cpu.stat has usage_usec even without the cpu controller enabled.
-        return parse_flat_keyed(self.fs.read(None, cgroup, "cpu.stat"))["usage_usec"] * 1000
+        return flat_keyed(cpu_stat(None if not self._v2("cpu") else "cpu"), "usage_usec")["usage_usec"] * 1000
 
-    def _throttling(self, cgroup: str) -> Throttling:
-        stat = parse_flat_keyed(self.fs.read("cpu", cgroup, "cpu.stat"))
+    def _throttling(self, cgroup: str, cpu_stat: "_Once") -> Throttling:
+        stat = flat_keyed(cpu_stat("cpu"), "nr_periods", "nr_throttled", "throttled_usec", "throttled_time")
         throttled_us = stat["throttled_usec"] if "throttled_usec" in stat else stat["throttled_time"] // 1000
         return Throttling(stat["nr_periods"], stat["nr_throttled"], throttled_us)
 
@@ -95,14 +104,16 @@ class CgroupSensor:
         return int(self.fs.read("memory", cgroup, "memory.usage_in_bytes"))
 
     def _memory_anon(self, cgroup: str) -> int:
-        stat = parse_flat_keyed(self.fs.read("memory", cgroup, "memory.stat"))
+        text = self.fs.read("memory", cgroup, "memory.stat")
         if self._v2("memory"):
+            stat = flat_keyed(text, "anon", "unevictable")
             return stat["anon"] + stat.get("unevictable", 0)
+        stat = flat_keyed(text, "total_rss", "total_unevictable")
         return stat["total_rss"] + stat.get("total_unevictable", 0)
 
     def _oom_kills(self, cgroup: str) -> int:
         name = "memory.events" if self._v2("memory") else "memory.oom_control"
-        return parse_flat_keyed(self.fs.read("memory", cgroup, name))["oom_kill"]
+        return flat_keyed(self.fs.read("memory", cgroup, name), "oom_kill")["oom_kill"]
 
     def _knob(self, name: str, cgroup: str) -> str | None:
         knob = KNOBS[name]
@@ -114,6 +125,24 @@ class CgroupSensor:
             return fn()
         except (OSError, ValueError, KeyError, CgroupGone):
             return None
+
+
+class _Once:
+    """A file read at most once per sample, whichever field asks first (its errors are re-raised)."""
+
+    def __init__(self, read):
+        self.read, self.got = read, {}
+
+    def __call__(self, controller):
+        if controller not in self.got:
+            try:
+                self.got[controller] = (self.read(controller), None)
+            except Exception as e:  # noqa: BLE001 - re-raised to each caller, who handles it
+                self.got[controller] = (None, e)
+        text, error = self.got[controller]
+        if error is not None:
+            raise error
+        return text
 
 
 def _flag(value: str | None) -> bool | None:
