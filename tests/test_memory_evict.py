@@ -534,20 +534,25 @@ def test_end_to_end_on_a_hybrid_tree_freezes_be_in_the_scope_and_restores_on_sto
     assert journal.entries() == []
 
 
+def through_runner(tmp_path, tree, ls: str, be: str, extra: str = ""):
+    """memory_evict run by the real runner and actuator on `tree` (LS `ls`, BE `be`, cooldown 0s), and
+    the cgroups as the sensors see them: (runner, base snapshot)."""
+    conf = parse_config(f'[[classes]]\nname = "LS"\ncgroups = ["{ls}"]\n[[classes]]\nname = "BE"\n'
+                        f'cgroups = ["{be}"]\n[loops.memory_evict]\nenabled = true\ncooldown = "0s"\n{extra}',
+                        "k.toml", REGISTRY)
+    actuator = Actuator(tree.fs, RestoreJournal(tmp_path / "state"), DecisionLog(tmp_path / "state"))
+    runner = Runner(REGISTRY, actuator)
+    runner.configure(conf, now=0.0)
+    return runner, Sensors(tree.fs, conf.classify, [ls, be]).snapshot(runner.watched())
+
+
 def test_end_to_end_on_v2_reclaims_then_kills(tmp_path):
     tree = FakeCgroups(tmp_path, "v2")
     tree.add("be.slice", memory_current=400 * MiB).add("ls.slice", memory_current=300 * MiB)
     tree.set("", None, "memory.pressure", "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
                                           "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
-    conf = parse_config('[[classes]]\nname = "LS"\ncgroups = ["ls.slice"]\n[[classes]]\nname = "BE"\n'
-                        'cgroups = ["be.slice"]\n[loops.memory_evict]\nenabled = true\ncooldown = "0s"\n',
-                        "k.toml", REGISTRY)
-    actuator = Actuator(tree.fs, RestoreJournal(tmp_path / "state"), DecisionLog(tmp_path / "state"))
-    runner = Runner(REGISTRY, actuator)
-    runner.configure(conf, now=0.0)
-    sensors = Sensors(tree.fs, conf.classify, ["ls.slice", "be.slice"])
-    assert "memory.reclaim" in sensors.supported
-    base = sensors.snapshot(runner.watched())
+    runner, base = through_runner(tmp_path, tree, "ls.slice", "be.slice")
+    assert "memory.reclaim" in base.supported
     node = NodeSample(2, 0.5, memory_total=1000 * MiB, memory_anon=750 * MiB)
     over = Snapshot(1.0, 0.0, node, base.cgroups, supported=base.supported)
     runner.tick(list(runner.runs.values()), over)
@@ -563,13 +568,7 @@ def test_killing_a_cgroup_someone_else_froze_thaws_it_as_a_decision(tmp_path):
     tree = FakeCgroups(tmp_path, "hybrid")
     tree.add("be", memory_current=300 * MiB, memory_anon=300 * MiB).add("ls", memory_current=100 * MiB)
     tree.set("be", "freezer", "freezer.state", "FROZEN\n")
-    conf = parse_config('[[classes]]\nname = "LS"\ncgroups = ["ls"]\n[[classes]]\nname = "BE"\n'
-                        'cgroups = ["be"]\n[loops.memory_evict]\nenabled = true\ncooldown = "0s"\n',
-                        "k.toml", REGISTRY)
-    actuator = Actuator(tree.fs, RestoreJournal(tmp_path / "state"), DecisionLog(tmp_path / "state"))
-    runner = Runner(REGISTRY, actuator)
-    runner.configure(conf, now=0.0)
-    base = Sensors(tree.fs, conf.classify, ["ls", "be"]).snapshot(runner.watched())
+    runner, base = through_runner(tmp_path, tree, "ls", "be")
     node = NodeSample(2, 0.5, memory_total=500 * MiB, memory_anon=450 * MiB)
     runner.tick(list(runner.runs.values()), Snapshot(1.0, 0.0, node, base.cgroups, supported=base.supported))
     made = [(d["knob"], d["old"], d["new"], d["outcome"]) for d in read_decisions(tmp_path / "state")]
@@ -584,13 +583,8 @@ def test_a_refused_kill_spends_no_kill_budget(tmp_path):
     tree.add("be.slice", memory_current=400 * MiB).add("ls.slice", memory_current=300 * MiB)
     kill_file = tree.root / "be.slice" / "cgroup.kill"
     kill_file.unlink()
-    conf = parse_config('[[classes]]\nname = "LS"\ncgroups = ["ls.slice"]\n[[classes]]\nname = "BE"\n'
-                        'cgroups = ["be.slice"]\n[loops.memory_evict]\nenabled = true\ncooldown = "0s"\n'
-                        'reclaim = false\nmax_kills_per_minute = 1\n', "k.toml", REGISTRY)
-    actuator = Actuator(tree.fs, RestoreJournal(tmp_path / "state"), DecisionLog(tmp_path / "state"))
-    runner = Runner(REGISTRY, actuator)
-    runner.configure(conf, now=0.0)
-    base = Sensors(tree.fs, conf.classify, ["ls.slice", "be.slice"]).snapshot(runner.watched())
+    runner, base = through_runner(tmp_path, tree, "ls.slice", "be.slice",
+                                  "reclaim = false\nmax_kills_per_minute = 1\n")
     node = NodeSample(2, 0.5, memory_total=1000 * MiB, memory_anon=750 * MiB)
     run = runner.runs["memory_evict"]
 
