@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from koordd.cgroups import CgroupFS, Layout, LayoutError, detect_layout
-from koordd.knobs import KNOBS, unsupported_knobs
+from koordd.knobs import KNOBS, kernel_lacks, unsupported_knobs
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def _probe_knobs(r: _Roots) -> tuple[bool, str]:
         fs = CgroupFS(r.layout)
     except LayoutError as e:
         return False, str(e)
-    missing = {name: why for name, why in unsupported_knobs(fs).items() if KNOBS[name].supported(fs)}
+    missing = kernel_lacks(unsupported_knobs(fs), fs)
     offered = sorted(name for name, knob in KNOBS.items() if knob.supported(fs))
     if missing:
         return False, "; ".join(missing[name] for name in sorted(missing))

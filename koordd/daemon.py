@@ -19,7 +19,7 @@ from .actuator import Actuator
 from .capabilities import probe_all
 from .cgroups import DEFAULT_ROOT, CgroupFS, LayoutError, detect_layout, on_cgroupfs
 from .config import DEFAULT_PATH, Config, ConfigError, load_config
-from .knobs import KNOBS
+from .knobs import kernel_lacks
 from .decisions import DecisionLog, journal_sender
 from .registry import load_registry
 from .runner import Runner
@@ -94,9 +94,8 @@ class Daemon:
 
     def _log_missing_knobs(self) -> None:
         """One line per knob the kernel lacks (those the layout lacks follow from the cgroup mode)."""
-        for name, why in sorted(self.sensors.unsupported.items()):
-            if KNOBS[name].supported(self.fs):
-                log.info("knob %s", why)
+        for name, why in sorted(kernel_lacks(self.sensors.unsupported, self.fs).items()):
+            log.info("knob %s", why)
 
     def _probe_knobs(self) -> None:
         before = self.sensors.unsupported

@@ -347,3 +347,9 @@ def unsupported_knobs(fs: CgroupFS) -> dict[str, str]:
                 where = "below the root has it"
             out[name] = f"{name} is not available on this kernel: no cgroup {where}"
     return out
+
+
+def kernel_lacks(unsupported: dict[str, str], fs: CgroupFS) -> dict[str, str]:
+    """Of unsupported_knobs(fs), the knobs the layout offers but this kernel lacks (worth a line of
+    their own: those the layout lacks follow from the cgroup mode)."""
+    return {name: why for name, why in unsupported.items() if KNOBS[name].supported(fs)}

@@ -23,10 +23,13 @@ def flat_keyed(text: str, *keys: str) -> dict[str, int]:
     out = {}
     for key in keys:
         needle = key + " "
-        i = 0 if text.startswith(needle) else text.find("\n" + needle) + 1
-        if i == 0 and not text.startswith(needle):
-            continue
-        start = i + len(needle)
+        if text.startswith(needle):
+            start = len(needle)
+        else:
+            i = text.find("\n" + needle)
+            if i < 0:
+                continue
+            start = i + 1 + len(needle)
         end = text.find("\n", start)
         try:
             out[key] = int(text[start:end] if end >= 0 else text[start:])
