@@ -137,29 +137,17 @@ def test_skipped_loops_wait_one_interval(setup):
     assert {r.next_due for r in runner.runs.values()} == {6.0}
 
 
-class RaiseChild(Loop):
-    """Raises the quota of k/c above k's current one: v1 refuses that until k is raised."""
-    name = "raise_child"
-
-    @staticmethod
-    def writes(settings):
-        return frozenset({("LS", "cpu.max")})
-
-    @staticmethod
-    def decide(snapshot, settings, state):
-        return [Action("k/c", "cpu.max", "80000 100000", {}, "child up")]
+def raiser(name: str, cls: str, cgroup: str, value: str) -> type[Loop]:
+    """A loop that sets `cgroup`'s cpu.max to `value` every tick (it owns cpu.max of class `cls`)."""
+    return type(name, (Loop,), {
+        "name": name,
+        "writes": staticmethod(lambda settings: frozenset({(cls, "cpu.max")})),
+        "decide": staticmethod(lambda snapshot, settings, state: [Action(cgroup, "cpu.max", value, {}, name)])})
 
 
-class RaiseParent(Loop):
-    name = "raise_parent"
-
-    @staticmethod
-    def writes(settings):
-        return frozenset({("LSR", "cpu.max")})
-
-    @staticmethod
-    def decide(snapshot, settings, state):
-        return [Action("k", "cpu.max", "100000 100000", {}, "parent up")]
+# Raises the quota of k/c above k's current one: v1 refuses that until k is raised.
+RaiseChild = raiser("raise_child", "LS", "k/c", "80000 100000")
+RaiseParent = raiser("raise_parent", "LSR", "k", "100000 100000")
 
 
 def test_one_write_order_across_the_loops_of_a_round(tmp_path):
