@@ -1,9 +1,9 @@
-"""The only writer of kernel knobs.
+"""The only writer of knobs, whatever their target.
 
-Every action goes through one pipeline:
-  owner check -> supported -> valid (kernel rules) -> cgroup exists -> read current
+Every action goes through one pipeline, the same for every backend (koordd.backend):
+  owner check -> supported -> valid (kernel rules) -> target exists -> read current
   -> skip if equal -> persist the original -> write (unless dry-run) -> decision record.
-A refused write is recorded with the reason or the kernel's error; a cgroup
+A refused write is recorded with the reason or the kernel's error; a target
 that vanished on the way is skipped silently (normal churn).
 """
 from __future__ import annotations
@@ -13,9 +13,10 @@ import logging
 import time
 from typing import Callable, Iterable
 
-from .cgroups import CgroupFS, CgroupGone, depth, parent_of
+from .backend import Backend, Backends, InvalidValue, TargetGone, Unsupported
+from .cgroups import CgroupFS
 from .decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, Decision, DecisionLog
-from .knobs import KNOBS, InvalidValue, Unsupported, validate
+from .knobs import CgroupBackend
 from .loop import Action
 from .state import Held, RestoreJournal
 
@@ -27,13 +28,19 @@ def kernel_error(e: OSError) -> str:
     return f"{name}: {e.strerror or e}"
 
 
+Key = tuple[str, str, str]       # (kind, target, knob)
+
+
 class Actuator:
-    def __init__(self, fs: CgroupFS, journal: RestoreJournal, decisions: DecisionLog, dry_run: bool = False):
-        self.fs, self.journal, self.decisions, self.dry_run = fs, journal, decisions, dry_run
-        self._would_be: dict[tuple[str, str], tuple[str, str]] = {}  # dry-run: (loop, value) we pretend to have written
-        self._refused: dict[tuple[str, str], tuple] = {}     # last refusal per knob, to record it once
-        self._would_restore: set[tuple[str, str]] = set()     # dry-run: restores already said once
-        self.unsupported: dict[str, str] = {}     # knob -> why this host lacks it (Sensors.probe)
+    def __init__(self, backends: Backends | CgroupFS, journal: RestoreJournal, decisions: DecisionLog,
+                 dry_run: bool = False):
+        # A CgroupFS alone: an actuator of cgroup knobs only (tests, tools).
+        self.backends = backends if isinstance(backends, Backends) else Backends([CgroupBackend(backends)])
+        self.journal, self.decisions, self.dry_run = journal, decisions, dry_run
+        self._would_be: dict[Key, tuple[str, str]] = {}   # dry-run: (loop, value) we pretend to have written
+        self._refused: dict[Key, tuple] = {}              # last refusal per knob, to record it once
+        self._would_restore: set[Key] = set()             # dry-run: restores already said once
+        self.unsupported: dict[str, str] = {}             # knob -> why this host lacks it (Backends.probe)
 
     def apply(self, loop: str, actions: Iterable[Action]) -> list[Decision]:
         return self.apply_round([(loop, list(actions))])[loop]
@@ -44,12 +51,15 @@ class Actuator:
         loop gets its own decisions back."""
         out: dict[str, list[Decision]] = {loop: [] for loop, _ in batches}
         for loop, a in self._ordered([(loop, a) for loop, actions in batches for a in actions]):
-            if a.value is None:
-                d = self._restore_action(loop, a)
-            elif a.knob in KNOBS and KNOBS[a.knob].oneshot:
-                d = self._command(loop, a)
+            backend = self.backends.for_knob(a.knob)
+            if backend is None:
+                d = self._refuse(loop, a, "", None, f"unknown knob {a.knob!r} (no backend serves it)")
+            elif a.value is None:
+                d = self._restore_action(loop, a, backend)
+            elif backend.knobs[a.knob].oneshot:
+                d = self._command(loop, a, backend)
             else:
-                d = self._set(loop, a)
+                d = self._set(loop, a, backend)
             if d is not None:
                 out[loop].append(d)
         return out
@@ -57,122 +67,133 @@ class Actuator:
     def _ordered(self, pairs: list[tuple[str, Action]]) -> list[tuple[str, Action]]:
         """Limits that go down are written child before parent, limits that go up parent before child,
         so no child ever asks for more than its parent allows (v1 refuses that with EINVAL)."""
-        if not _nested({a.cgroup for _, a in pairs}):
+        if not self._nested([a for _, a in pairs]):
             return pairs            # no parent and child in one batch: nothing to order, nothing to read
 
         def key(pair: tuple[str, Action]) -> tuple[int, int]:
             a = pair[1]
-            knob = KNOBS.get(a.knob)
-            if knob is None or knob.magnitude is None:
-                return (1, depth(a.cgroup))
-            held = self.journal.get(a.cgroup, a.knob)
+            backend = self.backends.for_knob(a.knob)
+            if backend is None:
+                return (1, 0)
+            depth = _depth(backend, a.target)
+            magnitude = backend.knobs[a.knob].magnitude
+            if magnitude is None:
+                return (1, depth)
+            held = self.journal.get(a.target, a.knob, backend.kind)
             target = a.value if a.value is not None else (held.original if held else None)
             try:
-                lowering = target is not None and \
-                    knob.magnitude(target) < knob.magnitude(knob.read(self.fs, a.cgroup))
-            except (OSError, CgroupGone, ValueError, Unsupported):
+                lowering = target is not None and magnitude(target) < magnitude(backend.read(a.target, a.knob))
+            except (OSError, TargetGone, ValueError, Unsupported):
                 lowering = False
-            return (0, -depth(a.cgroup)) if lowering else (1, depth(a.cgroup))
+            return (0, -depth) if lowering else (1, depth)
 
         return sorted(pairs, key=key)
 
-    def _command(self, loop: str, a: Action) -> Decision | None:
+    def _nested(self, actions: list[Action]) -> bool:
+        """True when one target of the batch lies below another of the same backend."""
+        targets = {(b.kind, a.target) for a in actions if (b := self.backends.for_knob(a.knob)) is not None}
+        for kind, target in targets:
+            backend = self.backends.of_kind(kind)
+            parent = backend.parent(target)
+            while parent is not None:
+                if (kind, parent) in targets:
+                    return True
+                parent = backend.parent(parent)
+        return False
+
+    def _command(self, loop: str, a: Action, backend: Backend) -> Decision | None:
         """A write that is an act, not a state (memory.reclaim, cgroup.kill): nothing to compare or restore."""
         if a.knob in self.unsupported:
-            return self._refuse(loop, a, None, self.unsupported[a.knob])
+            return self._refuse(loop, a, backend.kind, None, self.unsupported[a.knob])
         try:
-            value = validate(self.fs, a.cgroup, a.knob, a.value)
+            value = backend.validate(a.target, a.knob, a.value)
             if not self.dry_run:
-                KNOBS[a.knob].write(self.fs, a.cgroup, value)
-        except CgroupGone:
+                backend.write(a.target, a.knob, value)
+        except TargetGone:
             return None
         except (Unsupported, InvalidValue) as e:
-            return self._refuse(loop, a, None, str(e))
+            return self._refuse(loop, a, backend.kind, None, str(e))
         except OSError as e:
             # EAGAIN from memory.reclaim means "reclaimed less than asked": still worth recording.
-            return self._refuse(loop, a, None, kernel_error(e))
-        return self._record(Decision(time.time(), loop, a.cgroup, a.knob, None, value,
-                                     DRY_RUN if self.dry_run else APPLIED, a.message, dict(a.reason)))
+            return self._refuse(loop, a, backend.kind, None, kernel_error(e))
+        return self._record(Decision(time.time(), loop, a.target, a.knob, None, value,
+                                     DRY_RUN if self.dry_run else APPLIED, a.message, dict(a.reason),
+                                     kind=backend.kind))
 
     # --- setting ------------------------------------------------------------
 
-    def _set(self, loop: str, a: Action) -> Decision | None:
-        key = (a.cgroup, a.knob)
-        held = self.journal.get(*key)
+    def _set(self, loop: str, a: Action, backend: Backend) -> Decision | None:
+        kind = backend.kind
+        key = (kind, a.target, a.knob)
+        held = self.journal.get(a.target, a.knob, kind)
         if held is not None and held.owner != loop:
-            return self._refuse(loop, a, None, f"knob is held by loop {held.owner}")
+            return self._refuse(loop, a, kind, None, f"knob is held by loop {held.owner}")
         if a.knob in self.unsupported:
-            return self._refuse(loop, a, None, self.unsupported[a.knob])
-        knob = KNOBS.get(a.knob)
+            return self._refuse(loop, a, kind, None, self.unsupported[a.knob])
         try:
-            if knob is None:
-                raise Unsupported(f"unknown knob {a.knob!r}")
-            old = knob.read(self.fs, a.cgroup)
-            new = validate(self.fs, a.cgroup, a.knob, a.value)
-        except CgroupGone:
+            old = backend.read(a.target, a.knob)
+            new = backend.validate(a.target, a.knob, a.value)
+        except TargetGone:
             return None
         except (Unsupported, InvalidValue) as e:
-            return self._refuse(loop, a, None, str(e))
-        except FileNotFoundError:
-            return self._refuse(loop, a, None, f"{a.knob} does not exist for this cgroup: its controller is not "
-                                f"enabled in the parent's cgroup.subtree_control (for a systemd slice: "
-                                f"systemctl set-property <slice> CPUWeight=100 / MemoryAccounting=yes)")
+            return self._refuse(loop, a, kind, None, str(e))
         except OSError as e:
-            return self._refuse(loop, a, None, f"cannot read current value: {kernel_error(e)}")
+            return self._refuse(loop, a, kind, None, f"cannot read current value: {kernel_error(e)}")
         if self.dry_run:
             if self._would_be.get(key, (loop, old))[1] == new:
                 return None
             self._would_be[key] = (loop, new)
-            return self._record(Decision(time.time(), loop, a.cgroup, a.knob, old, new, DRY_RUN, a.message,
-                                         dict(a.reason)))
+            return self._record(Decision(time.time(), loop, a.target, a.knob, old, new, DRY_RUN, a.message,
+                                         dict(a.reason), kind=kind))
         if old == new:
             self._refused.pop(key, None)
             return None
         if held is None:
-            self._journal_side_effects(loop, a.cgroup, knob)
+            self._journal_side_effects(loop, a.target, a.knob, backend)
             # Persist the original before touching the knob: a crash after this line is still undoable.
-            self.journal.add(Held(a.cgroup, a.knob, old, loop, time.time()))
+            self.journal.add(Held(a.target, a.knob, old, loop, time.time(), kind))
         try:
-            knob.write(self.fs, a.cgroup, new)
-        except CgroupGone:
-            self.journal.remove(*key)
+            backend.write(a.target, a.knob, new)
+        except TargetGone:
+            self.journal.remove(a.target, a.knob, kind)
             return None
         except OSError as e:
-            self._forget_if_unchanged(held, a.cgroup, a.knob, old)
-            return self._refuse(loop, a, old, kernel_error(e), new)
+            self._forget_if_unchanged(held, a.target, a.knob, old, backend)
+            return self._refuse(loop, a, kind, old, kernel_error(e), new)
         self._refused.pop(key, None)
-        return self._record(Decision(time.time(), loop, a.cgroup, a.knob, old, new, APPLIED, a.message,
-                                     dict(a.reason)))
+        return self._record(Decision(time.time(), loop, a.target, a.knob, old, new, APPLIED, a.message,
+                                     dict(a.reason), kind=kind))
 
-    def _journal_side_effects(self, loop: str, cgroup: str, knob) -> None:
+    def _journal_side_effects(self, loop: str, target: str, knob: str, backend: Backend) -> None:
         """Knobs the kernel rewrites as a side effect of this write (cpu.idle rewrites cpu.weight) get
         their originals saved first, so newest-first restore puts this knob back, then them."""
-        for name in knob.resets:
-            side = KNOBS[name]
-            if self.journal.get(cgroup, name) is None and side.supported(self.fs):
+        for name in backend.knobs[knob].resets:
+            if self.journal.get(target, name, backend.kind) is None and name not in self.unsupported:
                 try:
-                    self.journal.add(Held(cgroup, name, side.read(self.fs, cgroup), loop, time.time()))
-                except (OSError, CgroupGone, ValueError):
+                    self.journal.add(Held(target, name, backend.read(target, name), loop, time.time(),
+                                          backend.kind))
+                except (OSError, TargetGone, ValueError, Unsupported):
                     pass
 
-    def _forget_if_unchanged(self, held: Held | None, cgroup: str, knob: str, old: str) -> None:
+    def _forget_if_unchanged(self, held: Held | None, target: str, knob: str, old: str, backend: Backend) -> None:
         """After a failed write, drop the journal entry we just made unless part of the write landed."""
         if held is not None:
             return
         try:
-            now = KNOBS[knob].read(self.fs, cgroup)
-        except (OSError, CgroupGone, ValueError):
+            now = backend.read(target, knob)
+        except (OSError, TargetGone, ValueError, Unsupported):
             now = old
         if now == old:
-            self.journal.remove(cgroup, knob)
+            self.journal.remove(target, knob, backend.kind)
 
-    def _refuse(self, loop: str, a: Action, old: str | None, error: str, new: str | None = None) -> Decision | None:
-        key, sig = (a.cgroup, a.knob), (a.value, error)
+    def _refuse(self, loop: str, a: Action, kind: str, old: str | None, error: str,
+                new: str | None = None) -> Decision | None:
+        key, sig = (kind, a.target, a.knob), (a.value, error)
         if self._refused.get(key) == sig:
             return None        # the same refusal every tick would drown the journal: record it once
         self._refused[key] = sig
-        return self._record(Decision(time.time(), loop, a.cgroup, a.knob, old, new or a.value, REFUSED,
-                                     a.message, dict(a.reason), error))
+        return self._record(Decision(time.time(), loop, a.target, a.knob, old, new or a.value, REFUSED,
+                                     a.message, dict(a.reason), error, kind=kind or "unknown"))
 
     def _record(self, d: Decision) -> Decision:
         self.decisions.record(d)
@@ -180,9 +201,9 @@ class Actuator:
 
     # --- restoring ------------------------------------------------------------
 
-    def _restore_action(self, loop: str, a: Action) -> Decision | None:
-        self._would_be.pop((a.cgroup, a.knob), None)
-        held = self.journal.get(a.cgroup, a.knob)
+    def _restore_action(self, loop: str, a: Action, backend: Backend) -> Decision | None:
+        self._would_be.pop((backend.kind, a.target, a.knob), None)
+        held = self.journal.get(a.target, a.knob, backend.kind)
         if held is None:
             return None
         if held.owner != loop:
@@ -191,39 +212,41 @@ class Actuator:
 
     def restore(self, held: Held, message: str, reason: dict | None = None, loop: str | None = None) -> Decision | None:
         """Put one held knob back to its original value and forget it."""
-        knob = KNOBS.get(held.knob)
+        key = (held.kind, held.target, held.knob)
+        backend = self.backends.of_kind(held.kind)
         try:
-            if knob is None:
-                raise Unsupported(f"unknown knob {held.knob!r}")
-            current = knob.read(self.fs, held.cgroup)
+            if backend is None or held.knob not in backend.knobs:
+                raise Unsupported(f"no backend of kind {held.kind!r} serves {held.knob!r} (the package that "
+                                  f"brought it is not installed?); kept in the restore journal")
+            current = backend.read(held.target, held.knob)
             if self.dry_run:
                 # Say what a real run would put back; the knob and its journal entry stay as they are.
-                if current == held.original or (held.cgroup, held.knob) in self._would_restore:
+                if current == held.original or key in self._would_restore:
                     return None
-                self._would_restore.add((held.cgroup, held.knob))
-                return self._record(Decision(time.time(), loop or held.owner, held.cgroup, held.knob, current,
-                                             held.original, DRY_RUN, message, reason or {}))
+                self._would_restore.add(key)
+                return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, current,
+                                             held.original, DRY_RUN, message, reason or {}, kind=held.kind))
             if current != held.original:
-                knob.write(self.fs, held.cgroup, held.original)
-        except CgroupGone:
+                backend.write(held.target, held.knob, held.original)
+        except TargetGone:
             if self.dry_run:
                 return None
-            self.journal.remove(held.cgroup, held.knob)   # nothing left to restore
+            self.journal.remove(held.target, held.knob, held.kind)   # nothing left to restore
             return None
         except (OSError, Unsupported, ValueError) as e:
             # Keep it in the journal: the next attempt (or the next start) tries again.
             err = kernel_error(e) if isinstance(e, OSError) else str(e)
-            if self._refused.get((held.cgroup, held.knob)) == (None, err):
+            if self._refused.get(key) == (None, err):
                 return None    # retried every tick: recorded once
-            self._refused[(held.cgroup, held.knob)] = (None, err)
-            return self._record(Decision(time.time(), loop or held.owner, held.cgroup, held.knob, None,
-                                         held.original, REFUSED, message, reason or {}, err))
-        self.journal.remove(held.cgroup, held.knob)
-        self._refused.pop((held.cgroup, held.knob), None)
+            self._refused[key] = (None, err)
+            return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, None,
+                                         held.original, REFUSED, message, reason or {}, err, kind=held.kind))
+        self.journal.remove(held.target, held.knob, held.kind)
+        self._refused.pop(key, None)
         if current == held.original:
             return None
-        return self._record(Decision(time.time(), loop or held.owner, held.cgroup, held.knob, current,
-                                     held.original, RESTORED, message, reason or {}))
+        return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, current,
+                                     held.original, RESTORED, message, reason or {}, kind=held.kind))
 
     def restore_where(self, keep: Callable[[Held], bool], message: str) -> list[Decision]:
         """Restore every held knob for which keep(held) is False, newest change first."""
@@ -244,12 +267,8 @@ class Actuator:
         return self.restore_where(lambda h: False, message)
 
 
-def _nested(cgroups: set[str]) -> bool:
-    """True when one of the cgroups lies below another."""
-    for cg in cgroups:
-        parent = parent_of(cg)
-        while parent:
-            if parent in cgroups:
-                return True
-            parent = parent_of(parent)
-    return False
+def _depth(backend: Backend, target: str) -> int:
+    n, parent = 0, backend.parent(target)
+    while parent is not None:
+        n, parent = n + 1, backend.parent(parent)
+    return n

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
+from .backend import TargetGone
+
 DEFAULT_ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "freezer", "blkio", "pids", "net_cls")
 
 
-class CgroupGone(Exception):
+class CgroupGone(TargetGone):
     """The cgroup disappeared (normal churn): callers skip it silently."""
 
 

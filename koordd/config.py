@@ -22,6 +22,7 @@ else:  # pragma: no cover - the declared minimum is 3.11; tomli is the same pars
     import tomli as tomllib
 
 from .cgroups import match_pattern, normalize_cgroup
+from .loop import NODE
 from .options import COMMON_LOOP_OPTIONS, Option
 
 DEFAULT_PATH = Path("/etc/koordd/koordd.toml")
@@ -291,7 +292,7 @@ class _Checker:
                 if first != name:
                     clashes.setdefault(first, []).append(pair)
             for first, pairs in clashes.items():
-                knobs = ", ".join(f"knob {k!r} of class {c}" for c, k in pairs)
+                knobs = ", ".join(f"knob {k!r} of " + ("the node" if c == NODE else f"class {c}") for c, k in pairs)
                 self.error(("loops", name), f"loops {first!r} and {name!r} both write {knobs};"
                                             " enable only one of them")
 

@@ -161,10 +161,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     print()
     print(f"held knobs (from {source}):" if held else f"held knobs (from {source}): none")
     if held:
-        print(table([(h.get("cgroup") or "/", h.get("knob"), h.get("original"), h.get("owner"),
+        print(table([(target_text(h), h.get("knob"), h.get("original"), h.get("owner"),
                       f"{local_time(h.get('since'))} ({ago(h.get('since'), now)})") for h in held],
-                    ("CGROUP", "KNOB", "ORIGINAL", "OWNER", "SINCE")))
+                    ("TARGET", "KNOB", "ORIGINAL", "OWNER", "SINCE")))
     return 0 if running else 1
+
+
+def target_text(record: dict) -> str:
+    """A cgroup as its path ("/" for the root); another kind of target as kind:name. Records written
+    before targets had kinds name a cgroup under "cgroup"."""
+    kind = record.get("kind") or "cgroup"
+    name = record.get("target", record.get("cgroup")) or ""
+    return (name or "/") if kind == "cgroup" else f"{kind}:{name}"
 
 
 def parse_since(text: str, now: float) -> float:
@@ -197,11 +205,11 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     elif not records:
         print(f"no decisions recorded in {sd}" + (" matching the filters" if args.loop or since else ""))
     else:
-        print(table(((local_time(r.get("time")), r.get("loop"), r.get("outcome"), r.get("cgroup") or "/",
+        print(table(((local_time(r.get("time")), r.get("loop"), r.get("outcome"), target_text(r),
                       r.get("knob"), f"{knob_value(r.get('old'))} -> {knob_value(r.get('new'))}",
                       " ".join(filter(None, (r.get("message"), r.get("error") and f"({r['error']})"))))
                      for r in records),
-                    ("TIME", "LOOP", "OUTCOME", "CGROUP", "KNOB", "CHANGE", "MESSAGE")))
+                    ("TIME", "LOOP", "OUTCOME", "TARGET", "KNOB", "CHANGE", "MESSAGE")))
     return 0
 
 

@@ -19,7 +19,8 @@ from .actuator import Actuator
 from .capabilities import probe_all
 from .cgroups import DEFAULT_ROOT, CgroupFS, LayoutError, detect_layout, on_cgroupfs
 from .config import DEFAULT_PATH, Config, ConfigError, load_config
-from .knobs import kernel_lacks
+from .backend import load_backends
+from .knobs import KNOBS, CgroupBackend, kernel_lacks
 from .decisions import DecisionLog, journal_sender
 from .registry import load_registry
 from .runner import Runner
@@ -65,12 +66,13 @@ class Daemon:
         self.state_dir = Path(config.daemon.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.journal = RestoreJournal(self.state_dir)
-        self.actuator = Actuator(self.fs, self.journal, DecisionLog(self.state_dir, send=journal_sender()),
+        self.backends = load_backends(CgroupBackend(self.fs))
+        self.actuator = Actuator(self.backends, self.journal, DecisionLog(self.state_dir, send=journal_sender()),
                                  dry_run=self.dry_run)
         self.gpu = GpuSensor()           # reports itself as unavailable without pynvml or a driver
+        self.actuator.unsupported = self.backends.probe()
         self.sensors = Sensors(self.fs, config.classify, _patterns(config),
-                               extra=(self.gpu,) if self.gpu.available else ())
-        self.actuator.unsupported = self.sensors.unsupported
+                               extra=(self.gpu,) if self.gpu.available else (), supported=self._supported())
         self.runner = Runner(registry, self.actuator)
         self.wake = threading.Event()
         self.stopping = False
@@ -93,15 +95,23 @@ class Daemon:
                               fields=self.runner.needs(), member_fields=self.runner.member_needs())
 
     def _log_missing_knobs(self) -> None:
-        """One line per knob the kernel lacks (those the layout lacks follow from the cgroup mode)."""
-        for name, why in sorted(kernel_lacks(self.sensors.unsupported, self.fs).items()):
+        """One line per knob the host lacks; of the cgroup knobs, only those the kernel lacks (those
+        the layout lacks follow from the cgroup mode)."""
+        unsupported = self.actuator.unsupported
+        lacking = kernel_lacks({k: why for k, why in unsupported.items() if k in KNOBS}, self.fs)
+        lacking.update({k: why for k, why in unsupported.items() if k not in KNOBS})
+        for name, why in sorted(lacking.items()):
             log.info("knob %s", why)
 
+    def _supported(self) -> frozenset[str]:
+        return self.backends.knobs() - self.actuator.unsupported.keys()
+
     def _probe_knobs(self) -> None:
-        before = self.sensors.unsupported
-        self.sensors.probe()
-        self.actuator.unsupported = self.sensors.unsupported
-        if self.sensors.unsupported != before:
+        """Which knobs this host has, file by file, from every backend (probed again on reload)."""
+        before = self.actuator.unsupported
+        self.actuator.unsupported = self.backends.probe()
+        self.sensors.supported = self._supported()
+        if self.actuator.unsupported != before:
             self._log_missing_knobs()
 
     def _recover(self) -> None:
@@ -111,9 +121,9 @@ class Daemon:
         for h in self.journal.entries():
             if self.dry_run:
                 log.info("%s %s changed by a previous run (original %r, loop %s) is left as it is (dry-run)",
-                         h.cgroup, h.knob, h.original, h.owner)
+                         _where(h), h.knob, h.original, h.owner)
             elif h.owner in enabled:
-                log.info("re-adopting %s %s (original %r) for loop %s", h.cgroup, h.knob, h.original, h.owner)
+                log.info("re-adopting %s %s (original %r) for loop %s", _where(h), h.knob, h.original, h.owner)
         # In dry-run the actuator only records what it would restore.
         self.actuator.restore_where(lambda h: h.owner in enabled,
                                     "left changed by a previous run whose loop is not enabled now")
@@ -161,7 +171,7 @@ class Daemon:
     def round(self, due) -> None:
         try:
             snapshot = self.sensors.snapshot(self.runner.watched(),
-                                             {(h.cgroup, h.knob): h.original for h in self.journal.entries()},
+                                             {(h.target, h.knob): h.original for h in self.journal.entries()},
                                              self.runner.member_classes(), self.runner.needs(),
                                              self.runner.member_needs())
         except Exception:  # noqa: BLE001 - sensors should never raise; if one does, skip this round
@@ -175,7 +185,7 @@ class Daemon:
         notify.notify("STOPPING=1")
         self.actuator.restore_all("koordd stopping")
         self.gpu.close()
-        self.fs.close()
+        self.backends.close()
         self.journal.close()
         self._write_status()
         log.info("koordd stopped; %d knobs left held", len(self.journal.entries()))
@@ -265,6 +275,10 @@ def _raise_open_files_limit(reserve: int = 256) -> int:
         except (ValueError, OSError):
             pass
     return max(soft - reserve, 0)
+
+
+def _where(h) -> str:
+    return h.target or "/" if h.kind == "cgroup" else f"{h.kind} {h.target}"
 
 
 def _patterns(config: Config) -> list[str]:

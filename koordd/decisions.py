@@ -22,7 +22,7 @@ _PRIORITY = {APPLIED: 5, DRY_RUN: 6, RESTORED: 5, REFUSED: 4}   # notice, info, 
 class Decision:
     time: float
     loop: str
-    cgroup: str
+    target: str                     # a cgroup path, or what the knob's backend (kind) names
     knob: str
     old: str | None
     new: str | None
@@ -30,19 +30,30 @@ class Decision:
     message: str = ""
     reason: Mapping[str, Any] = field(default_factory=dict)
     error: str | None = None
+    kind: str = "cgroup"
 
     def text(self) -> str:
         """The journal's MESSAGE: what changed, and why in words."""
         what = {APPLIED: "set", DRY_RUN: "would set", RESTORED: "restored", REFUSED: "refused"}[self.outcome]
-        s = f"{self.loop}: {what} {self.cgroup or '/'} {self.knob} {self.old!r} -> {self.new!r}"
+        where = (self.target or "/") if self.kind == "cgroup" else f"{self.kind} {self.target}"
+        s = f"{self.loop}: {what} {where} {self.knob} {self.old!r} -> {self.new!r}"
         if self.message:
             s += f": {self.message}"
         if self.error:
             s += f" ({self.error})"
         return s
 
+    def record(self) -> dict:
+        """The stored form (decisions.jsonl); a cgroup target is under "cgroup" too, where readers have always looked."""
+        out = asdict(self)
+        if self.kind == "cgroup":
+            out["cgroup"] = self.target
+        return out
+
     def fields(self) -> dict[str, str]:
-        return {"KOORDD_LOOP": self.loop, "KOORDD_CGROUP": self.cgroup, "KOORDD_KNOB": self.knob,
+        # KOORDD_CGROUP stays for cgroup targets: queries written before other kinds existed still work.
+        return {"KOORDD_LOOP": self.loop, "KOORDD_KIND": self.kind, "KOORDD_TARGET": self.target,
+                **({"KOORDD_CGROUP": self.target} if self.kind == "cgroup" else {}), "KOORDD_KNOB": self.knob,
                 "KOORDD_OLD": "" if self.old is None else self.old,
                 "KOORDD_NEW": "" if self.new is None else self.new,
                 "KOORDD_OUTCOME": self.outcome,
@@ -76,7 +87,7 @@ class DecisionLog:
             log.log(logging.WARNING if d.outcome == REFUSED else logging.INFO, "%s reason=%s",
                     d.text(), d.fields()["KOORDD_REASON"])
         if self.path is not None:
-            self._append(json.dumps(asdict(d), sort_keys=True, default=str) + "\n")
+            self._append(json.dumps(d.record(), sort_keys=True, default=str) + "\n")
 
     def _append(self, line: str) -> None:
         try:

@@ -13,20 +13,13 @@ import signal
 from dataclasses import dataclass
 from typing import Callable
 
+from .backend import Backend, InvalidValue, Unsupported
 from .cgroups import CgroupFS, CgroupGone, format_cpulist, parent_of, parse_cpulist
 
 V1_MEMORY_UNLIMITED = 9223372036854771712   # PAGE_COUNTER_MAX * 4096, what v1 shows for "no limit"
 CFS_PERIOD_RANGE = (1000, 1_000_000)        # µs, kernel's min/max cfs period
 CFS_QUOTA_MIN = 1000                        # µs
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-
-
-class Unsupported(Exception):
-    """The knob has no file on this layout."""
-
-
-class InvalidValue(ValueError):
-    """The value breaks a kernel rule; the message says which."""
 
 
 # --- canonical values ------------------------------------------------------
@@ -353,3 +346,36 @@ def kernel_lacks(unsupported: dict[str, str], fs: CgroupFS) -> dict[str, str]:
     """Of unsupported_knobs(fs), the knobs the layout offers but this kernel lacks (worth a line of
     their own: those the layout lacks follow from the cgroup mode)."""
     return {name: why for name, why in unsupported.items() if KNOBS[name].supported(fs)}
+
+
+class CgroupBackend(Backend):
+    """Cgroup knobs (the table above) on this host's layout: a target is a cgroup path relative to
+    the hierarchy root ("be.slice/job1"), the same name on v2 and on every v1 hierarchy."""
+    kind = "cgroup"
+    knobs = KNOBS
+
+    def __init__(self, fs: CgroupFS):
+        self.fs = fs
+
+    def probe(self) -> dict[str, str]:
+        return unsupported_knobs(self.fs)
+
+    def read(self, target: str, knob: str) -> str:
+        try:
+            return KNOBS[knob].read(self.fs, target)
+        except FileNotFoundError:
+            raise Unsupported(f"{knob} does not exist for this cgroup: its controller is not enabled in the "
+                              f"parent's cgroup.subtree_control (for a systemd slice: systemctl set-property "
+                              f"<slice> CPUWeight=100 / MemoryAccounting=yes)") from None
+
+    def validate(self, target: str, knob: str, value: str) -> str:
+        return validate(self.fs, target, knob, value)
+
+    def write(self, target: str, knob: str, value: str) -> None:
+        KNOBS[knob].write(self.fs, target, value)
+
+    def parent(self, target: str) -> str | None:
+        return parent_of(target) or None     # the root cgroup bounds nothing koordd writes
+
+    def close(self) -> None:
+        self.fs.close()

@@ -4,7 +4,8 @@ A loop is a class in `plugins/` registered under the entry-point group
 `koordd.loops`. The core calls, in this order:
 
 - `writes(settings)` when the config loads: the (class, knob) pairs the loop
-  may write; two enabled loops may not claim the same pair.
+  may write (NODE instead of a class for a node-wide target: the sched_ext state,
+  a network device); two enabled loops may not claim the same pair.
 - `watches(settings)`: cgroups it needs sampled although no class names them.
 - `members_of(settings)`: classes whose roots' children it needs sampled one by one.
 - `needs(settings)`: the CgroupSample fields (and `gpus`) decide() reads: only what
@@ -30,18 +31,22 @@ from .options import Option
 from .snapshot import CGROUP_FIELDS, GPUS
 
 
+NODE = "node"      # the owner of node-wide targets in writes(); no class has this name
+
+
 @dataclass(frozen=True)
 class Action:
-    """Set `knob` of `cgroup` to `value` (canonical v2 text), or back to its original when value is None."""
-    cgroup: str
+    """Set `knob` of `target` to `value` (canonical text), or back to its original when value is None.
+    The knob names the backend, the backend what a target is: for cgroup knobs, a cgroup path."""
+    target: str
     knob: str
     value: str | None
     reason: Mapping[str, Any] = field(default_factory=dict)   # the numbers behind the decision
     message: str = ""                                          # one short sentence for the journal
 
 
-def restore(cgroup: str, knob: str, message: str, **reason: Any) -> Action:
-    return Action(cgroup, knob, None, reason, message)
+def restore(target: str, knob: str, message: str, **reason: Any) -> Action:
+    return Action(target, knob, None, reason, message)
 
 
 class Loop:
@@ -88,5 +93,5 @@ class Loop:
 
 
 def carried_out(decisions) -> set[tuple[str, str]]:
-    """(cgroup, knob) of the decisions that wrote (or would have, in dry-run)."""
-    return {(d.cgroup, d.knob) for d in decisions if d.outcome in (APPLIED, DRY_RUN)}
+    """(target, knob) of the decisions that wrote (or would have, in dry-run)."""
+    return {(d.target, d.knob) for d in decisions if d.outcome in (APPLIED, DRY_RUN)}

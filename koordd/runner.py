@@ -159,11 +159,12 @@ class Runner:
                   "".join(traceback.format_exception(e)).rstrip())
 
     def _release_strays(self, run: LoopRun, snapshot: Snapshot) -> list:
-        """Knobs this loop holds on cgroups that left its classes (config edit, relabel) go back."""
+        """Knobs this loop holds on cgroups that left its classes (config edit, relabel) go back.
+        Other kinds of target have no class to leave: the loop that holds them lets them go."""
         allowed = run.impl.writes(run.settings)
 
         def still_ours(h: Held) -> bool:
-            return h.owner != run.name or (class_of(h.cgroup, snapshot), h.knob) in allowed
+            return h.owner != run.name or h.kind != "cgroup" or (class_of(h.target, snapshot), h.knob) in allowed
 
         return self.actuator.restore_where(still_ours, f"cgroup is no longer managed by {run.name}")
 

@@ -44,12 +44,12 @@ def write_atomic(path: Path, text: str, durable: bool = True) -> None:
 @dataclass(frozen=True)
 class Held:
     """A knob koordd changed: its value before koordd's first write, and the loop that owns it."""
-    cgroup: str
+    target: str                   # what its backend (kind) names: a cgroup path, a resctrl group, ...
     knob: str
     original: str
     owner: str
     since: float
-    kind: str = "cgroup"          # the kind of target (a cgroup; later resctrl groups, tc classes, ...)
+    kind: str = "cgroup"
 
 
 class JournalUnreadable(ValueError):
@@ -57,18 +57,22 @@ class JournalUnreadable(ValueError):
 
 
 def _held(e: dict) -> Held:
-    return Held(e["cgroup"], e["knob"], e["original"], e["owner"], float(e["since"]), e.get("kind", "cgroup"))
+    # Journals before version 3 (and 0.1's originals.json) held cgroups only, named "cgroup".
+    return Held(e["target"] if "target" in e else e["cgroup"], e["knob"], e["original"], e["owner"],
+                float(e["since"]), e.get("kind", "cgroup"))
 
 
 def _replay(path: Path) -> tuple[dict[tuple[str, str, str], Held], int, bool]:
-    """The journal's held knobs, its line count, and whether its last line was torn (a crash
-    mid-append): that line is dropped, its write never completed, nor the knob write to follow it."""
+    """The journal's held knobs, its line count, and whether it must be rewritten before the next
+    append: its last line was torn (a crash mid-append; that line is dropped, its write never
+    completed, nor the knob write to follow it), or it is of an older version."""
     held: dict[tuple[str, str, str], Held] = {}
     lines = path.read_text().split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     try:
-        if json.loads(lines[0]) != {"version": RestoreJournal.VERSION}:
+        header = json.loads(lines[0])
+        if header not in [{"version": v} for v in RestoreJournal.READS]:
             raise JournalUnreadable(f"unknown header {lines[0][:80]!r}")
     except (IndexError, ValueError) as e:
         raise JournalUnreadable(f"no version header: {e}") from None
@@ -77,16 +81,16 @@ def _replay(path: Path) -> tuple[dict[tuple[str, str, str], Held], int, bool]:
             record = json.loads(line)
             if "hold" in record:
                 h = _held(record["hold"])
-                held[(h.kind, h.cgroup, h.knob)] = h
+                held[(h.kind, h.target, h.knob)] = h
             else:
                 r = record["release"]
-                held.pop((r.get("kind", "cgroup"), r["cgroup"], r["knob"]), None)
+                held.pop((r.get("kind", "cgroup"), r["target"] if "target" in r else r["cgroup"], r["knob"]), None)
         except (ValueError, KeyError, TypeError) as e:
             if n == len(lines):
                 log.warning("%s:%d: torn last record dropped (%s)", path, n, e)
                 return held, n, True
             raise JournalUnreadable(f"line {n}: {e}") from None
-    return held, len(lines), False
+    return held, len(lines), header["version"] != RestoreJournal.VERSION
 
 
 def read_held(state_dir: Path | str) -> tuple[list[dict], Path] | None:
@@ -111,7 +115,8 @@ class RestoreJournal:
     (originals.json, rewritten whole on every change) is read and converted at start."""
     FILE = "originals.jsonl"
     V1_FILE = "originals.json"
-    VERSION = 2
+    VERSION = 3                     # 3: targets of any kind ("target", "kind"); 2 held cgroups ("cgroup")
+    READS = (2, 3)
     COMPACT_MIN = 64                # lines before compaction is considered
 
     def __init__(self, state_dir: Path | str):
@@ -126,14 +131,14 @@ class RestoreJournal:
         old = self.dir / self.V1_FILE
         try:
             if self.path.exists():
-                self._held, self._lines, torn = _replay(self.path)
-                if torn:
-                    self._lines = 0     # the next change compacts first: an append would continue that line
+                self._held, self._lines, rewrite = _replay(self.path)
+                if rewrite:
+                    self._lines = 0     # the next change compacts first (a torn line, an older format)
             elif old.exists():
                 # Converted at the first change (so a dry-run start writes nothing).
                 for e in json.loads(old.read_text())["held"]:
                     h = _held(e)
-                    self._held[(h.kind, h.cgroup, h.knob)] = h
+                    self._held[(h.kind, h.target, h.knob)] = h
         except (OSError, ValueError, KeyError, TypeError) as e:
             # Keep the unreadable file for a human; starting empty is the only way forward.
             bad = self.path if self.path.exists() else old
@@ -149,7 +154,7 @@ class RestoreJournal:
     def _append(self, record: dict) -> None:
         if self._fd is None:
             if self._lines == 0:
-                self._compact()         # a new file starts with its header (and a 0.1 journal's entries)
+                self._compact()         # a new file starts with its header (and an older journal's entries)
                 old = self.dir / self.V1_FILE
                 if old.exists():
                     old.unlink()
@@ -173,16 +178,16 @@ class RestoreJournal:
             os.close(self._fd)
             self._fd = None
 
-    def get(self, cgroup: str, knob: str, kind: str = "cgroup") -> Held | None:
-        return self._held.get((kind, cgroup, knob))
+    def get(self, target: str, knob: str, kind: str = "cgroup") -> Held | None:
+        return self._held.get((kind, target, knob))
 
     def add(self, held: Held) -> None:
         self._append({"hold": asdict(held)})
-        self._held[(held.kind, held.cgroup, held.knob)] = held
+        self._held[(held.kind, held.target, held.knob)] = held
 
-    def remove(self, cgroup: str, knob: str, kind: str = "cgroup") -> None:
-        if self._held.pop((kind, cgroup, knob), None) is not None:
-            self._append({"release": {"kind": kind, "cgroup": cgroup, "knob": knob}})
+    def remove(self, target: str, knob: str, kind: str = "cgroup") -> None:
+        if self._held.pop((kind, target, knob), None) is not None:
+            self._append({"release": {"kind": kind, "target": target, "knob": knob}})
 
     def entries(self, owner: str | None = None) -> list[Held]:
         """Held knobs, oldest first, optionally of one owner."""

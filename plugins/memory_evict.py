@@ -369,14 +369,14 @@ def _settle(actions: list[Action], decisions: list, state: State) -> None:
     and releases no memory: forget it, so the next round sees the victim as it is."""
     done = carried_out(decisions)
     for a in actions:
-        if (a.cgroup, a.knob) in done:
+        if (a.target, a.knob) in done:
             continue
-        if a.knob == "cgroup.kill" and a.cgroup in state.killed:
-            t = state.killed.pop(a.cgroup)
+        if a.knob == "cgroup.kill" and a.target in state.killed:
+            t = state.killed.pop(a.target)
             if t in state.kills:
                 state.kills.remove(t)
         elif a.knob == "cgroup.freeze" and a.value == "1":
-            state.frozen.pop(a.cgroup, None)
+            state.frozen.pop(a.target, None)
 
 
 def _where(scope: str) -> str:

@@ -50,14 +50,14 @@ def on_disk(rig):
 def test_set_writes_records_and_journals_on_every_layout(tmp_path, tree):
     rig = make_rig(tmp_path, tree)
     [d] = rig.act.apply("be_suppress", [quota()])
-    assert (d.outcome, d.loop, d.cgroup, d.knob, d.old, d.new) == (APPLIED, "be_suppress", JOB, "cpu.max",
+    assert (d.outcome, d.loop, d.target, d.knob, d.old, d.new) == (APPLIED, "be_suppress", JOB, "cpu.max",
                                                                    "max 100000", "50000 100000")
     assert d.reason == {"be_usage": 1.5} and d.message == "BE over its allowance" and d.error is None
     if tree.v1:
         assert tree.read(JOB, "cpu", "cpu.cfs_quota_us") == "50000"
     else:
         assert tree.read(JOB, "cpu", "cpu.max") == "50000 100000"
-    assert [(h["cgroup"], h["knob"], h["original"], h["owner"]) for h in on_disk(rig)] == [
+    assert [(h["target"], h["knob"], h["original"], h["owner"]) for h in on_disk(rig)] == [
         (JOB, "cpu.max", "max 100000", "be_suppress")]
     assert [r["outcome"] for r in records(rig)] == [APPLIED]
 
@@ -107,14 +107,14 @@ def test_kernel_error_is_refused_once_and_forgotten(rig, monkeypatch):
 def test_partial_v1_write_stays_journaled(tmp_path, monkeypatch):
     """Period landed, quota refused: the knob did change, so its original must be kept."""
     rig = make_rig(tmp_path, FakeCgroups(tmp_path, "v1").add(JOB))
-    real = rig.act.fs.write
+    real = rig.act.backends.of_kind("cgroup").fs.write
 
     def write(controller, cgroup, name, text):
         if name == "cpu.cfs_quota_us":
             raise OSError(errno.EINVAL, "Invalid argument")
         real(controller, cgroup, name, text)
 
-    monkeypatch.setattr(rig.act.fs, "write", write)
+    monkeypatch.setattr(rig.act.backends.of_kind("cgroup").fs, "write", write)
     [d] = rig.act.apply("be_suppress", [quota("25000 50000")])
     assert d.outcome == REFUSED
     assert rig.journal.get(JOB, "cpu.max").original == "max 100000"
@@ -209,7 +209,7 @@ def test_restore_all_newest_first(rig):
     rig.act.apply("cpu_burst", [Action(JOB, "cpu.max.burst", "20000")])
     rig.act.apply("be_suppress", [quota(cgroup="be.slice/other")])
     done = rig.act.restore_all("koordd stopping")
-    assert [(d.cgroup, d.knob, d.outcome, d.message) for d in done] == [
+    assert [(d.target, d.knob, d.outcome, d.message) for d in done] == [
         ("be.slice/other", "cpu.max", RESTORED, "koordd stopping"),
         (JOB, "cpu.max.burst", RESTORED, "koordd stopping"),
         ("be.slice", "cpu.max", RESTORED, "koordd stopping")]
@@ -226,7 +226,7 @@ def test_restore_owner_leaves_other_loops_alone(rig):
 def test_journal_survives_a_restart(rig, tmp_path):
     rig.act.apply("be_suppress", [quota()])
     again = make_rig(tmp_path, rig.tree)
-    assert [(h.cgroup, h.original, h.owner) for h in again.journal.entries()] == [(JOB, "max 100000", "be_suppress")]
+    assert [(h.target, h.original, h.owner) for h in again.journal.entries()] == [(JOB, "max 100000", "be_suppress")]
     [d] = again.act.restore_all("cleanup after crash")
     assert d.outcome == RESTORED and rig.tree.read(JOB, "cpu", "cpu.max") == "max 100000"
 
@@ -253,14 +253,15 @@ def test_journald_fields_and_jsonl(rig):
     [(message, fields)] = rig.sent
     assert message == "be_suppress: set be.slice/job cpu.max 'max 100000' -> '50000 100000': BE over its allowance"
     assert fields == {"PRIORITY": "5", "SYSLOG_IDENTIFIER": "koordd", "KOORDD_LOOP": "be_suppress",
-                      "KOORDD_CGROUP": JOB, "KOORDD_KNOB": "cpu.max", "KOORDD_OLD": "max 100000",
-                      "KOORDD_NEW": "50000 100000", "KOORDD_OUTCOME": APPLIED,
+                      "KOORDD_KIND": "cgroup", "KOORDD_TARGET": JOB, "KOORDD_CGROUP": JOB, "KOORDD_KNOB": "cpu.max",
+                      "KOORDD_OLD": "max 100000", "KOORDD_NEW": "50000 100000", "KOORDD_OUTCOME": APPLIED,
                       "KOORDD_REASON": '{"be_usage": 1.5}'}
     [line] = (rig.state / DecisionLog.FILE).read_text().splitlines()
     rec = json.loads(line)
-    assert {k: rec[k] for k in ("loop", "cgroup", "knob", "old", "new", "outcome", "reason", "error")} == {
-        "loop": "be_suppress", "cgroup": JOB, "knob": "cpu.max", "old": "max 100000", "new": "50000 100000",
-        "outcome": APPLIED, "reason": {"be_usage": 1.5}, "error": None}
+    assert {k: rec[k] for k in ("loop", "kind", "target", "cgroup", "knob", "old", "new", "outcome", "reason",
+                                "error")} == {
+        "loop": "be_suppress", "kind": "cgroup", "target": JOB, "cgroup": JOB, "knob": "cpu.max",
+        "old": "max 100000", "new": "50000 100000", "outcome": APPLIED, "reason": {"be_usage": 1.5}, "error": None}
 
 
 def test_refusal_fields(rig):
@@ -317,11 +318,11 @@ def test_lowering_goes_child_first_and_raising_parent_first(rig):
     rig.tree.set("be.slice", "cpu", "cpu.max", "80000 100000\n")
     rig.tree.set(JOB, "cpu", "cpu.max", "60000 100000\n")
     down = [quota("40000 100000", "be.slice"), quota("30000 100000", JOB)]
-    assert [d.cgroup for d in rig.act.apply("x", down)] == [JOB, "be.slice"]
+    assert [d.target for d in rig.act.apply("x", down)] == [JOB, "be.slice"]
     up = [quota("90000 100000", JOB), quota("120000 100000", "be.slice")]
-    assert [d.cgroup for d in rig.act.apply("x", up)] == ["be.slice", JOB]
+    assert [d.target for d in rig.act.apply("x", up)] == ["be.slice", JOB]
     # Restores take the same care: back down to the originals (80000, 60000) goes child first.
-    assert [d.cgroup for d in rig.act.apply("x", [restore("be.slice", "cpu.max", ""),
+    assert [d.target for d in rig.act.apply("x", [restore("be.slice", "cpu.max", ""),
                                                   restore(JOB, "cpu.max", "")])] == [JOB, "be.slice"]
 
 

@@ -91,15 +91,15 @@ def test_psi_guard_shrinks_below_the_usage_rule():
 def test_allowance_is_split_between_be_cgroups_and_every_action_explains_itself():
     s = snap(2.0, [cg("ls", "LS", 0.7), cg("be1", "BE", 0.6), cg("be2", "BE", 0.7)])
     actions = [a for a in decide(s) if a.value is not None]
-    assert [(a.cgroup, a.value) for a in actions] == [("be1", "30000 100000"), ("be2", "30000 100000")]
+    assert [(a.target, a.value) for a in actions] == [("be1", "30000 100000"), ("be2", "30000 100000")]
     assert {"allowance", "non_be_usage", "system_usage", "capacity"} <= set(actions[0].reason)
 
 
 def test_quota_policy_resets_cpuset_and_cpuset_policy_resets_quota():
     s = snap(2.0, [cg("ls", "LS", 1.0), cg("be", "BE", 1.0)], cpus=4)
-    assert ("be", "cpuset.cpus", None) in [(a.cgroup, a.knob, a.value) for a in decide(s)]
+    assert ("be", "cpuset.cpus", None) in [(a.target, a.knob, a.value) for a in decide(s)]
     cpuset_actions = decide(s, policy="cpuset")
-    assert ("be", "cpu.max", None) in [(a.cgroup, a.knob, a.value) for a in cpuset_actions]
+    assert ("be", "cpu.max", None) in [(a.target, a.knob, a.value) for a in cpuset_actions]
     assert BeSuppress.writes(settings(policy="cpuset")) == {("BE", "cpuset.cpus")}
     assert BeSuppress.writes(settings()) == {("BE", "cpu.max")}
 

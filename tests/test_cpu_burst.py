@@ -192,7 +192,7 @@ class Kernel:
         for a in actions:
             if a.knob != "cpu.max":
                 continue
-            key = (a.cgroup, a.knob)
+            key = (a.target, a.knob)
             if a.value is None:
                 if key in self.held:
                     self.quota = self.held.pop(key)
@@ -313,7 +313,7 @@ def test_every_write_passes_the_kernel_rules_and_stop_restores(tmp_path, mode):
         burst = KNOBS["cpu.max.burst"].read(tree.fs, LS)
         usage = int(quota.split()[0]) / 100000 if quota.split()[0] != "max" else 1.0
         sample = ls(quota=quota, burst=burst, usage=usage, throttled=throttled, nr_throttled=nr_throttled)
-        held = {(h.cgroup, h.knob): h.original for h in journal.entries()}
+        held = {(h.target, h.knob): h.original for h in journal.entries()}
         decisions = act.apply("cpu_burst", CpuBurst.decide(snap(node_used, [sample], t=float(i), held=held), s,
                                                            state))
         assert not [d for d in decisions if d.outcome == REFUSED], decisions

@@ -158,7 +158,7 @@ def test_status_json(state, capsys):
     assert main(["status", "--json", "--state-dir", str(state)]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["running"] is True and got["state_dir"] == str(state)
-    assert got["held_source"] == "originals.json" and [h["cgroup"] for h in got["held"]] == ["be.slice"]
+    assert got["held_source"] == "originals.json" and [h["target"] for h in got["held"]] == ["be.slice"]
     assert got["loops"]["be_suppress"]["ticks"] == 3600
 
 
@@ -197,7 +197,7 @@ def rows(out: str) -> list[str]:
 def test_decisions_table_across_rotation(state, capsys, now):
     assert main(["decisions", "--state-dir", str(state)]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].split() == ["TIME", "LOOP", "OUTCOME", "CGROUP", "KNOB", "CHANGE", "MESSAGE"]
+    assert out.splitlines()[0].split() == ["TIME", "LOOP", "OUTCOME", "TARGET", "KNOB", "CHANGE", "MESSAGE"]
     lines = rows(out)
     assert [line.split()[2] for line in lines] == ["be_suppress", "mem_qos", "be_suppress"]   # oldest first
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now - 60))

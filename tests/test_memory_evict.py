@@ -60,7 +60,7 @@ def decide(snapshot, **kw):
 
 def acts(actions):
     """(knob, cgroup, value) of each action; value None = restore."""
-    return [(a.knob.split(".")[-1], a.cgroup, a.value) for a in actions]
+    return [(a.knob.split(".")[-1], a.target, a.value) for a in actions]
 
 
 THREE = [cg("be/a", anon=300), cg("be/b", anon=200), cg("be/c", anon=100), cg("ls", "LS", anon=250)]
@@ -136,7 +136,7 @@ def test_the_largest_goes_first(cgroups, victim):
 ])
 def test_priority_patterns_come_before_size(priority, order):
     actions = decide(snap(1000, THREE), priority=priority, release_gap_percent=50)   # need: all of BE
-    assert [a.cgroup for a in actions] == order
+    assert [a.target for a in actions] == order
     assert [a.reason["victim_rank"] for a in actions] == [0, 1, 2]
 
 
@@ -494,13 +494,13 @@ def test_every_action_targets_a_be_cgroup(world):
     run = Run(**opts)
     for snapshot in snapshots:
         for a in run(snapshot):
-            sample = snapshot.cgroups.get(a.cgroup)
+            sample = snapshot.cgroups.get(a.target)
             assert sample is not None and sample.cls == "BE", (a, sample)
             if a.value is not None:          # a thaw (restore) only ever undoes this loop's own freeze
-                assert not _protected(a.cgroup, snapshot), a
+                assert not _protected(a.target, snapshot), a
             assert a.knob in ("memory.reclaim", "cgroup.freeze", "cgroup.kill"), a
             if a.value is not None and opts["scope"]:
-                assert a.cgroup.startswith(opts["scope"] + "/"), a
+                assert a.target.startswith(opts["scope"] + "/"), a
             if a.knob == "memory.reclaim":
                 assert "memory.reclaim" in snapshot.supported and int(a.value) > 0, a
 
@@ -527,7 +527,7 @@ def test_end_to_end_on_a_hybrid_tree_freezes_be_in_the_scope_and_restores_on_sto
     assert tree.read("k/be", "freezer", "freezer.state").strip() == "FROZEN"
     assert tree.read("other/be", "freezer", "freezer.state").strip() == "THAWED"
     assert tree.read("k/ls", "freezer", "freezer.state").strip() == "THAWED"
-    assert [(h.cgroup, h.knob, h.original, h.owner) for h in journal.entries()] == \
+    assert [(h.target, h.knob, h.original, h.owner) for h in journal.entries()] == \
         [("k/be", "cgroup.freeze", "0", "memory_evict")]
     actuator.restore_all("koordd stopping")
     assert tree.read("k/be", "freezer", "freezer.state").strip() == "THAWED"
@@ -605,5 +605,5 @@ def test_victims_are_the_children_of_a_be_root_not_the_whole_slice():
     s = Snapshot(time=100.0, wall=0.0, node=snap(800).node, cgroups={"be.slice": root},
                  members={"be.slice": jobs}, supported=V1)
     kills = [a for a in decide(s, reclaim=False) if a.knob == "cgroup.kill"]
-    assert [a.cgroup for a in kills] == ["be.slice/big"]          # 800 → below 680 needs 120 MiB: one job
+    assert [a.target for a in kills] == ["be.slice/big"]          # 800 → below 680 needs 120 MiB: one job
     assert MemoryEvict.members_of(settings()) == {"BE"}

@@ -44,7 +44,7 @@ def decide(snapshot, **kw):
 
 
 def triples(actions):
-    return [(a.cgroup, a.knob, a.value) for a in actions]
+    return [(a.target, a.knob, a.value) for a in actions]
 
 
 NODE = (cg("be", "BE"), cg("ls", "LS", memory_max=str(4 * GiB)), cg("lsr", "LSR"), cg("lse", "LSE"),
@@ -211,7 +211,7 @@ def rig(tmp_path, mode):
     def tick():
         snapshot = Snapshot(time=1.0, wall=0.0, node=NodeSample(cpu_count=2, cpu_used=1.0, memory_total=GiB),
                             cgroups={"be": cg("be", "BE"), "ls": cg("ls", "LS")}, supported=supported,
-                            held={(h.cgroup, h.knob): h.original for h in journal.entries()})
+                            held={(h.target, h.knob): h.original for h in journal.entries()})
         out = act.apply("qos_baseline", QosBaseline.decide(snapshot, s, None))
         if any(d.knob == "cpu.idle" for d in out):
             kernel_applies_idle(tree, "be")
@@ -231,7 +231,7 @@ def test_rewrites_are_corrected_originals_kept_and_restored_in_order(tmp_path, m
     r.tree.set("be", "cpu", wfile, w_original + "\n")          # BE's weight before koordd: 50
 
     first = r.tick()
-    assert [(d.cgroup, d.knob, d.old, d.new, d.outcome) for d in first] == [
+    assert [(d.target, d.knob, d.old, d.new, d.outcome) for d in first] == [
         ("be", "cpu.weight", "50", "1", APPLIED), ("be", "cpu.idle", "0", "1", APPLIED),
         ("ls", "cpu.weight", "100", "300", APPLIED)]
     assert r.tick() == []                                       # in place: nothing to do, nothing recorded
@@ -241,11 +241,11 @@ def test_rewrites_are_corrected_originals_kept_and_restored_in_order(tmp_path, m
     kernel_applies_idle(r.tree, "be")
     r.tree.set("ls", "cpu", wfile, "2048\n" if r.tree.v1 else "200\n")
     corrected = r.tick()
-    assert [(d.cgroup, d.knob, d.old, d.new) for d in corrected] == [
+    assert [(d.target, d.knob, d.old, d.new) for d in corrected] == [
         ("be", "cpu.idle", "0", "1"), ("ls", "cpu.weight", "200", "300")]
     assert r.tree.read("be", "cpu", wfile).strip() == ("3" if r.tree.v1 else "1")
     # The journal keeps the values from before koordd's first write, not the rewrites.
-    assert {(h.cgroup, h.knob): h.original for h in r.journal.entries()} == {
+    assert {(h.target, h.knob): h.original for h in r.journal.entries()} == {
         ("be", "cpu.weight"): "50", ("be", "cpu.idle"): "0", ("ls", "cpu.weight"): "100"}
 
     # Stop: newest first, so BE's idle goes back before its weight (idle 0 would reset the weight).
@@ -254,7 +254,7 @@ def test_rewrites_are_corrected_originals_kept_and_restored_in_order(tmp_path, m
         d = r.act.restore(held, "koordd stopping")
         if d.knob == "cpu.idle":
             kernel_applies_idle(r.tree, "be")
-        restored.append((d.cgroup, d.knob, d.new, d.outcome))
+        restored.append((d.target, d.knob, d.new, d.outcome))
     assert restored == [("ls", "cpu.weight", "100", RESTORED), ("be", "cpu.idle", "0", RESTORED),
                         ("be", "cpu.weight", "50", RESTORED)]
     assert r.tree.read("be", "cpu", "cpu.idle").strip() == "0"
@@ -275,7 +275,7 @@ def test_memory_knobs_on_v2_and_none_on_hybrid(tmp_path):
         s = settings(be_cpu_idle=False, be_cpu_weight=0, ls_memory_low="25%", ls_memory_min="64M",
                      be_memory_high="1G")
         out = act.apply("qos_baseline", QosBaseline.decide(snapshot, s, None))
-        got = {(d.cgroup, d.knob, d.new, d.outcome) for d in out}
+        got = {(d.target, d.knob, d.new, d.outcome) for d in out}
         if mode == "v2":
             assert got == {("ls", "memory.low", str(2 * GiB), APPLIED), ("ls", "memory.min", str(64 << 20), APPLIED),
                            ("be", "memory.high", str(GiB), APPLIED)}
@@ -294,15 +294,15 @@ def test_a_kernel_without_cpu_idle_gets_the_weight_fallback_and_a_refusal_that_s
     sensors = Sensors(tree.fs, lambda cg: {"be": "BE", "ls": "LS"}.get(cg), ["be", "ls"])
     assert "cpu.idle" not in sensors.supported and "memory.reclaim" not in sensors.supported
     assert {"cpu.weight", "cpu.max", "cgroup.kill"} <= sensors.supported
-    assert "not available on this kernel" in sensors.unsupported["cpu.idle"]
 
     state = tmp_path / "state"
     act = Actuator(tree.fs, RestoreJournal(state), DecisionLog(state, send=lambda message, **fields: None))
-    act.unsupported = sensors.unsupported
+    act.unsupported = act.backends.probe()
+    assert "not available on this kernel" in act.unsupported["cpu.idle"]
     snapshot = Snapshot(time=1.0, wall=0.0, node=NodeSample(cpu_count=2, cpu_used=1.0, memory_total=GiB),
                         cgroups={"be": cg("be", "BE"), "ls": cg("ls", "LS")}, supported=sensors.supported)
     out = act.apply("qos_baseline", QosBaseline.decide(snapshot, settings(), None))
-    assert [(d.cgroup, d.knob, d.new, d.outcome) for d in out] == [("be", "cpu.weight", "1", APPLIED)], out
+    assert [(d.target, d.knob, d.new, d.outcome) for d in out] == [("be", "cpu.weight", "1", APPLIED)], out
     [refused] = act.apply("qos_baseline", [Action("be", "cpu.idle", "1")])
     assert refused.outcome == "refused" and "not available on this kernel" in refused.error, refused
 

@@ -31,8 +31,8 @@ def test_each_change_appends_one_fsynced_line(tmp_path, monkeypatch):
     j.remove("a", "cpu.max")
     j.remove("a", "cpu.max")                        # not held: nothing written
     assert len(syncs) == 2
-    assert lines(tmp_path) == [{"version": 2}, {"hold": {**vars(held("a"))}}, {"hold": {**vars(held("b"))}},
-                               {"release": {"kind": "cgroup", "cgroup": "a", "knob": "cpu.max"}}]
+    assert lines(tmp_path) == [{"version": 3}, {"hold": {**vars(held("a"))}}, {"hold": {**vars(held("b"))}},
+                               {"release": {"kind": "cgroup", "target": "a", "knob": "cpu.max"}}]
     again = RestoreJournal(tmp_path)
     assert again.entries() == [held("b")]
     assert read_held(tmp_path) == ([vars(held("b"))], tmp_path / RestoreJournal.FILE)
@@ -57,7 +57,7 @@ def test_a_torn_last_line_is_dropped_and_the_rest_kept(tmp_path):
     again = RestoreJournal(tmp_path)
     assert again.entries() == [held("a")]
     again.add(held("c"))                                   # appends after a torn line still parse
-    assert [h.cgroup for h in RestoreJournal(tmp_path).entries()] in (["a", "c"],)
+    assert [h.target for h in RestoreJournal(tmp_path).entries()] in (["a", "c"],)
 
 
 def test_a_damaged_line_before_the_end_moves_the_journal_aside(tmp_path, caplog):
@@ -92,4 +92,22 @@ def test_koordctl_status_reads_the_journal(tmp_path, capsys):
                                                      "loops": {}, "held": []}))
     assert koordctl(["status", "--json", "--state-dir", str(tmp_path)]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert got["held_source"] == RestoreJournal.FILE and [h["cgroup"] for h in got["held"]] == ["be.slice"]
+    assert got["held_source"] == RestoreJournal.FILE and [h["target"] for h in got["held"]] == ["be.slice"]
+
+
+def test_a_version_2_journal_of_cgroups_loads_and_is_rewritten_at_the_first_change(tmp_path):
+    """Version 2 named targets "cgroup" (every target was one): it still loads, and the next change
+    rewrites the file in the current format before appending to it."""
+    path = tmp_path / RestoreJournal.FILE
+    path.write_text("\n".join(json.dumps(r) for r in (
+        {"version": 2},
+        {"hold": {"cgroup": "a", "knob": "cpu.max", "original": "max 100000", "owner": "be_suppress",
+                  "since": 1.0, "kind": "cgroup"}},
+        {"hold": {"cgroup": "x", "knob": "cpu.max", "original": "max 100000", "owner": "be_suppress",
+                  "since": 1.0, "kind": "cgroup"}},
+        {"release": {"kind": "cgroup", "cgroup": "x", "knob": "cpu.max"}})) + "\n")
+    j = RestoreJournal(tmp_path)
+    assert j.entries() == [held("a")]
+    j.add(held("b"))
+    assert lines(tmp_path)[0] == {"version": RestoreJournal.VERSION}
+    assert RestoreJournal(tmp_path).entries() == [held("a"), held("b")]

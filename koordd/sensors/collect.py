@@ -31,18 +31,15 @@ def find_classified(fs: CgroupFS, classify: Classify, max_depth: int) -> dict[st
 
 class Sensors:
     def __init__(self, fs: CgroupFS, classify: Classify, patterns: Sequence[str],
-                 proc_root="/proc", sys_root="/sys", extra: Sequence = ()):
+                 proc_root="/proc", sys_root="/sys", extra: Sequence = (), supported: frozenset[str] | None = None):
         self.fs = fs
         self.node = NodeSensor(proc_root, sys_root)
         self.cgroups = CgroupSensor(fs)
         self.set_classes(classify, patterns)
         self.extra = extra          # optional sensors with .sample() -> tuple (e.g. GPU)
-        self.probe()
-
-    def probe(self) -> None:
-        """Which knobs this host has, file by file (at start, and again on reload)."""
-        self.unsupported = unsupported_knobs(self.fs)
-        self.supported = frozenset(KNOBS) - self.unsupported.keys()
+        # Knobs this host has, for loops to choose from: the daemon's, probed from every backend; else
+        # (tools, tests) the cgroup knobs, probed here.
+        self.supported = frozenset(KNOBS) - unsupported_knobs(fs).keys() if supported is None else supported
 
     def set_classes(self, classify: Classify, patterns: Sequence[str]) -> None:
         self.classify = classify

@@ -143,7 +143,7 @@ def crash_koordd(cgroups, koordd) -> tuple[str, object]:
     assert cgroups.quota_cores("be") is not None, "quota gone after SIGKILL?"
     held = koordd.held()
     assert held is not None and len(held) == 1, held
-    assert held[0]["cgroup"] == cgroups.cgroup("be") and held[0]["knob"] == "cpu.max", held
+    assert held[0]["target"] == cgroups.cgroup("be") and held[0]["knob"] == "cpu.max", held
     assert held[0]["original"] == original and held[0]["owner"] == LOOP, held
     return original, config
 

@@ -307,7 +307,7 @@ def test_koordd_freezes_be_then_sigterm_thaws_it(scope, koordd, capsys):
     assert ls.poll() is None and sum(oom.values()) == 0, numbers
     assert set(scope.be_alive()) == set(BE), f"a BE process died: {numbers}"
     held = koordd.held()
-    assert sorted(h["cgroup"] for h in held) == sorted(scope.path(c) for c in frozen), held
+    assert sorted(h["target"] for h in held) == sorted(scope.path(c) for c in frozen), held
     assert {(h["knob"], h["original"], h["owner"]) for h in held} == {("cgroup.freeze", "0", LOOP)}, held
 
     # Make room (the BE processes will grow again once thawed), then stop koordd: it thaws them.

@@ -131,7 +131,7 @@ def decisions(koordd, knob: str | None = None, outcome: str | None = None) -> li
 
 
 def held(koordd) -> dict:
-    return {(h["cgroup"], h["knob"]): h["original"] for h in koordd.held() or []}
+    return {(h["target"], h["knob"]): h["original"] for h in koordd.held() or []}
 
 
 def report(capsys, what: str, off: dict, on: dict) -> str:

@@ -158,7 +158,7 @@ def test_reload_changes_behaviour_and_a_broken_config_is_refused(hogs):
 def test_stop_restores_and_kill_9_readopts(hogs):
     start_koordd()
     wait_capped()
-    entry = next((h for h in vm.held() if h["cgroup"] == vm.BE), None)
+    entry = next((h for h in vm.held() if h["target"] == vm.BE), None)
     assert entry and (entry["knob"], entry["original"], entry["owner"]) == ("cpu.max", vm.MAX, "be_suppress"), \
         vm.held()
 
@@ -179,14 +179,14 @@ def test_stop_restores_and_kill_9_readopts(hogs):
     os.kill(pid, signal.SIGKILL)
     assert vm.wait_for(lambda: not vm.pid_alive(pid), 10)
     assert vm.quota() is not None, "the cap went away with the killed koordd"
-    assert any(h["cgroup"] == vm.BE and h["original"] == vm.MAX for h in vm.held()), vm.held()
+    assert any(h["target"] == vm.BE and h["original"] == vm.MAX for h in vm.held()), vm.held()
     assert vm.wait_for(lambda: vm.is_active() == "active" and vm.main_pid() not in (0, pid)
                        and vm.n_restarts() > restarts, 60), vm.journal_text(cursor)
     readopted = re.compile(r"re-adopting be\.slice cpu\.max \(original 'max 100000'\)")
     assert vm.wait_journal(lambda: readopted.search(vm.journal_text(cursor))), vm.journal_text(cursor)
     vm.wait_ticks("be_suppress", 5)
     assert vm.quota() is not None, f"not capped after the restart: {vm.cpu_max()}\n{vm.journal_text(cursor)}"
-    assert any(h["cgroup"] == vm.BE and h["original"] == vm.MAX for h in vm.held()), vm.held()
+    assert any(h["target"] == vm.BE and h["original"] == vm.MAX for h in vm.held()), vm.held()
 
     # The final stop puts the original back.
     vm.systemctl("stop", vm.UNIT)

@@ -119,7 +119,7 @@ def test_ls_gets_burst_and_quota_on_an_idle_node_and_gives_it_back_under_load(ls
     raised = vm.quota(vm.LS)
     wait_back_at_base()
     # Only the burst is held now: back at base, koordd released cpu.max.
-    assert [(h["cgroup"], h["knob"], h["original"]) for h in vm.held()] == [(vm.LS, "cpu.max.burst", "0")], \
+    assert [(h["target"], h["knob"], h["original"]) for h in vm.held()] == [(vm.LS, "cpu.max.burst", "0")], \
         vm.held()
 
     bursts = vm.wait_journal(lambda: decisions(cursor, "cpu.max.burst", "applied"))
@@ -152,7 +152,7 @@ def test_kill_9_while_raised_then_the_restart_still_knows_the_base(ls_quota):
     # The raised quota itself may not survive the crash: systemd re-applies ls.slice's CPUQuota= as
     # soon as it handles the dead unit (it re-realizes the cgroups around it), as seen in this VM.
     # What must survive is the journal: the originals, not what the crashed run had set.
-    held = {h["knob"]: h["original"] for h in vm.held() if h["cgroup"] == vm.LS}
+    held = {h["knob"]: h["original"] for h in vm.held() if h["target"] == vm.LS}
     assert held == {"cpu.max": BASE, "cpu.max.burst": "0"}, vm.held()
 
     assert vm.wait_for(lambda: vm.is_active() == "active" and vm.main_pid() not in (0, pid)

@@ -226,7 +226,7 @@ def test_be_is_frozen_and_stopping_koordd_thaws_it(evict_slice):
     assert frozen, summary
     assert vm.is_active(LS_UNIT) == "active" and oom_kills(SCOPE) == 0, summary
     assert sorted(be_running()) == sorted(BE_UNITS), summary       # frozen, not dead
-    held = sorted((h["cgroup"], h["knob"], h["original"]) for h in vm.held())
+    held = sorted((h["target"], h["knob"], h["original"]) for h in vm.held())
     assert held == sorted((f"{BE_SLICE}/{u}", "cgroup.freeze", "0") for u in frozen), held
 
     # Room for the thawed services first (they grow again), then stop koordd: everything thaws.

@@ -142,7 +142,7 @@ def test_baseline_set_reconciled_and_restored(pinned_hogs):
         assert (second["KOORDD_OLD"], second["KOORDD_NEW"]) == (rewrite, want[(cgroup, knob)]), brief(entries)
         assert json.loads(second["KOORDD_REASON"])["class"] in ("BE", "LS"), second
     # The restore journal keeps the values from before koordd's first write, not systemd's.
-    held = {(h["cgroup"], h["knob"]): h["original"] for h in vm.held()}
+    held = {(h["target"], h["knob"]): h["original"] for h in vm.held()}
     assert held == {k: originals[k] for k in want}, held
     assert not qos_decisions(cursor, "KOORDD_OUTCOME=refused"), brief(qos_decisions(cursor))
 
