@@ -170,10 +170,11 @@ class Daemon:
 
     def round(self, due) -> None:
         try:
+            # Members (pods) are listed first and read only as far as the due loops need them now.
             snapshot = self.sensors.snapshot(self.runner.watched(),
                                              {(h.target, h.knob): h.original for h in self.journal.entries()},
-                                             self.runner.member_classes(), self.runner.needs(),
-                                             self.runner.member_needs())
+                                             self.runner.member_classes(), self.runner.needs(), frozenset())
+            snapshot = self.sensors.fill_members(snapshot, self.runner.member_fields(due, snapshot))
         except Exception:  # noqa: BLE001 - sensors should never raise; if one does, skip this round
             log.exception("building the snapshot failed; loops skip this tick")
             self.runner.skip(due, time.monotonic())

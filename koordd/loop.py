@@ -11,6 +11,11 @@ A loop is a class in `plugins/` registered under the entry-point group
 - `needs(settings)`: the CgroupSample fields (and `gpus`) decide() reads: only what
   the enabled loops need is read each tick; `member_needs(settings)` the fields it
   reads of members (default: the same).
+- `member_fields(snapshot, settings, state)` before decide(), on a snapshot whose
+  members are listed but not read: which member fields this tick needs (default:
+  all of member_needs). A loop that acts on members only now and then (memory_evict,
+  under memory pressure) says "none" the rest of the time, and hundreds of pods
+  cost a directory listing instead of hundreds of file reads. Pure, like decide().
 - `initial_state(settings)` when the loop starts or its settings change.
 - `decide(snapshot, settings, state)` every `interval`: returns the actions
   for this tick. It may update `state` (windows, timers) but does no I/O:
@@ -78,6 +83,12 @@ class Loop:
     def member_needs(cls, settings) -> frozenset[str]:
         """The fields decide() reads of members (members_of); a pod costs what is read of it, every tick."""
         return cls.needs(settings)
+
+    @classmethod
+    def member_fields(cls, snapshot, settings, state) -> frozenset[str]:
+        """Of member_needs(settings), what this tick's decide() will read of members, judged from a
+        snapshot whose members carry only their paths; the rest stay None. No I/O, no state change."""
+        return cls.member_needs(settings)
 
     @staticmethod
     def initial_state(settings) -> Any:

@@ -94,6 +94,21 @@ class Runner:
         return frozenset().union(*(r.impl.member_needs(r.settings) for r in self.runs.values()
                                    if r.impl.members_of(r.settings)))
 
+    def member_fields(self, runs: list[LoopRun], snapshot: Snapshot) -> frozenset[str]:
+        """What the due loops read of members this tick (Loop.member_fields); a loop that fails to say
+        gets all it may need, and its decide() is where a bug shows."""
+        out: frozenset[str] = frozenset()
+        for run in runs:
+            if not run.impl.members_of(run.settings):
+                continue
+            try:
+                wanted = run.impl.member_fields(snapshot, run.settings, run.state)
+            except Exception:  # noqa: BLE001
+                log.exception("loop %s: member_fields failed; reading all it needs", run.name)
+                wanted = run.impl.member_needs(run.settings)
+            out |= frozenset(wanted) & run.impl.member_needs(run.settings)
+        return out
+
     def member_classes(self) -> set[str]:
         return {cls for r in self.runs.values() for cls in r.impl.members_of(r.settings)}
 

@@ -130,6 +130,21 @@ class MemoryEvict(Loop):
     def member_needs(settings) -> frozenset[str]:
         return frozenset({"frozen", "memory_anon", "memory_current"})      # victims: size and state only
 
+    @classmethod
+    def member_fields(cls, snapshot: Snapshot, settings, state: State) -> frozenset[str]:
+        """Victims are read only when a round may come this tick (usage at the threshold, or memory
+        pressure) or a killed victim's size still counts; otherwise listing them is enough (adopting
+        and thawing go by path), and hundreds of idle pods cost no file reads."""
+        if state.killed:
+            return cls.member_needs(settings)
+        measured = _capacity_and_usage(snapshot, settings.scope)
+        if measured is None or snapshot.time < state.next_round:
+            return frozenset()
+        capacity, usage, pressure_stat = measured
+        if usage >= _high(capacity, settings) or _pressured(pressure_stat, settings):
+            return cls.member_needs(settings)
+        return frozenset()
+
     @staticmethod
     def watches(settings) -> frozenset[str]:
         return frozenset({settings.scope}) if settings.scope else frozenset()
@@ -161,10 +176,10 @@ class MemoryEvict(Loop):
 
         pending = sum(_usage(by_path[p]) for p in state.killed)
         effective = usage - pending
-        high = capacity * settings.threshold_percent / 100
+        high = _high(capacity, settings)
         low = capacity * max(settings.threshold_percent - settings.release_gap_percent, 0.0) / 100
         full = _full_avg10(pressure_stat)
-        pressured = settings.pressure_full_percent > 0 and full is not None and full > settings.pressure_full_percent
+        pressured = _pressured(pressure_stat, settings)
         if not pressured:
             state.pressure_since = None
         elif state.pressure_since is None:
@@ -225,6 +240,15 @@ def _capacity_and_usage(snapshot: Snapshot, scope: str) -> tuple[int, int, Press
     if not capacity or usage is None:
         return None
     return capacity, usage, sample.memory_pressure
+
+
+def _high(capacity: float, settings) -> float:
+    return capacity * settings.threshold_percent / 100
+
+
+def _pressured(pressure_stat: PressureStat | None, settings) -> bool:
+    full = _full_avg10(pressure_stat)
+    return settings.pressure_full_percent > 0 and full is not None and full > settings.pressure_full_percent
 
 
 def _usage(sample: CgroupSample, unknown=0):

@@ -505,6 +505,37 @@ def test_every_action_targets_a_be_cgroup(world):
                 assert "memory.reclaim" in snapshot.supported and int(a.value) > 0, a
 
 
+def listed(snapshot: Snapshot, scope: str) -> Snapshot:
+    """The snapshot as the sensors give it before members are read: victims by path and class only
+    (here the BE cgroups play the members; the scope is read whatever happens)."""
+    return Snapshot(snapshot.time, snapshot.wall, snapshot.node,
+                    {p: CgroupSample(p, c.cls) if c.cls == "BE" and p != scope else c
+                     for p, c in snapshot.cgroups.items()}, held=snapshot.held, supported=snapshot.supported)
+
+
+@hsettings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds())
+def test_members_unread_when_member_fields_says_so_change_no_decision(world):
+    """member_fields() lets the daemon skip reading victims on calm ticks: the decisions must be the
+    very ones a fully read snapshot gives."""
+    snapshots, opts = world
+    full, lean = Run(**opts), Run(**opts)
+    for snapshot in snapshots:
+        wanted = MemoryEvict.member_fields(snapshot, lean.settings, lean.state)
+        assert wanted in (frozenset(), MemoryEvict.member_needs(lean.settings))
+        assert full(snapshot) == lean(snapshot if wanted else listed(snapshot, opts["scope"]))
+
+
+def test_victims_are_read_only_when_a_round_may_come():
+    run = Run(threshold_percent=70, pressure_full_percent=60)
+    calm = snap(500, THREE)
+    assert MemoryEvict.member_fields(calm, run.settings, run.state) == frozenset()
+    assert MemoryEvict.member_fields(snap(700, THREE), run.settings, run.state) == MemoryEvict.member_needs(run.settings)
+    assert MemoryEvict.member_fields(snap(500, THREE, pressure=70), run.settings, run.state)
+    run(snap(800, THREE))                                   # a round: kills, and a cooldown starts
+    assert run.state.killed and MemoryEvict.member_fields(calm, run.settings, run.state)   # pending sizes count
+
+
 # --- through the real sensors and actuator, on fake trees --------------------------------------------------
 
 def test_end_to_end_on_a_hybrid_tree_freezes_be_in_the_scope_and_restores_on_stop(tmp_path):

@@ -185,3 +185,44 @@ def test_a_loop_returning_something_else_than_actions_fails_alone(setup, tmp_pat
     runner.tick(runner.due(1.0), snapshot(1.0, {"be.slice": "BE"}))
     assert tree.read("be.slice", "cpu", "cpu.max").strip() == "20000 100000"
     assert runner.runs["junk"].failures == 1 and "not an Action" in runner.runs["junk"].last_error
+
+
+class PodWatcher(Loop):
+    """Reads members' memory only when its state says so; a broken one raises."""
+    name = "pods"
+
+    @staticmethod
+    def members_of(settings):
+        return frozenset({"BE"})
+
+    @staticmethod
+    def member_needs(settings):
+        return frozenset({"memory_current", "frozen"})
+
+    @staticmethod
+    def initial_state(settings):
+        return {"want": frozenset()}
+
+    @staticmethod
+    def member_fields(snapshot, settings, state):
+        if state == "broken":
+            raise RuntimeError("bug")
+        return state["want"] | {"cpu_usage"}       # more than it declared: only the declared part counts
+
+    @staticmethod
+    def decide(snapshot, settings, state):
+        return []
+
+
+def test_member_fields_are_what_the_due_loops_ask_for_this_tick(tmp_path):
+    registry = {"capper": Capper, "pods": PodWatcher}
+    runner = Runner(registry, Actuator(FakeCgroups(tmp_path, "v2").fs, RestoreJournal(tmp_path / "s"),
+                                       DecisionLog(tmp_path / "s")))
+    runner.configure(parse_config("[loops.capper]\nenabled = true\n[loops.pods]\nenabled = true\n", "k.toml", registry))
+    pods, snap = runner.runs["pods"], snapshot(1.0, {"be.slice": "BE"})
+    assert runner.member_fields([runner.runs["capper"], pods], snap) == frozenset()
+    pods.state["want"] = frozenset({"frozen"})
+    assert runner.member_fields([pods], snap) == {"frozen"}
+    assert runner.member_fields([runner.runs["capper"]], snap) == frozenset()      # pods not due
+    pods.state = "broken"
+    assert runner.member_fields([pods], snap) == {"memory_current", "frozen"}     # all it may need

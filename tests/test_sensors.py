@@ -328,3 +328,34 @@ def test_v2_cpu_stat_is_read_once_for_usage_and_throttling(tmp_path, host, monke
     tree.stat("be.slice", usage_us=5_000_000, nr_periods=10, nr_throttled=3)
     be = sensors.snapshot(fields=frozenset({"cpu_usage", "throttling"})).cgroups["be.slice"]
     assert read == ["cpu.stat"] and be.throttling.nr_throttled == 3
+
+
+def test_members_are_listed_first_and_read_only_when_filled(tmp_path, host, monkeypatch):
+    """The daemon lists members (a directory listing) and reads them only as far as the due loops ask
+    this tick (Loop.member_fields): idle pods cost no file reads."""
+    tree = FakeCgroups(tmp_path, "v2").add("be.slice/job1", memory_current=10).add("be.slice/job2")
+    sensors = Sensors(tree.fs, {"be.slice": "BE"}.get, ["be.slice"], proc_root=host.proc, sys_root=host.sys)
+    read = []
+    real_read = sensors.fs.read
+    monkeypatch.setattr(sensors.fs, "read", lambda c, cg, name: read.append((cg, name)) or real_read(c, cg, name))
+    listed = sensors.snapshot(member_classes={"BE"}, fields=frozenset({"memory_current"}), member_fields=frozenset())
+    assert read == [("be.slice", "memory.current")]
+    assert [(m.path, m.memory_current) for m in listed.units("BE")] == [("be.slice/job1", None), ("be.slice/job2", None)]
+    assert sensors.fill_members(listed, frozenset()) is listed and len(read) == 1
+    filled = sensors.fill_members(listed, frozenset({"memory_current"}))
+    assert [(m.path, m.memory_current) for m in filled.units("BE")] == [("be.slice/job1", 10), ("be.slice/job2", 0)]
+    assert filled.time == listed.time and filled.cgroups == listed.cgroups
+
+
+def test_a_listing_keeps_the_counters_of_the_last_read(tmp_path, host):
+    """A member listed but not read between two reads still gets its rate, over the whole gap."""
+    tree = FakeCgroups(tmp_path, "v2").add("be.slice/job1")
+    sensors = Sensors(tree.fs, {"be.slice": "BE"}.get, ["be.slice"], proc_root=host.proc, sys_root=host.sys)
+    usage = frozenset({"cpu_usage"})
+    tree.stat("be.slice/job1", usage_us=0)
+    sensors.fill_members(sensors.snapshot(member_classes={"BE"}, fields=frozenset(), member_fields=frozenset()), usage)
+    sensors.snapshot(member_classes={"BE"}, fields=frozenset(), member_fields=frozenset())
+    tree.stat("be.slice/job1", usage_us=1_000_000)
+    snap = sensors.snapshot(member_classes={"BE"}, fields=frozenset(), member_fields=frozenset())
+    [job] = sensors.fill_members(snap, usage).units("BE")
+    assert job.cpu_usage is not None and job.cpu_usage > 0

@@ -77,7 +77,8 @@ class CgroupSensor:
             out["memory_anon"] = self._try(lambda: self._memory_anon(cgroup))
         if "oom_kills" in fields:
             out["oom_kills"] = self._try(lambda: self._oom_kills(cgroup))
-        self._prev[cgroup] = cur
+        if len(cur) > 1:
+            self._prev[cgroup] = cur    # a sample that read no counter keeps the last one that did
         return CgroupSample(path=cgroup, cls=cls, **out)
 
     def forget_except(self, alive: set[str]) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable, Iterable, Mapping, Sequence
 
 from ..cgroups import CgroupFS
@@ -65,7 +66,7 @@ class Sensors:
         self.cgroups.forget_except(alive)
         self.fs.close_except(alive)
         samples = {cg: self.cgroups.sample(cg, cls, now, fields) for cg, cls in classes.items()}
-        member_fields = fields if member_fields is None else member_fields
+        member_fields = fields if member_fields is None else member_fields   # frozenset(): listed, not read
         members = {root: tuple(self.cgroups.sample(c, classes[root], now, member_fields) for c in kids)
                    for root, kids in children.items() if kids}
         gpus: tuple = ()
@@ -74,3 +75,12 @@ class Sensors:
                 gpus += tuple(sensor.sample())
         return Snapshot(time=now, wall=time.time(), node=self.node.sample(now), cgroups=samples, gpus=gpus,
                         members=members, held=dict(held or {}), supported=self.supported)
+
+    def fill_members(self, snapshot: Snapshot, fields: frozenset[str]) -> Snapshot:
+        """The snapshot with its members (listed by snapshot(member_fields=frozenset())) read: `fields`
+        of each, at the snapshot's time. Rates are averaged since a member was last read."""
+        if not fields or not snapshot.members:
+            return snapshot
+        members = {root: tuple(self.cgroups.sample(m.path, m.cls, snapshot.time, fields) for m in kids)
+                   for root, kids in snapshot.members.items()}
+        return replace(snapshot, members=members)
