@@ -6,14 +6,16 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import reads_only_what_it_needs
 from fakecgroup import FakeCgroups, psi
 from koordd.cgroups import match_pattern
+from koordd.loop import Action, Loop
 from koordd.sensors import collect
 from koordd.sensors.cgroup import CgroupSensor, flat_keyed
 from koordd.sensors.collect import Sensors, find_classified
 from koordd.sensors.node import NodeSensor, parse_meminfo, parse_proc_stat_cpu
 from koordd.sensors.psi import parse_psi, with_growth
-from koordd.snapshot import CpuTopology, Pressure, PressureStat, Throttling
+from koordd.snapshot import CpuTopology, NodeSample, Pressure, PressureStat, Snapshot, Throttling
 
 JOB = "be.slice/job"
 
@@ -328,3 +330,38 @@ def test_v2_cpu_stat_is_read_once_for_usage_and_throttling(tmp_path, host, monke
     tree.stat("be.slice", usage_us=5_000_000, nr_periods=10, nr_throttled=3)
     be = sensors.snapshot(fields=frozenset({"cpu_usage", "throttling"})).cgroups["be.slice"]
     assert read == ["cpu.stat"] and be.throttling.nr_throttled == 3
+
+
+def test_sections_hold_what_optional_sensors_produced_and_gpus_is_one_of_them():
+    node = NodeSample(2, None)
+    bare = Snapshot(1.0, 0.0, node)
+    assert bare.gpus == () and bare.section("gpus") is None and bare.section("rdt", {}) == {}
+    gpu = object()
+    snap = Snapshot(1.0, 0.0, node, sections={"gpus": (gpu,), "rdt": {"be.slice": 3}})
+    assert snap.gpus == (gpu,) and snap.section("rdt") == {"be.slice": 3}
+
+
+class ReadsGpus(Loop):
+    """Reads the GPU section although its needs() name only a cgroup field."""
+    name = "reads_gpus"
+
+    @staticmethod
+    def needs(settings):
+        return frozenset({"cpu_usage"})
+
+    @staticmethod
+    def decide(snapshot, settings, state):
+        return [Action("gpu.slice", "cpu.max", None)] * len(snapshot.gpus)
+
+
+class NamesGpus(ReadsGpus):
+    @staticmethod
+    def needs(settings):
+        return frozenset({"gpus"})
+
+
+def test_a_decide_reading_a_section_its_needs_do_not_name_fails_under_the_spy():
+    snap = Snapshot(1.0, 0.0, NodeSample(2, None), sections={"gpus": ()})
+    with pytest.raises(AssertionError, match=r"read the section \['gpus'\]"):
+        reads_only_what_it_needs(ReadsGpus).__func__(snap, None, None)
+    assert reads_only_what_it_needs(NamesGpus).__func__(snap, None, None) == []

@@ -71,9 +71,8 @@ class Sensors:
         member_fields = fields if member_fields is None else member_fields
         members = {root: tuple(self.cgroups.sample(c, classes[root], now, member_fields) for c in kids)
                    for root, kids in children.items() if kids}
-        gpus: tuple = ()
-        if GPUS in fields:
-            for sensor in self.extra:
-                gpus += tuple(sensor.sample())
-        return Snapshot(time=now, wall=time.time(), node=self.node.sample(now), cgroups=samples, gpus=gpus,
+        sections = {}
+        if GPUS in fields and self.extra:
+            sections[GPUS] = tuple(g for sensor in self.extra for g in sensor.sample())
+        return Snapshot(time=now, wall=time.time(), node=self.node.sample(now), cgroups=samples, sections=sections,
                         members=members, held=dict(held or {}), supported=self.supported)
