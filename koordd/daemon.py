@@ -24,7 +24,8 @@ from .decisions import DecisionLog, journal_sender
 from .registry import load_registry
 from .runner import Runner
 from .sensors.collect import Sensors
-from .sensors.gpu import GpuSensor
+from .sensors.lifecycle import SensorManager
+from .sensors.registry import load_sensor_registry
 from .state import RestoreJournal, write_atomic
 
 log = logging.getLogger("koordd")
@@ -67,11 +68,10 @@ class Daemon:
         self.journal = RestoreJournal(self.state_dir)
         self.actuator = Actuator(self.fs, self.journal, DecisionLog(self.state_dir, send=journal_sender()),
                                  dry_run=self.dry_run)
-        self.gpu = GpuSensor()           # reports itself as unavailable without pynvml or a driver
         self.sensors = Sensors(self.fs, config.classify, _patterns(config),
-                               extra=(self.gpu,) if self.gpu.available else ())
+                               optional=SensorManager(load_sensor_registry()))
         self.actuator.unsupported = self.sensors.unsupported
-        self.runner = Runner(registry, self.actuator)
+        self.runner = Runner(registry, self.actuator, sensors=self.sensors.optional.names)
         self.wake = threading.Event()
         self.stopping = False
         self.reload_at: float | None = None
@@ -87,10 +87,15 @@ class Daemon:
                 log.info("capability %s unavailable: %s", cap.name, cap.detail)
         self._log_missing_knobs()
         self._recover()
-        self.runner.configure(self.config)
+        self._configure(self.config)
         # Baseline: rates need two samples.
         self.sensors.snapshot(self.runner.watched(), member_classes=self.runner.member_classes(),
                               fields=self.runner.needs(), member_fields=self.runner.member_needs())
+
+    def _configure(self, config: Config) -> None:
+        """Run the loops `config` enables, and the optional sensors they need (and only those)."""
+        self.runner.configure(config)
+        self.sensors.optional.require(self.runner.sensor_users())
 
     def _log_missing_knobs(self) -> None:
         """One line per knob the kernel lacks (those the layout lacks follow from the cgroup mode)."""
@@ -125,7 +130,8 @@ class Daemon:
         if once:
             time.sleep(min([float(s.interval) for s in self.config.loops.values() if s.enabled] + [1.0]))
             self.round(list(self.runner.runs.values()))
-            self._write_status()
+            self._write_status()            # before the sensors stop: it says which ran and which could not
+            self.sensors.close()
             return 0 if all(r.failures == 0 for r in self.runner.runs.values()) else 1
         self._install_signals()
         watcher = self._watch_config()
@@ -174,7 +180,7 @@ class Daemon:
     def stop(self) -> None:
         notify.notify("STOPPING=1")
         self.actuator.restore_all("koordd stopping")
-        self.gpu.close()
+        self.sensors.close()
         self.fs.close()
         self.journal.close()
         self._write_status()
@@ -201,7 +207,7 @@ class Daemon:
         self.config = new
         self.sensors.set_classes(new.classify, _patterns(new))
         self._probe_knobs()
-        self.runner.configure(new)
+        self._configure(new)
         log.info("reloaded %s", new.path)
         notify.notify("READY=1", "STATUS=running")
 

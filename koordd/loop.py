@@ -7,9 +7,11 @@ A loop is a class in `plugins/` registered under the entry-point group
   may write; two enabled loops may not claim the same pair.
 - `watches(settings)`: cgroups it needs sampled although no class names them.
 - `members_of(settings)`: classes whose roots' children it needs sampled one by one.
-- `needs(settings)`: the CgroupSample fields (and `gpus`) decide() reads: only what
-  the enabled loops need is read each tick; `member_needs(settings)` the fields it
-  reads of members (default: the same).
+- `needs(settings)`: the CgroupSample fields decide() reads, and the optional
+  sensors (`gpus`, see sensors/contract.py) whose snapshot sections it reads:
+  only what the enabled loops need is read each tick, and an optional sensor runs
+  only while a loop names it; `member_needs(settings)` the fields it reads of
+  members (default: the same).
 - `initial_state(settings)` when the loop starts or its settings change.
 - `decide(snapshot, settings, state)` every `interval`: returns the actions
   for this tick. It may update `state` (windows, timers) but does no I/O:
@@ -27,7 +29,7 @@ from typing import Any, ClassVar, Mapping
 
 from .decisions import APPLIED, DRY_RUN
 from .options import Option
-from .snapshot import CGROUP_FIELDS, GPUS
+from .snapshot import CGROUP_FIELDS
 
 
 @dataclass(frozen=True)
@@ -65,9 +67,10 @@ class Loop:
 
     @staticmethod
     def needs(settings) -> frozenset[str]:
-        """CgroupSample fields (snapshot.CGROUP_FIELDS) and "gpus" that decide() reads. The default,
-        everything, suits a loop that does not say; every file read costs, every tick."""
-        return CGROUP_FIELDS | {GPUS}
+        """CgroupSample fields (snapshot.CGROUP_FIELDS) and optional sensors ("gpus") that decide() reads.
+        The default, every cgroup field, suits a loop that does not say; every file read costs, every
+        tick. Optional sensors are never a default: they load drivers or programs, so a loop names them."""
+        return CGROUP_FIELDS
 
     @classmethod
     def member_needs(cls, settings) -> frozenset[str]:

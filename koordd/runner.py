@@ -11,7 +11,7 @@ import logging
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from .actuator import Actuator
 from .config import Config, Settings
@@ -52,8 +52,10 @@ def class_of(cgroup: str, snapshot: Snapshot) -> str | None:
 
 
 class Runner:
-    def __init__(self, registry: Mapping[str, type[Loop]], actuator: Actuator):
+    def __init__(self, registry: Mapping[str, type[Loop]], actuator: Actuator, sensors: Collection[str] = ()):
+        """`sensors`: the names of the registered optional sensors, which needs() may name."""
         self.registry, self.actuator = registry, actuator
+        self.sensors = frozenset(sensors)
         self.runs: dict[str, LoopRun] = {}
 
     def configure(self, config: Config, now: float | None = None) -> None:
@@ -89,10 +91,22 @@ class Runner:
         """What the enabled loops read from a snapshot: the sensors read only that."""
         return frozenset().union(*(r.impl.needs(r.settings) for r in self.runs.values()))
 
+    def sensor_users(self) -> dict[str, list[str]]:
+        """Optional sensor -> the enabled loops that need it: the sensors to run."""
+        users: dict[str, list[str]] = {}
+        for name, r in sorted(self.runs.items()):
+            for sensor in sorted(self._words(r) & self.sensors):
+                users.setdefault(sensor, []).append(name)
+        return users
+
     def member_needs(self) -> frozenset[str]:
         """What is read of class members (pods): only the loops that asked for members need them."""
         return frozenset().union(*(r.impl.member_needs(r.settings) for r in self.runs.values()
                                    if r.impl.members_of(r.settings)))
+
+    @staticmethod
+    def _words(run: LoopRun) -> frozenset[str]:
+        return run.impl.needs(run.settings) | run.impl.member_needs(run.settings)
 
     def member_classes(self) -> set[str]:
         return {cls for r in self.runs.values() for cls in r.impl.members_of(r.settings)}

@@ -13,6 +13,8 @@ from koordd.loop import Action, Loop
 from koordd.sensors import collect
 from koordd.sensors.cgroup import CgroupSensor, flat_keyed
 from koordd.sensors.collect import Sensors, find_classified
+from koordd.sensors.contract import OptionalSensor
+from koordd.sensors.lifecycle import SensorManager
 from koordd.sensors.node import NodeSensor, parse_meminfo, parse_proc_stat_cpu
 from koordd.sensors.psi import parse_psi, with_growth
 from koordd.snapshot import CpuTopology, NodeSample, Pressure, PressureStat, Snapshot, Throttling
@@ -301,10 +303,18 @@ def test_members_of_requested_classes_are_sampled_apart_from_the_class_roots(tmp
 def test_only_the_fields_the_loops_need_are_read(tmp_path, host, monkeypatch):
     tree = FakeCgroups(tmp_path, "v2").add("be.slice/job1").add("be.slice/job2").add("ls.slice")
     classify = {"be.slice": "BE", "ls.slice": "LS"}.get
-    gpu = SimpleNamespace(polled=0)
-    gpu.sample = lambda: (gpu.__setattr__("polled", gpu.polled + 1), ())[1]
+    contexts = []
+
+    class Gpu(OptionalSensor):
+        name = "gpus"
+
+        def sample(self, context):
+            contexts.append(context)
+            return ()
+
+    optional = SensorManager({"gpus": Gpu})
     sensors = Sensors(tree.fs, classify, ["be.slice", "ls.slice"], proc_root=host.proc, sys_root=host.sys,
-                      extra=(gpu,))
+                      optional=optional)
     read = []
     real_read = sensors.fs.read
     monkeypatch.setattr(sensors.fs, "read", lambda c, cg, name: read.append((cg, name)) or real_read(c, cg, name))
@@ -316,9 +326,13 @@ def test_only_the_fields_the_loops_need_are_read(tmp_path, host, monkeypatch):
     be = snap.cgroups["be.slice"]
     assert be.cpu_max == "max 100000" and be.memory_current is None and be.cpu_pressure is None
     assert snap.find("be.slice/job1").frozen is False and snap.find("be.slice/job1").cpu_max is None
-    assert gpu.polled == 0                                  # no loop named "gpus"
-    sensors.snapshot(fields=frozenset({"gpus"}))
-    assert gpu.polled == 1
+    assert contexts == [] and snap.sections == {}          # no loop named "gpus"
+    optional.require({"gpus": ["gpu_share"]})
+    snap = sensors.snapshot(member_classes={"BE"}, fields=frozenset({"gpus"}))
+    assert snap.sections == {"gpus": ()}
+    # The sensor learns which cgroups were sampled, members with their root's class.
+    assert contexts[0].now == snap.time and contexts[0].cgroups == {
+        "be.slice": "BE", "ls.slice": "LS", "be.slice/job1": "BE", "be.slice/job2": "BE"}
 
 
 def test_v2_cpu_stat_is_read_once_for_usage_and_throttling(tmp_path, host, monkeypatch):
