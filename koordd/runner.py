@@ -16,7 +16,7 @@ from typing import Any, Collection, Mapping
 from .actuator import Actuator
 from .config import Config, Settings
 from .loop import Action, Loop
-from .snapshot import Snapshot
+from .snapshot import CGROUP_FIELDS, Snapshot
 from .state import Held
 
 log = logging.getLogger(__name__)
@@ -73,11 +73,22 @@ class Runner:
                 self.runs[name] = LoopRun(name, impl, settings, impl.initial_state(settings),
                                           now + float(settings.interval))
                 log.info("loop %s started: %s", name, settings)
+                self._check_needs(self.runs[name])
             elif run.settings != settings:
                 run.settings, run.state, run.next_due = settings, impl.initial_state(settings), now
                 log.info("loop %s reconfigured: %s", name, settings)
+                self._check_needs(run)
         for name in set(self.runs) - {n for n, s in config.loops.items() if s.enabled}:
             self.stop(name, "loop removed from config")
+
+    def _check_needs(self, run: LoopRun) -> None:
+        """A needs() word that is neither a cgroup field nor a registered sensor (a typo, a sensor whose
+        package is not installed) is one error line; the loop runs, and finds no such section."""
+        unknown = self._words(run) - CGROUP_FIELDS - self.sensors
+        if unknown:
+            log.error("loop %s: needs() names %s, neither a cgroup field nor a registered sensor (sensors: %s); "
+                      "the loop runs without %s", run.name, ", ".join(sorted(unknown)),
+                      ", ".join(sorted(self.sensors)) or "none", "it" if len(unknown) == 1 else "them")
 
     def stop(self, name: str, why: str) -> None:
         self.runs.pop(name, None)
