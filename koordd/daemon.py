@@ -82,7 +82,8 @@ class Daemon:
     def start(self) -> None:
         log.info("koordd starting: config %s, cgroups %s%s", self.config.path, self.layout.describe(),
                  ", dry-run: nothing will be written" if self.dry_run else "")
-        for cap in probe_all(self.layout.root):
+        # Not the optional sensors: they start when a loop needs them, and say so if they cannot.
+        for cap in probe_all(self.layout.root, skip=("sensors",)):
             if not cap.available:
                 log.info("capability %s unavailable: %s", cap.name, cap.detail)
         self._log_missing_knobs()
@@ -251,7 +252,7 @@ class Daemon:
     def _write_status(self) -> None:
         status = {"pid": os.getpid(), "started": self.started, "updated": time.time(),
                   "config": str(self.config.path), "dry_run": self.dry_run, "cgroups": self.layout.describe(),
-                  "loops": self.runner.status(),
+                  "loops": self.runner.status(), "sensors": self.sensors.optional.status(),
                   "held": [h.__dict__ for h in self.journal.entries()]}
         try:
             write_atomic(self.state_dir / STATUS_FILE, json.dumps(status, indent=1) + "\n", durable=False)

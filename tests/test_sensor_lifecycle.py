@@ -1,6 +1,7 @@
 """Optional sensors: the registry, and a lifecycle that follows what the enabled loops need."""
 from __future__ import annotations
 
+import json
 import logging
 from importlib.metadata import EntryPoint
 
@@ -8,7 +9,7 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.config import parse_config
-from koordd.daemon import Daemon
+from koordd.daemon import STATUS_FILE, Daemon
 from koordd.loop import Loop
 from koordd.sensors import lifecycle, registry
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
@@ -223,7 +224,9 @@ interval = "1s"
 @pytest.fixture
 def daemon(tmp_path, monkeypatch):
     tree = FakeCgroups(tmp_path, "v2").add("be.slice")
-    monkeypatch.setattr("koordd.daemon.load_sensor_registry", lambda: {"widget": Widget})
+    # The doctor's probe sees the widget too: the daemon must not start it that way.
+    for where in ("koordd.daemon", "koordd.capabilities"):
+        monkeypatch.setattr(f"{where}.load_sensor_registry", lambda: {"widget": Widget})
     loops = {"widget_loop": WidgetLoop}
     path = tmp_path / "koordd.toml"
 
@@ -232,6 +235,10 @@ def daemon(tmp_path, monkeypatch):
         return parse_config(path.read_text(), path, loops)
 
     return Daemon(configure(True), loops), configure
+
+
+def status(d: Daemon) -> dict:
+    return json.loads((d.state_dir / STATUS_FILE).read_text())
 
 
 def rounds(d: Daemon, n: int) -> None:
@@ -245,6 +252,7 @@ def test_the_daemon_runs_a_sensor_while_a_loop_needs_it(daemon):
     rounds(daemon, 2)
     assert Widget.calls == ["start", "sample", "sample", "sample"]     # the baseline snapshot, then 2 rounds
     assert daemon.runner.runs["widget_loop"].state == [{"be.slice": 1}] * 2
+    assert status(daemon)["sensors"] == {"widget": {"state": "running", "reason": None, "loops": ["widget_loop"]}}
     configure(False)
     daemon.reload()
     assert Widget.calls[-1] == "stop"
@@ -253,6 +261,7 @@ def test_the_daemon_runs_a_sensor_while_a_loop_needs_it(daemon):
     assert Widget.calls[-1] == "start"
     daemon.stop()
     assert Widget.calls[-1] == "stop" and Widget.calls.count("stop") == 2
+    assert status(daemon)["sensors"]["widget"]["state"] == "stopped"
 
 
 def test_a_loop_needing_an_unavailable_sensor_runs_without_its_section(daemon, caplog):
@@ -264,4 +273,6 @@ def test_a_loop_needing_an_unavailable_sensor_runs_without_its_section(daemon, c
     assert run.state == [None] * 3 and run.failures == 0 and run.ticks == 3
     assert warnings_about(caplog, "widget") == ["sensor widget unavailable (no widget here): loop widget_loop runs "
                                                 "without it"]
+    assert status(daemon)["sensors"]["widget"] == {"state": "unavailable", "reason": "no widget here",
+                                                   "loops": ["widget_loop"]}
     daemon.stop()
