@@ -126,8 +126,9 @@ def test_a_reload_tries_again_and_says_again(caplog):
     manager.reprobe()
     manager.require({"widget": ["a_loop", "b_loop"]}, now=1.0)
     assert Widget.calls.count("start") == 2
-    assert warnings_about(caplog, "widget") == ["sensor widget unavailable (no widget): loop a_loop runs without it",
-                                                "sensor widget unavailable (no widget): loops a_loop, b_loop run without it"]
+    assert warnings_about(caplog, "widget") == [
+        "sensor widget unavailable (no widget): loop a_loop runs without it",
+        "sensor widget unavailable (no widget): loops a_loop, b_loop run without it"]
 
 
 def test_a_start_that_raises_anything_else_is_unavailable_too(caplog):
