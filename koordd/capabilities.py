@@ -18,10 +18,12 @@ import struct
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 from koordd.cgroups import CgroupFS, Layout, LayoutError, detect_layout
 from koordd.knobs import KNOBS, kernel_lacks, unsupported_knobs
+from koordd.sensors.lifecycle import start_sensor, stop_sensor
+from koordd.sensors.registry import load_sensor_registry
 
 
 @dataclass(frozen=True)
@@ -257,6 +259,16 @@ def _probe_nvml(r: _Roots) -> tuple[bool, str]:
     return count > 0, f"{count} GPU(s)"
 
 
+def _probe_sensors(r: _Roots) -> tuple[bool, str]:
+    """Each registered optional sensor (koordd's and third parties'), started and stopped again."""
+    why = {}
+    for name, factory in sorted(load_sensor_registry().items()):
+        sensor, why[name] = start_sensor(factory)
+        if sensor is not None:
+            stop_sensor(sensor)
+    return all(w is None for w in why.values()), "; ".join(f"{n}: {w or 'starts'}" for n, w in why.items())
+
+
 def _probe_journald(r: _Roots) -> tuple[bool, str]:
     sock = r.run / "systemd/journal/socket"
     _, why = _try_import("systemd.journal")
@@ -282,17 +294,22 @@ PROBES: list[tuple[str, Callable[[_Roots], tuple[bool, str]]]] = [
     ("sched_ext", _probe_sched_ext),
     ("netlink", _probe_netlink),
     ("nvml", _probe_nvml),
+    ("sensors", _probe_sensors),
     ("journald", _probe_journald),
     ("systemd", _probe_systemd),
 ]
 
 
 def probe_all(cgroup_root: Path | str = "/sys/fs/cgroup", sys_root: Path | str = "/sys",
-              proc_root: Path | str = "/proc", run_root: Path | str = "/run") -> list[Capability]:
-    """Run every probe; one that raises becomes an unavailable Capability carrying the exception."""
+              proc_root: Path | str = "/proc", run_root: Path | str = "/run",
+              skip: Collection[str] = ()) -> list[Capability]:
+    """Run every probe but those in `skip`; one that raises becomes an unavailable Capability carrying
+    the exception."""
     roots = _Roots(Path(cgroup_root), Path(sys_root), Path(proc_root), Path(run_root))
     caps = []
     for name, probe in PROBES:
+        if name in skip:
+            continue
         try:
             available, detail = probe(roots)
         except Exception as e:

@@ -25,7 +25,8 @@ from .decisions import DecisionLog, journal_sender
 from .registry import load_registry
 from .runner import Runner
 from .sensors.collect import Sensors
-from .sensors.gpu import GpuSensor
+from .sensors.lifecycle import SensorManager
+from .sensors.registry import load_sensor_registry
 from .state import RestoreJournal, write_atomic
 
 log = logging.getLogger("koordd")
@@ -69,11 +70,10 @@ class Daemon:
         self.backends = load_backends(CgroupBackend(self.fs))
         self.actuator = Actuator(self.backends, self.journal, DecisionLog(self.state_dir, send=journal_sender()),
                                  dry_run=self.dry_run)
-        self.gpu = GpuSensor()           # reports itself as unavailable without pynvml or a driver
         self.actuator.unsupported = self.backends.probe()
         self.sensors = Sensors(self.fs, config.classify, _patterns(config),
-                               extra=(self.gpu,) if self.gpu.available else (), supported=self._supported())
-        self.runner = Runner(registry, self.actuator)
+                               optional=SensorManager(load_sensor_registry()), supported=self._supported())
+        self.runner = Runner(registry, self.actuator, sensors=self.sensors.optional.names)
         self.wake = threading.Event()
         self.stopping = False
         self.reload_at: float | None = None
@@ -84,15 +84,21 @@ class Daemon:
     def start(self) -> None:
         log.info("koordd starting: config %s, cgroups %s%s", self.config.path, self.layout.describe(),
                  ", dry-run: nothing will be written" if self.dry_run else "")
-        for cap in probe_all(self.layout.root):
+        # Not the optional sensors: they start when a loop needs them, and say so if they cannot.
+        for cap in probe_all(self.layout.root, skip=("sensors",)):
             if not cap.available:
                 log.info("capability %s unavailable: %s", cap.name, cap.detail)
         self._log_missing_knobs()
         self._recover()
-        self.runner.configure(self.config)
+        self._configure(self.config)
         # Baseline: rates need two samples.
         self.sensors.snapshot(self.runner.watched(), member_classes=self.runner.member_classes(),
                               fields=self.runner.needs(), member_fields=self.runner.member_needs())
+
+    def _configure(self, config: Config) -> None:
+        """Run the loops `config` enables, and the optional sensors they need (and only those)."""
+        self.runner.configure(config)
+        self.sensors.optional.require(self.runner.sensor_users())
 
     def _log_missing_knobs(self) -> None:
         """One line per knob the host lacks; of the cgroup knobs, only those the kernel lacks (those
@@ -135,7 +141,8 @@ class Daemon:
         if once:
             time.sleep(min([float(s.interval) for s in self.config.loops.values() if s.enabled] + [1.0]))
             self.round(list(self.runner.runs.values()))
-            self._write_status()
+            self._write_status()            # before the sensors stop: it says which ran and which could not
+            self.sensors.close()
             return 0 if all(r.failures == 0 for r in self.runner.runs.values()) else 1
         self._install_signals()
         watcher = self._watch_config()
@@ -185,7 +192,7 @@ class Daemon:
     def stop(self) -> None:
         notify.notify("STOPPING=1")
         self.actuator.restore_all("koordd stopping")
-        self.gpu.close()
+        self.sensors.close()
         self.backends.close()
         self.journal.close()
         self._write_status()
@@ -212,7 +219,8 @@ class Daemon:
         self.config = new
         self.sensors.set_classes(new.classify, _patterns(new))
         self._probe_knobs()
-        self.runner.configure(new)
+        self.sensors.reprobe()
+        self._configure(new)
         log.info("reloaded %s", new.path)
         notify.notify("READY=1", "STATUS=running")
 
@@ -256,7 +264,7 @@ class Daemon:
     def _write_status(self) -> None:
         status = {"pid": os.getpid(), "started": self.started, "updated": time.time(),
                   "config": str(self.config.path), "dry_run": self.dry_run, "cgroups": self.layout.describe(),
-                  "loops": self.runner.status(),
+                  "loops": self.runner.status(), "sensors": self.sensors.optional.status(),
                   "held": [h.__dict__ for h in self.journal.entries()]}
         try:
             write_atomic(self.state_dir / STATUS_FILE, json.dumps(status, indent=1) + "\n", durable=False)

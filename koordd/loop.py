@@ -8,9 +8,11 @@ A loop is a class in `plugins/` registered under the entry-point group
   a network device); two enabled loops may not claim the same pair.
 - `watches(settings)`: cgroups it needs sampled although no class names them.
 - `members_of(settings)`: classes whose roots' children it needs sampled one by one.
-- `needs(settings)`: the CgroupSample fields (and `gpus`) decide() reads: only what
-  the enabled loops need is read each tick; `member_needs(settings)` the fields it
-  reads of members (default: the same).
+- `needs(settings)`: the CgroupSample fields decide() reads, and the optional
+  sensors (`gpus`, see sensors/contract.py) whose snapshot sections it reads:
+  only what the enabled loops need is read each tick, and an optional sensor runs
+  only while a loop names it; `member_needs(settings)` the fields it reads of
+  members (default: the same).
 - `member_fields(snapshot, settings, state)` before decide(), on a snapshot whose
   members are listed but not read: which member fields this tick needs (default:
   all of member_needs). A loop that acts on members only now and then (memory_evict,
@@ -33,7 +35,7 @@ from typing import Any, ClassVar, Mapping
 
 from .decisions import APPLIED, DRY_RUN
 from .options import Option
-from .snapshot import CGROUP_FIELDS, GPUS
+from .snapshot import CGROUP_FIELDS
 
 
 NODE = "node"      # the owner of node-wide targets in writes(); no class has this name
@@ -75,9 +77,10 @@ class Loop:
 
     @staticmethod
     def needs(settings) -> frozenset[str]:
-        """CgroupSample fields (snapshot.CGROUP_FIELDS) and "gpus" that decide() reads. The default,
-        everything, suits a loop that does not say; every file read costs, every tick."""
-        return CGROUP_FIELDS | {GPUS}
+        """CgroupSample fields (snapshot.CGROUP_FIELDS) and optional sensors ("gpus") that decide() reads.
+        The default, every cgroup field, suits a loop that does not say; every file read costs, every
+        tick. Optional sensors are never a default: they load drivers or programs, so a loop names them."""
+        return CGROUP_FIELDS
 
     @classmethod
     def member_needs(cls, settings) -> frozenset[str]:

@@ -11,12 +11,12 @@ import logging
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from .actuator import Actuator
 from .config import Config, Settings
 from .loop import Action, Loop
-from .snapshot import Snapshot
+from .snapshot import CGROUP_FIELDS, Snapshot
 from .state import Held
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,10 @@ def class_of(cgroup: str, snapshot: Snapshot) -> str | None:
 
 
 class Runner:
-    def __init__(self, registry: Mapping[str, type[Loop]], actuator: Actuator):
+    def __init__(self, registry: Mapping[str, type[Loop]], actuator: Actuator, sensors: Collection[str] = ()):
+        """`sensors`: the names of the registered optional sensors, which needs() may name."""
         self.registry, self.actuator = registry, actuator
+        self.sensors = frozenset(sensors)
         self.runs: dict[str, LoopRun] = {}
 
     def configure(self, config: Config, now: float | None = None) -> None:
@@ -71,11 +73,22 @@ class Runner:
                 self.runs[name] = LoopRun(name, impl, settings, impl.initial_state(settings),
                                           now + float(settings.interval))
                 log.info("loop %s started: %s", name, settings)
+                self._check_needs(self.runs[name])
             elif run.settings != settings:
                 run.settings, run.state, run.next_due = settings, impl.initial_state(settings), now
                 log.info("loop %s reconfigured: %s", name, settings)
+                self._check_needs(run)
         for name in set(self.runs) - {n for n, s in config.loops.items() if s.enabled}:
             self.stop(name, "loop removed from config")
+
+    def _check_needs(self, run: LoopRun) -> None:
+        """A needs() word that is neither a cgroup field nor a registered sensor (a typo, a sensor whose
+        package is not installed) is one error line; the loop runs, and finds no such section."""
+        unknown = self._words(run) - CGROUP_FIELDS - self.sensors
+        if unknown:
+            log.error("loop %s: needs() names %s, neither a cgroup field nor a registered sensor (sensors: %s); "
+                      "the loop runs without %s", run.name, ", ".join(sorted(unknown)),
+                      ", ".join(sorted(self.sensors)) or "none", "it" if len(unknown) == 1 else "them")
 
     def stop(self, name: str, why: str) -> None:
         self.runs.pop(name, None)
@@ -88,6 +101,14 @@ class Runner:
     def needs(self) -> frozenset[str]:
         """What the enabled loops read from a snapshot: the sensors read only that."""
         return frozenset().union(*(r.impl.needs(r.settings) for r in self.runs.values()))
+
+    def sensor_users(self) -> dict[str, list[str]]:
+        """Optional sensor -> the enabled loops that need it: the sensors to run."""
+        users: dict[str, list[str]] = {}
+        for name, r in sorted(self.runs.items()):
+            for sensor in sorted(self._words(r) & self.sensors):
+                users.setdefault(sensor, []).append(name)
+        return users
 
     def member_needs(self) -> frozenset[str]:
         """What is read of class members (pods): only the loops that asked for members need them."""
@@ -108,6 +129,10 @@ class Runner:
                 wanted = run.impl.member_needs(run.settings)
             out |= frozenset(wanted) & run.impl.member_needs(run.settings)
         return out
+
+    @staticmethod
+    def _words(run: LoopRun) -> frozenset[str]:
+        return run.impl.needs(run.settings) | run.impl.member_needs(run.settings)
 
     def member_classes(self) -> set[str]:
         return {cls for r in self.runs.values() for cls in r.impl.members_of(r.settings)}

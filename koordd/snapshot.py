@@ -6,7 +6,7 @@ unknown means for them. A cgroup that vanished is simply absent.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class CgroupSample:
 CGROUP_FIELDS = frozenset(("cpu_usage", "throttling", "cpu_max", "cpu_max_burst", "cpuset_cpus", "memory_current",
                            "memory_anon", "memory_max", "oom_kills", "frozen", "cpu_pressure", "memory_pressure",
                            "io_pressure"))
-GPUS = "gpus"          # Loop.needs: the GPU sensor (NVML) is polled only for a loop that names it
+GPUS = "gpus"          # the GPU sensor's section (NVML): polled only for a loop whose needs() name it
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,21 @@ class Snapshot:
     wall: float                             # time.time(), for records
     node: NodeSample
     cgroups: Mapping[str, CgroupSample] = field(default_factory=dict)
-    gpus: tuple = ()
+    # What the optional sensors the enabled loops need produced this round, by sensor name ("gpus").
+    # A sensor that is unavailable or failed this round has no section: loops treat that as unknown.
+    sections: Mapping[str, Any] = field(default_factory=dict)
     members: Mapping[str, tuple[CgroupSample, ...]] = field(default_factory=dict)  # class root -> its children
     held: Mapping[tuple[str, str], str] = field(default_factory=dict)   # (cgroup, knob) -> koordd's original
     supported: frozenset[str] = frozenset()                             # knobs this host has
+
+    def section(self, name: str, default: Any = None) -> Any:
+        """The section optional sensor `name` produced this round, or `default` when there is none."""
+        return self.sections.get(name, default)
+
+    @property
+    def gpus(self) -> tuple:
+        """The GPU sensor's devices (sensors.gpu.GpuSample); () without NVML or when no loop needs it."""
+        return self.section(GPUS, ())
 
     def of_class(self, *classes: str) -> tuple[CgroupSample, ...]:
         """The class roots: the cgroups a rule matched. Their usage sums to the class's usage."""

@@ -1,6 +1,9 @@
 """Fake cgroup trees (see tests/fakecgroup.py): `tree` runs a test once per layout."""
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+
 import pytest
 
 from fakecgroup import LAYOUTS, FakeCgroups
@@ -13,7 +16,7 @@ def tree(request, tmp_path) -> FakeCgroups:
 
 
 
-# --- every decide() reads only the sample fields its loop's needs() names --------------------------
+# --- every decide() reads only the sample fields and sections its loop's needs() names --------------
 
 def _spy_class():
     from koordd.snapshot import CGROUP_FIELDS, CgroupSample
@@ -35,30 +38,61 @@ def _spy_class():
     return spy
 
 
+class SpiedSections(Mapping):
+    """Snapshot.sections noting which sections are looked up (or all of them, when iterated)."""
+
+    def __init__(self, sections, seen: set[str]):
+        self._sections, self._seen = dict(sections), seen
+
+    def __getitem__(self, name):
+        self._seen.add(name)
+        return self._sections[name]
+
+    def __contains__(self, name):
+        self._seen.add(name)
+        return name in self._sections
+
+    def __iter__(self):
+        self._seen.update(self._sections)
+        return iter(self._sections)
+
+    def __len__(self):
+        return len(self._sections)
+
+
+def reads_only_what_it_needs(cls):
+    """cls.decide, wrapped: it runs on a snapshot that notes what is read, and fails on a sample field or
+    section needs() (member_needs() for members) does not name."""
+    spy = _spy_class()
+    original = cls.decide
+
+    def decide(snapshot, settings, state):
+        seen: set[str] = set()
+        seen_of_members: set[str] = set()
+        seen_sections: set[str] = set()
+        if dataclasses.is_dataclass(snapshot):
+            snapshot = dataclasses.replace(
+                snapshot, cgroups={k: spy(v, seen) for k, v in snapshot.cgroups.items()},
+                members={k: tuple(spy(m, seen_of_members) for m in v) for k, v in snapshot.members.items()},
+                sections=SpiedSections(snapshot.sections, seen_sections))
+        out = original(snapshot, settings, state)
+        unnamed = seen - cls.needs(settings)
+        assert not unnamed, f"{cls.name}.decide read {sorted(unnamed)}, which its needs() does not name"
+        unnamed = seen_of_members - cls.member_needs(settings)
+        assert not unnamed, f"{cls.name}.decide read {sorted(unnamed)} of members; member_needs() does not name it"
+        unnamed = seen_sections - cls.needs(settings)
+        assert not unnamed, f"{cls.name}.decide read the section {sorted(unnamed)}, which its needs() does not name"
+        return out
+
+    return staticmethod(decide)
+
+
 @pytest.fixture(autouse=True)
 def decide_reads_only_what_it_needs(monkeypatch):
-    """The sensors read only what the enabled loops' needs() name (every other field stays None), so
-    a loop that reads a field it does not name would see None on a real host. Every decide() in every
-    test runs on samples that note what is read, and the test fails on a field needs() left out."""
-    import dataclasses
-
+    """The sensors read only what the enabled loops' needs() name (every other field stays None, every
+    other section is absent), so a loop that reads one it does not name would see nothing on a real
+    host. Every decide() in every test runs on a snapshot that notes what is read, and the test fails
+    on a field or section needs() left out."""
     from koordd.docs import shipped_loops
-    spy = _spy_class()
     for cls in shipped_loops().values():
-        original = cls.decide
-
-        def decide(snapshot, settings, state, _original=original, _cls=cls):
-            seen: set[str] = set()
-            seen_of_members: set[str] = set()
-            if dataclasses.is_dataclass(snapshot):
-                snapshot = dataclasses.replace(
-                    snapshot, cgroups={k: spy(v, seen) for k, v in snapshot.cgroups.items()},
-                    members={k: tuple(spy(m, seen_of_members) for m in v) for k, v in snapshot.members.items()})
-            out = _original(snapshot, settings, state)
-            unnamed = seen - _cls.needs(settings)
-            assert not unnamed, f"{_cls.name}.decide read {sorted(unnamed)}, which its needs() does not name"
-            unnamed = seen_of_members - _cls.member_needs(settings)
-            assert not unnamed, f"{_cls.name}.decide read {sorted(unnamed)} of members; member_needs() does not name it"
-            return out
-
-        monkeypatch.setattr(cls, "decide", staticmethod(decide))
+        monkeypatch.setattr(cls, "decide", reads_only_what_it_needs(cls))

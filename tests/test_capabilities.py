@@ -9,7 +9,7 @@ from koordd import capabilities
 from koordd.capabilities import Capability, format_report, probe_all, report_json
 
 NAMES = ["cgroup", "cpu.max.burst", "cpu.idle", "knobs", "psi", "perf", "bpf", "resctrl", "sched_ext",
-         "netlink", "nvml", "journald", "systemd"]
+         "netlink", "nvml", "sensors", "journald", "systemd"]
 PSI_TEXT = "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
 
 
@@ -205,12 +205,15 @@ def fake_pynvml(init_error=None, count=2):
 def test_nvml(host, monkeypatch):
     mod, calls = fake_pynvml()
     monkeypatch.setitem(sys.modules, "pynvml", mod)
-    n = host.probe()["nvml"]
-    assert n.available and n.detail == "2 GPU(s)" and calls == ["init", "shutdown"]
+    caps = host.probe()
+    assert caps["nvml"].available and caps["nvml"].detail == "2 GPU(s)"
+    assert caps["sensors"].detail.startswith("gpus: starts")
+    assert calls == ["init", "shutdown"] * 2          # the nvml probe's, then the GPU sensor's start and stop
     mod, _ = fake_pynvml(init_error="Driver Not Loaded")
     monkeypatch.setitem(sys.modules, "pynvml", mod)
-    n = host.probe()["nvml"]
-    assert not n.available and n.detail == "nvmlInit: Driver Not Loaded"
+    caps = host.probe()
+    assert not caps["nvml"].available and caps["nvml"].detail == "nvmlInit: Driver Not Loaded"
+    assert caps["sensors"].detail.startswith("gpus: nvmlInit: Driver Not Loaded")
     monkeypatch.setitem(sys.modules, "pynvml", None)
     assert host.probe()["nvml"].detail == "pynvml not installed"
 
@@ -231,6 +234,39 @@ def test_journald_and_systemd(host, monkeypatch):
     caps = host.probe()
     assert not caps["journald"].available and "systemd.journal not installed" in caps["journald"].detail
     assert "NOTIFY_SOCKET not set" in caps["systemd"].detail
+
+
+def test_sensors_are_started_and_stopped_again_to_say_which_work(host, monkeypatch):
+    from koordd.sensors.contract import OptionalSensor, SensorUnavailable
+    calls = []
+
+    class Works(OptionalSensor):
+        name = "works"
+
+        def start(self):
+            calls.append("start")
+
+        def stop(self):
+            calls.append("stop")
+
+    class Missing(OptionalSensor):
+        name = "missing"
+
+        def start(self):
+            raise SensorUnavailable("no such hardware")
+
+    monkeypatch.setattr(capabilities, "load_sensor_registry", lambda: {"works": Works, "missing": Missing})
+    sensors = host.probe()["sensors"]
+    assert not sensors.available and sensors.detail == "missing: no such hardware; works: starts"
+    assert calls == ["start", "stop"]
+    monkeypatch.setattr(capabilities, "load_sensor_registry", lambda: {"works": Works})
+    assert host.probe()["sensors"] == Capability("sensors", True, "works: starts")
+
+
+def test_skipped_probes_do_not_run(host, monkeypatch):
+    monkeypatch.setattr(capabilities, "load_sensor_registry", lambda: 1 / 0)
+    caps = probe_all(host.cgroup, host.sys, host.proc, host.run, skip=("sensors",))
+    assert [c.name for c in caps] == [n for n in NAMES if n != "sensors"]
 
 
 def test_a_raising_probe_is_contained(host, monkeypatch):

@@ -6,6 +6,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from koordd.sensors.contract import SensorUnavailable
 from koordd.sensors.gpu import GpuProcess, GpuSensor, parse_proc_cgroup
 
 V2 = "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-a.scope\n"
@@ -49,6 +50,7 @@ class FakeNvml:
     def __init__(self, devices, init_error=None):
         self.devices = devices
         self.init_error = init_error
+        self.inits = 0
         self.shutdowns = 0
         self.util_queries = []   # (index, lastSeenTimeStamp)
 
@@ -61,6 +63,7 @@ class FakeNvml:
     def nvmlInit(self):
         if self.init_error:
             raise self.init_error
+        self.inits += 1
 
     def nvmlShutdown(self):
         self.shutdowns += 1
@@ -105,6 +108,12 @@ def device(**over):
     return d
 
 
+def started(proc_root="/proc", nvml=None) -> GpuSensor:
+    sensor = GpuSensor(proc_root=proc_root, nvml=nvml)
+    sensor.start()
+    return sensor
+
+
 @pytest.fixture
 def proc(tmp_path):
     for pid, text in {100: V2, 200: V1, 300: HYBRID, 400: "0::/\n"}.items():
@@ -129,23 +138,32 @@ def test_parse_proc_cgroup(text, want):
 def test_pynvml_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)   # makes `import pynvml` raise ImportError
     s = GpuSensor()
-    assert not s.available and s.reason == "pynvml not installed"
+    with pytest.raises(SensorUnavailable, match="^pynvml not installed$"):
+        s.start()
     assert s.sample() == ()
-    s.close()
+    s.stop()
 
 
 def test_init_error_is_the_reason():
     nvml = FakeNvml([device()], init_error=NVMLError_DriverNotLoaded())
     s = GpuSensor(nvml=nvml)
-    assert not s.available and s.reason == "Driver Not Loaded"
+    with pytest.raises(SensorUnavailable, match="^nvmlInit: Driver Not Loaded$"):
+        s.start()
     assert s.sample() == ()
-    s.close()
+    s.stop()
     assert nvml.shutdowns == 0
 
 
+def test_nvml_is_initialised_by_start_not_by_the_constructor(proc):
+    nvml = FakeNvml([device()])
+    s = GpuSensor(proc_root=proc, nvml=nvml)
+    assert nvml.inits == 0 and s.sample() == ()
+    s.start()
+    assert nvml.inits == 1 and len(s.sample()) == 1
+
+
 def test_device_fields_and_bytes_decoded(proc):
-    s = GpuSensor(proc_root=proc, nvml=FakeNvml([device()]))
-    assert s.available and s.reason == ""
+    s = started(proc, FakeNvml([device()]))
     (g,) = s.sample()
     assert (g.index, g.uuid, g.name) == (0, "GPU-1234", "NVIDIA H100 80GB HBM3")
     assert (g.utilization_percent, g.memory_used, g.memory_total) == (40.0, 1 << 30, 80 << 30)
@@ -157,7 +175,7 @@ def test_not_supported_fields_are_none(proc):
                             compute=NVMLError_NotSupported(), graphics=NVMLError_NotSupported(),
                             putil=NVMLError_NotSupported()),
                      device(uuid="GPU-2")])
-    (a, b) = GpuSensor(proc_root=proc, nvml=nvml).sample()
+    (a, b) = started(proc, nvml).sample()
     assert (a.utilization_percent, a.memory_used, a.memory_total, a.processes) == (None, None, None, ())
     assert b.uuid == "GPU-2" and b.utilization_percent == 40.0   # one bad device spoils nothing else
 
@@ -166,7 +184,7 @@ def test_processes_mapped_to_cgroups_and_merged(proc):
     nvml = FakeNvml([device(compute=[(100, 2 << 30), (200, 1 << 30), (300, None)],
                             graphics=[(300, 512 << 20), (400, 64 << 20)],
                             putil=[(100, 10, 50), (100, 20, 70), (200, 15, 5), (500, 18, 30), (0, 19, 1)])])
-    (g,) = GpuSensor(proc_root=proc, nvml=nvml).sample()
+    (g,) = started(proc, nvml).sample()
     assert g.processes == (
         GpuProcess(100, "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-a.scope",
                    2 << 30, 60.0),
@@ -179,14 +197,14 @@ def test_processes_mapped_to_cgroups_and_merged(proc):
 
 def test_vanished_pid(proc):
     nvml = FakeNvml([device(compute=[(999, 1 << 20)])])
-    (g,) = GpuSensor(proc_root=proc, nvml=nvml).sample()
+    (g,) = started(proc, nvml).sample()
     assert g.processes == (GpuProcess(999, None, 1 << 20, None),)
 
 
 def test_utilisation_window_advances(proc):
     dev = device(compute=[(100, 1)], putil=[(100, 10, 50), (100, 20, 70)])
     nvml = FakeNvml([dev])
-    s = GpuSensor(proc_root=proc, nvml=nvml)
+    s = started(proc, nvml)
     assert s.sample()[0].processes[0].sm_util == 60.0
     # No newer samples: NVML says NotFound, which is "no data", not an error.
     assert s.sample()[0].processes[0].sm_util is None
@@ -195,12 +213,12 @@ def test_utilisation_window_advances(proc):
     assert nvml.util_queries == [(0, 0), (0, 20), (0, 20)]
 
 
-def test_close_shuts_down_once():
+def test_stop_shuts_down_once():
     nvml = FakeNvml([device()])
-    s = GpuSensor(nvml=nvml)
-    s.close()
-    s.close()
-    assert nvml.shutdowns == 1 and not s.available and s.sample() == ()
+    s = started(nvml=nvml)
+    s.stop()
+    s.stop()
+    assert nvml.shutdowns == 1 and s.sample() == ()
 
 
 def test_against_real_pynvml_error_names():

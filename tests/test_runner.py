@@ -1,6 +1,8 @@
 """The runner: loops fail alone, back off, and give their knobs back when they stop or lose a cgroup."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from fakecgroup import FakeCgroups
@@ -226,3 +228,33 @@ def test_member_fields_are_what_the_due_loops_ask_for_this_tick(tmp_path):
     assert runner.member_fields([runner.runs["capper"]], snap) == frozenset()      # pods not due
     pods.state = "broken"
     assert runner.member_fields([pods], snap) == {"memory_current", "frozen"}     # all it may need
+
+
+class NeedsSensors(Loop):
+    """Names a registered sensor, a typo, and a cgroup field."""
+    name = "needs_sensors"
+
+    @staticmethod
+    def needs(settings):
+        return frozenset({"cpu_usage", "gpus", "gpu"})
+
+    @staticmethod
+    def decide(snapshot, settings, state):
+        return []
+
+
+def test_needs_words_are_cgroup_fields_or_registered_sensors(tmp_path, caplog):
+    tree = FakeCgroups(tmp_path, "v2").add("be.slice")
+    registry = {"needs_sensors": NeedsSensors, "capper": Capper}
+    runner = Runner(registry, Actuator(tree.fs, RestoreJournal(tmp_path / "state"), DecisionLog(tmp_path / "state")),
+                    sensors={"gpus"})
+    text = '[loops.needs_sensors]\nenabled = true\ninterval = "1s"\n[loops.capper]\nenabled = true\n'
+    runner.configure(parse_config(text, "k.toml", registry), now=0.0)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors == ["loop needs_sensors: needs() names gpu, neither a cgroup field nor a registered sensor "
+                      "(sensors: gpus); the loop runs without it"]
+    assert runner.sensor_users() == {"gpus": ["needs_sensors"]}     # capper names none: the default has none
+    runner.configure(parse_config(text, "k.toml", registry), now=1.0)  # nothing changed: not said again
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
+    runner.tick(runner.due(1.0), snapshot(1.0, {"be.slice": "BE"}))
+    assert runner.runs["needs_sensors"].failures == 0 and runner.runs["needs_sensors"].ticks == 1

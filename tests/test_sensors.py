@@ -6,14 +6,18 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import reads_only_what_it_needs
 from fakecgroup import FakeCgroups, psi
 from koordd.cgroups import match_pattern
+from koordd.loop import Action, Loop
 from koordd.sensors import collect
 from koordd.sensors.cgroup import CgroupSensor, flat_keyed
 from koordd.sensors.collect import Sensors, find_classified
+from koordd.sensors.contract import OptionalSensor
+from koordd.sensors.lifecycle import SensorManager
 from koordd.sensors.node import NodeSensor, parse_meminfo, parse_proc_stat_cpu
 from koordd.sensors.psi import parse_psi, with_growth
-from koordd.snapshot import CpuTopology, Pressure, PressureStat, Throttling
+from koordd.snapshot import CpuTopology, NodeSample, Pressure, PressureStat, Snapshot, Throttling
 
 JOB = "be.slice/job"
 
@@ -299,10 +303,18 @@ def test_members_of_requested_classes_are_sampled_apart_from_the_class_roots(tmp
 def test_only_the_fields_the_loops_need_are_read(tmp_path, host, monkeypatch):
     tree = FakeCgroups(tmp_path, "v2").add("be.slice/job1").add("be.slice/job2").add("ls.slice")
     classify = {"be.slice": "BE", "ls.slice": "LS"}.get
-    gpu = SimpleNamespace(polled=0)
-    gpu.sample = lambda: (gpu.__setattr__("polled", gpu.polled + 1), ())[1]
+    contexts = []
+
+    class Gpu(OptionalSensor):
+        name = "gpus"
+
+        def sample(self, context):
+            contexts.append(context)
+            return ()
+
+    optional = SensorManager({"gpus": Gpu})
     sensors = Sensors(tree.fs, classify, ["be.slice", "ls.slice"], proc_root=host.proc, sys_root=host.sys,
-                      extra=(gpu,))
+                      optional=optional)
     read = []
     real_read = sensors.fs.read
     monkeypatch.setattr(sensors.fs, "read", lambda c, cg, name: read.append((cg, name)) or real_read(c, cg, name))
@@ -314,9 +326,13 @@ def test_only_the_fields_the_loops_need_are_read(tmp_path, host, monkeypatch):
     be = snap.cgroups["be.slice"]
     assert be.cpu_max == "max 100000" and be.memory_current is None and be.cpu_pressure is None
     assert snap.find("be.slice/job1").frozen is False and snap.find("be.slice/job1").cpu_max is None
-    assert gpu.polled == 0                                  # no loop named "gpus"
-    sensors.snapshot(fields=frozenset({"gpus"}))
-    assert gpu.polled == 1
+    assert contexts == [] and snap.sections == {}          # no loop named "gpus"
+    optional.require({"gpus": ["gpu_share"]})
+    snap = sensors.snapshot(member_classes={"BE"}, fields=frozenset({"gpus"}))
+    assert snap.sections == {"gpus": ()}
+    # The sensor learns which cgroups were sampled, members with their root's class.
+    assert contexts[0].now == snap.time and contexts[0].cgroups == {
+        "be.slice": "BE", "ls.slice": "LS", "be.slice/job1": "BE", "be.slice/job2": "BE"}
 
 
 def test_v2_cpu_stat_is_read_once_for_usage_and_throttling(tmp_path, host, monkeypatch):
@@ -359,3 +375,38 @@ def test_a_listing_keeps_the_counters_of_the_last_read(tmp_path, host):
     snap = sensors.snapshot(member_classes={"BE"}, fields=frozenset(), member_fields=frozenset())
     [job] = sensors.fill_members(snap, usage).units("BE")
     assert job.cpu_usage is not None and job.cpu_usage > 0
+
+
+def test_sections_hold_what_optional_sensors_produced_and_gpus_is_one_of_them():
+    node = NodeSample(2, None)
+    bare = Snapshot(1.0, 0.0, node)
+    assert bare.gpus == () and bare.section("gpus") is None and bare.section("rdt", {}) == {}
+    gpu = object()
+    snap = Snapshot(1.0, 0.0, node, sections={"gpus": (gpu,), "rdt": {"be.slice": 3}})
+    assert snap.gpus == (gpu,) and snap.section("rdt") == {"be.slice": 3}
+
+
+class ReadsGpus(Loop):
+    """Reads the GPU section although its needs() name only a cgroup field."""
+    name = "reads_gpus"
+
+    @staticmethod
+    def needs(settings):
+        return frozenset({"cpu_usage"})
+
+    @staticmethod
+    def decide(snapshot, settings, state):
+        return [Action("gpu.slice", "cpu.max", None)] * len(snapshot.gpus)
+
+
+class NamesGpus(ReadsGpus):
+    @staticmethod
+    def needs(settings):
+        return frozenset({"gpus"})
+
+
+def test_a_decide_reading_a_section_its_needs_do_not_name_fails_under_the_spy():
+    snap = Snapshot(1.0, 0.0, NodeSample(2, None), sections={"gpus": ()})
+    with pytest.raises(AssertionError, match=r"read the section \['gpus'\]"):
+        reads_only_what_it_needs(ReadsGpus).__func__(snap, None, None)
+    assert reads_only_what_it_needs(NamesGpus).__func__(snap, None, None) == []

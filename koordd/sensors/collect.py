@@ -7,8 +7,10 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from ..cgroups import CgroupFS
 from ..knobs import KNOBS, unsupported_knobs
-from ..snapshot import CGROUP_FIELDS, GPUS, Snapshot
+from ..snapshot import CGROUP_FIELDS, Snapshot
 from .cgroup import CgroupSensor
+from .contract import SensorContext
+from .lifecycle import SensorManager
 from .node import NodeSensor
 
 Classify = Callable[[str], "str | None"]
@@ -32,28 +34,39 @@ def find_classified(fs: CgroupFS, classify: Classify, max_depth: int) -> dict[st
 
 class Sensors:
     def __init__(self, fs: CgroupFS, classify: Classify, patterns: Sequence[str],
-                 proc_root="/proc", sys_root="/sys", extra: Sequence = (), supported: frozenset[str] | None = None):
+                 proc_root="/proc", sys_root="/sys", optional: SensorManager | None = None,
+                 supported: frozenset[str] | None = None):
         self.fs = fs
         self.node = NodeSensor(proc_root, sys_root)
         self.cgroups = CgroupSensor(fs)
         self.set_classes(classify, patterns)
-        self.extra = extra          # optional sensors with .sample() -> tuple (e.g. GPU)
+        # The optional sensors (GPU, ...): the daemon starts those the enabled loops need (require()).
+        self.optional = optional if optional is not None else SensorManager({})
         # Knobs this host has, for loops to choose from: the daemon's, probed from every backend; else
         # (tools, tests) the cgroup knobs, probed here.
         self.supported = frozenset(KNOBS) - unsupported_knobs(fs).keys() if supported is None else supported
+
+    def reprobe(self) -> None:
+        """A new chance for unavailable optional sensors (on reload)."""
+        self.optional.reprobe()
+
+    def close(self) -> None:
+        """Stop the optional sensors (the cgroup files are the CgroupFS's to close)."""
+        self.optional.stop_all("koordd stopping")
 
     def set_classes(self, classify: Classify, patterns: Sequence[str]) -> None:
         self.classify = classify
         self.max_depth = max((p.count("/") + 1 for p in patterns), default=0)
 
     def snapshot(self, watch: Iterable[str] = (), held: Mapping[tuple[str, str], str] | None = None,
-                 member_classes: Iterable[str] = (), fields: frozenset[str] = CGROUP_FIELDS | {GPUS},
+                 member_classes: Iterable[str] = (), fields: frozenset[str] = CGROUP_FIELDS,
                  member_fields: frozenset[str] | None = None) -> Snapshot:
         """`watch`: cgroups a loop needs even without a class (e.g. the scope memory_evict protects);
         `held`: the originals of the knobs koordd holds changed, for loops that reason from a base value;
         `member_classes`: classes whose roots' children are sampled too (loops acting per pod);
-        `fields`: the CgroupSample fields (and "gpus") the loops read: nothing else is read;
-        `member_fields`: those read of the members (default: `fields`)."""
+        `fields`: the CgroupSample fields the loops read: nothing else is read;
+        `member_fields`: those read of the members (default: `fields`).
+        The optional sensors running (those the loops need) fill the snapshot's sections."""
         now = time.monotonic()
         walk = self.fs.walk_controller()
         classes = find_classified(self.fs, self.classify, self.max_depth)
@@ -69,11 +82,9 @@ class Sensors:
         member_fields = fields if member_fields is None else member_fields   # frozenset(): listed, not read
         members = {root: tuple(self.cgroups.sample(c, classes[root], now, member_fields) for c in kids)
                    for root, kids in children.items() if kids}
-        gpus: tuple = ()
-        if GPUS in fields:
-            for sensor in self.extra:
-                gpus += tuple(sensor.sample())
-        return Snapshot(time=now, wall=time.time(), node=self.node.sample(now), cgroups=samples, gpus=gpus,
+        sampled = {**classes, **{m.path: classes[root] for root, ms in members.items() for m in ms}}
+        sections = self.optional.sample(SensorContext(now, sampled))
+        return Snapshot(time=now, wall=time.time(), node=self.node.sample(now), cgroups=samples, sections=sections,
                         members=members, held=dict(held or {}), supported=self.supported)
 
     def fill_members(self, snapshot: Snapshot, fields: frozenset[str]) -> Snapshot:

@@ -1,8 +1,9 @@
 """NVIDIA GPU sensor: per-device utilisation and memory, and which cgroup uses the GPU.
 
-Reads NVML through `pynvml` (PyPI package nvidia-ml-py). NVML is initialised in
-the constructor, so `available`/`reason` are known at start-up and the daemon can
-report a missing library or driver once, then never call NVML again.
+An optional sensor (sensors/contract.py), the snapshot's "gpus" section: it reads
+NVML through `pynvml` (PyPI package nvidia-ml-py), initialised in start(), so NVML
+is loaded only while a loop needs GPUs, and a missing library or driver is a
+SensorUnavailable the daemon reports once.
 
 Per process it merges the compute and graphics process lists (pid, used memory)
 with `nvmlDeviceGetProcessUtilization` (SM %), and maps each host pid to its
@@ -14,6 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..snapshot import GPUS
+from .contract import OptionalSensor, SensorContext, SensorUnavailable
 
 
 @dataclass(frozen=True)
@@ -59,31 +63,33 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-class GpuSensor:
+class GpuSensor(OptionalSensor):
+    name = GPUS
+
     def __init__(self, proc_root: str | Path = "/proc", nvml: Any = None):
         self.proc_root = Path(proc_root)
-        self.available = False
-        self.reason = ""
-        self._closed = False
+        self._nvml = nvml           # pynvml, or a fake in tests; imported by start() when None
+        self._started = False
         # Newest utilisation sample timestamp per device index: the next query asks
         # only for newer samples, so each sample() covers the time since the last one.
         self._last_seen: dict[int, int] = {}
-        if nvml is None:
-            try:
-                import pynvml as nvml
-            except ImportError:
-                self.reason = "pynvml not installed"
-                return
-        self._nvml = nvml
-        try:
-            nvml.nvmlInit()
-        except nvml.NVMLError as e:
-            self.reason = str(e)
-            return
-        self.available = True
 
-    def sample(self) -> tuple[GpuSample, ...]:
-        if not self.available:
+    def start(self) -> None:
+        if self._nvml is None:
+            try:
+                import pynvml
+            except ImportError:
+                raise SensorUnavailable("pynvml not installed") from None
+            self._nvml = pynvml
+        try:
+            self._nvml.nvmlInit()
+        except self._nvml.NVMLError as e:
+            raise SensorUnavailable(f"nvmlInit: {e}") from None
+        self._started = True
+
+    def sample(self, context: SensorContext | None = None) -> tuple[GpuSample, ...]:
+        """Every device NVML lists; NVML gives host pids and their cgroups itself, so `context` is unused."""
+        if not self._started:
             return ()
         nvml = self._nvml
         try:
@@ -99,10 +105,10 @@ class GpuSensor:
             samples.append(self._device(index, handle))
         return tuple(samples)
 
-    def close(self) -> None:
-        if self.available and not self._closed:
-            self._closed = True
-            self.available = False
+    def stop(self) -> None:
+        # nvmlInit counts references: one shutdown per successful init, never more.
+        if self._started:
+            self._started = False
             try:
                 self._nvml.nvmlShutdown()
             except self._nvml.NVMLError:
