@@ -45,6 +45,8 @@ class CgroupSensor:
 
     def sample(self, cgroup: str, cls: str, now: float, fields: frozenset[str] = CGROUP_FIELDS) -> CgroupSample:
         """The fields asked for; the others stay None (never read)."""
+        if not fields:
+            return CgroupSample(path=cgroup, cls=cls)     # listed only (members on a calm tick): no work
         prev = self._prev.get(cgroup, {})
         cur: dict = {"time": now}
         dt = now - prev["time"] if prev else 0.0
