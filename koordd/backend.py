@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Callable, ClassVar, Iterable, Mapping
+
+from .registry import load_named
 
 log = logging.getLogger(__name__)
 GROUP = "koordd.backends"
@@ -127,12 +128,12 @@ class Backends:
 
 
 def load_backends(*builtin: Backend) -> Backends:
-    """koordd's own backends plus those of the entry-point group; one that fails to load or clashes
-    with another is left out with one error line."""
+    """koordd's own backends plus those of the entry-point group (named by their kind); one that fails
+    to load, to start or clashes with another is left out with one error line."""
     out = Backends(builtin)
-    for ep in entry_points(group=GROUP):
+    for kind, cls in load_named(GROUP, "backend", attr="kind").items():
         try:
-            out.add(ep.load()())
+            out.add(cls())
         except Exception as e:  # noqa: BLE001 - a broken third-party backend must not stop koordd
-            log.error("backend %s (%s) left out: %s", ep.name, ep.value, e)
+            log.error("backend %s (%s) left out: %s", kind, cls, e)
     return out

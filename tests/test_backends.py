@@ -9,6 +9,7 @@ import pytest
 
 from fakebackends import FakeNetlink, FakeNetlinkKernel, FakeResctrl, FakeResctrlKernel
 from fakecgroup import FakeCgroups
+import koordd.registry as entry_point_loader
 from koordd import backend as backend_mod
 from koordd.actuator import Actuator
 from koordd.backend import Backends, KnobSpec, load_backends
@@ -167,11 +168,21 @@ def test_backends_refuse_a_second_kind_or_a_knob_served_twice(tmp_path):
         b.add(Clash(tc))
 
 
-def test_third_party_backends_come_from_entry_points(tmp_path, monkeypatch, caplog):
-    class Broken:
-        def __init__(self):
-            raise RuntimeError("no netlink here")
+class Tc(FakeNetlink):
+    """As a third-party package ships it: made with no arguments."""
 
+    def __init__(self):
+        super().__init__(FakeNetlinkKernel())
+
+
+class Broken(Sysfs):
+    kind = "broken"
+
+    def __init__(self):
+        raise RuntimeError("no netlink here")
+
+
+def test_third_party_backends_come_from_entry_points(tmp_path, monkeypatch, caplog):
     class EP:
         def __init__(self, name, cls):
             self.name, self.value, self._cls = name, f"pkg:{name}", cls
@@ -179,14 +190,14 @@ def test_third_party_backends_come_from_entry_points(tmp_path, monkeypatch, capl
         def load(self):
             return self._cls
 
-    kernel = FakeNetlinkKernel()
-    monkeypatch.setattr(backend_mod, "entry_points",
-                        lambda group: [EP("tc", lambda: FakeNetlink(kernel)), EP("broken", Broken)]
+    monkeypatch.setattr(entry_point_loader, "entry_points",
+                        lambda group: [EP("tc", Tc), EP("broken", Broken), EP("misnamed", Tc)]
                         if group == backend_mod.GROUP else [])
     tree = FakeCgroups(tmp_path, "v2")
     got = load_backends(CgroupBackend(tree.fs))
     assert got.kinds() == ("cgroup", "tc") and got.for_knob("tc.htb.ceil").kind == "tc"
-    assert "backend broken (pkg:broken) left out: no netlink here" in caplog.text
+    assert "no netlink here" in caplog.text and "backend broken" in caplog.text
+    assert "backend misnamed: entry point names class pkg:misnamed whose kind is 'tc'" in caplog.text
     got.close()
     assert not got.of_kind("tc").socket_open                     # held resources released on stop
 

@@ -8,6 +8,7 @@ from importlib.metadata import EntryPoint
 import pytest
 
 from fakecgroup import FakeCgroups
+import koordd.registry as entry_point_loader
 from koordd.config import parse_config
 from koordd.daemon import STATUS_FILE, Daemon
 from koordd.loop import Loop
@@ -165,7 +166,7 @@ def test_third_party_sensors_come_from_the_entry_point_group(monkeypatch, caplog
               EntryPoint("mismatch", f"{__name__}:Mismatch", registry.GROUP),
               EntryPoint("gpus", f"{__name__}:Widget", registry.GROUP),
               EntryPoint("cpu_usage", f"{__name__}:Widget", registry.GROUP)]
-    monkeypatch.setattr(registry, "entry_points", lambda group: [p for p in points if p.group == group])
+    monkeypatch.setattr(entry_point_loader, "entry_points", lambda group: [p for p in points if p.group == group])
     assert registry.load_sensor_registry() == {"gpus": GpuSensor, "widget": Widget}
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any(m.startswith("sensor broken (koordd_no_such_module:Sensor) failed to load") for m in errors)
