@@ -158,6 +158,11 @@ def cmd_status(args: argparse.Namespace) -> int:
                   r.get("failures"), r.get("last_error")) for name, r in loops.items()],
                 ("LOOP", "INTERVAL", "TICKS", "LAST TICK", "FAILURES", "LAST ERROR"))
           if loops else "no loops enabled")
+    sensors = {name: s for name, s in (status.get("sensors") or {}).items() if s.get("loops")}
+    if sensors:                  # only those an enabled loop needs: the others are stopped by design
+        print()
+        print(table([(name, s.get("state"), ", ".join(s.get("loops") or ()), s.get("reason") or "")
+                     for name, s in sorted(sensors.items())], ("SENSOR", "STATE", "FOR LOOPS", "REASON")))
     print()
     print(f"held knobs (from {source}):" if held else f"held knobs (from {source}): none")
     if held:

@@ -49,6 +49,9 @@ def state(tmp_path: Path, now: float) -> Path:
         "loops": {"be_suppress": {"interval": 1.0, "ticks": 3600, "failures": 2, "last_tick": now - 0.4,
                                   "last_ok": now - 10, "last_error": "OSError: cpu.max: EBUSY",
                                   "last_changes": 0}},
+        "sensors": {"gpus": {"state": "unavailable", "reason": "nvmlInit: Driver Not Loaded",
+                             "loops": ["gpu_share"]},
+                    "runq": {"state": "stopped", "reason": None, "loops": []}},
         "held": [{"cgroup": "stale.slice", "knob": "cpu.max", "original": "max 100000",
                   "owner": "be_suppress", "since": now - 7200}]}))
     (d / "originals.json").write_text(json.dumps({"version": 1, "held": [
@@ -140,6 +143,9 @@ def test_status_running(state, capsys):
     assert "mode=unified" in out
     loop = next(line for line in out.splitlines() if line.startswith("be_suppress"))
     assert re.match(r"be_suppress +1s +3600 +0\.\ds ago +2 +OSError: cpu.max: EBUSY$", loop)
+    # the sensors an enabled loop needs, with why one is not running; those none needs are not listed
+    assert re.search(r"^gpus +unavailable +gpu_share +nvmlInit: Driver Not Loaded$", out, re.M)
+    assert "runq" not in out
     # originals.json wins over status.json's copy of the held knobs
     assert "held knobs (from originals.json):" in out
     assert "be.slice  cpu.max  max 100000  be_suppress" in out and "stale.slice" not in out
