@@ -79,6 +79,34 @@ CGROUP_FIELDS = frozenset(("cpu_usage", "throttling", "cpu_max", "cpu_max_burst"
                            "memory_anon", "memory_max", "oom_kills", "frozen", "cpu_pressure", "memory_pressure",
                            "io_pressure"))
 GPUS = "gpus"          # the GPU sensor's section (NVML): polled only for a loop whose needs() name it
+RUNQ_LATENCY = "runq_latency"   # section: cgroup path -> RunqLatency, for the round since the last
+CPI = "cpi"                     # section: cgroup path -> CpiSample, for the round since the last
+
+
+@dataclass(frozen=True)
+class RunqLatency:
+    """How long a cgroup's threads waited on a run queue, runnable but not running, this round.
+    `source` "ebpf": a log2 histogram of every wait (quantiles are bucket upper bounds, so within 2x);
+    "schedstat": Δrun_delay / Δtimeslices of its threads, a mean only (p50/p99/max None)."""
+    source: str
+    count: int                              # waits (ebpf) or timeslices (schedstat) this round
+    mean_us: float | None
+    p50_us: float | None = None
+    p99_us: float | None = None
+    max_us: float | None = None
+
+
+@dataclass(frozen=True)
+class CpiSample:
+    """Cycles per instruction of a cgroup's threads this round, from its perf counters, each scaled by
+    time enabled / running (counters share the PMU)."""
+    cycles: float
+    instructions: float
+    running_fraction: float                 # time running / enabled: under 1 when multiplexed
+
+    @property
+    def cpi(self) -> float | None:
+        return self.cycles / self.instructions if self.instructions > 0 else None
 
 
 @dataclass(frozen=True)
