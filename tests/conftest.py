@@ -96,3 +96,14 @@ def decide_reads_only_what_it_needs(monkeypatch):
     from koordd.docs import shipped_loops
     for cls in shipped_loops().values():
         monkeypatch.setattr(cls, "decide", reads_only_what_it_needs(cls))
+
+
+# --- unit tests load no BPF program into the host's kernel --------------------------------------
+
+@pytest.fixture(autouse=True)
+def no_bpf_outside_kernel_tests(request, monkeypatch):
+    """The run-queue sensor koordd's registry makes reads schedstat in unit tests (doctor starts every
+    sensor to see which work): loading the real BPF program is for tests/kernel, on purpose."""
+    if "/kernel/" not in str(request.node.fspath):
+        from koordd.sensors import runq
+        monkeypatch.setattr(runq, "DEFAULT_SOURCES", (runq.SCHEDSTAT,))

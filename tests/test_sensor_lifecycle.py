@@ -167,7 +167,7 @@ def test_third_party_sensors_come_from_the_entry_point_group(monkeypatch, caplog
               EntryPoint("gpus", f"{__name__}:Widget", registry.GROUP),
               EntryPoint("cpu_usage", f"{__name__}:Widget", registry.GROUP)]
     monkeypatch.setattr(entry_point_loader, "entry_points", lambda group: [p for p in points if p.group == group])
-    assert registry.load_sensor_registry() == {"gpus": GpuSensor, "widget": Widget}
+    assert registry.load_sensor_registry() == {**registry.BUILTIN, "widget": Widget}
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any(m.startswith("sensor broken (koordd_no_such_module:Sensor) failed to load") for m in errors)
     assert any(m.startswith("sensor mismatch: entry point names class") for m in errors)
@@ -176,7 +176,7 @@ def test_third_party_sensors_come_from_the_entry_point_group(monkeypatch, caplog
 
 
 def test_the_gpu_sensor_is_built_in_and_starts_nothing_until_needed():
-    assert registry.BUILTIN == {"gpus": GpuSensor}
+    assert registry.BUILTIN["gpus"] is GpuSensor
     assert GpuSensor.name == "gpus"
     sensor, why = lifecycle.start_sensor(lambda: GpuSensor(nvml=FailingNvml()))
     assert sensor is None and why == "nvmlInit: Driver Not Loaded"

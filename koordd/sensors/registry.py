@@ -7,9 +7,10 @@ from ..registry import load_named
 from ..snapshot import CGROUP_FIELDS
 from .contract import OptionalSensor
 from .gpu import GpuSensor
+from .runq import RunqLatencySensor
 
 GROUP = "koordd.sensors"
-BUILTIN: dict[str, type[OptionalSensor]] = {GpuSensor.name: GpuSensor}
+BUILTIN: dict[str, type[OptionalSensor]] = {s.name: s for s in (GpuSensor, RunqLatencySensor)}
 
 SensorFactory = Callable[[], OptionalSensor]
 

@@ -1,0 +1,1 @@
+"""BPF programs koordd loads with bcc (C sources, shipped as package data)."""

@@ -1,0 +1,272 @@
+"""Run-queue latency per cgroup: how long its threads waited runnable before they ran.
+
+Two sources, the better one the host allows, chosen at start():
+- "ebpf": bpf/runq_latency.c loaded with bcc; every wait goes into a log2 histogram of the
+  deepest sampled cgroup at or above the thread's own, so a round has p50/p99/max and an exact mean.
+  Needs bcc (python3-bpfcc), kernel headers at /lib/modules/$(uname -r)/build and tracefs.
+- "schedstat": Δrun_delay / Δtimeslices from /proc/<tid>/schedstat of every thread of the cgroup and
+  below: a mean wait per timeslice only. One file read per thread per round.
+
+Cgroups are those of the v2 tree (the unified tree on hybrid hosts), where an id is the inode number
+of the cgroup's directory; a pure v1 host falls back to the cpu hierarchy's `tasks` for schedstat.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from importlib.resources import files
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from ..cgroups import DEFAULT_ROOT, Layout, LayoutError, detect_layout
+from ..snapshot import RUNQ_LATENCY, RunqLatency
+from .contract import OptionalSensor, SensorContext, SensorUnavailable
+
+log = logging.getLogger(__name__)
+PROGRAM = Path(str(files("koordd.bpf") / "runq_latency.c"))
+SLOTS = 32                      # as in the BPF program: slot k holds waits of [2^(k-1), 2^k) µs
+EBPF, SCHEDSTAT = "ebpf", "schedstat"
+DEFAULT_SOURCES = (EBPF, SCHEDSTAT)     # in the order tried
+
+
+# --- histograms -------------------------------------------------------------------------------
+
+def slot_upper_us(slot: int) -> float:
+    """The largest wait a slot holds (its upper bound): what a quantile in it is reported as."""
+    return float(2 ** slot) if slot > 0 else 1.0
+
+
+def quantile_us(slots: list[int], q: float) -> float | None:
+    total = sum(slots)
+    if total == 0:
+        return None
+    rank = q * total
+    seen = 0
+    for slot, n in enumerate(slots):
+        seen += n
+        if seen >= rank and n:
+            return slot_upper_us(slot)
+    return slot_upper_us(max(i for i, n in enumerate(slots) if n))
+
+
+def summarize(slots: list[int], wait_ns: int) -> RunqLatency | None:
+    count = sum(slots)
+    if count <= 0:
+        return None
+    return RunqLatency(EBPF, count, wait_ns / 1000 / count, quantile_us(slots, 0.50), quantile_us(slots, 0.99),
+                       slot_upper_us(max(i for i, n in enumerate(slots) if n)))
+
+
+def enclosing(paths: Iterable[str]) -> dict[str, list[str]]:
+    """Each path -> itself and the paths below it, among `paths` (a class root and its pods)."""
+    ordered = sorted(paths)
+    return {p: [q for q in ordered if q == p or not p or q.startswith(p + "/")] for p in ordered}
+
+
+# --- the eBPF source ---------------------------------------------------------------------------
+
+class EbpfSource:
+    """The BPF program's maps, read as deltas per sampled cgroup."""
+
+    def __init__(self, tree: Path, program: Path = PROGRAM):
+        self.tree, self.program = tree, program
+        self.bpf = None
+        self.ids: dict[str, int] = {}                    # sampled path -> v2 cgroup id
+        self.prev: dict[int, tuple[list[int], int]] = {}  # id -> its cumulative (slots, wait_ns)
+
+    def open(self) -> None:
+        build = Path("/lib/modules") / os.uname().release / "build"
+        try:
+            from bcc import BPF
+        except ImportError:
+            raise SensorUnavailable("bcc is not installed (apt-get install python3-bpfcc)") from None
+        if not build.exists():
+            raise SensorUnavailable(f"no kernel headers at {build} (see DEVELOPERS.md)")
+        if not Path("/sys/kernel/tracing/events/sched/sched_switch").exists():
+            raise SensorUnavailable("tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing)")
+        try:
+            self.bpf = BPF(src_file=str(self.program).encode())
+        except Exception as e:  # noqa: BLE001 - bcc raises plain Exception for compile and load errors
+            raise SensorUnavailable(f"the BPF program did not load: {e}") from None
+
+    def close(self) -> None:
+        if self.bpf is not None:
+            self.bpf.cleanup()
+            self.bpf = None
+
+    def _watch(self, paths: Iterable[str]) -> None:
+        """Keep the program's `watched` set to the sampled cgroups; a change empties its cache of
+        cgroup -> watched ancestor, and a cgroup that went away loses its histogram."""
+        want: dict[str, int] = {}
+        for p in paths:
+            if p in self.ids:
+                want[p] = self.ids[p]
+                continue
+            try:
+                want[p] = os.stat(self.tree / p).st_ino
+            except OSError:
+                continue            # not in the v2 tree (a v1-only cgroup) or gone
+        if want == self.ids:
+            return
+        watched, waits = self.bpf[b"watched"], self.bpf[b"waits"]
+        for p, cid in self.ids.items():
+            if want.get(p) != cid:
+                for table in (watched, waits):
+                    try:
+                        del table[ctypes.c_uint64(cid)]
+                    except KeyError:
+                        pass
+                self.prev.pop(cid, None)
+        for p, cid in want.items():
+            if self.ids.get(p) != cid:
+                watched[ctypes.c_uint64(cid)] = ctypes.c_uint8(1)
+        self.bpf[b"resolved"].clear()
+        self.ids = want
+
+    def read(self, paths: Iterable[str]) -> dict[str, RunqLatency]:
+        paths = list(paths)
+        self._watch(paths)
+        by_id = {k.value: (list(v.slots), int(v.wait_ns)) for k, v in self.bpf[b"waits"].items()}
+        delta: dict[int, tuple[list[int], int]] = {}
+        for cid, (slots, wait_ns) in by_id.items():
+            old = self.prev.get(cid)
+            if old is None:
+                delta[cid] = (slots, wait_ns)      # counted since this cgroup was first watched
+            else:
+                delta[cid] = ([a - b for a, b in zip(slots, old[0])], wait_ns - old[1])
+        self.prev = by_id
+        out = {}
+        for path, inside in enclosing(self.ids).items():
+            slots, wait_ns = [0] * SLOTS, 0
+            for q in inside:
+                d = delta.get(self.ids[q])
+                if d is not None:
+                    slots = [a + b for a, b in zip(slots, d[0])]
+                    wait_ns += d[1]
+            summary = summarize(slots, wait_ns)
+            if summary is not None:
+                out[path] = summary
+        return out
+
+
+# --- the schedstat source ----------------------------------------------------------------------
+
+def read_schedstat(proc: Path, tid: int) -> tuple[int, int] | None:
+    """(run_delay ns, timeslices) of a thread; None once it has exited."""
+    try:
+        fields = (proc / str(tid) / "schedstat").read_bytes().split()
+        return int(fields[1]), int(fields[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class SchedstatSource:
+    """Mean wait per timeslice from the threads' schedstat, summed over each cgroup's subtree."""
+
+    def __init__(self, tree: Path, threads_file: str, proc: Path):
+        self.tree, self.threads_file, self.proc = tree, threads_file, proc
+        self.prev: dict[int, tuple[int, int]] = {}    # tid -> (run_delay, timeslices) at the last read
+
+    def _threads_by_dir(self, tops: Iterable[str]) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for top in tops:
+            for dirpath, dirnames, _ in os.walk(self.tree / top):
+                rel = os.path.relpath(dirpath, self.tree)
+                try:
+                    text = Path(dirpath, self.threads_file).read_text()
+                except OSError:
+                    continue
+                out["" if rel == "." else rel] = [int(t) for t in text.split()]
+        return out
+
+    def read(self, paths: Iterable[str]) -> dict[str, RunqLatency]:
+        groups = enclosing(paths)
+        tops = [p for p in groups if not any(p != q and (not q or p.startswith(q + "/")) for q in groups)]
+        now: dict[int, tuple[int, int]] = {}
+        per_dir: dict[str, tuple[int, int]] = {}
+        for d, tids in self._threads_by_dir(tops).items():
+            delay = slices = 0
+            for tid in tids:
+                cur = read_schedstat(self.proc, tid)
+                if cur is None:
+                    continue
+                now[tid] = cur
+                old = self.prev.get(tid)
+                if old is not None and cur[1] >= old[1]:     # a new thread starts counting next round
+                    delay += cur[0] - old[0]
+                    slices += cur[1] - old[1]
+            per_dir[d] = (delay, slices)
+        self.prev = now
+        out = {}
+        for path in groups:
+            delay = slices = 0
+            for d, (dd, ds) in per_dir.items():
+                if d == path or not path or d.startswith(path + "/"):
+                    delay, slices = delay + dd, slices + ds
+            if slices > 0:
+                out[path] = RunqLatency(SCHEDSTAT, slices, delay / 1000 / slices)
+        return out
+
+
+# --- the sensor --------------------------------------------------------------------------------
+
+def v2_tree(layout: Layout) -> tuple[Path, str] | None:
+    """Where threads and cgroup ids are looked up: (directory, the file listing a cgroup's threads)."""
+    if layout.unified is not None:
+        return layout.unified, "cgroup.threads"
+    if "cpu" in layout.v1:
+        return layout.v1["cpu"], "tasks"
+    return None
+
+
+class RunqLatencySensor(OptionalSensor):
+    """Section RUNQ_LATENCY: cgroup path -> RunqLatency of the round, for every sampled cgroup whose
+    threads waited at all."""
+    name = RUNQ_LATENCY
+
+    def __init__(self, cgroup_root: Path | str = DEFAULT_ROOT, proc_root: Path | str = "/proc",
+                 sources: tuple[str, ...] | None = None, program: Path = PROGRAM):
+        self.cgroup_root, self.proc = Path(cgroup_root), Path(proc_root)
+        self.sources = DEFAULT_SOURCES if sources is None else sources
+        self.program = program
+        self.source: EbpfSource | SchedstatSource | None = None
+        self.why_not_ebpf: str | None = None
+
+    def start(self) -> None:
+        try:
+            found = v2_tree(detect_layout(self.cgroup_root))
+        except LayoutError as e:
+            raise SensorUnavailable(str(e)) from None
+        if found is None:
+            raise SensorUnavailable("no v2 tree and no v1 cpu hierarchy to find a cgroup's threads in")
+        tree, threads_file = found
+        if EBPF in self.sources and threads_file == "cgroup.threads":
+            ebpf = EbpfSource(tree, self.program)
+            try:
+                ebpf.open()
+                self.source = ebpf
+                return
+            except SensorUnavailable as e:
+                self.why_not_ebpf = str(e)
+        if SCHEDSTAT not in self.sources:
+            raise SensorUnavailable(f"eBPF: {self.why_not_ebpf}")
+        if read_schedstat(self.proc, os.getpid()) is None:
+            raise SensorUnavailable(f"no {self.proc}/<tid>/schedstat (CONFIG_SCHED_INFO)"
+                                    + (f", and eBPF: {self.why_not_ebpf}" if self.why_not_ebpf else ""))
+        if self.why_not_ebpf:
+            log.info("run-queue latency from schedstat (a mean wait per timeslice, no quantiles): eBPF "
+                     "unavailable: %s", self.why_not_ebpf)
+        self.source = SchedstatSource(tree, threads_file, self.proc)
+
+    @property
+    def kind(self) -> str | None:
+        return EBPF if isinstance(self.source, EbpfSource) else SCHEDSTAT if self.source else None
+
+    def sample(self, context: SensorContext) -> Mapping[str, RunqLatency]:
+        return self.source.read(context.cgroups)
+
+    def stop(self) -> None:
+        if isinstance(self.source, EbpfSource):
+            self.source.close()
+        self.source = None

@@ -1,0 +1,203 @@
+"""The run-queue latency sensor without a kernel: histogram arithmetic, the eBPF source over fake maps,
+the schedstat source over a fake /proc and v2 tree, and how the source is chosen."""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from koordd.sensors import runq
+from koordd.sensors.contract import SensorContext, SensorUnavailable
+from koordd.sensors.runq import (EBPF, SCHEDSTAT, SLOTS, EbpfSource, RunqLatencySensor, SchedstatSource,
+                                 enclosing, quantile_us, summarize)
+from koordd.snapshot import RunqLatency
+
+
+def slots(**counts) -> list[int]:
+    """slots(s3=5) -> 5 waits in slot 3 ([4, 8) µs)."""
+    out = [0] * SLOTS
+    for k, n in counts.items():
+        out[int(k[1:])] = n
+    return out
+
+
+def test_quantiles_are_the_upper_bound_of_their_bucket():
+    s = slots(s0=10, s3=80, s10=9, s14=1)                 # 100 waits
+    assert quantile_us(s, 0.5) == 8.0                     # [4, 8) µs
+    assert quantile_us(s, 0.99) == 1024.0                 # the 99th wait is in [512, 1024)
+    assert quantile_us(s, 0.10) == 1.0                    # slot 0: under 1 µs
+    assert quantile_us([0] * SLOTS, 0.5) is None
+    r = summarize(s, wait_ns=100 * 50_000)
+    assert r == RunqLatency(EBPF, 100, 50.0, 8.0, 1024.0, 16384.0)
+    assert summarize([0] * SLOTS, 0) is None
+
+
+def test_enclosing_groups_a_root_with_its_pods_only():
+    got = enclosing(["be", "be/pod1", "be/pod2", "bee", "ls"])
+    assert got["be"] == ["be", "be/pod1", "be/pod2"] and got["bee"] == ["bee"] and got["be/pod1"] == ["be/pod1"]
+
+
+# --- eBPF source over fake maps -----------------------------------------------------------------------
+
+class Key(SimpleNamespace):
+    pass
+
+
+class FakeTable(dict):
+    """A bcc table: keys and values are ctypes; items() yields (key with .value, value)."""
+
+    def __setitem__(self, k, v):
+        super().__setitem__(k.value, v)
+
+    def __delitem__(self, k):
+        super().__delitem__(k.value if isinstance(k, ctypes.c_uint64) else k)
+
+    def items(self):
+        return [(Key(value=k), v) for k, v in super().items()]
+
+
+class FakeBpf:
+    def __init__(self):
+        self.tables = {"watched": FakeTable(), "waits": FakeTable(), "resolved": FakeTable()}
+
+    def __getitem__(self, name):
+        return self.tables[name.decode() if isinstance(name, bytes) else name]
+
+    def count(self, cid: int, slot: int, n: int, wait_ns: int) -> None:
+        """The program counting n waits for a watched cgroup."""
+        h = dict.get(self.tables["waits"], cid) or SimpleNamespace(slots=[0] * SLOTS, wait_ns=0)
+        h.slots[slot] += n
+        h.wait_ns += wait_ns
+        dict.__setitem__(self.tables["waits"], cid, h)
+
+
+@pytest.fixture
+def v2tree(tmp_path):
+    for d in ("be/pod1", "be/pod2", "ls"):
+        (tmp_path / d).mkdir(parents=True)
+    return tmp_path
+
+
+def ino(tree: Path, path: str) -> int:
+    return os.stat(tree / path).st_ino
+
+
+def test_ebpf_source_watches_the_sampled_cgroups_and_reports_deltas_per_subtree(v2tree):
+    src = EbpfSource(v2tree)
+    src.bpf = bpf = FakeBpf()
+    paths = ["be", "be/pod1", "be/pod2", "ls"]
+    assert src.read(paths) == {}
+    assert set(bpf["watched"]) == {ino(v2tree, p) for p in paths}
+    bpf["resolved"][ctypes.c_uint64(5)] = 1                 # the program's cache, from before
+
+    bpf.count(ino(v2tree, "be/pod1"), 13, 90, 90 * 5_000_000)   # pod1 waited ~5 ms, 90 times
+    bpf.count(ino(v2tree, "be/pod2"), 2, 10, 10 * 2_000)
+    bpf.count(ino(v2tree, "ls"), 4, 50, 50 * 10_000)
+    got = src.read(paths)
+    assert got["be/pod1"].count == 90 and got["be/pod1"].p99_us == 8192.0
+    assert got["be"].count == 100 and got["be"].mean_us == pytest.approx((90 * 5000 + 10 * 2) / 100)
+    assert got["be"].p50_us == 8192.0 and got["ls"].p99_us == 16.0
+    assert dict(bpf["resolved"]) == {5: 1}                  # the watched set did not change: cache kept
+
+    # Next round: only what is new since the last read.
+    bpf.count(ino(v2tree, "ls"), 4, 5, 5 * 10_000)
+    assert src.read(paths) == {"ls": RunqLatency(EBPF, 5, 10.0, 16.0, 16.0, 16.0)}
+
+
+def test_a_cgroup_that_goes_is_unwatched_and_its_histogram_dropped(v2tree):
+    src = EbpfSource(v2tree)
+    src.bpf = bpf = FakeBpf()
+    src.read(["be", "be/pod1", "be/pod2"])
+    gone = ino(v2tree, "be/pod2")
+    bpf.count(gone, 3, 1, 5000)
+    bpf["resolved"][ctypes.c_uint64(gone)] = gone
+    (v2tree / "be/pod2").rmdir()
+    assert "be/pod2" not in src.read(["be", "be/pod1"])
+    assert gone not in bpf["watched"] and gone not in bpf["waits"] and dict(bpf["resolved"]) == {}
+
+
+# --- schedstat source over a fake /proc ------------------------------------------------------------------
+
+class FakeProc:
+    def __init__(self, root: Path):
+        self.root = root
+
+    def thread(self, tid: int, run_delay_ns: int, slices: int) -> None:
+        d = self.root / str(tid)
+        d.mkdir(exist_ok=True)
+        (d / "schedstat").write_text(f"123456 {run_delay_ns} {slices}\n")
+
+    def exit(self, tid: int) -> None:
+        (self.root / str(tid) / "schedstat").unlink()
+
+
+def threads(tree: Path, path: str, *tids: int) -> None:
+    (tree / path / "cgroup.threads").write_text("".join(f"{t}\n" for t in tids))
+
+
+def test_schedstat_mean_wait_per_timeslice_over_each_subtree(tmp_path, v2tree):
+    proc = FakeProc(tmp_path / "proc")
+    proc.root.mkdir()
+    src = SchedstatSource(v2tree, "cgroup.threads", proc.root)
+    threads(v2tree, "be/pod1", 11, 12)
+    threads(v2tree, "ls", 21)
+    for tid in (11, 12, 21):
+        proc.thread(tid, 0, 0)
+    paths = ["be", "be/pod1", "be/pod2", "ls"]
+    assert src.read(paths) == {}                           # the first read sets the baseline
+    proc.thread(11, 3_000_000, 10)                         # 3 ms over 10 slices
+    proc.thread(12, 1_000_000, 10)
+    proc.thread(21, 20_000, 20)
+    threads(v2tree, "be/pod2", 31)
+    proc.thread(31, 9_000_000_000, 5)                      # a new thread: counted from the next round
+    got = src.read(paths)
+    assert got["be/pod1"] == RunqLatency(SCHEDSTAT, 20, 200.0)
+    assert got["be"] == got["be/pod1"] and got["ls"] == RunqLatency(SCHEDSTAT, 20, 1.0)
+    proc.exit(12)                                          # a thread that exits just stops counting
+    proc.thread(31, 9_000_500_000, 10)
+    proc.thread(11, 3_000_000, 10)
+    got = src.read(paths)
+    assert got == {"be/pod2": RunqLatency(SCHEDSTAT, 5, 100.0), "be": RunqLatency(SCHEDSTAT, 5, 100.0)}
+
+
+# --- choosing the source ----------------------------------------------------------------------------------
+
+def test_without_ebpf_the_sensor_falls_back_to_schedstat_and_says_why_once(tmp_path, monkeypatch, caplog):
+    (tmp_path / "cg").mkdir()
+    (tmp_path / "cg" / "cgroup.controllers").write_text("cpu memory\n")
+    monkeypatch.setattr(EbpfSource, "open", lambda self: (_ for _ in ()).throw(
+        SensorUnavailable("bcc is not installed (apt-get install python3-bpfcc)")))
+    caplog.set_level(logging.INFO)
+    sensor = RunqLatencySensor(tmp_path / "cg", sources=(EBPF, SCHEDSTAT))
+    sensor.start()
+    assert sensor.kind == SCHEDSTAT
+    [line] = [r.getMessage() for r in caplog.records if "run-queue" in r.getMessage()]
+    assert "bcc is not installed" in line and "mean wait per timeslice" in line
+    assert sensor.sample(SensorContext(1.0, {})) == {}
+    sensor.stop()
+    assert sensor.kind is None
+
+
+def test_without_either_source_the_sensor_is_unavailable_with_both_reasons(tmp_path, monkeypatch):
+    (tmp_path / "cg").mkdir()
+    (tmp_path / "cg" / "cgroup.controllers").write_text("cpu\n")
+    (tmp_path / "proc").mkdir()
+    monkeypatch.setattr(EbpfSource, "open", lambda self: (_ for _ in ()).throw(SensorUnavailable("no headers")))
+    sensor = RunqLatencySensor(tmp_path / "cg", proc_root=tmp_path / "proc", sources=(EBPF, SCHEDSTAT))
+    with pytest.raises(SensorUnavailable, match=r"schedstat .*CONFIG_SCHED_INFO.*eBPF: no headers"):
+        sensor.start()
+
+
+def test_the_ebpf_source_says_what_is_missing(tmp_path, monkeypatch):
+    src = EbpfSource(tmp_path)
+    monkeypatch.setitem(__import__("sys").modules, "bcc", None)        # import bcc fails
+    with pytest.raises(SensorUnavailable, match="python3-bpfcc"):
+        src.open()
+
+
+def test_unit_tests_never_load_bpf():
+    assert runq.DEFAULT_SOURCES == (SCHEDSTAT,)
