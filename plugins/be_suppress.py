@@ -20,6 +20,19 @@ Writes, on the cgroups of class BE (each gets an equal share):
   siblings first, spread over NUMA nodes, never the CPUs of LSE cgroups.
 Switching policy puts the other knob back to its original value; disabling the
 loop or stopping koordd restores both.
+
+Antagonists (off by default; `antagonist_signal = "runq"` or `"cpi"`), in CPI2's
+manner: each LS, LSR and LSE cgroup's signal (run-queue latency p99, or the mean
+where only schedstat is there; or cycles per instruction) has a baseline, the
+mean and σ over `antagonist_window`. A tick whose signal is above mean + 2σ
+while the cgroup uses at least `antagonist_min_cpus` is an outlier;
+`antagonist_outliers` of them within the window make it a victim. The suspect
+is the BE cgroup (a pod or job below a BE root) whose CPU use correlates best
+with the victim's signal over the window (Pearson, at least 0.3). It gets a
+`cpu.max` of `antagonist_cap_cpus` for `antagonist_cap_duration`, then its own
+value back; the decision's reason holds the evidence (signal, baseline,
+outliers, correlation). A cap found in the journal after a restart or reload,
+whose timer is lost, is lifted at once.
 """
 from __future__ import annotations
 
@@ -28,10 +41,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from koordd.cgroups import format_cpulist, parse_cpulist
-from koordd.knobs import format_cpu_max, parse_cpu_max
+from koordd.interference import Detector
+from koordd.knobs import CFS_QUOTA_MIN, format_cpu_max, parse_cpu_max
 from koordd.loop import Action, Loop, restore
 from koordd.options import Duration, Option
-from koordd.snapshot import CgroupSample, CpuTopology, Snapshot, total_usage
+from koordd.snapshot import CPI, RUNQ_LATENCY, CgroupSample, CpuTopology, Snapshot, total_usage
 
 MIN_QUOTA_US = 2000          # koordlet's floor: BE keeps a trickle so it can still make progress
 MIN_CPUSET_CPUS = 2
@@ -40,11 +54,15 @@ SKIP_FRACTION = 0.01         # of the node: smaller quota changes are noise
 DEFAULT_PERIOD_US = 100_000
 NON_BE = ("SYSTEM", "LSE", "LSR", "LS")
 LATENCY_SENSITIVE = ("LSE", "LSR", "LS")
+MIN_CORRELATION = 0.3        # a suspect's CPU use must follow the victim's signal at least this well
+SIGNAL_SECTIONS = {"runq": RUNQ_LATENCY, "cpi": CPI}
 
 
 @dataclass
 class State:
     demand: deque = field(default_factory=deque)     # (time, non-BE + system cores)
+    detector: Detector | None = None                 # antagonists: baselines, outliers, BE CPU series
+    capped: dict[str, float] = field(default_factory=dict)   # BE cgroup capped as an antagonist -> until
 
 
 class BeSuppress(Loop):
@@ -62,15 +80,36 @@ class BeSuppress(Loop):
                "LS cpu.pressure some avg10 above which BE shrinks further; 0 turns the guard off", min=0, max=100),
         Option("psi_guard_shrink_percent", float, 20.0, "how much of its limit BE loses per tick under pressure",
                min=1, max=90),
+        Option("antagonist_signal", str, "off", "cap the BE cgroup that interferes with LS, judged by: off, "
+               "runq (run-queue latency) or cpi (cycles per instruction)", choices=("off", "runq", "cpi")),
+        Option("antagonist_window", Duration, Duration(300.0), "baseline and correlation window", min=10, max=3600),
+        Option("antagonist_outliers", int, 3, "outliers within the window that make an LS cgroup a victim",
+               min=1, max=1000),
+        Option("antagonist_min_cpus", float, 0.25, "an LS cgroup using less CPU is never a victim", min=0),
+        Option("antagonist_cap_cpus", float, 0.01, "the suspect's cpu.max while capped, in CPUs", min=0.01),
+        Option("antagonist_cap_duration", Duration, Duration(300.0), "how long a suspect stays capped",
+               min=1, max=86400),
     )
 
     @staticmethod
     def writes(settings) -> frozenset[tuple[str, str]]:
-        return frozenset({("BE", "cpu.max" if settings.policy == "cfs_quota" else "cpuset.cpus")})
+        knob = "cpu.max" if settings.policy == "cfs_quota" else "cpuset.cpus"
+        return frozenset({("BE", knob)} | ({("BE", "cpu.max")} if _antagonists_on(settings) else set()))
 
     @staticmethod
     def needs(settings) -> frozenset[str]:
-        return frozenset({"cpu_usage", "cpu_pressure", "cpu_max" if settings.policy == "cfs_quota" else "cpuset_cpus"})
+        out = {"cpu_usage", "cpu_pressure", "cpu_max" if settings.policy == "cfs_quota" else "cpuset_cpus"}
+        if _antagonists_on(settings):
+            out.add(SIGNAL_SECTIONS[settings.antagonist_signal])
+        return frozenset(out)
+
+    @staticmethod
+    def members_of(settings) -> frozenset[str]:
+        return frozenset({"BE"}) if _antagonists_on(settings) else frozenset()   # suspects are pods or jobs
+
+    @staticmethod
+    def member_needs(settings) -> frozenset[str]:
+        return frozenset({"cpu_usage"})
 
     @staticmethod
     def initial_state(settings) -> State:
@@ -78,28 +117,93 @@ class BeSuppress(Loop):
 
     @staticmethod
     def decide(snapshot: Snapshot, settings, state: State) -> list[Action]:
-        be = snapshot.of_class("BE")
-        non_be = total_usage(snapshot.of_class(*NON_BE))
-        be_used = total_usage(be)
-        node_used = snapshot.node.cpu_used
-        if not be or non_be is None or be_used is None or node_used is None:
-            return []       # first tick or a sensor is blind: hold the current limits
-        capacity = snapshot.node.cpu_count
-        system = max(node_used - non_be - be_used, settings.reserved_cpus, 0.0)
-        demand = _windowed_peak(state.demand, snapshot.time, non_be + system, settings.usage_window)
-        allowance = max(capacity * settings.threshold_percent / 100 - demand, 0.0)
-        pressure = _peak_pressure(snapshot.of_class(*LATENCY_SENSITIVE))
-        guard = settings.psi_guard_percent > 0 and pressure is not None and pressure > settings.psi_guard_percent
-        reason = {"capacity": capacity, "threshold_percent": settings.threshold_percent,
-                  "non_be_usage": round(non_be, 3), "system_usage": round(system, 3),
-                  "demand_peak": round(demand, 3), "be_usage": round(be_used, 3),
-                  "allowance": round(allowance, 3), "ls_cpu_pressure_avg10": pressure, "psi_guard": guard}
-        why = (f"BE allowance {allowance:.2f} of {capacity} CPUs = {settings.threshold_percent:g}% "
-               f"- LS/system peak {demand:.2f}" + (f"; LS cpu pressure {pressure:.1f}% > "
-                                                    f"{settings.psi_guard_percent:g}%, shrinking" if guard else ""))
-        if settings.policy == "cfs_quota":
-            return _quota_actions(be, capacity, allowance, guard, settings, reason, why)
-        return _cpuset_actions(snapshot, be, capacity, allowance, guard, settings, reason, why)
+        actions = _allowance_actions(snapshot, settings, state)
+        if _antagonists_on(settings):
+            actions += _antagonist_actions(snapshot, settings, state)
+        return actions
+
+
+def _antagonists_on(settings) -> bool:
+    return settings.antagonist_signal != "off"
+
+
+def _allowance_actions(snapshot: Snapshot, settings, state: State) -> list[Action]:
+    be = snapshot.of_class("BE")
+    non_be = total_usage(snapshot.of_class(*NON_BE))
+    be_used = total_usage(be)
+    node_used = snapshot.node.cpu_used
+    if not be or non_be is None or be_used is None or node_used is None:
+        return []       # first tick or a sensor is blind: hold the current limits
+    capacity = snapshot.node.cpu_count
+    system = max(node_used - non_be - be_used, settings.reserved_cpus, 0.0)
+    demand = _windowed_peak(state.demand, snapshot.time, non_be + system, settings.usage_window)
+    allowance = max(capacity * settings.threshold_percent / 100 - demand, 0.0)
+    pressure = _peak_pressure(snapshot.of_class(*LATENCY_SENSITIVE))
+    guard = settings.psi_guard_percent > 0 and pressure is not None and pressure > settings.psi_guard_percent
+    reason = {"capacity": capacity, "threshold_percent": settings.threshold_percent,
+              "non_be_usage": round(non_be, 3), "system_usage": round(system, 3),
+              "demand_peak": round(demand, 3), "be_usage": round(be_used, 3),
+              "allowance": round(allowance, 3), "ls_cpu_pressure_avg10": pressure, "psi_guard": guard}
+    why = (f"BE allowance {allowance:.2f} of {capacity} CPUs = {settings.threshold_percent:g}% "
+           f"- LS/system peak {demand:.2f}" + (f"; LS cpu pressure {pressure:.1f}% > "
+                                                f"{settings.psi_guard_percent:g}%, shrinking" if guard else ""))
+    if settings.policy == "cfs_quota":
+        return _quota_actions(be, capacity, allowance, guard, settings, reason, why)
+    return _cpuset_actions(snapshot, be, capacity, allowance, guard, settings, reason, why)
+
+
+def _antagonist_actions(snapshot: Snapshot, settings, state: State) -> list[Action]:
+    """Cap the BE cgroup whose CPU use follows an LS victim's signal; lift caps whose time is up."""
+    if state.detector is None:
+        state.detector = Detector(float(settings.antagonist_window), outliers_needed=settings.antagonist_outliers,
+                                  min_cpu=settings.antagonist_min_cpus)
+    detector, now = state.detector, snapshot.time
+    section = snapshot.section(SIGNAL_SECTIONS[settings.antagonist_signal]) or {}
+    ls = {c.path: (_signal(section.get(c.path), settings.antagonist_signal), c.cpu_usage)
+          for c in snapshot.of_class(*LATENCY_SENSITIVE)}
+    suspects = {u.path: u.cpu_usage for u in snapshot.units("BE") if u.path not in snapshot.cgroups}
+    victims = detector.observe(now, ls, suspects)
+
+    actions = []
+    for cg in sorted(state.capped):
+        if now >= state.capped[cg] or cg not in suspects:
+            del state.capped[cg]
+            actions.append(restore(cg, "cpu.max", f"antagonist cap on {cg} ends", step="uncap"))
+    # Caps in the journal this state does not know (a restart or reload lost their timers): lift them.
+    for cg, knob in sorted(snapshot.held):
+        if knob == "cpu.max" and cg in suspects and cg not in state.capped:
+            actions.append(restore(cg, "cpu.max", f"antagonist cap on {cg} from before a restart ends",
+                                   step="uncap"))
+    period = DEFAULT_PERIOD_US
+    cap = format_cpu_max(max(CFS_QUOTA_MIN, round(settings.antagonist_cap_cpus * period)), period)
+    for v in victims:
+        found = detector.suspect(v.cgroup, [p for p in suspects if p not in state.capped])
+        if found is None or found[1] < MIN_CORRELATION:
+            continue
+        suspect, r = found
+        state.capped[suspect] = now + float(settings.antagonist_cap_duration)
+        detector.outlier_times[v.cgroup].clear()      # this episode is answered; the next needs new outliers
+        actions.append(Action(suspect, "cpu.max", cap, {
+            "victim": v.cgroup, "signal": settings.antagonist_signal, "value": round(v.value, 3),
+            "baseline_mean": round(v.mean, 3), "baseline_sigma": round(v.sigma, 3), "outliers": v.outliers,
+            "window_s": float(settings.antagonist_window), "correlation": round(r, 3),
+            "suspect_cpus": suspects.get(suspect), "cap_cpus": settings.antagonist_cap_cpus,
+            "cap_s": float(settings.antagonist_cap_duration)},
+            f"{v.cgroup}'s {settings.antagonist_signal} {v.value:.3g} is above its baseline {v.mean:.3g} + 2σ "
+            f"({v.outliers} times); {suspect}'s CPU use follows it (r={r:.2f}): capped to "
+            f"{settings.antagonist_cap_cpus:g} CPUs for {float(settings.antagonist_cap_duration):g}s"))
+    for cg in sorted(set(state.capped) - {a.target for a in actions}):
+        actions.append(Action(cg, "cpu.max", cap, {"step": "hold"}, f"antagonist cap on {cg} holds"))
+    return actions
+
+
+def _signal(sample, kind: str) -> float | None:
+    """The victim-side number: run-queue p99 (the mean where only schedstat is there), or CPI."""
+    if sample is None:
+        return None
+    if kind == "runq":
+        return sample.p99_us if sample.p99_us is not None else sample.mean_us
+    return sample.cpi
 
 
 def _windowed_peak(window: deque, now: float, value: float, span: float) -> float:
