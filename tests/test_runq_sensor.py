@@ -201,3 +201,11 @@ def test_the_ebpf_source_says_what_is_missing(tmp_path, monkeypatch):
 
 def test_unit_tests_never_load_bpf():
     assert runq.DEFAULT_SOURCES == (SCHEDSTAT,)
+
+
+def test_below_and_outermost_keep_siblings_with_a_shared_prefix_apart():
+    ordered = sorted(["be", "be-x", "be/pod1", "be/pod1/c", "bee", "ls"])
+    assert runq.below(ordered, "be") == ["be", "be/pod1", "be/pod1/c"]
+    assert runq.below(ordered, "be/pod") == [] and runq.below(ordered, "") == ordered
+    assert runq.outermost(["be", "be/pod1", "be-x", "ls/a", "ls/a/b"]) == ["be", "be-x", "ls/a"]
+    assert runq.outermost(["", "be"]) == [""]

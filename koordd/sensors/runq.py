@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+from bisect import bisect_left
 from importlib.resources import files
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -58,10 +59,27 @@ def summarize(slots: list[int], wait_ns: int) -> RunqLatency | None:
                        slot_upper_us(max(i for i, n in enumerate(slots) if n)))
 
 
+def below(ordered: list[str], path: str) -> list[str]:
+    """Of the sorted `ordered`, `path` itself (if there) and the paths below it: two bisections, since
+    "/" sorts right before "0", whatever else shares the prefix ("be-x" next to "be/pod1") is outside."""
+    if not path:
+        return ordered
+    lo, hi = bisect_left(ordered, path + "/"), bisect_left(ordered, path + "0")
+    own = [path] if (i := bisect_left(ordered, path)) < len(ordered) and ordered[i] == path else []
+    return own + ordered[lo:hi]
+
+
 def enclosing(paths: Iterable[str]) -> dict[str, list[str]]:
     """Each path -> itself and the paths below it, among `paths` (a class root and its pods)."""
     ordered = sorted(paths)
-    return {p: [q for q in ordered if q == p or not p or q.startswith(p + "/")] for p in ordered}
+    return {p: below(ordered, p) for p in ordered}
+
+
+def outermost(paths: Iterable[str]) -> list[str]:
+    """The paths no other of them encloses."""
+    given = set(paths)
+    return sorted(p for p in given if p == "" or not any(
+        "/".join(p.split("/")[:n]) in given for n in range(0 if "" in given else 1, p.count("/") + 1)))
 
 
 # --- the eBPF source ---------------------------------------------------------------------------
@@ -155,7 +173,11 @@ class EbpfSource:
 def read_schedstat(proc: Path, tid: int) -> tuple[int, int] | None:
     """(run_delay ns, timeslices) of a thread; None once it has exited."""
     try:
-        fields = (proc / str(tid) / "schedstat").read_bytes().split()
+        fd = os.open(f"{proc}/{tid}/schedstat", os.O_RDONLY)
+        try:
+            fields = os.read(fd, 128).split()
+        finally:
+            os.close(fd)
         return int(fields[1]), int(fields[2])
     except (OSError, IndexError, ValueError):
         return None
@@ -181,11 +203,10 @@ class SchedstatSource:
         return out
 
     def read(self, paths: Iterable[str]) -> dict[str, RunqLatency]:
-        groups = enclosing(paths)
-        tops = [p for p in groups if not any(p != q and (not q or p.startswith(q + "/")) for q in groups)]
+        paths = list(paths)
         now: dict[int, tuple[int, int]] = {}
         per_dir: dict[str, tuple[int, int]] = {}
-        for d, tids in self._threads_by_dir(tops).items():
+        for d, tids in self._threads_by_dir(outermost(paths)).items():
             delay = slices = 0
             for tid in tids:
                 cur = read_schedstat(self.proc, tid)
@@ -199,11 +220,11 @@ class SchedstatSource:
             per_dir[d] = (delay, slices)
         self.prev = now
         out = {}
-        for path in groups:
+        dirs = sorted(per_dir)
+        for path in paths:
             delay = slices = 0
-            for d, (dd, ds) in per_dir.items():
-                if d == path or not path or d.startswith(path + "/"):
-                    delay, slices = delay + dd, slices + ds
+            for d in below(dirs, path):
+                delay, slices = delay + per_dir[d][0], slices + per_dir[d][1]
             if slices > 0:
                 out[path] = RunqLatency(SCHEDSTAT, slices, delay / 1000 / slices)
         return out
