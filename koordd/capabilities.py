@@ -261,12 +261,14 @@ def _probe_nvml(r: _Roots) -> tuple[bool, str]:
 
 def _probe_sensors(r: _Roots) -> tuple[bool, str]:
     """Each registered optional sensor (koordd's and third parties'), started and stopped again."""
-    why = {}
+    why, how = {}, {}
     for name, factory in sorted(load_sensor_registry().items()):
         sensor, why[name] = start_sensor(factory)
         if sensor is not None:
+            how[name] = getattr(sensor, "detail", None)      # e.g. which source it started with
             stop_sensor(sensor)
-    return all(w is None for w in why.values()), "; ".join(f"{n}: {w or 'starts'}" for n, w in why.items())
+    return all(w is None for w in why.values()), "; ".join(
+        f"{n}: {w or 'starts'}" + (f" ({how[n]})" if how.get(n) else "") for n, w in why.items())
 
 
 def _probe_journald(r: _Roots) -> tuple[bool, str]:

@@ -174,7 +174,7 @@ def test_without_ebpf_the_sensor_falls_back_to_schedstat_and_says_why_once(tmp_p
     caplog.set_level(logging.INFO)
     sensor = RunqLatencySensor(tmp_path / "cg", sources=(EBPF, SCHEDSTAT))
     sensor.start()
-    assert sensor.kind == SCHEDSTAT
+    assert sensor.kind == SCHEDSTAT and sensor.detail.startswith("schedstat, a mean only: eBPF unavailable: bcc")
     [line] = [r.getMessage() for r in caplog.records if "run-queue" in r.getMessage()]
     assert "bcc is not installed" in line and "mean wait per timeslice" in line
     assert sensor.sample(SensorContext(1.0, {})) == {}

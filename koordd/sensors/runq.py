@@ -281,6 +281,13 @@ class RunqLatencySensor(OptionalSensor):
         self.source = SchedstatSource(tree, threads_file, self.proc)
 
     @property
+    def detail(self) -> str | None:
+        """For koordctl doctor: the source it started with, and why not eBPF."""
+        if self.kind == SCHEDSTAT and self.why_not_ebpf:
+            return f"schedstat, a mean only: eBPF unavailable: {self.why_not_ebpf}"
+        return self.kind
+
+    @property
     def kind(self) -> str | None:
         return EBPF if isinstance(self.source, EbpfSource) else SCHEDSTAT if self.source else None
 

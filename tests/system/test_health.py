@@ -14,6 +14,12 @@ def sensor_state(name: str) -> str | None:
     return (status.get("sensors") or {}).get(name, {}).get("state")
 
 
+def test_doctor_says_the_runq_sensor_starts_with_ebpf():
+    import json
+    caps = {c["name"]: c for c in json.loads(vm.sh("koordctl", "doctor", "--json").stdout)}
+    assert "runq_latency: starts (ebpf)" in caps["sensors"]["detail"], caps["sensors"]
+
+
 def test_the_runq_sensor_runs_ebpf_under_the_unit_only_while_a_loop_needs_it(koordd_stopped):
     shipped = vm.shipped_config()
     assert 'antagonist_signal = "off"' in shipped
