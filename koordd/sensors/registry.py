@@ -6,10 +6,11 @@ from typing import Callable
 from ..registry import load_named
 from ..snapshot import CGROUP_FIELDS
 from .contract import OptionalSensor
+from .cpi import CpiSensor
 from .gpu import GpuSensor
 
 GROUP = "koordd.sensors"
-BUILTIN: dict[str, type[OptionalSensor]] = {GpuSensor.name: GpuSensor}
+BUILTIN: dict[str, type[OptionalSensor]] = {GpuSensor.name: GpuSensor, CpiSensor.name: CpiSensor}
 
 SensorFactory = Callable[[], OptionalSensor]
 
