@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import errno
 import logging
+import resource
 
 import pytest
 
 from fakeperf import FakePerf
 from koordd.perf import CYCLES, INSTRUCTIONS, GroupReading
-from koordd.sensors.cgroup_counters import CgroupCounters, Counts, scaled_growth
+from koordd.sensors.cgroup_counters import CgroupCounters, Counts, fd_budget, scaled_growth
 
 EVENTS = (CYCLES, INSTRUCTIONS)
 
@@ -186,3 +187,22 @@ def test_out_of_fds_adds_no_more_cgroups_until_one_goes_and_says_so_once(v2, cap
     c.update(wanted[1:])                                         # ls.slice went: room again
     assert perf.open_for("be.slice/job1") == [0, 1] and perf.open_for("ls.slice") == []
     assert len(warnings(caplog)) == 1
+
+
+def test_a_budget_keeps_fds_for_koordds_other_files(v2, caplog):
+    perf = FakePerf(v2)
+    c = CgroupCounters(EVENTS, v2, (0, 1), open_group=perf, max_fds=9)     # two cgroups of 4 fds, not three
+    wanted = ["ls.slice", "be.slice/job1", "be.slice/job2"]
+    c.update(wanted)
+    c.update(wanted)
+    assert c.fds == perf.fds == 8 and perf.open_for("be.slice/job2") == []
+    said = warnings(caplog)
+    assert len(said) == 1 and "2 cgroups counted hold 8 fds, and the next would pass the 9 they may" in said[0]
+    c.update(wanted[1:])
+    assert perf.open_for("be.slice/job2") == [0, 1]
+
+
+@pytest.mark.parametrize("soft, budget", [(1_048_576, 1_048_576 - 16_384), (1024, 512), (20_000, 10_000)])
+def test_fd_budget(monkeypatch, soft, budget):
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (soft, 1 << 20))
+    assert fd_budget() == budget

@@ -9,8 +9,9 @@ summed over the CPUs. A cgroup costs CPUs × events fds.
 A cgroup's counters are closed when it is no longer asked about, when its
 directory is gone, and when a new directory took its name (another inode): a
 perf event holds its cgroup, so an open one would keep a removed cgroup alive in
-the kernel, counting nothing. When the fds run out (EMFILE/ENFILE) it adds no
-more cgroups until one of those it counts goes, and says so once.
+the kernel, counting nothing. When its fds would pass `max_fds`, or the fds run
+out (EMFILE/ENFILE), it adds no more cgroups until one of those it counts goes,
+and says so once.
 """
 from __future__ import annotations
 
@@ -26,6 +27,16 @@ from ..perf import CounterGroup, Event, GroupReading
 
 log = logging.getLogger(__name__)
 OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
+# Of the open-files limit, what perf may not take: the cgroup files koordd keeps open, its journal and
+# logs, and every knob write (an EMFILE there refuses a write). Half the limit when that is smaller.
+RESERVED_FDS = 16384
+
+
+def fd_budget() -> int:
+    """The perf fds this process may hold: its soft RLIMIT_NOFILE (koordd raises it to the hard one) less
+    what its other files need."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return soft - min(soft // 2, RESERVED_FDS)
 
 
 class Group(Protocol):
@@ -70,9 +81,9 @@ class _Counted:
 
 class CgroupCounters:
     def __init__(self, events: Sequence[Event], v2_root: Path | str, cpus: Sequence[int],
-                 open_group: OpenGroup = CounterGroup.open_cgroup):
+                 open_group: OpenGroup = CounterGroup.open_cgroup, max_fds: int | None = None):
         self.events, self.v2_root, self.cpus = tuple(events), str(v2_root), tuple(cpus)
-        self._open_group = open_group
+        self._open_group, self.max_fds = open_group, max_fds
         self._counted: dict[str, _Counted] = {}
         self._room = True           # False from an EMFILE until a counted cgroup goes
         self._said: set[str] = set()
@@ -101,7 +112,7 @@ class CgroupCounters:
             if inode is None:
                 continue
             if counted is None:
-                if self._room:
+                if self._room and self._within_budget():
                     self._open(cgroup, path, inode)
                 continue
             counts = self._read(cgroup, counted)
@@ -130,6 +141,16 @@ class CgroupCounters:
             return
         self._counted[cgroup] = counted
         self._read(cgroup, counted)     # the baseline: counts start from here
+
+    def _within_budget(self) -> bool:
+        if self.max_fds is None or self.fds + len(self.cpus) * len(self.events) <= self.max_fds:
+            return True
+        self._room = False
+        self._say("fds", "perf counters: %d cgroups counted hold %d fds, and the next would pass the %d they may "
+                  "(RLIMIT_NOFILE %d less koordd's other files): cgroups beyond these go without until one goes; "
+                  "raise LimitNOFILE", len(self._counted), self.fds, self.max_fds,
+                  resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        return False
 
     def _open_failed(self, cgroup: str, e: OSError) -> None:
         if e.errno in OUT_OF_FDS:

@@ -26,7 +26,7 @@ from ..cgroups import DEFAULT_ROOT, LayoutError, detect_layout
 from ..perf import (CONTEXT_SWITCHES, CYCLES, INSTRUCTIONS, TASK_CLOCK, CounterGroup, explain, online_cpus,
                     probe_cgroup_mode)
 from ..snapshot import CPI, CpiSample
-from .cgroup_counters import CgroupCounters, OpenGroup
+from .cgroup_counters import CgroupCounters, OpenGroup, fd_budget
 from .contract import OptionalSensor, SensorContext, SensorUnavailable
 
 EVENTS = (CYCLES, INSTRUCTIONS)
@@ -59,7 +59,7 @@ class CpiSensor(OptionalSensor):
             error = probe_cgroup_mode(events, v2_root, cpus[0], self._open_group)
             if error is not None:
                 raise SensorUnavailable(explain(error, self._paranoid()))
-        self._counters = CgroupCounters(EVENTS, v2_root, cpus, self._open_group)
+        self._counters = CgroupCounters(EVENTS, v2_root, cpus, self._open_group, max_fds=fd_budget())
 
     def sample(self, context: SensorContext) -> dict[str, CpiSample]:
         if self._counters is None:
