@@ -80,12 +80,14 @@ class _Counted:
 
 
 class CgroupCounters:
+    """`events` counted per cgroup of the v2 tree under `v2_root`, one group per CPU in `cpus`."""
+
     def __init__(self, events: Sequence[Event], v2_root: Path | str, cpus: Sequence[int],
                  open_group: OpenGroup = CounterGroup.open_cgroup, max_fds: int | None = None):
         self.events, self.v2_root, self.cpus = tuple(events), str(v2_root), tuple(cpus)
         self._open_group, self.max_fds = open_group, max_fds
         self._counted: dict[str, _Counted] = {}
-        self._room = True           # False from an EMFILE until a counted cgroup goes
+        self._room = True           # False from an EMFILE or the budget's end until a counted cgroup goes
         self._said: set[str] = set()
 
     @property
