@@ -7,19 +7,16 @@ Roots are injectable so tests can point every probe at a fake tree.
 """
 from __future__ import annotations
 
-import ctypes
-import errno
 import importlib
 import json
 import os
-import platform
 import socket
-import struct
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Collection
 
+from koordd import perf
 from koordd.cgroups import CgroupFS, Layout, LayoutError, detect_layout
 from koordd.knobs import KNOBS, kernel_lacks, unsupported_knobs
 from koordd.sensors.lifecycle import start_sensor, stop_sensor
@@ -150,50 +147,28 @@ def _probe_psi(r: _Roots) -> tuple[bool, str]:
     return not missing, f"{system}; {per_cg}"
 
 
-_PERF_SYSCALL = {"x86_64": 298, "aarch64": 241}
-_PERF_TYPE_HARDWARE, _PERF_TYPE_SOFTWARE = 0, 1
-_PERF_COUNT_HW_CPU_CYCLES, _PERF_COUNT_SW_TASK_CLOCK = 0, 1
-_PERF_FLAG_FD_CLOEXEC = 8
-_NO_PMU = {errno.ENOENT, errno.EOPNOTSUPP, errno.ENODEV}
-
-
-def _perf_event_open(type_: int, config: int) -> int:
-    """Open and close one counter on this process, any CPU; 0 on success, else the errno."""
-    nr = _PERF_SYSCALL.get(platform.machine())
-    if nr is None:
-        return errno.ENOSYS
-    attr = ctypes.create_string_buffer(128)  # PERF_ATTR_SIZE_VER7; zero fields are the defaults
-    struct.pack_into("IIQ", attr, 0, type_, len(attr), config)
-    # disabled | exclude_kernel | exclude_hv: counts nothing, and user-only passes perf_event_paranoid=2.
-    struct.pack_into("Q", attr, 40, 1 | 1 << 5 | 1 << 6)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    fd = libc.syscall(ctypes.c_long(nr), attr, ctypes.c_long(0), ctypes.c_long(-1),
-                      ctypes.c_long(-1), ctypes.c_long(_PERF_FLAG_FD_CLOEXEC))
-    if fd < 0:
-        return ctypes.get_errno()
-    os.close(fd)
-    return 0
-
-
-def _perf_why(err: int, r: _Roots) -> str:
-    name = errno.errorcode.get(err, str(err))
-    if err in _NO_PMU:
-        return f"{name} — no hardware PMU (VM?)"
-    if err in (errno.EACCES, errno.EPERM):
-        paranoid = _read(r.proc / "sys/kernel/perf_event_paranoid") or "unknown"
-        return f"{name} — not permitted (kernel.perf_event_paranoid={paranoid}; needs root or CAP_PERFMON)"
-    if err == errno.ENOSYS:
-        return f"{name} — no perf_event_open syscall number for {platform.machine()}"
-    return f"{name} — {os.strerror(err)}"
-
-
 def _probe_perf(r: _Roots) -> tuple[bool, str]:
-    hw = _perf_event_open(_PERF_TYPE_HARDWARE, _PERF_COUNT_HW_CPU_CYCLES)
-    sw = _perf_event_open(_PERF_TYPE_SOFTWARE, _PERF_COUNT_SW_TASK_CLOCK)
-    hw_text = "perf_event_open(cycles): ok" if hw == 0 else f"perf_event_open(cycles): {_perf_why(hw, r)}"
-    sw_text = "software events (task-clock) work" if sw == 0 else f"software events (task-clock) fail: {_perf_why(sw, r)}"
-    return hw == 0, f"{hw_text}; {sw_text}"
+    """What the CPI sensor needs: counting a cgroup of the v2 tree on a CPU, software events first (does
+    cgroup mode work at all?), then cycles and instructions (is there a PMU?). Available: both work."""
+    try:
+        v2_root, why = r.layout.unified, "no cgroup v2 tree"
+    except (LayoutError, OSError) as e:
+        v2_root, why = None, str(e)
+    if v2_root is None:
+        return False, f"cgroup-mode counting: no ({why}); hardware CPI: no"
+    try:
+        cpu = perf.online_cpus(r.sys)[0]
+    except (OSError, ValueError, IndexError):
+        cpu = 0
+    paranoid = _read(r.proc / "sys/kernel/perf_event_paranoid")
+    text = f"cgroup-mode counting (task-clock, context-switches on {v2_root}, CPU {cpu}): "
+    software = perf.probe_cgroup_mode((perf.TASK_CLOCK, perf.CONTEXT_SWITCHES), v2_root, cpu)
+    if software is not None:
+        # Then the hardware events' errors would say nothing of the PMU (ENOENT also means "no such cgroup").
+        return False, text + f"fails: {perf.explain(software, paranoid)}; hardware CPI: untested"
+    hardware = perf.probe_cgroup_mode((perf.CYCLES, perf.INSTRUCTIONS), v2_root, cpu)
+    hw_text = "available" if hardware is None else f"unavailable: {perf.explain(hardware, paranoid)}"
+    return hardware is None, text + f"works; hardware CPI (cycles, instructions): {hw_text}"
 
 
 _DISTRO_BCC = Path("/usr/lib/python3/dist-packages/bcc")

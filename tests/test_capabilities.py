@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from koordd import capabilities
+from koordd import capabilities, perf
 from koordd.capabilities import Capability, format_report, probe_all, report_json
 
 NAMES = ["cgroup", "cpu.max.burst", "cpu.idle", "knobs", "psi", "perf", "bpf", "resctrl", "sched_ext",
@@ -126,24 +126,55 @@ def test_psi_partial_and_missing(host):
     assert "CONFIG_PSI or psi=0" in host.probe()["psi"].detail
 
 
-@pytest.mark.parametrize("hw, sw, available, words", [
-    (0, 0, True, ["cycles): ok", "task-clock) work"]),
-    (errno.ENOENT, 0, False, ["ENOENT — no hardware PMU (VM?)", "task-clock) work"]),
-    (errno.EOPNOTSUPP, errno.EOPNOTSUPP, False, ["no hardware PMU", "task-clock) fail"]),
-    (errno.EACCES, errno.EACCES, False, ["EACCES", "perf_event_paranoid=3"]),
+def open_errors(software=None, hardware=None):
+    """A fake perf.probe_cgroup_mode: the errno each kind of event fails with (None: it opens)."""
+    calls = []
+
+    def probe(events, cgroup_dir, cpu, open_group=None):
+        calls.append((tuple(e.name for e in events), str(cgroup_dir), cpu))
+        err, event = (hardware, events[0]) if events[0].hardware else (software, events[0])
+        return None if err is None else perf.PerfOpenError(err, event)
+    return probe, calls
+
+
+@pytest.mark.parametrize("sw, hw, available, words", [
+    (None, None, True, ["context-switches on {v2}, CPU 1): works", "hardware CPI (cycles, instructions): available"]),
+    (None, errno.ENOENT, False, ["): works", "unavailable: no hardware PMU (cycles: ENOENT) — a VM without"]),
+    (None, errno.EOPNOTSUPP, False, ["): works", "no hardware PMU (cycles: EOPNOTSUPP)"]),
+    (errno.ENOENT, errno.ENOENT, False, ["fails: cgroups of the v2 tree cannot be counted (task-clock: ENOENT)",
+                                         "hardware CPI: untested"]),
+    (errno.EACCES, errno.EACCES, False, ["fails: not permitted (task-clock: EACCES): "
+                                         "kernel.perf_event_paranoid=3", "needs CAP_PERFMON", "CPI: untested"]),
 ])
-def test_perf(host, monkeypatch, hw, sw, available, words):
+def test_perf_counts_a_v2_cgroup_with_software_then_hardware_events(host, monkeypatch, sw, hw, available, words):
+    make_hybrid(host.cgroup)
+    write(host.sys / "devices/system/cpu/online", "1-3\n")
     write(host.proc / "sys/kernel/perf_event_paranoid", "3\n")
-    monkeypatch.setattr(capabilities, "_perf_event_open", lambda type_, config: hw if type_ == 0 else sw)
-    perf = host.probe()["perf"]
-    assert perf.available is available
+    probe, calls = open_errors(sw, hw)
+    monkeypatch.setattr(perf, "probe_cgroup_mode", probe)
+    got = host.probe()["perf"]
+    assert got.available is available
     for w in words:
-        assert w in perf.detail
+        assert w.format(v2=host.cgroup / "unified") in got.detail
+    # The v2 tree (unified on hybrid hosts), on the first online CPU; hardware only once software works.
+    assert calls == [(("task-clock", "context-switches"), str(host.cgroup / "unified"), 1),
+                     (("cycles", "instructions"), str(host.cgroup / "unified"), 1)][:1 if sw else 2]
 
 
-def test_perf_syscall_returns_an_errno_or_zero():
-    # The real syscall on this host, whatever its PMU: it must answer, not raise.
-    assert isinstance(capabilities._perf_event_open(1, 1), int)
+def test_perf_without_a_v2_tree(host, monkeypatch):
+    for c in ("cpu", "cpuacct"):
+        write(host.cgroup / c / "cgroup.procs")
+    probe, calls = open_errors()
+    monkeypatch.setattr(perf, "probe_cgroup_mode", probe)
+    assert host.probe()["perf"] == Capability(
+        "perf", False, "cgroup-mode counting: no (no cgroup v2 tree); hardware CPI: no")
+    assert calls == []
+
+
+def test_perf_on_the_real_kernel_answers(host):
+    # This host's real syscall, PMU or not, on a directory that is no cgroup: an answer, never an exception.
+    make_v2(host.cgroup)
+    assert "cgroup-mode counting" in host.probe()["perf"].detail
 
 
 def test_bpf_lists_three_facts(host, monkeypatch):
@@ -207,13 +238,13 @@ def test_nvml(host, monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", mod)
     caps = host.probe()
     assert caps["nvml"].available and caps["nvml"].detail == "2 GPU(s)"
-    assert caps["sensors"].detail.startswith("gpus: starts")
+    assert "gpus: starts" in caps["sensors"].detail.split("; ")
     assert calls == ["init", "shutdown"] * 2          # the nvml probe's, then the GPU sensor's start and stop
     mod, _ = fake_pynvml(init_error="Driver Not Loaded")
     monkeypatch.setitem(sys.modules, "pynvml", mod)
     caps = host.probe()
     assert not caps["nvml"].available and caps["nvml"].detail == "nvmlInit: Driver Not Loaded"
-    assert caps["sensors"].detail.startswith("gpus: nvmlInit: Driver Not Loaded")
+    assert "gpus: nvmlInit: Driver Not Loaded" in caps["sensors"].detail.split("; ")
     monkeypatch.setitem(sys.modules, "pynvml", None)
     assert host.probe()["nvml"].detail == "pynvml not installed"
 

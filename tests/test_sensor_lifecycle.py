@@ -14,6 +14,7 @@ from koordd.daemon import STATUS_FILE, Daemon
 from koordd.loop import Loop
 from koordd.sensors import lifecycle, registry
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
+from koordd.sensors.cpi import CpiSensor
 from koordd.sensors.gpu import GpuSensor
 from koordd.sensors.lifecycle import RETRY_AFTER, SensorManager
 
@@ -165,6 +166,7 @@ def test_third_party_sensors_come_from_the_entry_point_group(monkeypatch, caplog
               EntryPoint("broken", "koordd_no_such_module:Sensor", registry.GROUP),
               EntryPoint("mismatch", f"{__name__}:Mismatch", registry.GROUP),
               EntryPoint("gpus", f"{__name__}:Widget", registry.GROUP),
+              EntryPoint("cpi", f"{__name__}:Widget", registry.GROUP),
               EntryPoint("cpu_usage", f"{__name__}:Widget", registry.GROUP)]
     monkeypatch.setattr(entry_point_loader, "entry_points", lambda group: [p for p in points if p.group == group])
     assert registry.load_sensor_registry() == {**registry.BUILTIN, "widget": Widget}
@@ -172,11 +174,12 @@ def test_third_party_sensors_come_from_the_entry_point_group(monkeypatch, caplog
     assert any(m.startswith("sensor broken (koordd_no_such_module:Sensor) failed to load") for m in errors)
     assert any(m.startswith("sensor mismatch: entry point names class") for m in errors)
     assert any("gpus is already koordd's own sensor" in m for m in errors)
+    assert any("cpi is already koordd's own sensor" in m for m in errors)
     assert any("cpu_usage is already a cgroup field" in m for m in errors)
 
 
 def test_the_gpu_sensor_is_built_in_and_starts_nothing_until_needed():
-    assert registry.BUILTIN["gpus"] is GpuSensor
+    assert registry.BUILTIN["gpus"] is GpuSensor and registry.BUILTIN["cpi"] is CpiSensor
     assert GpuSensor.name == "gpus"
     sensor, why = lifecycle.start_sensor(lambda: GpuSensor(nvml=FailingNvml()))
     assert sensor is None and why == "nvmlInit: Driver Not Loaded"

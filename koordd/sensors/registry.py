@@ -6,11 +6,12 @@ from typing import Callable
 from ..registry import load_named
 from ..snapshot import CGROUP_FIELDS
 from .contract import OptionalSensor
+from .cpi import CpiSensor
 from .gpu import GpuSensor
 from .runq import RunqLatencySensor
 
 GROUP = "koordd.sensors"
-BUILTIN: dict[str, type[OptionalSensor]] = {s.name: s for s in (GpuSensor, RunqLatencySensor)}
+BUILTIN: dict[str, type[OptionalSensor]] = {s.name: s for s in (GpuSensor, RunqLatencySensor, CpiSensor)}
 
 SensorFactory = Callable[[], OptionalSensor]
 

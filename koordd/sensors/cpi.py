@@ -1,0 +1,81 @@
+"""CPI sensor: cycles per instruction of each cgroup, from hardware perf counters.
+
+An optional sensor (sensors/contract.py), the snapshot's "cpi" section: cgroup
+path -> snapshot.CpiSample for the round since the previous one. It counts
+cycles and instructions as one group per online CPU, in cgroup mode on the
+cgroup's directory in the v2 tree (the unified tree on hybrid hosts), through
+sensors/cgroup_counters.py. A cgroup's counts include its descendants' (the
+kernel counts a task for every ancestor that has events), so a class root's CPI
+covers its pods. A cgroup is counted from the round it first appears in, so it
+has a value from its second round on; it has none for a round in which none of
+its tasks ran, nor when the v2 tree lacks it (on hybrid hosts, a cgroup made in
+the v1 hierarchies only). The tree is found under /sys/fs/cgroup (the
+constructor the core calls takes no arguments).
+
+start() opens software events on the v2 root first (does cgroup-mode counting
+work at all?), then the hardware events (is there a PMU?), and raises
+SensorUnavailable saying which failed: most VMs have no PMU ("no hardware PMU
+(cycles: ENOENT)"), and without CAP_PERFMON kernel.perf_event_paranoid forbids
+counting on every CPU. It needs cgroups × CPUs × 2 file descriptors.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..cgroups import DEFAULT_ROOT, LayoutError, detect_layout
+from ..perf import (CONTEXT_SWITCHES, CYCLES, INSTRUCTIONS, TASK_CLOCK, CounterGroup, explain, online_cpus,
+                    probe_cgroup_mode)
+from ..snapshot import CPI, CpiSample
+from .cgroup_counters import CgroupCounters, OpenGroup, fd_budget
+from .contract import OptionalSensor, SensorContext, SensorUnavailable
+
+EVENTS = (CYCLES, INSTRUCTIONS)
+PLUMBING = (TASK_CLOCK, CONTEXT_SWITCHES)   # any kernel with perf has them: tells the PMU from the rest
+
+
+class CpiSensor(OptionalSensor):
+    name = CPI
+
+    def __init__(self, cgroup_root: str | Path = DEFAULT_ROOT, sys_root: str | Path = "/sys",
+                 proc_root: str | Path = "/proc", open_group: OpenGroup = CounterGroup.open_cgroup):
+        self.cgroup_root, self.sys_root, self.proc_root = Path(cgroup_root), Path(sys_root), Path(proc_root)
+        self._open_group = open_group       # perf, or a fake in tests
+        self._counters: CgroupCounters | None = None
+
+    def start(self) -> None:
+        try:
+            v2_root = detect_layout(self.cgroup_root).unified
+        except LayoutError as e:
+            raise SensorUnavailable(str(e)) from None
+        if v2_root is None:
+            raise SensorUnavailable(f"no cgroup v2 tree under {self.cgroup_root}: perf counts cgroups of the v2 tree")
+        try:
+            cpus = online_cpus(self.sys_root)
+        except (OSError, ValueError) as e:
+            raise SensorUnavailable(f"online CPUs unknown: {e}") from None
+        if not cpus:
+            raise SensorUnavailable(f"no online CPU in {self.sys_root}/devices/system/cpu/online")
+        for events in (PLUMBING, EVENTS):
+            error = probe_cgroup_mode(events, v2_root, cpus[0], self._open_group)
+            if error is not None:
+                raise SensorUnavailable(explain(error, self._paranoid()))
+        self._counters = CgroupCounters(EVENTS, v2_root, cpus, self._open_group, max_fds=fd_budget())
+
+    def sample(self, context: SensorContext) -> dict[str, CpiSample]:
+        if self._counters is None:
+            return {}
+        counts = self._counters.update(context.cgroups)
+        # A cgroup none of whose tasks ran this round counted nothing: no CPI, rather than one from zeros.
+        return {cgroup: CpiSample(c.values[CYCLES.name], c.values[INSTRUCTIONS.name], c.running_ns / c.enabled_ns)
+                for cgroup, c in counts.items() if c.enabled_ns > 0}
+
+    def stop(self) -> None:
+        if self._counters is not None:
+            self._counters.close()
+            self._counters = None
+
+    def _paranoid(self) -> str | None:
+        try:
+            return (self.proc_root / "sys/kernel/perf_event_paranoid").read_text().strip()
+        except OSError:
+            return None
