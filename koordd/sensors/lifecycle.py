@@ -7,6 +7,10 @@ sections. A sensor that cannot start is said once, with the loops that go
 without it; it is tried again every RETRY_AFTER (a driver loaded after koordd
 started) and after a reload, and said again only when its reason changes or
 after that reload.
+
+Besides loops, `koordctl top` may need a sensor while it shows its section: the
+daemon then names VIEW_USER among the sensor's users, and stops the sensor
+again when the view goes away (unless a loop still needs it).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from .registry import SensorFactory
 log = logging.getLogger(__name__)
 RUNNING, UNAVAILABLE, STOPPED = "running", "unavailable", "stopped"
 RETRY_AFTER = 60.0
+VIEW_USER = "koordctl top"      # a sensor's user that is not a loop: the view showing its section
 
 
 def start_sensor(factory: SensorFactory) -> tuple[OptionalSensor | None, str | None]:
@@ -46,6 +51,15 @@ def stop_sensor(sensor: OptionalSensor) -> None:
         log.error("sensor %s failed to stop: %s: %s", sensor.name, type(e).__name__, e)
 
 
+def users_text(users: tuple[str, ...]) -> str:
+    """Who goes without a sensor, for its log line: "loop a runs", "loops a, b run", "koordctl top runs",
+    "loop a and koordctl top run"."""
+    loops = [u for u in users if u != VIEW_USER]
+    parts = [f"loop {loops[0]}" if len(loops) == 1 else f"loops {', '.join(loops)}"] if loops else []
+    parts += [VIEW_USER] if VIEW_USER in users else []
+    return f"{' and '.join(parts)} {'runs' if len(users) == 1 else 'run'}"
+
+
 @dataclass
 class SensorSlot:
     """What the manager knows of one registered sensor."""
@@ -54,7 +68,7 @@ class SensorSlot:
     state: str = STOPPED
     sensor: OptionalSensor | None = None    # while running
     reason: str | None = None               # while unavailable: why
-    loops: tuple[str, ...] = ()             # the enabled loops that need it
+    loops: tuple[str, ...] = ()             # the enabled loops (and VIEW_USER) that need it
     tried: float = 0.0                      # time.monotonic() of the last start
     sample_error: str | None = None         # the last sample() failure, logged once
 
@@ -68,12 +82,13 @@ class SensorManager:
         return frozenset(self.slots)
 
     def require(self, users: Mapping[str, Iterable[str]], now: float | None = None) -> None:
-        """`users`: sensor name -> the enabled loops that need it. Start those newly needed, stop the others."""
+        """`users`: sensor name -> the enabled loops (and VIEW_USER) that need it. Start those newly
+        needed, stop the others."""
         now = time.monotonic() if now is None else now
         for slot in self.slots.values():
             slot.loops = tuple(sorted(users.get(slot.name, ())))
             if not slot.loops:
-                self._stop(slot, "no enabled loop needs it")
+                self._stop(slot, "no enabled loop (nor koordctl top) needs it")
             elif slot.state == STOPPED:
                 self._start(slot, now)
 
@@ -119,8 +134,7 @@ class SensorManager:
             log.info("sensor %s started for %s", slot.name, ", ".join(slot.loops))
             return
         if slot.state != UNAVAILABLE or why != slot.reason:      # one line per reason, not one per try
-            who = f"loop {slot.loops[0]} runs" if len(slot.loops) == 1 else f"loops {', '.join(slot.loops)} run"
-            log.warning("sensor %s unavailable (%s): %s without it", slot.name, why, who)
+            log.warning("sensor %s unavailable (%s): %s without it", slot.name, why, users_text(slot.loops))
         slot.state, slot.reason = UNAVAILABLE, why
 
     def _stop(self, slot: SensorSlot, why: str) -> None:
