@@ -107,9 +107,10 @@ class TopFeed:
             if before is not None:
                 self.withdraw()
             return before is not None
-        if before is None:
+        if before is None or before.members != self.request.members:
+            # Rates need a round before the first published one: of the members too when they come.
             self.sampled, self.next_publish = False, now
-            return True
+            return before is None
         # A second view asking for a faster rhythm gets it from now on, not after the old interval.
         self.next_publish = min(self.next_publish, now + self.request.interval)
         return False

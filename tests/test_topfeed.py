@@ -259,6 +259,8 @@ def test_members_are_read_only_when_asked(tmp_path):
     write_request(tmp_path, TopRequest())
     feed.check(0.0)
     assert feed.member_classes() == frozenset() and feed.member_needs() == frozenset()
+    feed.settle(0.0, for_view=True)
     write_request(tmp_path, TopRequest(members=True))
-    feed.check(1.0)
+    assert feed.check(1.0) is False                                  # the same view, the same sensors
     assert feed.member_classes() == {"SYSTEM", "LSE", "LSR", "LS", "BE"} and feed.member_needs() == VIEW_FIELDS
+    assert feed.due(1.0) and feed.settle(1.0, for_view=True) is False  # a new baseline: the members' rates
