@@ -5,8 +5,9 @@ loops need which sensor: it starts the newly needed, stops those no longer
 needed, and at every round samples the running ones into the snapshot's
 sections. A sensor that cannot start is said once, with the loops that go
 without it; it is tried again every RETRY_AFTER (a driver loaded after koordd
-started) and after a reload, and said again only when its reason changes or
-after that reload.
+started) and after a reload, and said again only when its reason or the users
+going without it change, or after that reload (not each time `koordctl top`
+comes back for it).
 
 Besides loops, `koordctl top` may need a sensor while it shows its section: the
 daemon then names VIEW_USER among the sensor's users, and stops the sensor
@@ -71,6 +72,7 @@ class SensorSlot:
     loops: tuple[str, ...] = ()             # the enabled loops (and VIEW_USER) that need it
     tried: float = 0.0                      # time.monotonic() of the last start
     sample_error: str | None = None         # the last sample() failure, logged once
+    said: tuple[str, tuple[str, ...]] | None = None   # the last "unavailable" logged: (reason, users)
 
 
 class SensorManager:
@@ -97,7 +99,7 @@ class SensorManager:
         and, still unavailable, say so again."""
         for slot in self.slots.values():
             if slot.state == UNAVAILABLE:
-                slot.state, slot.reason = STOPPED, None
+                slot.state, slot.reason, slot.said = STOPPED, None, None
 
     def sample(self, context: SensorContext) -> dict[str, Any]:
         """name -> section, of every running sensor."""
@@ -130,10 +132,11 @@ class SensorManager:
         slot.tried = now
         sensor, why = start_sensor(slot.factory)
         if sensor is not None:
-            slot.state, slot.sensor, slot.reason, slot.sample_error = RUNNING, sensor, None, None
+            slot.state, slot.sensor, slot.reason, slot.sample_error, slot.said = RUNNING, sensor, None, None, None
             log.info("sensor %s started for %s", slot.name, ", ".join(slot.loops))
             return
-        if slot.state != UNAVAILABLE or why != slot.reason:      # one line per reason, not one per try
+        if (why, slot.loops) != slot.said:      # one line per reason and users, not one per try
+            slot.said = (why, slot.loops)
             log.warning("sensor %s unavailable (%s): %s without it", slot.name, why, users_text(slot.loops))
         slot.state, slot.reason = UNAVAILABLE, why
 
