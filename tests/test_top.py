@@ -15,7 +15,7 @@ import pytest
 
 from koordd import top
 from koordd.ctl import main
-from koordd.top import Terminal, human_bytes, human_us, render, select_rows, watch
+from koordd.top import Terminal, human_bytes, human_us, render, select_rows, target_name, watch
 from koordd.topfeed import REQUEST_FILE, TOP_FILE, TopRequest, parse_request
 
 NOW = 1_800_000_000.0
@@ -80,6 +80,13 @@ def test_human_bytes(n, text):
 @pytest.mark.parametrize("us, text", [(None, None), (35.0, "35us"), (4096.0, "4.1ms"), (2.5e6, "2.50s")])
 def test_human_us(us, text):
     assert human_us(us) == text
+
+
+@pytest.mark.parametrize("r, name", [({"kind": "cgroup", "path": "be.slice"}, "be.slice"),
+                                     ({"kind": "cgroup", "path": ""}, "/"),
+                                     ({"kind": "resctrl", "path": "be"}, "resctrl:be")])   # a held target of another kind
+def test_target_names(r, name):
+    assert target_name(r) == name
 
 
 def test_the_screen():
