@@ -4,9 +4,13 @@
     koordctl doctor [--json] [--cgroup-root DIR]
     koordctl status [--json] [--config F] [--state-dir DIR]             exit 0 running, 1 not
     koordctl decisions [--loop L] [--since T] [-n N] [--json] [--config F] [--state-dir DIR]
+    koordctl top [--interval T] [--sort KEY] [--class C] [--members] [--json] [--config F] [--state-dir DIR]
+                                                exit 0, 1 when koordd is not running or does not answer
 
 status and decisions only read files under the daemon's state_dir (taken from the config unless
---state-dir is given); they never change anything there. Any other failure is one line on stderr, exit 2.
+--state-dir is given); they never change anything there. top writes one file there, top.request, which
+asks the running koordd to publish what it samples (koordd/topfeed.py). Any other failure is one line
+on stderr, exit 2.
 """
 from __future__ import annotations
 
@@ -21,12 +25,15 @@ from typing import Any, Iterable, Sequence
 
 from .capabilities import format_report, probe_all, report_json
 from .cgroups import DEFAULT_ROOT
-from .config import DAEMON_OPTIONS, DEFAULT_PATH, ConfigError, load_config
+from .config import CLASS_NAMES, DAEMON_OPTIONS, DEFAULT_PATH, ConfigError, load_config
 from .daemon import STATUS_FILE
 from .decisions import read_decisions
 from .options import parse_duration
 from .registry import load_registry
 from .state import RestoreJournal, read_held
+from . import top
+from .top import SORTS, NoAnswer, Terminal, render, select_rows, wait_for_document, watch
+from .topfeed import DEFAULT_INTERVAL, MAX_INTERVAL, MIN_INTERVAL, REQUEST_FILE, TopRequest, write_request
 
 DEFAULT_STATE_DIR = next(o.default for o in DAEMON_OPTIONS if o.name == "state_dir")
 
@@ -218,6 +225,53 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    sd = state_dir(args)
+    status = read_json(sd / STATUS_FILE)
+    pid = status.get("pid") if isinstance(status, dict) else None
+    if not pid_alive(pid):
+        print(f"koordctl top: koordd is not running (state_dir {sd})", file=sys.stderr)
+        return 1
+    request = TopRequest(args.interval, args.members)
+    try:
+        asked = write_request(sd, request)
+    except OSError as e:
+        raise CtlError(f"cannot ask koordd for samples: {sd / REQUEST_FILE}: {e.strerror or e}"
+                       " (run koordctl top as koordd's user)") from None
+    no_answer = (f"koordctl top: koordd (pid {pid}) published no sample within {top.ANSWER_TIMEOUT:g}s"
+                 " (a koordd older than koordctl top does not answer: restart it)")
+    if args.json or not sys.stdout.isatty():
+        doc = wait_for_document(sd, asked, top.ANSWER_TIMEOUT)
+        if doc is None:
+            print(no_answer, file=sys.stderr)
+            return 1
+        if args.json:
+            print(json.dumps({**doc, "cgroups": select_rows(doc, args.sort, args.cls)}, indent=1, sort_keys=True))
+        else:
+            print("\n".join(render(doc, args.sort, args.cls, time.time())))
+        return 0
+    try:
+        with Terminal() as screen:
+            watch(screen, sd, request, asked, args.sort, args.cls, alive=lambda: pid_alive(pid),
+                  answer_timeout=top.ANSWER_TIMEOUT)
+    except NoAnswer:
+        print(no_answer, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:       # Ctrl-C quits like q; the terminal is back already
+        pass
+    return 0
+
+
+def interval(text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not MIN_INTERVAL <= seconds <= MAX_INTERVAL:
+        raise argparse.ArgumentTypeError(f"{text!r}: from {MIN_INTERVAL * 1000:.0f}ms to {MAX_INTERVAL:.0f}s")
+    return seconds
+
+
 # --- command line -------------------------------------------------------------------------------
 
 def parser() -> argparse.ArgumentParser:
@@ -242,6 +296,16 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--since", metavar="T", help='a duration ago ("10m", "2h") or an ISO 8601 time')
     s.add_argument("-n", type=int, metavar="N", help="only the last N")
     s.set_defaults(func=cmd_decisions)
+    s = sub.add_parser("top", parents=[state], help="live per-cgroup view of what koordd samples")
+    s.add_argument("--json", action="store_true", help="one sample as JSON, then exit")
+    s.add_argument("--interval", type=interval, default=DEFAULT_INTERVAL, metavar="T",
+                   help=f'refresh interval, "500ms" to "1m" (default {DEFAULT_INTERVAL:g}s)')
+    s.add_argument("--sort", choices=list(SORTS), default="cpu",
+                   help="column to sort by, highest first; name alphabetically (default cpu)")
+    s.add_argument("--class", dest="cls", type=str.upper, choices=CLASS_NAMES, metavar="CLASS",
+                   help=f"only this class's cgroups ({', '.join(CLASS_NAMES)})")
+    s.add_argument("--members", action="store_true", help="the class roots' children (pods, jobs) too")
+    s.set_defaults(func=cmd_top)
     return p
 
 

@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from . import notify
@@ -27,7 +28,9 @@ from .runner import Runner
 from .sensors.collect import Sensors
 from .sensors.lifecycle import SensorManager
 from .sensors.registry import load_sensor_registry
-from .state import RestoreJournal, write_atomic
+from .snapshot import Snapshot
+from .state import Held, RestoreJournal, write_atomic
+from .topfeed import TopFeed, document
 
 log = logging.getLogger("koordd")
 RELOAD_DEBOUNCE = 0.5        # editors write a file in several steps: reload once they are done
@@ -74,6 +77,7 @@ class Daemon:
         self.sensors = Sensors(self.fs, config.classify, _patterns(config),
                                optional=SensorManager(load_sensor_registry()), supported=self._supported())
         self.runner = Runner(registry, self.actuator, sensors=self.sensors.optional.names)
+        self.top = TopFeed(self.state_dir)          # what koordctl top asks for, while it asks
         self.wake = threading.Event()
         self.stopping = False
         self.reload_at: float | None = None
@@ -90,6 +94,7 @@ class Daemon:
                 log.info("capability %s unavailable: %s", cap.name, cap.detail)
         self._log_missing_knobs()
         self._recover()
+        self.top.withdraw()                 # a top.json a previous run left: nobody asked this run
         self._configure(self.config)
         # Baseline: rates need two samples.
         self.sensors.snapshot(self.runner.watched(), member_classes=self.runner.member_classes(),
@@ -98,7 +103,14 @@ class Daemon:
     def _configure(self, config: Config) -> None:
         """Run the loops `config` enables, and the optional sensors they need (and only those)."""
         self.runner.configure(config)
-        self.sensors.optional.require(self.runner.sensor_users())
+        self._require_sensors()
+
+    def _require_sensors(self) -> None:
+        """Run the optional sensors the enabled loops need, and those koordctl top shows while it asks."""
+        users = self.runner.sensor_users()
+        for sensor, viewer in self.top.sensor_users(self.sensors.optional.names).items():
+            users.setdefault(sensor, []).append(viewer)
+        self.sensors.optional.require(users)
 
     def _log_missing_knobs(self) -> None:
         """One line per knob the host lacks; of the cgroup knobs, only those the kernel lacks (those
@@ -155,16 +167,19 @@ class Daemon:
                 if self.reload_at is not None and now >= self.reload_at:
                     self.reload_at = None
                     self.reload()
-                due = self.runner.due(now)
-                if due:
-                    self.round(due)
+                if now >= self.top.next_check:
+                    self.poll_view(now)
+                due, for_view = self.runner.due(now), self.top.due(now)
+                if due or for_view:
+                    self.round(due, for_view)
                 if not ready and (due or not self.runner.runs):
                     notify.notify("READY=1", "STATUS=running")     # after the first tick
                     ready = True
                 if watchdog is not None and now >= next_ping and self.runner.alive(time.monotonic()):
                     notify.notify("WATCHDOG=1")
                     next_ping = now + watchdog
-                wake_at = [t for t in (self.runner.next_due(), self.reload_at,
+                # The view's time too: a daemon with no loop due still looks for a view once a second.
+                wake_at = [t for t in (self.runner.next_due(), self.reload_at, self.top.next_wake(),
                                        next_ping if watchdog else None) if t is not None]
                 timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
                 self.wake.wait(timeout)
@@ -175,22 +190,47 @@ class Daemon:
             self.stop()
         return 0
 
-    def round(self, due) -> None:
+    def round(self, due, for_view: bool = False) -> None:
+        """One snapshot for the due loops; while koordctl top asks, with what it shows too, published
+        when `for_view` (the view's interval is up)."""
+        loop_members = self.runner.member_classes()
         try:
-            # Members (pods) are listed first and read only as far as the due loops need them now.
+            # Members (pods) are listed first and read only as far as the due loops (and the view) need them now.
             snapshot = self.sensors.snapshot(self.runner.watched(),
                                              {(h.target, h.knob): h.original for h in self.journal.entries()},
-                                             self.runner.member_classes(), self.runner.needs(), frozenset())
-            snapshot = self.sensors.fill_members(snapshot, self.runner.member_fields(due, snapshot))
+                                             loop_members | self.top.member_classes(),
+                                             self.runner.needs() | self.top.needs(), frozenset())
+            member_fields = self.runner.member_fields(due, only_members_of(snapshot, loop_members))
+            snapshot = self.sensors.fill_members(snapshot, member_fields | self.top.member_needs())
         except Exception:  # noqa: BLE001 - sensors should never raise; if one does, skip this round
             log.exception("building the snapshot failed; loops skip this tick")
             self.runner.skip(due, time.monotonic())
+            self.top.skip(time.monotonic())
             return
-        self.runner.tick(due, snapshot)
+        if due:
+            self.runner.tick(due, only_members_of(snapshot, loop_members))
+        if self.top.settle(snapshot.time, for_view):
+            self.top.publish(document(snapshot, self.top.request, self.journal.entries(), self._current_value,
+                                      self.sensors.optional.status()))
         self._write_status()
+
+    def poll_view(self, now: float | None = None) -> None:
+        """Look for koordctl top's request; start or stop the sensors it shows when a view came or went."""
+        if self.top.check(time.monotonic() if now is None else now):
+            log.debug("koordctl top %s", "is watching" if self.top.active else "went away")
+            self._require_sensors()
+
+    def _current_value(self, held: Held) -> str | None:
+        """A held knob's value now, for the view: read through its backend; None if it cannot be read."""
+        backend = self.backends.of_kind(held.kind)
+        try:
+            return backend.read(held.target, held.knob) if backend is not None else None
+        except Exception:  # noqa: BLE001 - a gone target or a third-party backend's bug costs the view one value
+            return None
 
     def stop(self) -> None:
         notify.notify("STOPPING=1")
+        self.top.withdraw()
         self.actuator.restore_all("koordd stopping")
         self.sensors.close()
         self.backends.close()
@@ -284,6 +324,15 @@ def _raise_open_files_limit(reserve: int = 256) -> int:
         except (ValueError, OSError):
             pass
     return max(soft - reserve, 0)
+
+
+def only_members_of(snapshot: Snapshot, classes: set[str]) -> Snapshot:
+    """The snapshot with only the members (pods) of `classes`: those listed for koordctl top alone must not
+    change what a loop sees (Snapshot.units() acts on members wherever there are some)."""
+    if all(snapshot.cgroups[root].cls in classes for root in snapshot.members):
+        return snapshot
+    return replace(snapshot, members={root: ms for root, ms in snapshot.members.items()
+                                      if snapshot.cgroups[root].cls in classes})
 
 
 def _where(h) -> str:

@@ -14,6 +14,7 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.state import read_held
+from koordd.topfeed import REQUEST_FILE, TOP_FILE, TopRequest, write_request
 
 CONFIG = """
 [daemon]
@@ -207,3 +208,19 @@ def test_dry_run_after_a_crash_writes_nothing_and_keeps_the_journal(node, enable
     if not enabled:     # what a real start would do is said, as a dry-run decision
         assert [(d["old"], d["outcome"]) for d in restores] == [("5000 100000", "dry-run")], node.decisions()
     assert "left as it is (dry-run)" in node.log()
+
+
+def test_koordctl_top_is_answered_with_no_loop_enabled_and_nothing_is_left_when_it_goes(node):
+    node.write_config(enabled=False)
+    proc = node.run(wait=False)
+    top = node.state / TOP_FILE
+    try:
+        write_request(node.state, TopRequest(interval=0.5))
+        wait_for(top.exists, what="top.json")
+        assert {r["path"] for r in json.loads(top.read_text())["cgroups"]} == {"be.slice", "ls.slice"}
+        old = time.time() - 60
+        os.utime(node.state / REQUEST_FILE, (old, old))           # the view went away
+        wait_for(lambda: not top.exists(), what="top.json removed")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, node.log()

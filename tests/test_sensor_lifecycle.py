@@ -133,6 +133,21 @@ def test_a_reload_tries_again_and_says_again(caplog):
         "sensor widget unavailable (no widget): loops a_loop, b_loop run without it"]
 
 
+def test_koordctl_top_is_named_as_a_user_that_is_not_a_loop(caplog):
+    Widget.start_error = SensorUnavailable("no widget")
+    manager = SensorManager({"widget": Widget})
+    manager.require({"widget": [lifecycle.VIEW_USER]}, now=0.0)
+    manager.require({}, now=1.0)                                   # the view went away
+    manager.require({"widget": [lifecycle.VIEW_USER]}, now=2.0)  # the view again: tried, not said again
+    manager.require({}, now=3.0)
+    manager.require({"widget": ["a_loop", lifecycle.VIEW_USER]}, now=4.0)
+    assert Widget.calls.count("start") == 3
+    assert warnings_about(caplog, "widget") == [
+        "sensor widget unavailable (no widget): koordctl top runs without it",
+        "sensor widget unavailable (no widget): loop a_loop and koordctl top run without it"]
+    assert manager.status()["widget"]["loops"] == ["a_loop", "koordctl top"]
+
+
 def test_a_start_that_raises_anything_else_is_unavailable_too(caplog):
     Widget.start_error = OSError(13, "Permission denied")
     manager = SensorManager({"widget": Widget})

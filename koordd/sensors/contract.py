@@ -3,7 +3,8 @@
 An optional sensor reads something not every host has or every loop wants (NVML
 for GPUs; later BPF programs, perf counters, netlink) and fills one section of
 the snapshot, named after it. It runs only while an enabled loop names it in
-needs(). koordd's own are built in (sensors/registry.py); a third-party package
+needs(), or while `koordctl top` shows its section (the run-queue latency and
+CPI sections: koordd/topfeed.py). koordd's own are built in (sensors/registry.py); a third-party package
 registers its class under the entry-point group `koordd.sensors`, with the
 entry point's name equal to the class's `name`. The core calls:
 
@@ -16,7 +17,7 @@ entry point's name equal to the class's `name`. The core calls:
 - `sample(context)` every round while needed: the section's value, built from
   the kernel without raising for a vanished process or cgroup (an exception
   loses the section for that round and is logged).
-- `stop()` when no enabled loop needs it any more, when koordd stops, and after
+- `stop()` when nothing needs it any more, when koordd stops, and after
   a failed start (to release what a partial start took). Idempotent.
 
 An instance is started at most once: when it is needed again later, or retried

@@ -5,8 +5,13 @@ loops need which sensor: it starts the newly needed, stops those no longer
 needed, and at every round samples the running ones into the snapshot's
 sections. A sensor that cannot start is said once, with the loops that go
 without it; it is tried again every RETRY_AFTER (a driver loaded after koordd
-started) and after a reload, and said again only when its reason changes or
-after that reload.
+started) and after a reload, and said again only when its reason or the users
+going without it change, or after that reload (not each time `koordctl top`
+comes back for it).
+
+Besides loops, `koordctl top` may need a sensor while it shows its section: the
+daemon then names VIEW_USER among the sensor's users, and stops the sensor
+again when the view goes away (unless a loop still needs it).
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from .registry import SensorFactory
 log = logging.getLogger(__name__)
 RUNNING, UNAVAILABLE, STOPPED = "running", "unavailable", "stopped"
 RETRY_AFTER = 60.0
+VIEW_USER = "koordctl top"      # a sensor's user that is not a loop: the view showing its section
 
 
 def start_sensor(factory: SensorFactory) -> tuple[OptionalSensor | None, str | None]:
@@ -46,6 +52,15 @@ def stop_sensor(sensor: OptionalSensor) -> None:
         log.error("sensor %s failed to stop: %s: %s", sensor.name, type(e).__name__, e)
 
 
+def users_text(users: tuple[str, ...]) -> str:
+    """Who goes without a sensor, for its log line: "loop a runs", "loops a, b run", "koordctl top runs",
+    "loop a and koordctl top run"."""
+    loops = [u for u in users if u != VIEW_USER]
+    parts = [f"loop {loops[0]}" if len(loops) == 1 else f"loops {', '.join(loops)}"] if loops else []
+    parts += [VIEW_USER] if VIEW_USER in users else []
+    return f"{' and '.join(parts)} {'runs' if len(users) == 1 else 'run'}"
+
+
 @dataclass
 class SensorSlot:
     """What the manager knows of one registered sensor."""
@@ -54,9 +69,10 @@ class SensorSlot:
     state: str = STOPPED
     sensor: OptionalSensor | None = None    # while running
     reason: str | None = None               # while unavailable: why
-    loops: tuple[str, ...] = ()             # the enabled loops that need it
+    loops: tuple[str, ...] = ()             # the enabled loops (and VIEW_USER) that need it
     tried: float = 0.0                      # time.monotonic() of the last start
     sample_error: str | None = None         # the last sample() failure, logged once
+    said: tuple[str, tuple[str, ...]] | None = None   # the last "unavailable" logged: (reason, users)
 
 
 class SensorManager:
@@ -68,12 +84,13 @@ class SensorManager:
         return frozenset(self.slots)
 
     def require(self, users: Mapping[str, Iterable[str]], now: float | None = None) -> None:
-        """`users`: sensor name -> the enabled loops that need it. Start those newly needed, stop the others."""
+        """`users`: sensor name -> the enabled loops (and VIEW_USER) that need it. Start those newly
+        needed, stop the others."""
         now = time.monotonic() if now is None else now
         for slot in self.slots.values():
             slot.loops = tuple(sorted(users.get(slot.name, ())))
             if not slot.loops:
-                self._stop(slot, "no enabled loop needs it")
+                self._stop(slot, "no enabled loop (nor koordctl top) needs it")
             elif slot.state == STOPPED:
                 self._start(slot, now)
 
@@ -82,7 +99,7 @@ class SensorManager:
         and, still unavailable, say so again."""
         for slot in self.slots.values():
             if slot.state == UNAVAILABLE:
-                slot.state, slot.reason = STOPPED, None
+                slot.state, slot.reason, slot.said = STOPPED, None, None
 
     def sample(self, context: SensorContext) -> dict[str, Any]:
         """name -> section, of every running sensor."""
@@ -115,12 +132,12 @@ class SensorManager:
         slot.tried = now
         sensor, why = start_sensor(slot.factory)
         if sensor is not None:
-            slot.state, slot.sensor, slot.reason, slot.sample_error = RUNNING, sensor, None, None
+            slot.state, slot.sensor, slot.reason, slot.sample_error, slot.said = RUNNING, sensor, None, None, None
             log.info("sensor %s started for %s", slot.name, ", ".join(slot.loops))
             return
-        if slot.state != UNAVAILABLE or why != slot.reason:      # one line per reason, not one per try
-            who = f"loop {slot.loops[0]} runs" if len(slot.loops) == 1 else f"loops {', '.join(slot.loops)} run"
-            log.warning("sensor %s unavailable (%s): %s without it", slot.name, why, who)
+        if (why, slot.loops) != slot.said:      # one line per reason and users, not one per try
+            slot.said = (why, slot.loops)
+            log.warning("sensor %s unavailable (%s): %s without it", slot.name, why, users_text(slot.loops))
         slot.state, slot.reason = UNAVAILABLE, why
 
     def _stop(self, slot: SensorSlot, why: str) -> None:
