@@ -17,11 +17,11 @@ END = "<!-- end of config reference -->"
 
 
 def format_duration(seconds: float) -> str:
-    """systemd's form, as the config takes it: 1.5 -> "1s500ms", 90 -> "1m30s", 0 -> "0s"."""
-    ms = round(seconds * 1000)
+    """systemd's form, as the config takes it: 1.5 -> "1s500ms", 90 -> "1m30s", 0.0005 -> "500us", 0 -> "0s"."""
+    us = round(seconds * 1_000_000)
     parts = []
-    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
-        n, ms = divmod(ms, size)
+    for unit, size in (("h", 3_600_000_000), ("m", 60_000_000), ("s", 1_000_000), ("ms", 1000), ("us", 1)):
+        n, us = divmod(us, size)
         if n:
             parts.append(f"{n}{unit}")
     return "".join(parts) or "0s"

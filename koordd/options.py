@@ -10,12 +10,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"us": 1e-6, "µs": 1e-6, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def parse_duration(text: str) -> float:
-    """Seconds from a systemd-style duration: "500ms", "2s", "1m30s", "1.5h", "5" (seconds)."""
+    """Seconds from a systemd-style duration: "500us", "500ms", "2s", "1m30s", "1.5h", "5" (seconds)."""
     s = text.strip()
     if re.fullmatch(r"\d+(?:\.\d+)?", s):
         return float(s)

@@ -1,5 +1,17 @@
 """be_suppress: keep best-effort (BE) CPU use below what latency-sensitive work leaves over.
 
+Two rules decide how much CPU BE may use (`rule`):
+
+- "slack" (Heracles' way): LS health, not LS usage, decides. Slack is how far the worst LS, LSR or
+  LSE cgroup is from its target, as a fraction of it: run-queue latency p99 against
+  `slack_runq_p99` (where only schedstat is there, its mean against `slack_runq_mean`) and
+  `cpu.pressure` "some" avg10 against `slack_cpu_pressure`. While slack is 10% or more, BE grows by
+  up to 10% of the node per tick towards all the CPU that LS and the system leave idle; between 5%
+  and 10% it holds; under 5% it gives back `slack_shrink_percent` of its allowance at once; below
+  zero it drops to its floor and stays there until slack is back at 10%. With no LS signal at all
+  (no sensor, nothing ran yet) it holds what it has.
+- "threshold" (koordlet's rule), described next.
+
 Reads: node CPU in use, CPU usage of every classified cgroup, `cpu.pressure`
 of the LS, LSR and LSE cgroups, and the BE cgroups' current `cpu.max` /
 `cpuset.cpus`.
@@ -61,6 +73,8 @@ SIGNAL_SECTIONS = {"runq": RUNQ_LATENCY, "cpi": CPI}
 @dataclass
 class State:
     demand: deque = field(default_factory=deque)     # (time, non-BE + system cores)
+    allowance: float | None = None                   # rule slack: BE's CPUs, moved by slack each tick
+    at_floor: bool = False                           # rule slack: slack went below zero; held until 10%
     detector: Detector | None = None                 # antagonists: baselines, outliers, BE CPU series
     capped: dict[str, float] = field(default_factory=dict)   # BE cgroup capped as an antagonist -> until
 
@@ -69,6 +83,8 @@ class BeSuppress(Loop):
     __doc__ = __doc__
     name = "be_suppress"
     options = (
+        Option("rule", str, "threshold", "what sizes BE: threshold (koordlet's usage rule) or slack (LS health, "
+               "Heracles' rule)", choices=("threshold", "slack")),
         Option("threshold_percent", float, 65.0, "node CPU share that LS + system + BE may use together",
                min=1, max=100),
         Option("policy", str, "cfs_quota", "how BE is capped: cfs_quota (cpu.max) or cpuset (cpuset.cpus)",
@@ -80,6 +96,14 @@ class BeSuppress(Loop):
                "LS cpu.pressure some avg10 above which BE shrinks further; 0 turns the guard off", min=0, max=100),
         Option("psi_guard_shrink_percent", float, 20.0, "how much of its limit BE loses per tick under pressure",
                min=1, max=90),
+        Option("slack_runq_p99", Duration, Duration(0.002), "rule slack: the LS run-queue latency p99 target",
+               min=0.00001, max=10),
+        Option("slack_runq_mean", Duration, Duration(0.0005),
+               "rule slack: the LS target for the mean wait, where only schedstat measures it", min=0.00001, max=10),
+        Option("slack_cpu_pressure", float, 20.0, "rule slack: the LS cpu.pressure some avg10 target, percent",
+               min=0.1, max=100),
+        Option("slack_shrink_percent", float, 30.0, "rule slack: how much of its allowance BE gives back at once "
+               "when slack is under 5%", min=1, max=100),
         Option("antagonist_signal", str, "off", "cap the BE cgroup that interferes with LS, judged by: off, "
                "runq (run-queue latency) or cpi (cycles per instruction)", choices=("off", "runq", "cpi")),
         Option("antagonist_window", Duration, Duration(300.0), "baseline and correlation window", min=10, max=3600),
@@ -101,6 +125,8 @@ class BeSuppress(Loop):
         out = {"cpu_usage", "cpu_pressure", "cpu_max" if settings.policy == "cfs_quota" else "cpuset_cpus"}
         if _antagonists_on(settings):
             out.add(SIGNAL_SECTIONS[settings.antagonist_signal])
+        if settings.rule == "slack":
+            out.add(RUNQ_LATENCY)
         return frozenset(out)
 
     @staticmethod
@@ -136,6 +162,14 @@ def _allowance_actions(snapshot: Snapshot, settings, state: State) -> list[Actio
         return []       # first tick or a sensor is blind: hold the current limits
     capacity = snapshot.node.cpu_count
     system = max(node_used - non_be - be_used, settings.reserved_cpus, 0.0)
+    if settings.rule == "slack":
+        sized = _slack_allowance(snapshot, settings, state, be, capacity, non_be + system)
+        if sized is None:
+            return []       # no LS signal yet: hold the current limits
+        allowance, reason, why = sized
+        if settings.policy == "cfs_quota":
+            return _quota_actions(be, capacity, allowance, False, settings, reason, why)
+        return _cpuset_actions(snapshot, be, capacity, allowance, False, settings, reason, why)
     demand = _windowed_peak(state.demand, snapshot.time, non_be + system, settings.usage_window)
     allowance = max(capacity * settings.threshold_percent / 100 - demand, 0.0)
     pressure = _peak_pressure(snapshot.of_class(*LATENCY_SENSITIVE))
@@ -150,6 +184,64 @@ def _allowance_actions(snapshot: Snapshot, settings, state: State) -> list[Actio
     if settings.policy == "cfs_quota":
         return _quota_actions(be, capacity, allowance, guard, settings, reason, why)
     return _cpuset_actions(snapshot, be, capacity, allowance, guard, settings, reason, why)
+
+
+GROW_AT, HOLD_AT = 0.10, 0.05     # Heracles: grow BE at 10% slack or more, give back under 5%
+
+
+def ls_slack(snapshot: Snapshot, settings) -> tuple[float, dict] | None:
+    """The worst LS slack, 1 - measured / target over every LS cgroup and signal, with what set it;
+    None when no LS cgroup has a signal this tick."""
+    runq = snapshot.section(RUNQ_LATENCY) or {}
+    worst: tuple[float, dict] | None = None
+    for c in snapshot.of_class(*LATENCY_SENSITIVE):
+        signals = []
+        r = runq.get(c.path)
+        if r is not None and r.p99_us is not None:
+            signals.append(("runq_p99_us", r.p99_us, float(settings.slack_runq_p99) * 1e6))
+        elif r is not None and r.mean_us is not None:
+            signals.append(("runq_mean_us", r.mean_us, float(settings.slack_runq_mean) * 1e6))
+        if c.cpu_pressure is not None and c.cpu_pressure.some is not None:
+            signals.append(("cpu_pressure_avg10", c.cpu_pressure.some.avg10, settings.slack_cpu_pressure))
+        for name, value, target in signals:
+            slack = 1 - value / target
+            if worst is None or slack < worst[0]:
+                worst = (slack, {"cgroup": c.path, "signal": name, "value": round(value, 3), "target": target})
+    return worst
+
+
+def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: int,
+                     others: float) -> tuple[float, dict, str] | None:
+    """BE's CPUs moved by LS slack (rule slack): grow towards what LS and the system leave idle, hold,
+    give back, or drop to the floor."""
+    found = ls_slack(snapshot, settings)
+    if found is None:
+        return None
+    slack, worst = found
+    idle = max(capacity - others, 0.0)
+    floor = len(be) * MIN_QUOTA_US / DEFAULT_PERIOD_US
+    if state.allowance is None:
+        limits = [parse_cpu_max(c.cpu_max) for c in be if c.cpu_max]
+        quotas = [q / p for q, p in limits if q is not None]
+        state.allowance = sum(quotas) if len(quotas) == len(be) else idle
+    if slack < 0:
+        state.allowance, state.at_floor, step = floor, True, "floor"
+    elif state.at_floor and slack < GROW_AT:
+        state.allowance, step = floor, "floor (LS recovering)"
+    elif slack < HOLD_AT:
+        state.allowance, step = state.allowance * (1 - settings.slack_shrink_percent / 100), "shrink"
+    elif slack < GROW_AT:
+        step = "hold"
+    else:
+        state.at_floor = False
+        state.allowance, step = min(max(idle, floor), state.allowance + GROW_FRACTION * capacity), "grow"
+    state.allowance = max(state.allowance, floor)
+    reason = {"rule": "slack", "slack": round(slack, 3), "worst": worst, "step": step, "capacity": capacity,
+              "ls_and_system_usage": round(others, 3), "idle_for_be": round(idle, 3),
+              "allowance": round(state.allowance, 3)}
+    why = (f"LS slack {slack:.0%} ({worst['cgroup']} {worst['signal']} {worst['value']:g} of {worst['target']:g}): "
+           f"{step}, BE allowance {state.allowance:.2f} of {idle:.2f} idle CPUs")
+    return state.allowance, reason, why
 
 
 def _antagonist_actions(snapshot: Snapshot, settings, state: State) -> list[Action]:

@@ -136,3 +136,72 @@ def test_cpuset_policy_respects_floor_growth_and_lse():
 def test_a_be_cgroup_without_cpu_max_still_gets_an_action_so_the_refusal_is_recorded():
     s = snap(2.0, [cg("ls", "LS", 1.0), cg("be", "BE", 1.0, cpu_max=None)])
     assert quota_of(decide(s)) == [30000]
+
+
+# --- rule "slack": LS health sizes BE (Heracles) ---------------------------------------------------------
+
+from koordd.snapshot import RUNQ_LATENCY, RunqLatency  # noqa: E402
+
+
+def health(t, ls_usage, be_quota, p99_us=None, mean_us=None, psi=None, be_usage=0.5, cpus=4):
+    """An LS cgroup with a run-queue latency (p99 from eBPF, or only a mean) and cpu pressure; one BE."""
+    runq = {}
+    if p99_us is not None or mean_us is not None:
+        runq["ls"] = RunqLatency("ebpf" if p99_us is not None else "schedstat", 100, mean_us or p99_us / 2,
+                                 p99_us and p99_us / 2, p99_us, p99_us)
+    return Snapshot(time=t, wall=0.0, node=NodeSample(cpu_count=cpus, cpu_used=ls_usage + be_usage),
+                    cgroups={"ls": cg("ls", "LS", ls_usage, pressure=psi),
+                             "be": cg("be", "BE", be_usage, cpu_max=f"{be_quota} 100000")},
+                    sections={RUNQ_LATENCY: runq})
+
+
+def slack_run(snaps, **kw):
+    s = settings(rule="slack", **kw)
+    state = BeSuppress.initial_state(s)
+    out = []
+    for snap in snaps:
+        actions = BeSuppress.decide(snap, s, state)
+        out.append((quota_of(actions), round(state.allowance, 3) if state.allowance is not None else None))
+    return out
+
+
+def test_slack_grows_be_towards_what_ls_leaves_idle_while_ls_is_healthy():
+    # LS uses 1 of 4 CPUs, its p99 is 0.5 ms of a 2 ms target (slack 75%): BE grows 0.4 CPUs a tick
+    # (10% of the node) from its 1 CPU, up to the 3 CPUs LS leaves idle.
+    got = slack_run([health(float(t), 1.0, 100_000 + 40_000 * t, p99_us=500, psi=1.0) for t in range(7)])
+    assert [a for _, a in got] == [1.4, 1.8, 2.2, 2.6, 3.0, 3.0, 3.0]
+
+
+def test_slack_holds_between_5_and_10_percent_and_gives_back_under_5():
+    hold = slack_run([health(1.0, 1.0, 100_000, p99_us=1850)])              # slack 7.5%
+    assert hold == [([], 1.0)]
+    shrink = slack_run([health(1.0, 1.0, 100_000, p99_us=1950)])            # slack 2.5%: -30% at once
+    assert shrink == [([70_000], 0.7)]
+
+
+def test_below_zero_be_drops_to_its_floor_and_stays_there_until_ls_recovers():
+    got = slack_run([health(1.0, 1.0, 200_000, p99_us=4096),   # slack -100%: the floor
+                     health(2.0, 1.0, 2_000, p99_us=1900),     # 5%: still recovering, held at the floor
+                     health(3.0, 1.0, 2_000, p99_us=1000)])    # 50%: grows again
+    assert [a for _, a in got] == [0.02, 0.02, 0.42]
+    assert got[0][0] == [2000]
+
+
+def test_slack_is_the_worst_of_the_ls_signals_and_says_which():
+    s = settings(rule="slack")
+    state = BeSuppress.initial_state(s)
+    [act] = [a for a in BeSuppress.decide(health(1.0, 1.0, 300_000, p99_us=500, psi=30.0), s, state)
+             if a.value]
+    assert act.reason["worst"] == {"cgroup": "ls", "signal": "cpu_pressure_avg10", "value": 30.0, "target": 20.0}
+    assert act.reason["slack"] == -0.5 and act.reason["step"] == "floor" and "LS slack -50%" in act.message
+
+
+def test_where_only_schedstat_measures_the_mean_is_held_to_its_own_target():
+    assert slack_run([health(1.0, 1.0, 100_000, mean_us=600)])[0][1] == 0.02      # 600 µs > 500 µs: floor
+    assert slack_run([health(1.0, 1.0, 100_000, mean_us=100)])[0][1] == 1.4       # 80% slack: grow
+
+
+def test_without_any_ls_signal_slack_holds_what_be_has():
+    assert slack_run([health(1.0, 1.0, 100_000)]) == [([], None)]
+    assert RUNQ_LATENCY in BeSuppress.needs(settings(rule="slack"))
+    assert RUNQ_LATENCY not in BeSuppress.needs(settings())

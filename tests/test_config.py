@@ -391,3 +391,10 @@ def test_load_config_unreadable(tmp_path):
     bad.write_bytes(b"# caf\xe9\n")
     with pytest.raises(ConfigError, match=r"cannot read: not UTF-8"):
         load_config(bad, REGISTRY)
+
+
+def test_durations_take_microseconds_too():
+    from koordd.docs import format_duration
+    from koordd.options import parse_duration
+    assert parse_duration("500us") == pytest.approx(0.0005) and parse_duration("1ms500us") == pytest.approx(0.0015)
+    assert format_duration(0.0005) == "500us" and format_duration(0.0015) == "1ms500us" and format_duration(2) == "2s"

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 SHIPPED = (REPO / "config" / "koordd.toml").read_text()
 LOOPS = shipped_loops()
-KEY = re.compile(r"^([a-z_]+)\s*=")
+KEY = re.compile(r"^([a-z_][a-z0-9_]*)\s*=")
 
 
 def test_the_shipped_loops_are_found():
