@@ -199,3 +199,34 @@ def test_crash_then_restart_with_loop_enabled_readopts(cgroups, koordd):
     assert koordd.held() == []
     last = koordd.decisions()[-1]
     assert (last["outcome"], last["cgroup"], last["new"]) == ("restored", be, original), last
+
+
+def test_rule_slack_holds_be_at_its_floor_while_ls_waits_and_lets_it_grow_when_ls_is_done(koordd, cgroups):
+    """Heracles' rule on the real kernel: with LS's threads waiting behind BE's (run-queue latency far
+    over 2 ms), BE drops to its floor; once LS is gone and its pressure has faded, BE grows again."""
+    if NCPU < 2:
+        pytest.skip("needs at least 2 CPUs")
+    ls_hogs = [cgroups.spawn_hog("ls") for _ in range(N_LS)]
+    for _ in range(N_BE):
+        cgroups.spawn_hog("be")
+    p = koordd.start(koordd.write_config(extra='rule = "slack"\n'))
+    be = cgroups.cgroup("be")
+
+    def floored():
+        return [d for d in applied(koordd, be) if d["reason"].get("rule") == "slack"
+                and d["reason"].get("step") == "floor"]
+    assert wait_for(floored, 30), f"BE never went to its floor: {koordd.decisions()}\n{koordd.log_text()}"
+    first = floored()[0]
+    worst = first["reason"]["worst"]
+    assert worst["cgroup"] == cgroups.cgroup("ls") and first["reason"]["slack"] < 0, first
+    assert cgroups.raw_quota("be") == "2000", cgroups.raw_quota("be")
+    print(f"\n[kernel] rule slack: BE to its floor on {worst['signal']} {worst['value']} (target {worst['target']}), "
+          f"slack {first['reason']['slack']}")
+
+    for h in ls_hogs:
+        h.kill()
+    grown = wait_for(lambda: (q := cgroups.quota_cores("be")) is not None and q >= 0.3 and q, 90)
+    assert grown, f"BE did not grow back after LS left: {koordd.decisions()[-5:]}\n{koordd.log_text()}"
+    steps = [d["reason"].get("step") for d in applied(koordd, be)]
+    print(f"[kernel] rule slack: after LS left, BE grew back to {grown:.2f} CPUs; steps {steps}")
+    assert koordd.stop(p) == 0
