@@ -3,13 +3,8 @@
 Reads: which cgroups belong to BE, LS and LSR; which knobs this host has; for percentages, each
 cgroup's `memory.max` and the node's memory; the knobs koordd already holds changed.
 
-Writes, on every class root of the class (the same value on each), except BE's `cpu.idle`:
-- BE `cpu.idle` = 1 (`be_cpu_idle`), on each BE member (pod or job below a BE root; a root without
-  children itself) by default (`be_cpu_idle_on = "members"`), once it has existed for
-  `be_cpu_idle_delay`: the kubelet rewrites the besteffort root's weight every minute and an idle
-  group refuses that (EINVAL), while it writes a pod's weight only when it creates the pod, which the
-  delay waits out. `be_cpu_idle_on = "roots"` puts it on the roots instead (no kubelet, or one told to
-  leave them alone). The group runs as SCHED_IDLE, the upstream form of Group
+Writes, on every class root of the class (the same value on each):
+- BE `cpu.idle` = 1 (`be_cpu_idle`): the group runs as SCHED_IDLE, the upstream form of Group
   Identity: BE gets a CPU only when nothing else wants it (on a shared CPU an LS task keeps about
   99.7% of it, weight 1024 against 3). Writing `cpu.idle` makes the kernel set the group's weight
   (1 while idle; 100 when idle goes back to 0, whatever it was before), so the loop first sets BE's
@@ -46,10 +41,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from dataclasses import dataclass, field
-
 from koordd.loop import Action, Loop, restore
-from koordd.options import Duration, Option
+from koordd.options import Option
 from koordd.snapshot import CgroupSample, Snapshot
 
 MIN_WEIGHT = 1              # cpu.weight's floor; also what the kernel shows for an idle group
@@ -126,10 +119,6 @@ class QosBaseline(Loop):
     name = "qos_baseline"
     options = (
         Option("be_cpu_idle", bool, True, "BE runs as SCHED_IDLE (cpu.idle = 1) where the kernel has cpu.idle (Linux 5.15+)"),
-        Option("be_cpu_idle_on", str, "members", "where BE's cpu.idle goes: members (each pod or job below a BE "
-               "root; safe with the kubelet) or roots", choices=("members", "roots")),
-        Option("be_cpu_idle_delay", Duration, Duration(10.0), "a new BE member is made idle once it has existed "
-               "this long (its creator is done writing its cgroup)", min=0, max=600),
         Option("be_cpu_weight", int, MIN_WEIGHT,
                "BE cpu.weight where cpu.idle is not used (no cpu.idle, or be_cpu_idle = false); 0 = leave alone",
                min=0, max=MAX_WEIGHT),
@@ -144,18 +133,6 @@ class QosBaseline(Loop):
     def needs(settings) -> frozenset[str]:
         # memory.max is the base of "N%" memory settings; every knob value is read by the actuator.
         return frozenset({"memory_max"})
-
-    @staticmethod
-    def members_of(settings) -> frozenset[str]:
-        return frozenset({"BE"}) if _idle_on_members(settings) else frozenset()
-
-    @staticmethod
-    def member_needs(settings) -> frozenset[str]:
-        return frozenset()           # a member's path is all it takes: the actuator reads the knobs
-
-    @staticmethod
-    def initial_state(settings) -> State:
-        return State()
 
     @staticmethod
     def writes(settings) -> frozenset[tuple[str, str]]:
@@ -174,8 +151,10 @@ class QosBaseline(Loop):
         return frozenset(out)
 
     @staticmethod
-    def decide(snapshot: Snapshot, settings, state: State) -> list[Action]:
-        actions = _be_cpu_targets(snapshot, settings, state)
+    def decide(snapshot: Snapshot, settings, state) -> list[Action]:
+        actions: list[Action] = []
+        for cg in snapshot.of_class("BE"):
+            actions += _be_cpu(snapshot, cg, settings)
         for cls, weight in (("LS", settings.ls_cpu_weight), ("LSR", settings.lsr_cpu_weight)):
             if weight and "cpu.weight" in snapshot.supported:
                 for cg in snapshot.of_class(cls):
@@ -191,48 +170,6 @@ class QosBaseline(Loop):
                 actions.append(Action(cg.path, knob, value, {"class": cls, **why},
                                       f"{cls} {knob} {setting}" + (f" of {why['base']}" if "base" in why else "")))
         return actions
-
-
-@dataclass
-class State:
-    first_seen: dict[str, float] = field(default_factory=dict)    # BE member -> when it was first listed
-
-
-def _idle_on_members(settings) -> bool:
-    return settings.be_cpu_idle and settings.be_cpu_idle_on == "members"
-
-
-def _be_cpu_targets(snapshot: Snapshot, settings, state: State) -> list[Action]:
-    """BE's CPU knobs on the roots, or idle on the members once they are old enough; idle held where
-    it no longer belongs (the placement changed) goes back first."""
-    roots = snapshot.of_class("BE")
-    if not _idle_on_members(settings):
-        state.first_seen.clear()
-        members = {u.path for r in roots for u in snapshot.units("BE") if u.path != r.path} - {r.path for r in roots}
-        out = _unplace(snapshot, members, "be_cpu_idle_on is roots")
-        for cg in roots:
-            out += _be_cpu(snapshot, cg, settings)
-        return out
-    units = snapshot.units("BE")
-    for path in set(state.first_seen) - {u.path for u in units}:
-        del state.first_seen[path]
-    out = _unplace(snapshot, {r.path for r in roots} - {u.path for u in units}, "be_cpu_idle_on is members")
-    for u in units:
-        if u.path not in snapshot.cgroups:            # a member, not a root without children
-            since = state.first_seen.setdefault(u.path, snapshot.time)
-            if snapshot.time - since < float(settings.be_cpu_idle_delay):
-                continue
-        out += _be_cpu(snapshot, u, settings)
-    return out
-
-
-def _unplace(snapshot: Snapshot, cgroups: set[str], why: str) -> list[Action]:
-    """Put idle (then the weight saved for it) back on cgroups where it no longer belongs."""
-    out = []
-    for cg in sorted(cgroups):
-        if (cg, "cpu.idle") in snapshot.held:
-            out += [restore(cg, "cpu.idle", why), restore(cg, "cpu.weight", why)]
-    return out
 
 
 def _memory_settings(settings) -> tuple[tuple[str, str, str], ...]:

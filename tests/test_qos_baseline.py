@@ -212,7 +212,7 @@ def rig(tmp_path, mode):
         snapshot = Snapshot(time=1.0, wall=0.0, node=NodeSample(cpu_count=2, cpu_used=1.0, memory_total=GiB),
                             cgroups={"be": cg("be", "BE"), "ls": cg("ls", "LS")}, supported=supported,
                             held={(h.target, h.knob): h.original for h in journal.entries()})
-        out = act.apply("qos_baseline", QosBaseline.decide(snapshot, s, QosBaseline.initial_state(s)))
+        out = act.apply("qos_baseline", QosBaseline.decide(snapshot, s, None))
         if any(d.knob == "cpu.idle" for d in out):
             kernel_applies_idle(tree, "be")
         return out
@@ -274,7 +274,7 @@ def test_memory_knobs_on_v2_and_none_on_hybrid(tmp_path):
                             cgroups={"be": cg("be", "BE"), "ls": cg("ls", "LS")}, supported=supported)
         s = settings(be_cpu_idle=False, be_cpu_weight=0, ls_memory_low="25%", ls_memory_min="64M",
                      be_memory_high="1G")
-        out = act.apply("qos_baseline", QosBaseline.decide(snapshot, s, QosBaseline.initial_state(s)))
+        out = act.apply("qos_baseline", QosBaseline.decide(snapshot, s, None))
         got = {(d.target, d.knob, d.new, d.outcome) for d in out}
         if mode == "v2":
             assert got == {("ls", "memory.low", str(2 * GiB), APPLIED), ("ls", "memory.min", str(64 << 20), APPLIED),
@@ -301,7 +301,7 @@ def test_a_kernel_without_cpu_idle_gets_the_weight_fallback_and_a_refusal_that_s
     assert "not available on this kernel" in act.unsupported["cpu.idle"]
     snapshot = Snapshot(time=1.0, wall=0.0, node=NodeSample(cpu_count=2, cpu_used=1.0, memory_total=GiB),
                         cgroups={"be": cg("be", "BE"), "ls": cg("ls", "LS")}, supported=sensors.supported)
-    out = act.apply("qos_baseline", QosBaseline.decide(snapshot, settings(), QosBaseline.initial_state(settings())))
+    out = act.apply("qos_baseline", QosBaseline.decide(snapshot, settings(), None))
     assert [(d.target, d.knob, d.new, d.outcome) for d in out] == [("be", "cpu.weight", "1", APPLIED)], out
     [refused] = act.apply("qos_baseline", [Action("be", "cpu.idle", "1")])
     assert refused.outcome == "refused" and "not available on this kernel" in refused.error, refused
@@ -314,45 +314,3 @@ def test_a_controller_not_enabled_yet_leaves_support_to_the_layout(tmp_path):
     tree.set("", None, "cgroup.subtree_control", "memory pids\n")
     (tree.root / "be" / "cpu.idle").unlink()
     assert "cpu.idle" in Sensors(tree.fs, lambda cg: None, []).supported
-
-
-# --- where BE's cpu.idle goes: members (safe with the kubelet) or roots ---------------------------------
-
-def pods_snap(t, *pods, held=()):
-    """kubepods-besteffort-like: a BE root with pods as members."""
-    root = cg("be", "BE")
-    return Snapshot(time=t, wall=0.0, node=NodeSample(cpu_count=2, cpu_used=1.0, memory_total=16 * GiB),
-                    cgroups={"be": root}, members={"be": tuple(cg(f"be/{p}", "BE") for p in pods)},
-                    supported=V2, held={key: "0" for key in held})
-
-
-def test_idle_goes_on_each_member_once_it_is_old_enough_never_on_the_root():
-    s = settings()
-    state = QosBaseline.initial_state(s)
-    assert QosBaseline.members_of(s) == {"BE"} and QosBaseline.member_needs(s) == frozenset()
-    assert triples(QosBaseline.decide(pods_snap(100.0, "pod1"), s, state)) == []        # just appeared
-    assert triples(QosBaseline.decide(pods_snap(105.0, "pod1", "pod2"), s, state)) == []
-    assert triples(QosBaseline.decide(pods_snap(110.0, "pod1", "pod2"), s, state)) == [
-        ("be/pod1", "cpu.weight", "1"), ("be/pod1", "cpu.idle", "1")]                   # 10 s old; pod2 waits
-    assert [t for t in triples(QosBaseline.decide(pods_snap(116.0, "pod2"), s, state))] == [
-        ("be/pod2", "cpu.weight", "1"), ("be/pod2", "cpu.idle", "1")]
-    assert "be/pod1" not in state.first_seen                                            # gone: forgotten
-
-
-def test_a_root_without_members_is_its_own_member():
-    assert triples(decide(snap(cg("be", "BE")))) == [("be", "cpu.weight", "1"), ("be", "cpu.idle", "1")]
-
-
-def test_changing_the_placement_puts_idle_back_where_it_no_longer_belongs():
-    # From roots to members: the root's idle and the weight saved for it go back, idle first.
-    s = settings(be_cpu_idle_delay=0)
-    got = triples(QosBaseline.decide(pods_snap(1.0, "pod1", held=[("be", "cpu.idle"), ("be", "cpu.weight")]),
-                                     s, QosBaseline.initial_state(s)))
-    assert got[:2] == [("be", "cpu.idle", None), ("be", "cpu.weight", None)] and ("be/pod1", "cpu.idle", "1") in got
-    # From members to roots: the pods' idle goes back, the root becomes idle.
-    s = settings(be_cpu_idle_on="roots")
-    got = triples(QosBaseline.decide(pods_snap(1.0, "pod1", held=[("be/pod1", "cpu.idle")]), s,
-                                     QosBaseline.initial_state(s)))
-    assert got == [("be/pod1", "cpu.idle", None), ("be/pod1", "cpu.weight", None),
-                   ("be", "cpu.weight", "1"), ("be", "cpu.idle", "1")]
-    assert QosBaseline.members_of(s) == frozenset()

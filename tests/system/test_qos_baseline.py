@@ -47,8 +47,6 @@ enabled = false
 enabled = true
 interval = "1s"
 be_cpu_idle = true
-# No kubelet here, and the stress units below be.slice come and go: the slice itself is BE.
-be_cpu_idle_on = "roots"
 ls_cpu_weight = {LS_WEIGHT}
 ls_memory_low = "256M"
 ls_memory_min = "64M"
