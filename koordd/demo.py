@@ -321,7 +321,7 @@ def _report(demo: Demo, settings: Settings, plot_path: Path | None, out: TextIO,
         name = signal.Signals(stopped.signum).name if isinstance(stopped, Stopped) else "Ctrl-C"
         print(f"stopped by {name} after {demo.samples[-1].t if demo.samples else 0:.1f}s", file=out)
     if failure:
-        print(f"koordctl demo: {failure}", file=out)
+        print(f"koordctl demo: {failure}", file=sys.stderr, flush=True)
     done = f"{demo.name} removed, its processes ended"
     if demo.koordd is not None:
         done += ", koordd stopped and its changes undone"

@@ -68,7 +68,11 @@ class DemoCgroups:
                                 f" (echo +cpu > {self.layout.unified}/cgroup.subtree_control)")
         for root in self.roots:
             parent = root / self.name
-            parent.mkdir()
+            try:
+                parent.mkdir()
+            except FileExistsError:         # not ours to remove: left by a demo that was SIGKILLed?
+                raise DemoError(f"{parent} exists already (left by a demo that was killed? rmdir its"
+                                " children ls and be, then it)") from None
             self.made.append(parent)
             if self.layout.mode == "v2":
                 (parent / "cgroup.subtree_control").write_text("+cpu")

@@ -52,6 +52,15 @@ def test_v2_root_without_cpu_for_its_children_is_left_alone(tmp_path):
     assert not (tree.root / "koordd-demo-1").exists()
 
 
+def test_a_leftover_of_the_same_name_is_left_alone(tmp_path):
+    tree = FakeCgroups(tmp_path, "hybrid")
+    tree.add("koordd-demo-1/ls")
+    cgroups = DemoCgroups(tree.layout, "koordd-demo-1")
+    with pytest.raises(DemoError, match="koordd-demo-1 exists already"):
+        cgroups.create()
+    assert cgroups.made == [] and (tree.root / "cpu" / "koordd-demo-1" / "ls").is_dir()
+
+
 @pytest.mark.parametrize("mode", ["hybrid", "v1-comount", "v2"])
 def test_usage_and_be_limits(tmp_path, mode):
     tree = FakeCgroups(tmp_path, mode)
