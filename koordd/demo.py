@@ -322,10 +322,11 @@ def _report(demo: Demo, settings: Settings, plot_path: Path | None, out: TextIO,
         print(f"stopped by {name} after {demo.samples[-1].t if demo.samples else 0:.1f}s", file=out)
     if failure:
         print(f"koordctl demo: {failure}", file=sys.stderr, flush=True)
-    done = f"{demo.name} removed, its processes ended"
-    if demo.koordd is not None:
-        done += ", koordd stopped and its changes undone"
-    print("cleaned up: " + done if not problems else "clean-up failed: " + "; ".join(problems), file=out)
+    done = [f"{demo.name} removed"] if demo.cgroups.removed else []
+    done += ["its processes ended"] if demo.workers else []
+    done += ["koordd stopped and its changes undone"] if demo.koordd is not None else []
+    print("clean-up failed: " + "; ".join(problems) if problems else
+          "cleaned up: " + (", ".join(done) or "nothing had been made yet"), file=out)
     if demo.samples:
         print("", *summary_lines(summarize(demo.samples, ncpu)), sep="\n", file=out)
     if demo.koordd is not None:

@@ -54,6 +54,7 @@ class DemoCgroups:
         self.fs = CgroupFS(layout)
         self.roots = hierarchy_roots(layout)
         self.made: list[Path] = []           # what create() made, in order: removed in reverse
+        self.removed = 0                     # directories remove() removed
 
     def path(self, child: str) -> str:
         """The cgroup's name as koordd writes it: relative to the hierarchy root."""
@@ -128,6 +129,7 @@ class DemoCgroups:
             while True:
                 try:
                     d.rmdir()
+                    self.removed += 1
                     break
                 except FileNotFoundError:
                     break

@@ -2,9 +2,12 @@
 the command line. tests/kernel/test_demo_kernel.py runs the real thing."""
 from __future__ import annotations
 
+import io
 import os
 import signal
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from fakecgroup import FakeCgroups
@@ -110,3 +113,15 @@ def test_koordd_changes_from_its_decision_log(tmp_path):
 
 def test_no_koordd_no_changes(tmp_path):
     assert demo.changes_lines(a_demo(tmp_path).koordd_changes()) == ["koordd changed nothing."]
+
+
+def test_a_demo_that_cannot_start_says_why_and_leaves_what_was_there(tmp_path, capsys):
+    tree = FakeCgroups(tmp_path, "hybrid")
+    tree.add(f"koordd-demo-{os.getpid()}/ls")                   # left by a killed demo whose pid was ours
+    out = io.StringIO()
+    assert demo.run(demo.Settings(phase=1.0), tmp_path / "demo.png", tree.layout, out=out) == 1
+    assert f"koordd-demo-{os.getpid()} exists already" in capsys.readouterr().err
+    assert out.getvalue().splitlines()[-1] == "cleaned up: nothing had been made yet"
+    assert (tree.root / "cpu" / f"koordd-demo-{os.getpid()}" / "ls").is_dir()
+    assert not (tmp_path / "demo.png").exists()
+    assert not list(Path(tempfile.gettempdir()).glob(f"koordd-demo-{os.getpid()}-*"))

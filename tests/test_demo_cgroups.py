@@ -93,6 +93,8 @@ def test_cgroups_removed_in_reverse_order(tmp_path):
     problems = cgroups.remove(timeout=0.2)
     assert problems == [f"cannot remove {tree.root / 'cpu' / 'koordd-demo-1' / 'be'}: Directory not empty",
                         f"cannot remove {tree.root / 'cpu' / 'koordd-demo-1'}: Directory not empty"]
+    assert cgroups.removed == 7 and cgroups.made == [tree.root / "cpu" / "koordd-demo-1",
+                                                     tree.root / "cpu" / "koordd-demo-1" / "be"]
     assert not (tree.root / "cpuacct" / "koordd-demo-1").exists()
     assert not (tree.root / "unified" / "koordd-demo-1").exists()
     assert (tree.root / "cpu" / "cpu.shares").exists()                   # nothing of the host's touched
