@@ -6,11 +6,14 @@
     koordctl decisions [--loop L] [--since T] [-n N] [--json] [--config F] [--state-dir DIR]
     koordctl top [--interval T] [--sort KEY] [--class C] [--members] [--json] [--config F] [--state-dir DIR]
                                                 exit 0, 1 when koordd is not running or does not answer
+    koordctl demo [--phase T] [--period T] [--loops L,L] [--plot FILE | --no-plot]
+                                                exit 0, 1 on a failure, 128+N when stopped by signal N
 
 status and decisions only read files under the daemon's state_dir (taken from the config unless
 --state-dir is given); they never change anything there. top writes one file there, top.request, which
-asks the running koordd to publish what it samples (koordd/topfeed.py). Any other failure is one line
-on stderr, exit 2.
+asks the running koordd to publish what it samples (koordd/topfeed.py). demo runs LS and BE work and
+a koordd of its own in cgroups of its own, and removes them all (koordd/demo.py). Any other failure is
+one line on stderr, exit 2.
 """
 from __future__ import annotations
 
@@ -24,14 +27,15 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .capabilities import format_report, probe_all, report_json
-from .cgroups import DEFAULT_ROOT
+from .cgroups import DEFAULT_ROOT, LayoutError, detect_layout
 from .config import CLASS_NAMES, DAEMON_OPTIONS, DEFAULT_PATH, ConfigError, load_config
 from .daemon import STATUS_FILE
 from .decisions import read_decisions
+from .demo_cgroups import DemoError, hierarchy_roots
 from .options import parse_duration
 from .registry import load_registry
 from .state import RestoreJournal, read_held
-from . import top
+from . import demo, top
 from .top import SORTS, NoAnswer, Terminal, render, select_rows, wait_for_document, watch
 from .topfeed import DEFAULT_INTERVAL, MAX_INTERVAL, MIN_INTERVAL, REQUEST_FILE, TopRequest, write_request
 
@@ -262,6 +266,38 @@ def cmd_top(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        raise CtlError("demo: needs root (it creates cgroups under /sys/fs/cgroup and starts koordd)")
+    try:
+        layout = detect_layout(DEFAULT_ROOT)
+        hierarchy_roots(layout)          # a host without the hierarchies the demo needs says so now
+    except (LayoutError, DemoError) as e:
+        raise CtlError(f"demo: {e}") from None
+    settings = demo.Settings(phase=args.phase, period=args.period, loops=args.loops)
+    return demo.run(settings, None if args.no_plot else args.plot, layout)
+
+
+def duration_at_least(minimum: float):
+    def parse(text: str) -> float:
+        try:
+            seconds = parse_duration(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        if seconds < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: at least {minimum:g}s")
+        return seconds
+    return parse
+
+
+def loop_list(text: str) -> tuple[str, ...]:
+    loops = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    unknown = [name for name in loops if name not in demo.LOOPS]
+    if unknown or not loops:
+        raise argparse.ArgumentTypeError(f"{text!r}: one or more of {', '.join(demo.LOOPS)}, comma-separated")
+    return loops
+
+
 def interval(text: str) -> float:
     try:
         seconds = parse_duration(text)
@@ -306,6 +342,22 @@ def parser() -> argparse.ArgumentParser:
                    help=f"only this class's cgroups ({', '.join(CLASS_NAMES)})")
     s.add_argument("--members", action="store_true", help="the class roots' children (pods, jobs) too")
     s.set_defaults(func=cmd_top)
+    s = sub.add_parser("demo", help="see koordd work: LS and BE on the same CPUs, without and with koordd",
+                       description="An LS cgroup whose CPU demand follows a sine wave and a BE cgroup that "
+                                   "wants every CPU, in three phases: LS alone, no control, koordd on. A live "
+                                   "view, then a summary per phase and a PNG plot. Needs root; removes "
+                                   "everything it made, also on Ctrl-C.")
+    s.add_argument("--phase", type=duration_at_least(1.0), default=30.0, metavar="T",
+                   help="length of each of the three phases (default 30s)")
+    s.add_argument("--period", type=duration_at_least(1.0), default=20.0, metavar="T",
+                   help="period of LS's sine wave (default 20s)")
+    s.add_argument("--loops", type=loop_list, default=demo.DEFAULT_LOOPS, metavar="L,L",
+                   help="koordd's loops in phase 3: qos_baseline (BE as SCHED_IDLE), be_suppress (the CPU rule"
+                        f" the shipped config enables) or both (default {','.join(demo.DEFAULT_LOOPS)})")
+    s.add_argument("--plot", type=Path, default=Path("koordd-demo.png"), metavar="FILE",
+                   help="where the PNG goes (default koordd-demo.png)")
+    s.add_argument("--no-plot", action="store_true", help="no PNG")
+    s.set_defaults(func=cmd_demo)
     return p
 
 
