@@ -94,3 +94,13 @@ def test_error_replies_are_counted_and_requests_spread_over_connections():
     out = run_open_loop([[c for c, _ in pairs]], b"\n", times, which, start, drain=0.5)
     assert out.errors == len(times) == len(out.latencies)
     assert [sum(got) for got in seen] == [(len(times) + 1) // 2, len(times) // 2]     # in turn
+
+
+def test_warm_up_requests_are_sent_but_not_counted():
+    client, server = socket.socketpair()
+    times, which = poisson_schedule(rate=1000, seconds=0.1, servers=1, seed=6)
+    start = time.monotonic() + 0.02
+    stalling_server(server, start)
+    out = run_open_loop([[client]], b"\n", times, which, start, drain=0.5, record_from=0.05)
+    counted = [t for t in times if t >= 0.05]
+    assert len(out.latencies) == len(out.send_lags) == len(counted) < len(times)

@@ -65,16 +65,17 @@ class _Connection:
 
 @dataclass
 class Outcome:
-    latencies: array          # seconds from intended send to response, completed requests, in arrival order
-    send_lags: array          # seconds from intended to actual send, every request sent
+    latencies: array          # seconds from intended send to response, answered requests, in arrival order
+    send_lags: array          # seconds from intended to actual send, every request counted
     errors: int               # responses that were errors
     unfinished: array         # seconds from intended send to the drain deadline, of requests never answered
 
 
 def run_open_loop(conns: list[list[socket.socket]], request: bytes, times: array, which: array,
-                  start_at: float, drain: float) -> Outcome:
+                  start_at: float, drain: float, record_from: float = 0.0) -> Outcome:
     """Send `request` to server which[i] at start_at + times[i] (time.monotonic() clock), read every
-    response as it comes, and stop when all are answered or `drain` seconds after the last send time."""
+    response as it comes, and stop when all are answered or `drain` seconds after the last send time.
+    Requests intended before start_at + record_from (the warm-up) are sent and read, not counted."""
     servers = [[_Connection(s) for s in group] for group in conns]
     by_fd = {c.sock.fileno(): c for group in servers for c in group}
     turn = [0] * len(servers)
@@ -83,6 +84,7 @@ def run_open_loop(conns: list[list[socket.socket]], request: bytes, times: array
     latencies, lags, unfinished = array("d"), array("d"), array("d")
     errors = 0
     deadline = start_at + (times[-1] if times else 0.0) + drain
+    counted_from = start_at + record_from
     n, i = len(times), 0
     in_flight = 0
     while True:
@@ -93,7 +95,8 @@ def run_open_loop(conns: list[list[socket.socket]], request: bytes, times: array
             turn[which[i]] += 1
             intended = start_at + times[i]
             c.pending.append(intended)
-            lags.append(now - intended)
+            if intended >= counted_from:
+                lags.append(now - intended)
             c.unsent += request
             _flush(c)
             in_flight += 1
@@ -115,12 +118,14 @@ def run_open_loop(conns: list[list[socket.socket]], request: bytes, times: array
             lines = (c.partial + data).split(b"\n")
             c.partial = lines.pop()
             for line in lines:
-                latencies.append(got - c.pending.popleft())
-                errors += line.startswith(b"-")
+                intended = c.pending.popleft()
                 in_flight -= 1
+                if intended >= counted_from:
+                    latencies.append(got - intended)
+                    errors += line.startswith(b"-")
     end = time.monotonic()
     for c in by_fd.values():
-        unfinished.extend(end - t for t in c.pending)
+        unfinished.extend(end - t for t in c.pending if t >= counted_from)
     return Outcome(latencies, lags, errors, unfinished)
 
 
@@ -166,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--socket", action="append", required=True, help="a server's UNIX socket (repeat)")
     p.add_argument("--request-hex", required=True, help="one request, hex-encoded")
     p.add_argument("--rate", type=float, required=True, help="requests per second, all servers together")
-    p.add_argument("--seconds", type=float, required=True)
-    p.add_argument("--start-at", type=float, required=True, help="time.monotonic() of the first interval")
+    p.add_argument("--warmup", type=float, default=0.0, help="seconds sent first and not counted")
+    p.add_argument("--seconds", type=float, required=True, help="seconds counted, after the warm-up")
+    p.add_argument("--start-at", type=float, required=True, help="time.monotonic() when sending starts")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--connections", type=int, default=2, help="connections per server")
     p.add_argument("--drain", type=float, default=2.0, help="seconds to wait for answers after the last send")
@@ -185,13 +191,14 @@ def main(argv: list[str] | None = None) -> int:
             scheduling = "SCHED_FIFO"
         except OSError as e:       # e.g. a v1 cpu cgroup without RT runtime: say so in the summary
             scheduling = f"normal (SCHED_FIFO refused: {e.strerror})"
-    times, which = poisson_schedule(args.rate, args.seconds, len(args.socket), args.seed)
+    times, which = poisson_schedule(args.rate, args.warmup + args.seconds, len(args.socket), args.seed)
     conns = connect(args.socket, args.connections)
     time.sleep(max(args.start_at - time.monotonic(), 0.0))
     cpu0 = _cpu_seconds()
-    outcome = run_open_loop(conns, bytes.fromhex(args.request_hex), times, which, args.start_at, args.drain)
+    outcome = run_open_loop(conns, bytes.fromhex(args.request_hex), times, which, args.start_at, args.drain,
+                            record_from=args.warmup)
     cpu = _cpu_seconds() - cpu0
-    elapsed = max(time.monotonic() - args.start_at, args.seconds)
+    elapsed = max(time.monotonic() - args.start_at, args.warmup + args.seconds)
     with open(args.out, "w") as f:
         json.dump({**summary(outcome, args.rate, args.seconds, cpu / elapsed), "scheduling": scheduling}, f)
     return 0

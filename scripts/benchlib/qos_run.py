@@ -3,11 +3,11 @@ LS saw, what BE got done and where the CPU went.
 
 A run: LS servers start in the LS cgroup and BE workers in the BE cgroup (as the setup says); static
 knobs are written (or koordd starts); the client (outside the LS and BE cgroups, SCHED_FIFO unless
-asked otherwise, so it is not the one waiting; see benchlib.openloop) starts sending at the start of the window, after
-`warmup` seconds; CPU use, BE work and reclaim counters are read at the window's start and end;
-then the client drains, koordd gets
-SIGTERM (restoring), static knobs are put back, every process in the tree is killed, and the BE and LS
-knobs must read as they did before the run.
+asked otherwise, so it is not the one waiting; see benchlib.openloop) sends through `warmup` seconds
+and the window, and counts the window's requests only; CPU use, BE work and reclaim counters are read
+at the window's start and end; then the client drains, koordd gets SIGTERM (restoring), static knobs
+are put back, every process in the tree is killed, and the BE and LS knobs must read as they did
+before the run.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from koordd.sensors.cgroup import CgroupSensor
 from koordd.sensors.node import parse_proc_stat_cpu
 
 PERIOD_US = 100_000
+CLIENT_STARTUP = 1.0     # seconds for the client's Python to start and connect before it sends
 WATCHED_KNOBS = ["cpu.max", "cpu.weight", "cpu.idle"]
 RECLAIM_COUNTERS = ("pgscan_kswapd", "pgscan_direct")
 LS, BE = "ls", "be"
@@ -154,11 +155,14 @@ def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: 
 
 def _window(bench: Bench, setup: Setup, rate: float | None, seed: int, sockets: list[Path], counters: Path,
             workdir: Path, koordd: KoorddProcess | None) -> dict:
-    start_at = time.monotonic() + bench.warmup
+    # The client sends from `sending` on, through the warm-up (so that koordd and the caches see LS at
+    # its load before the window), and counts the requests of the window only.
+    sending = time.monotonic() + CLIENT_STARTUP
+    start_at = sending + bench.warmup
     client = None
     if setup.ls:
-        args = ["--request-hex", bench.ls_kind.request.hex(), "--rate", f"{rate:.3f}",
-                "--seconds", str(bench.seconds), "--start-at", f"{start_at:.6f}", "--seed", str(seed),
+        args = ["--request-hex", bench.ls_kind.request.hex(), "--rate", f"{rate:.3f}", "--start-at", f"{sending:.6f}",
+                "--warmup", str(bench.warmup), "--seconds", str(bench.seconds), "--seed", str(seed),
                 "--drain", str(bench.drain), "--out", str(workdir / "client.json")]
         if bench.realtime_client:
             args.append("--realtime")
