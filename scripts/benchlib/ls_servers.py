@@ -1,0 +1,125 @@
+"""The LS servers of scripts/bench-qos: one server process per CPU, each on its own UNIX socket in the
+benchmark's work directory (a single-threaded server then can still use the whole node, and no TCP
+port of the host is taken), all in the LS cgroup.
+
+- probe: benchlib.probe, a fixed amount of hashing per request.
+- redis: Debian's redis-server (no persistence, no TCP), holding two sets of --redis-set-size members
+  that overlap by half; a request is SINTERCARD of the two (Redis 7), whose reply is one line.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchlib.packages import apt_install
+
+SCRIPTS = Path(__file__).resolve().parents[1]
+
+
+def resp(*args: str) -> bytes:
+    """A command in the Redis protocol (an array of bulk strings)."""
+    out = [f"*{len(args)}\r\n".encode()]
+    for a in args:
+        b = a.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """argv running a benchlib module with this Python (bench-qos gives it PYTHONPATH, see worker_env)."""
+    return [sys.executable, "-m", module, *args]
+
+
+def worker_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SCRIPTS), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+class Probe:
+    name = "probe"
+    request = b"\n"
+
+    def __init__(self, bytes_per_request: int, work_us: float):
+        self.bytes, self.work_us = bytes_per_request, work_us
+
+    def command(self, sock: Path, workdir: Path) -> list[str]:
+        return python_module("benchlib.probe", "--socket", str(sock), "--bytes", str(self.bytes))
+
+    def prepare(self, sock: Path) -> None:
+        pass
+
+    def describe(self) -> str:
+        return (f"probe: BLAKE2b of {self.bytes} bytes per request ({self.work_us:g} µs on an idle CPU of "
+                f"this host when calibrated)")
+
+
+class Redis:
+    name = "redis"
+    request = resp("SINTERCARD", "2", "bench:a", "bench:b")
+
+    def __init__(self, binary: str, set_size: int):
+        self.binary, self.set_size = binary, set_size
+
+    def command(self, sock: Path, workdir: Path) -> list[str]:
+        return [self.binary, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700",
+                "--save", "", "--appendonly", "no", "--dir", str(workdir), "--daemonize", "no", "--logfile", ""]
+
+    def prepare(self, sock: Path) -> None:
+        """Fill the two sets; the intersection's size proves the data is there."""
+        half = self.set_size // 2
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(sock))
+            for key, first in (("bench:a", 0), ("bench:b", half)):
+                for start in range(first, first + self.set_size, 1000):
+                    members = [f"member:{i}" for i in range(start, min(start + 1000, first + self.set_size))]
+                    _call(s, resp("SADD", key, *members))
+            got = _call(s, self.request)
+        if got != f":{self.set_size - half}".encode():
+            raise RuntimeError(f"redis at {sock}: SINTERCARD answered {got!r}, expected :{self.set_size - half}")
+
+    def describe(self) -> str:
+        version = subprocess.run([self.binary, "--version"], capture_output=True, text=True).stdout.strip()
+        return f"redis: {version}; SINTERCARD of two sets of {self.set_size} members (half shared)"
+
+
+def _call(s: socket.socket, command: bytes) -> bytes:
+    """Send one command, read its one-line reply."""
+    s.sendall(command)
+    reply = b""
+    while not reply.endswith(b"\r\n"):
+        chunk = s.recv(4096)
+        if not chunk:
+            raise ConnectionError("redis closed the connection")
+        reply += chunk
+    if reply.startswith(b"-"):
+        raise RuntimeError(f"redis: {reply.decode().strip()}")
+    return reply.strip()
+
+
+def find_redis(install: bool) -> str:
+    """redis-server's path, installed with apt first when missing and `install`."""
+    if not shutil.which("redis-server"):
+        apt_install("redis-server", install, alternative="--ls probe")
+    return shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+def wait_accepting(sock: Path, proc: subprocess.Popen, timeout: float = 20) -> None:
+    """Until the server at `sock` accepts a connection; an error if it exits or takes too long."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"LS server {proc.args[0]} exited {proc.returncode} before listening on {sock}")
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(str(sock))
+                return
+        except (FileNotFoundError, ConnectionRefusedError):
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"LS server did not listen on {sock} within {timeout:g} s") from None
+            time.sleep(0.05)

@@ -1,0 +1,99 @@
+"""The report of scripts/bench-qos: a Markdown table (one row per setup and LS load) and a PNG plot of LS
+p99 against BE work, one point per setup and repetition."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from benchlib.qos_stats import BE_ALONE, LS_ALONE, Row, Spread, baselines, ratio
+
+COLUMNS = ("LS load", "setup", "LS p50", "LS p99", "LS p99.9", "BE work", "BE share of LS-idle CPU",
+           "LS p99 (ms)", "other CPU", "client CPU")
+
+
+def times(s: Spread | None) -> str:
+    """A ratio: "1.23x (1.10-1.40)"; one repetition: "1.23x"."""
+    return _fmt(s, lambda v: f"{v:.2f}", "x")
+
+
+def percent(s: Spread | None) -> str:
+    return _fmt(s, lambda v: f"{100 * v:.0f}", "%")
+
+
+def plain(s: Spread | None, digits: int = 2) -> str:
+    return _fmt(s, lambda v: f"{v:.{digits}f}", "")
+
+
+def _fmt(s: Spread | None, number, unit: str) -> str:
+    if s is None:
+        return "-"
+    if s.n == 1 or s.low == s.high:
+        return f"{number(s.median)}{unit}"
+    return f"{number(s.median)}{unit} ({number(s.low)}-{number(s.high)})"
+
+
+def table(rows: Sequence[Row]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in rows:
+        cells = ["-" if r.load is None else f"{r.load}%", r.setup,
+                 times(r.latency["p50"]), times(r.latency["p99"]), times(r.latency["p999"]),
+                 times(r.be_work), percent(r.be_idle_share), plain(r.latency_ms["p99"]),
+                 plain(r.other_cpu), plain(r.client_cpu, 3)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown(rows: Sequence[Row], command: str, about: Sequence[str], notes: Sequence[str] = ()) -> str:
+    """The whole report: the command, what was measured (`about`, one bullet each), the table and how
+    to read it, then `notes` (one bullet each)."""
+    reps = max((r.reps for r in rows), default=0)
+    out = ["# koordd QoS benchmark", "", "```console", command, "```", ""]
+    out += [f"- {line}" for line in about]
+    out += ["", table(rows), "",
+            f"Each cell: median (min-max) over the repetitions (up to {reps}). LS p50/p99/p99.9: latency over "
+            f"{LS_ALONE} at the same LS load (the median of its repetitions), counted from each request's "
+            f"intended send time. BE work: work done over {BE_ALONE}'s. BE share of LS-idle CPU: BE's CPU over "
+            "(node CPUs - LS CPU). other CPU: cores busy outside LS, BE and the client (koordd, the benchmark "
+            "itself, anything else on the host). client CPU: the load generator's own cores."]
+    if notes:
+        out += [""] + [f"- {n}" for n in notes]
+    return "\n".join(out) + "\n"
+
+
+def plot(runs: Sequence[dict], setup_order: Sequence[str], path: Path, title: str) -> None:
+    """One panel per LS load: LS p99 (ms, log scale) against BE work over BE alone."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    be_base = baselines(runs)[1]
+    loads = sorted({r["load"] for r in runs if r["load"] is not None})
+    setups = [s for s in setup_order if any(r["setup"] == s and r["ls"] for r in runs)]
+    colors = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(setups)}
+    panels = max(len(loads), 1)
+    width = 4.2 * panels + 2.0                     # the legend gets 2 inches on the right
+    fig, axes = plt.subplots(1, panels, figsize=(width, 4.2), squeeze=False, sharey=True)
+    ms = FuncFormatter(lambda v, _: f"{v:g}")
+    for ax, load in zip(axes[0], loads):
+        for s in setups:
+            points = [(ratio(r["be_work"], be_base) or 0.0, r["ls"]["p99"] * 1000)
+                      for r in runs if r["setup"] == s and r["load"] == load and r["ls"] and r["ls"]["p99"]]
+            if points:
+                ax.scatter(*zip(*points), label=s, color=colors[s], s=28, alpha=0.85)
+        ax.set_title(f"LS load {load}% of the node")
+        ax.set_xlabel(f"BE work / {BE_ALONE}")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ms)
+        ax.yaxis.set_minor_formatter(ms)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("LS p99 latency (ms)")
+    legend = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.legend(list(legend.values()), list(legend), loc="center right", frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0, 1 - 2.0 / width, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,245 @@
+"""One run of scripts/bench-qos: a setup at one LS rate, from starting its processes to a record of what
+LS saw, what BE got done and where the CPU went.
+
+A run: LS servers start in the LS cgroup and BE workers in the BE cgroup (as the setup says); static
+knobs are written (or koordd starts); the client (outside the LS and BE cgroups, SCHED_FIFO unless
+asked otherwise, so it is not the one waiting; see benchlib.openloop) sends through `warmup` seconds
+and the window, and counts the window's requests only; CPU use, BE work and reclaim counters are read
+at the window's start and end; then the client drains, koordd gets SIGTERM (restoring), static knobs
+are put back, every process in the tree is killed, and the BE and LS knobs must read as they did
+before the run.
+"""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from benchlib.antagonist import make_counters, read_counters
+from benchlib.cgroup_tree import CgroupTree, die_with_parent
+from benchlib.koordd_proc import KoorddProcess
+from benchlib.ls_servers import python_module, wait_accepting, worker_env
+from benchlib.static_knobs import StaticKnobs, read_knobs
+from koordd.cgroups import CgroupFS
+from koordd.sensors.cgroup import CgroupSensor
+from koordd.sensors.node import parse_proc_stat_cpu
+
+PERIOD_US = 100_000
+CLIENT_STARTUP = 1.0     # seconds for the client's Python to start and connect before it sends
+WATCHED_KNOBS = ["cpu.max", "cpu.weight", "cpu.idle"]
+RECLAIM_COUNTERS = ("pgscan_kswapd", "pgscan_direct")
+LS, BE = "ls", "be"
+
+
+@dataclass(frozen=True)
+class Setup:
+    name: str
+    doc: str
+    ls: bool = True
+    be: bool = True
+    knobs: Callable[[int], dict[str, str]] | None = None     # static BE knobs, from the node's CPU count
+    koordd: bool = False
+
+
+SETUPS = (
+    Setup("ls-alone", "LS without BE: the latency baseline", be=False),
+    Setup("be-alone", "BE without LS: the BE work baseline", ls=False),
+    Setup("no-control", "LS and BE, no knob changed"),
+    Setup("be-weight-1", "BE cpu.weight = 1 (v1: cpu.shares 10)", knobs=lambda ncpu: {"cpu.weight": "1"}),
+    Setup("be-idle", "BE cpu.idle = 1 (SCHED_IDLE as a group)", knobs=lambda ncpu: {"cpu.idle": "1"}),
+    Setup("be-quota-half", "BE cpu.max at half the node's CPUs",
+          knobs=lambda ncpu: {"cpu.max": f"{ncpu * PERIOD_US // 2} {PERIOD_US}"}),
+    Setup("koordd", "koordd with config/koordd.toml as shipped, its LS and BE classes on the benchmark's cgroups",
+          koordd=True),
+)
+SETUP_NAMES = tuple(s.name for s in SETUPS)
+
+
+def run_order(setups: list[str], loads: list[int], reps: int, seed: int) -> list[tuple[int, str, int | None]]:
+    """(rep, setup, load) in the order to run: every repetition runs each setup at each load (a setup
+    without LS once, load None), in a random order of its own, so drift on the host spreads over the
+    setups."""
+    has_ls = {s.name: s.ls for s in SETUPS}
+    rng = random.Random(seed)
+    order = []
+    for rep in range(reps):
+        batch = [(rep, s, load) for s in setups for load in (loads if has_ls[s] else [None])]
+        rng.shuffle(batch)
+        order += batch
+    return order
+
+
+@dataclass
+class Bench:
+    """What stays the same for every run of one benchmark."""
+    tree: CgroupTree
+    fs: CgroupFS
+    ncpu: int
+    ls_kind: object                  # benchlib.ls_servers.Probe or Redis
+    antagonist: str
+    be_memory: int                   # memory antagonist: bytes all workers grow to together
+    seconds: float
+    warmup: float
+    drain: float
+    realtime_client: bool
+    koordd_config: Callable[[Path], str]
+    koordd_command: list[str]
+    originals: dict[str, dict[str, str]] = field(default_factory=dict)   # cgroup -> knob -> value
+
+    def remember_knobs(self) -> None:
+        self.originals = {cg: read_knobs(self.fs, cg, WATCHED_KNOBS) for cg in (self.tree.path(LS), self.tree.path(BE))}
+
+    def check_knobs(self, when: str) -> None:
+        for cg, values in self.originals.items():
+            now = read_knobs(self.fs, cg, WATCHED_KNOBS)
+            if now != values:
+                raise RuntimeError(f"{when}: knobs of {cg} are {now}, not {values} as before the benchmark")
+
+
+def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: Path) -> dict:
+    """One run; `rate` is the LS request rate (None for a setup without LS)."""
+    workdir.mkdir(parents=True)
+    bench.check_knobs(f"before {setup.name}")
+    env = worker_env()
+    servers, workers = [], []
+    record: dict = {"setup": setup.name}
+    try:
+        sockets = []
+        if setup.ls:
+            for i in range(bench.ncpu):
+                sock = workdir / f"ls{i}.sock"
+                with open(workdir / f"ls{i}.log", "w") as log:
+                    p = bench.tree.spawn(LS, bench.ls_kind.command(sock, workdir), env=env, stdout=log,
+                                         stderr=log)
+                servers.append(p)
+                wait_accepting(sock, p)
+                bench.ls_kind.prepare(sock)
+                sockets.append(sock)
+        static = StaticKnobs(bench.fs, bench.tree.path(BE), setup.knobs(bench.ncpu) if setup.knobs else {})
+        with static:
+            counters = workdir / "be.counters"
+            if setup.be:
+                make_counters(str(counters), bench.ncpu)
+                for i in range(bench.ncpu):
+                    argv = python_module("benchlib.antagonist", "--kind", bench.antagonist,
+                                         "--counters", str(counters), "--slot", str(i),
+                                         "--memory", str(bench.be_memory // bench.ncpu))
+                    with open(workdir / f"be{i}.log", "w") as log:
+                        workers.append(bench.tree.spawn(BE, argv, env=env, stdout=log, stderr=log))
+            koordd = KoorddProcess(bench.koordd_config(workdir / "koordd" / "state"), workdir / "koordd",
+                                   bench.koordd_command) if setup.koordd else None
+            if koordd:
+                koordd.start()
+            try:
+                record.update(_window(bench, setup, rate, seed, sockets, counters, workdir, koordd))
+                dead = [p.args[0] for p in servers + workers if p.poll() is not None]
+                if dead:
+                    raise RuntimeError(f"{setup.name}: {len(dead)} LS/BE processes died during the run "
+                                       f"(logs in {workdir})")
+            finally:
+                if koordd:
+                    rc = koordd.stop()
+                    if rc != 0:
+                        raise RuntimeError(f"koordd exited {rc} on SIGTERM:\n{koordd.log_tail()}")
+    finally:
+        problems = bench.tree.kill_processes()
+        if problems:
+            raise RuntimeError("; ".join(problems))
+    bench.check_knobs(f"after {setup.name}")
+    return record
+
+
+def _window(bench: Bench, setup: Setup, rate: float | None, seed: int, sockets: list[Path], counters: Path,
+            workdir: Path, koordd: KoorddProcess | None) -> dict:
+    # The client sends from `sending` on, through the warm-up (so that koordd and the caches see LS at
+    # its load before the window), and counts the requests of the window only.
+    sending = time.monotonic() + CLIENT_STARTUP
+    start_at = sending + bench.warmup
+    client = None
+    if setup.ls:
+        args = ["--request-hex", bench.ls_kind.request.hex(), "--rate", f"{rate:.3f}", "--start-at", f"{sending:.6f}",
+                "--warmup", str(bench.warmup), "--seconds", str(bench.seconds), "--seed", str(seed),
+                "--drain", str(bench.drain), "--out", str(workdir / "client.json")]
+        if bench.realtime_client:
+            args.append("--realtime")
+        for s in sockets:
+            args += ["--socket", str(s)]
+        with open(workdir / "client.log", "w") as log:
+            client = subprocess.Popen(python_module("benchlib.openloop", *args), env=worker_env(), stdout=log,
+                                      stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+                                      preexec_fn=die_with_parent)
+    try:
+        return _measure(bench, setup, start_at, counters, workdir, koordd, client)
+    finally:
+        if client is not None and client.poll() is None:
+            client.kill()
+            client.wait()
+
+
+def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdir: Path,
+             koordd: KoorddProcess | None, client: subprocess.Popen | None) -> dict:
+    time.sleep(max(start_at - time.monotonic(), 0))
+    meter = CpuMeter(bench.fs, [bench.tree.path(c) for c in (LS, BE)], bench.ncpu)
+    work0, scanned0 = (read_counters(str(counters)) if setup.be else 0), reclaim_scans()
+    time.sleep(max(start_at + bench.seconds - time.monotonic(), 0))
+    cpu = meter.stop()
+    work1, scanned1 = (read_counters(str(counters)) if setup.be else 0), reclaim_scans()
+    out: dict = {"be_cpu_max": read_knobs(bench.fs, bench.tree.path(BE), ["cpu.max"]).get("cpu.max")}
+    if koordd:
+        koordd.check_running()
+        failures = {n: r["failures"] for n, r in koordd.status()["loops"].items() if r["failures"]}
+        if failures:
+            raise RuntimeError(f"koordd loops failed during the run: {failures}\n{koordd.log_tail()}")
+        out["koordd_writes"] = sum(1 for d in koordd.decisions() if d.get("outcome") == "applied")
+    ls = None
+    if client:
+        rc = client.wait(timeout=bench.drain + 30)
+        if rc != 0:
+            raise RuntimeError(f"the load generator exited {rc}:\n{(workdir / 'client.log').read_text()[-2000:]}")
+        ls = json.loads((workdir / "client.json").read_text())
+    cores = {LS: cpu[bench.tree.path(LS)], BE: cpu[bench.tree.path(BE)], "node": cpu["node"]}
+    cores["other"] = max(cores["node"] - cores[LS] - cores[BE] - (ls["client_cpu"] if ls else 0.0), 0.0)
+    return {**out, "ls": ls, "cpu": cores,
+            "be_work": (work1 - work0) / bench.seconds if setup.be else None,
+            "reclaim_scanned": scanned1 - scanned0}
+
+
+class CpuMeter:
+    """CPU use in cores from now until stop(): of each cgroup (koordd's own cgroup sensor, so v1 and v2
+    are read as koordd reads them) and of the whole node (/proc/stat, busy = not idle, iowait or steal)."""
+
+    FIELDS = frozenset({"cpu_usage"})
+
+    def __init__(self, fs: CgroupFS, cgroups: list[str], ncpu: int):
+        self.sensor, self.cgroups, self.ncpu = CgroupSensor(fs), cgroups, ncpu
+        t = time.monotonic()
+        for cg in cgroups:
+            self.sensor.sample(cg, "", t, self.FIELDS)
+        self.node = _proc_stat()
+
+    def stop(self) -> dict[str, float]:
+        t = time.monotonic()
+        out = {cg: self.sensor.sample(cg, "", t, self.FIELDS).cpu_usage or 0.0 for cg in self.cgroups}
+        busy0, total0 = self.node
+        busy1, total1 = _proc_stat()
+        out["node"] = self.ncpu * (busy1 - busy0) / max(total1 - total0, 1)
+        return out
+
+
+def _proc_stat() -> tuple[int, int]:
+    return parse_proc_stat_cpu(Path("/proc/stat").read_text())
+
+
+def reclaim_scans() -> int:
+    """Pages the node's reclaim has scanned so far (kswapd and direct reclaim): whether a window
+    saw reclaim at all."""
+    total = 0
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key in RECLAIM_COUNTERS:
+            total += int(value)
+    return total

@@ -1,0 +1,99 @@
+"""scripts/bench-qos's numbers: percentiles, ratios, BE's share of idle CPU, median and spread, and the
+per-setup rows built from run records."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+from benchlib.qos_stats import (Spread, baselines, be_share_of_idle, latency_summary,  # noqa: E402
+                                median_spread, percentile, ratio, summarise)
+
+
+@pytest.mark.parametrize("p, want", [(50, 50), (99, 99), (99.9, 100), (100, 100), (0.5, 1), (1, 1)])
+def test_percentile_is_the_nearest_rank(p, want):
+    assert percentile(list(range(1, 101)), p) == want
+
+
+def test_percentile_never_invents_a_value():
+    # 10 samples: p99 and p99.9 are the maximum, p50 the 5th, none interpolated between samples.
+    samples = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 100.0]
+    assert (percentile(samples, 50), percentile(samples, 99), percentile(samples, 99.9)) == (5.0, 100.0, 100.0)
+    assert percentile([7.0], 50) == percentile([7.0], 99.9) == 7.0
+
+
+@pytest.mark.parametrize("samples, p", [([], 50), ([1.0], 0), ([1.0], 101)])
+def test_percentile_rejects(samples, p):
+    with pytest.raises(ValueError):
+        percentile(samples, p)
+
+
+def test_latency_summary_sorts_and_counts():
+    samples = [0.005, 0.001, 0.003, 0.002, 0.004] * 200      # 1000 samples, unsorted
+    s = latency_summary(samples)
+    assert s == {"count": 1000, "p50": 0.003, "p99": 0.005, "p999": 0.005}
+    assert latency_summary([]) == {"count": 0, "p50": None, "p99": None, "p999": None}
+
+
+@pytest.mark.parametrize("value, base, want", [(3.0, 2.0, 1.5), (None, 2.0, None), (3.0, None, None),
+                                               (3.0, 0.0, None), (0.0, 2.0, 0.0)])
+def test_ratio(value, base, want):
+    assert ratio(value, base) == want
+
+
+def test_be_share_of_idle():
+    assert be_share_of_idle(be_cpu=1.5, ls_cpu=0.5, ncpu=2) == 1.0     # BE took all LS left
+    assert be_share_of_idle(be_cpu=0.3, ls_cpu=1.4, ncpu=2) == pytest.approx(0.5)
+    assert be_share_of_idle(be_cpu=0.0, ls_cpu=2.0, ncpu=2) is None    # nothing left idle
+
+
+def test_median_spread():
+    assert median_spread([3.0, 1.0, 2.0]) == Spread(2.0, 1.0, 3.0, 3)
+    assert median_spread([4.0, None, 1.0]) == Spread(2.5, 1.0, 4.0, 2)      # unknowns are left out
+    assert median_spread([None]) is None and median_spread([]) is None
+
+
+def run(setup, load, rep, p99=None, be_work=None, ls_cpu=0.0, be_cpu=0.0, other=0.1):
+    ls = None if p99 is None else {"p50": p99 / 4, "p99": p99, "p999": p99 * 2, "count": 1000,
+                                   "client_cpu": 0.05}
+    return {"setup": setup, "load": load, "rep": rep, "ls": ls, "be_work": be_work,
+            "cpu": {"ls": ls_cpu, "be": be_cpu, "other": other}}
+
+
+RUNS = [
+    run("ls-alone", 50, 0, p99=0.001, ls_cpu=1.0), run("ls-alone", 50, 1, p99=0.003, ls_cpu=1.0),
+    run("be-alone", None, 0, be_work=100.0, be_cpu=2.0), run("be-alone", None, 1, be_work=300.0, be_cpu=2.0),
+    run("no-control", 50, 0, p99=0.004, be_work=100.0, ls_cpu=1.0, be_cpu=1.0),
+    run("no-control", 50, 1, p99=0.006, be_work=50.0, ls_cpu=1.0, be_cpu=0.5),
+]
+
+
+def test_baselines_are_medians_of_the_runs_alone():
+    ls, be = baselines(RUNS)
+    assert ls == {50: {"p50": pytest.approx(0.0005), "p99": pytest.approx(0.002), "p999": pytest.approx(0.004)}}
+    assert be == 200.0
+
+
+def test_summarise_compares_each_run_with_the_median_baseline():
+    rows = summarise(RUNS, ncpu=2, setup_order=["ls-alone", "be-alone", "no-control"])
+    assert [(r.load, r.setup, r.reps) for r in rows] == [(None, "be-alone", 2), (50, "ls-alone", 2),
+                                                         (50, "no-control", 2)]
+    be_alone, ls_alone, mixed = rows
+    assert mixed.latency["p99"] == Spread(2.5, 2.0, 3.0, 2)            # 4 ms and 6 ms over 2 ms
+    assert mixed.latency_ms["p99"] == Spread(5.0, 4.0, 6.0, 2)
+    assert mixed.be_work == Spread(0.375, 0.25, 0.5, 2)               # 100 and 50 over 200
+    assert mixed.be_idle_share == Spread(0.75, 0.5, 1.0, 2)            # 1.0 and 0.5 of the 1 CPU LS left
+    assert ls_alone.latency["p99"] == Spread(1.0, 0.5, 1.5, 2)
+    assert ls_alone.be_work is None and ls_alone.be_idle_share is None
+    assert be_alone.latency["p99"] is None and be_alone.be_work == Spread(1.0, 0.5, 1.5, 2)
+    assert be_alone.be_idle_share == Spread(1.0, 1.0, 1.0, 2)
+    assert mixed.client_cpu == Spread(0.05, 0.05, 0.05, 2) and be_alone.client_cpu is None
+
+
+def test_summarise_without_baselines_leaves_ratios_unknown():
+    rows = summarise([r for r in RUNS if r["setup"] == "no-control"], ncpu=2, setup_order=["no-control"])
+    assert rows[0].latency["p99"] is None and rows[0].be_work is None
+    assert rows[0].latency_ms["p99"] == Spread(5.0, 4.0, 6.0, 2)

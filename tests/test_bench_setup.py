@@ -1,0 +1,100 @@
+"""How scripts/bench-qos sets up its runs: the shipped config pointed at the benchmark's cgroups, and
+static knobs written through koordd's knob table and put back (on fake trees of every layout)."""
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+from benchlib.koordd_proc import SHIPPED_CONFIG, shipped_config, to_toml  # noqa: E402
+from benchlib.qos_run import SETUPS, run_order  # noqa: E402
+from benchlib.static_knobs import StaticKnobs, read_knobs  # noqa: E402
+from koordd.config import parse_config  # noqa: E402
+from koordd.docs import shipped_loops  # noqa: E402
+
+
+def test_to_toml_round_trips():
+    data = {"daemon": {"state_dir": "/tmp/x \"y\"", "dry_run": False},
+            "classes": [{"name": "LS", "cgroups": ["a/ls", "b"]}, {"name": "BE", "cgroups": []}],
+            "loops": {"be_suppress": {"enabled": True, "threshold_percent": 65, "interval": "1s"},
+                      "cpu_burst": {"enabled": False, "ratio": 0.5}}}
+    assert tomllib.loads(to_toml(data)) == data
+
+
+def test_shipped_config_on_the_benchmarks_cgroups(tmp_path):
+    text = shipped_config({"LS": ["koordd-qos-1/ls"], "BE": ["koordd-qos-1/be"]}, tmp_path / "state")
+    config = parse_config(text, "bench.toml", shipped_loops())         # koordd accepts it
+    classes = {rule.name: list(rule.patterns) for rule in config.classes}
+    assert classes["LS"] == ["koordd-qos-1/ls"] and classes["BE"] == ["koordd-qos-1/be"]
+    assert classes["SYSTEM"] == ["system.slice"]                          # the others stay as shipped
+    assert config.daemon.state_dir == str(tmp_path / "state")
+    # Everything else is the shipped file's.
+    shipped, ours = tomllib.loads(SHIPPED_CONFIG.read_text()), tomllib.loads(text)
+    assert ours["loops"] == shipped["loops"]
+    assert {k: v for k, v in ours["daemon"].items() if k != "state_dir"} == \
+        {k: v for k, v in shipped["daemon"].items() if k != "state_dir"}
+
+
+STATIC = {s.name: s.knobs(2) for s in SETUPS if s.knobs}
+
+
+def test_static_setups():
+    assert STATIC == {"be-weight-1": {"cpu.weight": "1"}, "be-idle": {"cpu.idle": "1"},
+                      "be-quota-half": {"cpu.max": "100000 100000"}}
+
+
+V1_FILES = {"cpu.weight": ("cpu.shares", "10"), "cpu.idle": ("cpu.idle", "1"),
+            "cpu.max": ("cpu.cfs_quota_us", "100000")}
+
+
+@pytest.mark.parametrize("setup", sorted(STATIC))
+def test_static_knobs_are_written_in_the_hosts_files_and_put_back(tree, setup):
+    tree.add("bench/be")
+    fs = tree.fs
+    names = ["cpu.max", "cpu.weight", "cpu.idle"]
+    before = read_knobs(fs, "bench/be", names)
+    (knob, value), = STATIC[setup].items()
+    with StaticKnobs(fs, "bench/be", STATIC[setup]):
+        assert read_knobs(fs, "bench/be", [knob]) == {knob: value}
+        if tree.v1:      # koordd's translation: weight 1 is cpu.shares 10, cpu.max the CFS quota
+            file, raw = V1_FILES[knob]
+            assert tree.read("bench/be", "cpu", file).strip() == raw
+    assert read_knobs(fs, "bench/be", names) == before
+
+
+def test_static_knobs_restore_what_the_kernel_reset_after_the_knob_that_reset_it(tree):
+    tree.add("bench/be")
+    tree.set("bench/be", "cpu", "cpu.shares" if tree.v1 else "cpu.weight", "512" if tree.v1 else "50")
+    writes = []
+    fs = tree.fs
+    original = fs.write
+    fs.write = lambda controller, cgroup, filename, text: (writes.append(filename), original(controller, cgroup,
+                                                                                             filename, text))
+    with StaticKnobs(fs, "bench/be", {"cpu.idle": "1"}):
+        writes.clear()
+    weight = "cpu.shares" if tree.v1 else "cpu.weight"
+    assert writes == ["cpu.idle", weight]             # idle off first: leaving idle resets the weight
+    assert read_knobs(fs, "bench/be", ["cpu.weight"]) == {"cpu.weight": "50"}
+
+
+def test_a_refused_value_is_not_written(tree):
+    tree.add("bench/be")
+    with pytest.raises(Exception, match="cpu.weight"):
+        with StaticKnobs(tree.fs, "bench/be", {"cpu.weight": "0"}):
+            pass
+    assert read_knobs(tree.fs, "bench/be", ["cpu.weight"]) == {"cpu.weight": "100"}
+
+
+def test_run_order_interleaves_every_setup_and_load_once_per_repetition():
+    order = run_order(["ls-alone", "be-alone", "koordd"], [20, 70], reps=3, seed=1)
+    for rep in range(3):
+        batch = [(s, load) for r, s, load in order if r == rep]
+        assert sorted(batch, key=str) == sorted([("ls-alone", 20), ("ls-alone", 70), ("be-alone", None),
+                                                 ("koordd", 20), ("koordd", 70)], key=str)
+    assert [r for r, _, _ in order] == sorted(r for r, _, _ in order)      # repetitions one after another
+    assert len({tuple((s, load) for r, s, load in order if r == rep) for rep in range(3)}) > 1   # shuffled
+    assert run_order(["ls-alone", "koordd"], [50], 2, seed=4) == run_order(["ls-alone", "koordd"], [50], 2, seed=4)
