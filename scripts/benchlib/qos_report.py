@@ -75,6 +75,7 @@ def plot(runs: Sequence[dict], setup_order: Sequence[str], path: Path, title: st
     width = 4.2 * panels + 2.0                     # the legend gets 2 inches on the right
     fig, axes = plt.subplots(1, panels, figsize=(width, 4.2), squeeze=False, sharey=True)
     ms = FuncFormatter(lambda v, _: f"{v:g}")
+    ms_2_5 = FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else "")   # between decades: 2 and 5
     for ax, load in zip(axes[0], loads):
         for s in setups:
             points = [(ratio(r["be_work"], be_base) or 0.0, r["ls"]["p99"] * 1000)
@@ -85,7 +86,7 @@ def plot(runs: Sequence[dict], setup_order: Sequence[str], path: Path, title: st
         ax.set_xlabel(f"BE work / {BE_ALONE}")
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(ms)
-        ax.yaxis.set_minor_formatter(ms)
+        ax.yaxis.set_minor_formatter(ms_2_5)
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("LS p99 latency (ms)")
     legend = {}
