@@ -8,6 +8,7 @@ Roots are injectable so tests can point every probe at a fake tree.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import socket
@@ -174,14 +175,25 @@ def _probe_perf(r: _Roots) -> tuple[bool, str]:
 _DISTRO_BCC = Path("/usr/lib/python3/dist-packages/bcc")
 
 
+def _installed(name: str) -> str | None:
+    """None when `name` can be imported, else why not, without importing it: bcc loads LLVM (some
+    60 MB of RSS) and koordd probes at every start. Whether the program really loads is the
+    run-queue sensor's to say (koordctl doctor's sensors line)."""
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):      # a None in sys.modules (tests) or a broken parent package
+        found = False
+    return None if found else f"{name} not installed"
+
+
 def _probe_bpf(r: _Roots) -> tuple[bool, str]:
-    _, why = _try_import("bcc")
+    why = _installed("bcc")
     if why and _DISTRO_BCC.is_dir():
         # python3-bpfcc installs for the distro interpreter only; a venv/pyenv python does not see it.
         why += f" for this python (a copy is in {_DISTRO_BCC.parent}: run with /usr/bin/python3 or a venv with --system-site-packages)"
     btf = r.sys / "kernel/btf/vmlinux"
     headers = Path("/lib/modules") / os.uname().release / "build"
-    facts = [f"bcc: {why or 'imports'}", f"BTF {btf}: {_yes(btf.exists())}", f"headers {headers}: {_yes(headers.exists())}"]
+    facts = [f"bcc: {why or 'installed'}", f"BTF {btf}: {_yes(btf.exists())}", f"headers {headers}: {_yes(headers.exists())}"]
     return why is None, "; ".join(facts)
 
 
