@@ -44,7 +44,8 @@ STATIC = {s.name: s.knobs(2) for s in SETUPS if s.knobs}
 
 def test_static_setups():
     assert STATIC == {"be-weight-1": {"cpu.weight": "1"}, "be-idle": {"cpu.idle": "1"},
-                      "be-quota-half": {"cpu.max": "100000 100000"}}
+                      "be-thread-idle": {"cpu.weight": "1"}, "be-quota-half": {"cpu.max": "100000 100000"}}
+    assert [s.name for s in SETUPS if s.idle_threads] == ["be-thread-idle"]
 
 
 V1_FILES = {"cpu.weight": ("cpu.shares", "10"), "cpu.idle": ("cpu.idle", "1"),

@@ -79,8 +79,9 @@ class CgroupTree:
         if wanted:
             (d / "cgroup.subtree_control").write_text(wanted)
 
-    def spawn(self, child: str, argv: list[str], **popen) -> subprocess.Popen:
-        """Start `argv` inside `child` of every hierarchy, before its first instruction."""
+    def spawn(self, child: str, argv: list[str], idle_policy: bool = False, **popen) -> subprocess.Popen:
+        """Start `argv` inside `child` of every hierarchy, before its first instruction; with
+        `idle_policy`, as a SCHED_IDLE task (its threads inherit the policy)."""
         targets = [str(root / self.path(child) / "cgroup.procs") for root in self.roots]
 
         def join():
@@ -88,6 +89,8 @@ class CgroupTree:
             for t in targets:
                 with open(t, "w") as f:
                     f.write(str(os.getpid()))
+            if idle_policy:
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
         popen.setdefault("stdin", subprocess.DEVNULL)
         # A session of its own: Ctrl-C reaches only the benchmark, which then stops things in order.

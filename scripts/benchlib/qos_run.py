@@ -12,6 +12,7 @@ before the run.
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import time
@@ -43,6 +44,7 @@ class Setup:
     be: bool = True
     knobs: Callable[[int], dict[str, str]] | None = None     # static BE knobs, from the node's CPU count
     koordd: bool = False
+    idle_threads: bool = False                                # BE workers run with the SCHED_IDLE policy
 
 
 SETUPS = (
@@ -51,6 +53,9 @@ SETUPS = (
     Setup("no-control", "LS and BE, no knob changed"),
     Setup("be-weight-1", "BE cpu.weight = 1 (v1: cpu.shares 10)", knobs=lambda ncpu: {"cpu.weight": "1"}),
     Setup("be-idle", "BE cpu.idle = 1 (SCHED_IDLE as a group)", knobs=lambda ncpu: {"cpu.idle": "1"}),
+    Setup("be-thread-idle", "BE threads SCHED_IDLE and BE cpu.weight = 1 (the placement koordd uses where the "
+          "kubelet owns the group: the kubelet gives BestEffort the lowest weight)",
+          knobs=lambda ncpu: {"cpu.weight": "1"}, idle_threads=True),
     Setup("be-quota-half", "BE cpu.max at half the node's CPUs",
           knobs=lambda ncpu: {"cpu.max": f"{ncpu * PERIOD_US // 2} {PERIOD_US}"}),
     Setup("koordd", "koordd with config/koordd.toml as shipped, its LS and BE classes on the benchmark's cgroups",
@@ -129,7 +134,9 @@ def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: 
                                          "--counters", str(counters), "--slot", str(i),
                                          "--memory", str(bench.be_memory // bench.ncpu))
                     with open(workdir / f"be{i}.log", "w") as log:
-                        workers.append(bench.tree.spawn(BE, argv, env=env, stdout=log, stderr=log))
+                        workers.append(bench.tree.spawn(BE, argv, env=env, stdout=log, stderr=log,
+                                                        idle_policy=setup.idle_threads))
+                record["be_policy"] = sorted({_policy_name(w.pid) for w in workers})
             koordd = KoorddProcess(bench.koordd_config(workdir / "koordd" / "state"), workdir / "koordd",
                                    bench.koordd_command) if setup.koordd else None
             if koordd:
@@ -151,6 +158,14 @@ def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: 
             raise RuntimeError("; ".join(problems))
     bench.check_knobs(f"after {setup.name}")
     return record
+
+
+def _policy_name(pid: int) -> str:
+    try:
+        policy = os.sched_getscheduler(pid)
+    except ProcessLookupError:
+        return "exited"
+    return {os.SCHED_OTHER: "normal", os.SCHED_IDLE: "idle", os.SCHED_BATCH: "batch"}.get(policy, str(policy))
 
 
 def _window(bench: Bench, setup: Setup, rate: float | None, seed: int, sockets: list[Path], counters: Path,

@@ -33,7 +33,7 @@ def leftovers(pid: int) -> list[str]:
 
 def test_a_short_run_reports_every_setup_and_cleans_up(tmp_path):
     detect_host()
-    setups = ["ls-alone", "be-alone", "be-quota-half", "koordd"]
+    setups = ["ls-alone", "be-alone", "be-quota-half", "be-thread-idle", "koordd"]
     p = subprocess.Popen([sys.executable, str(SCRIPT), *SHORT, "--setups", ",".join(setups), "--out", str(tmp_path)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -50,6 +50,8 @@ def test_a_short_run_reports_every_setup_and_cleans_up(tmp_path):
             assert r["ls"]["answered"] > 0 and r["ls"]["errors"] == 0, r
         if r["setup"] != "ls-alone":
             assert r["be_work"] > 0, r
+    policies = {r["setup"]: r["be_policy"] for r in runs if r["setup"] != "ls-alone"}
+    assert policies["be-thread-idle"] == ["idle"] and policies["be-quota-half"] == ["normal"], policies
     quota = next(r for r in runs if r["setup"] == "be-quota-half")["be_cpu_max"]
     assert quota.split()[0] != "max"             # the static setup's knob was in place during its window
     report = (tmp_path / "report.md").read_text()
