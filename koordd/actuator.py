@@ -13,12 +13,13 @@ import logging
 import time
 from typing import Callable, Iterable
 
-from .backend import Backend, Backends, InvalidValue, TargetGone, Unsupported
+from .backend import Backend, Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
 from .cgroups import CgroupFS
 from .decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, Decision, DecisionLog
 from .knobs import CgroupBackend
 from .loop import Action
 from .state import Held, RestoreJournal
+from .threads import ThreadPolicyBackend
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,8 @@ Key = tuple[str, str, str]       # (kind, target, knob)
 class Actuator:
     def __init__(self, backends: Backends | CgroupFS, journal: RestoreJournal, decisions: DecisionLog,
                  dry_run: bool = False):
-        # A CgroupFS alone: an actuator of cgroup knobs only (tests, tools).
-        self.backends = backends if isinstance(backends, Backends) else Backends([CgroupBackend(backends)])
+        # A CgroupFS alone: an actuator of koordd's own cgroup knobs (tests, tools).
+        self.backends = backends if isinstance(backends, Backends) else Backends(builtin_backends(backends))
         self.journal, self.decisions, self.dry_run = journal, decisions, dry_run
         self._would_be: dict[Key, tuple[str, str]] = {}   # dry-run: (loop, value) we pretend to have written
         self._refused: dict[Key, tuple] = {}              # last refusal per knob, to record it once
@@ -140,12 +141,12 @@ class Actuator:
         except OSError as e:
             return self._refuse(loop, a, kind, None, f"cannot read current value: {kernel_error(e)}")
         if self.dry_run:
-            if self._would_be.get(key, (loop, old))[1] == new:
+            if backend.same(self._would_be.get(key, (loop, old))[1], new):
                 return None
             self._would_be[key] = (loop, new)
             return self._record(Decision(time.time(), loop, a.target, a.knob, old, new, DRY_RUN, a.message,
                                          dict(a.reason), kind=kind))
-        if old == new:
+        if backend.same(old, new):
             self._refused.pop(key, None)
             return None
         if held is None:
@@ -158,7 +159,8 @@ class Actuator:
             self.journal.remove(a.target, a.knob, kind)
             return None
         except OSError as e:
-            self._forget_if_unchanged(held, a.target, a.knob, old, backend)
+            if not isinstance(e, PartialWrite):
+                self._forget_if_unchanged(held, a.target, a.knob, old, backend)
             return self._refuse(loop, a, kind, old, kernel_error(e), new)
         self._refused.pop(key, None)
         return self._record(Decision(time.time(), loop, a.target, a.knob, old, new, APPLIED, a.message,
@@ -221,12 +223,13 @@ class Actuator:
             current = backend.read(held.target, held.knob)
             if self.dry_run:
                 # Say what a real run would put back; the knob and its journal entry stay as they are.
-                if current == held.original or key in self._would_restore:
+                if backend.same(current, held.original) or key in self._would_restore:
                     return None
                 self._would_restore.add(key)
                 return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, current,
                                              held.original, DRY_RUN, message, reason or {}, kind=held.kind))
-            if current != held.original:
+            unchanged = backend.same(current, held.original)
+            if not unchanged:
                 backend.write(held.target, held.knob, held.original)
         except TargetGone:
             if self.dry_run:
@@ -243,7 +246,7 @@ class Actuator:
                                          held.original, REFUSED, message, reason or {}, err, kind=held.kind))
         self.journal.remove(held.target, held.knob, held.kind)
         self._refused.pop(key, None)
-        if current == held.original:
+        if unchanged:
             return None
         return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, current,
                                      held.original, RESTORED, message, reason or {}, kind=held.kind))
@@ -265,6 +268,11 @@ class Actuator:
     def restore_all(self, message: str) -> list[Decision]:
         self._would_be.clear()
         return self.restore_where(lambda h: False, message)
+
+
+def builtin_backends(fs: CgroupFS) -> list[Backend]:
+    """koordd's own backends on a cgroup layout: the cgroup knobs and the policy of cgroups' threads."""
+    return [CgroupBackend(fs), ThreadPolicyBackend(fs)]
 
 
 def _depth(backend: Backend, target: str) -> int:

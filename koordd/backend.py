@@ -31,6 +31,11 @@ class Unsupported(Exception):
     """The knob has no place on this host (layout, kernel, missing file)."""
 
 
+class PartialWrite(OSError):
+    """Part of a write landed before the kernel refused the rest (a cgroup's threads: some moved):
+    the knob's journal entry must stay, whatever the knob reads now."""
+
+
 class InvalidValue(ValueError):
     """The value breaks a kernel rule; the message says which."""
 
@@ -51,6 +56,8 @@ class Backend:
     """One kind of target. Subclasses set `kind` and `knobs` and implement read/validate/write."""
     kind: ClassVar[str] = ""
     knobs: Mapping[str, KnobSpec] = {}
+    # Targets are cgroup paths: a knob held on a cgroup that left the loop's classes goes back.
+    cgroup_targets: ClassVar[bool] = False
 
     def probe(self) -> dict[str, str]:
         """Knobs this host cannot serve, each with why (at start and on reload)."""
@@ -66,6 +73,10 @@ class Backend:
 
     def write(self, target: str, knob: str, value: str) -> None:
         raise NotImplementedError
+
+    def same(self, current: str, wanted: str) -> bool:
+        """Whether a knob reading `current` already is `wanted` (nothing to write)."""
+        return current == wanted
 
     def parent(self, target: str) -> str | None:
         """The enclosing target of the same kind whose limit bounds this one's (write order), if any."""

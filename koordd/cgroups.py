@@ -254,6 +254,16 @@ def match_pattern(pattern: str, cgroup: str) -> bool:
     return len(pp) == len(cp) and all(fnmatch.fnmatchcase(c, p) for p, c in zip(pp, cp))
 
 
+def pattern_rank(cgroup: str, patterns) -> int:
+    """Index of the first pattern naming the cgroup or one of its ancestors; len(patterns) if none."""
+    parts = cgroup.split("/")
+    for i, p in enumerate(patterns):
+        n = p.count("/") + 1
+        if n <= len(parts) and match_pattern(p, "/".join(parts[:n])):
+            return i
+    return len(patterns)
+
+
 def parse_cpulist(text: str) -> frozenset[int]:
     """"0-3,8,10-11" -> {0,1,2,3,8,10,11}; "" -> empty."""
     cpus: set[int] = set()

@@ -16,12 +16,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import notify
-from .actuator import Actuator
+from .actuator import Actuator, builtin_backends
 from .capabilities import probe_all
 from .cgroups import DEFAULT_ROOT, CgroupFS, LayoutError, detect_layout, on_cgroupfs
 from .config import DEFAULT_PATH, Config, ConfigError, load_config
 from .backend import load_backends
-from .knobs import KNOBS, CgroupBackend, kernel_lacks
+from .knobs import KNOBS, kernel_lacks
 from .decisions import DecisionLog, journal_sender
 from .registry import load_registry
 from .runner import Runner
@@ -70,7 +70,7 @@ class Daemon:
         self.state_dir = Path(config.daemon.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.journal = RestoreJournal(self.state_dir)
-        self.backends = load_backends(CgroupBackend(self.fs))
+        self.backends = load_backends(*builtin_backends(self.fs))
         self.actuator = Actuator(self.backends, self.journal, DecisionLog(self.state_dir, send=journal_sender()),
                                  dry_run=self.dry_run)
         self.actuator.unsupported = self.backends.probe()

@@ -353,6 +353,7 @@ class CgroupBackend(Backend):
     the hierarchy root ("be.slice/job1"), the same name on v2 and on every v1 hierarchy."""
     kind = "cgroup"
     knobs = KNOBS
+    cgroup_targets = True
 
     def __init__(self, fs: CgroupFS):
         self.fs = fs

@@ -93,3 +93,20 @@ COMMON_LOOP_OPTIONS = (
     Option("enabled", bool, False, "run this loop"),
     Option("interval", Duration, Duration(1.0), "how often the loop decides", min=0.05, max=3600),
 )
+
+
+class PatternList(Option):
+    """An array of cgroup path patterns (globs per path component), kept as a tuple. Converting twice
+    gives the same value (the config loader converts, then builds the settings from the result)."""
+
+    def convert(self, value):
+        from .cgroups import normalize_cgroup     # here: cgroups -> backend -> registry -> loop -> options
+        if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
+            raise ValueError("expected an array of cgroup path patterns (strings)")
+        out = []
+        for p in value:
+            norm = normalize_cgroup(p)
+            if not norm:
+                raise ValueError(f"pattern names the root cgroup: {p!r}")
+            out.append(norm)
+        return tuple(out)

@@ -202,9 +202,14 @@ class Runner:
         """Knobs this loop holds on cgroups that left its classes (config edit, relabel) go back.
         Other kinds of target have no class to leave: the loop that holds them lets them go."""
         allowed = run.impl.writes(run.settings)
+        backends = self.actuator.backends
+
+        def on_cgroup(h: Held) -> bool:
+            backend = backends.of_kind(h.kind)
+            return backend is not None and backend.cgroup_targets
 
         def still_ours(h: Held) -> bool:
-            return h.owner != run.name or h.kind != "cgroup" or (class_of(h.target, snapshot), h.knob) in allowed
+            return h.owner != run.name or not on_cgroup(h) or (class_of(h.target, snapshot), h.knob) in allowed
 
         return self.actuator.restore_where(still_ours, f"cgroup is no longer managed by {run.name}")
 

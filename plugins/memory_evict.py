@@ -46,9 +46,9 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from koordd.cgroups import match_pattern, normalize_cgroup
+from koordd.cgroups import normalize_cgroup, pattern_rank
 from koordd.loop import Action, Loop, carried_out, restore
-from koordd.options import Duration, Option
+from koordd.options import Duration, Option, PatternList
 from koordd.snapshot import CgroupSample, PressureStat, Snapshot
 
 MiB = 1 << 20
@@ -56,22 +56,6 @@ NON_BE = ("SYSTEM", "LSE", "LSR", "LS")
 KILL_SETTLE = 15.0           # s a killed victim that is still present counts as freed (systemd-oomd waits 15 s)
 MIN_RECLAIM = MiB            # smaller shares go straight to the next step: reclaim would not help
 PRESSURE_RECLAIM_FRACTION = 0.25   # of its usage, for a victim of a pressure-only round
-
-
-class PatternList(Option):
-    """An array of cgroup path patterns (globs per path component), kept as a tuple. Converting twice
-    gives the same value (the config loader converts, then builds the settings from the result)."""
-
-    def convert(self, value):
-        if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
-            raise ValueError("expected an array of cgroup path patterns (strings)")
-        out = []
-        for p in value:
-            norm = normalize_cgroup(p)
-            if not norm:
-                raise ValueError(f"pattern names the root cgroup: {p!r}")
-            out.append(norm)
-        return tuple(out)
 
 
 class CgroupPath(Option):
@@ -312,23 +296,13 @@ def _forget(state: State, by_path: dict[str, CgroupSample], snapshot: Snapshot, 
 
 # --- a round ---------------------------------------------------------------------------------------
 
-def _rank(path: str, patterns: tuple[str, ...]) -> int:
-    """Index of the first pattern naming the cgroup or one of its ancestors; len(patterns) if none."""
-    parts = path.split("/")
-    for i, p in enumerate(patterns):
-        n = p.count("/") + 1
-        if n <= len(parts) and match_pattern(p, "/".join(parts[:n])):
-            return i
-    return len(patterns)
-
-
 def _pick(be: list[CgroupSample], need: float, settings, state: State) -> list[CgroupSample]:
     """Victims in eviction order until their usage covers `need` (at least one)."""
     # Freezing again gains nothing: when freezing is all that is left, frozen cgroups are no candidates.
     only_freeze = settings.action == "freeze" or len(state.kills) >= settings.max_kills_per_minute
     candidates = [c for c in be if c.path not in state.killed
                   and not (only_freeze and (c.frozen or c.path in state.frozen))]
-    candidates.sort(key=lambda c: (_rank(c.path, settings.priority), -_usage(c), c.path))
+    candidates.sort(key=lambda c: (pattern_rank(c.path, settings.priority), -_usage(c), c.path))
     victims, covered = [], 0
     for c in candidates:
         victims.append(c)
@@ -352,7 +326,7 @@ def _act(victims, need, settings, state: State, snapshot: Snapshot, now, reason,
         share = min(used, remaining) if need > 0 else used * PRESSURE_RECLAIM_FRACTION
         remaining = max(remaining - used, 0.0)
         why = {**reason, "need": round(need), "victim_usage": used, "victim_rank": rank,
-               "priority_rank": _rank(c.path, settings.priority), "kills_last_minute": len(state.kills)}
+               "priority_rank": pattern_rank(c.path, settings.priority), "kills_last_minute": len(state.kills)}
         goal = f", to get below {_pct(low, capacity)}" if over else ""
         if can_reclaim and c.path not in state.reclaimed and share >= MIN_RECLAIM:
             state.reclaimed[c.path] = now

@@ -9,9 +9,17 @@ Writes, on every class root of the class (the same value on each):
   99.7% of it, weight 1024 against 3). Writing `cpu.idle` makes the kernel set the group's weight
   (1 while idle; 100 when idle goes back to 0, whatever it was before), so the loop first sets BE's
   `cpu.weight` to 1 — what idle shows anyway — to save the original weight, and restoring puts
-  `cpu.idle` back first, then the weight. Without `cpu.idle` on this host (Linux < 5.15), or with
-  `be_cpu_idle = false`, BE gets `cpu.weight` = `be_cpu_weight` instead (default 1, the minimum:
-  about 1% of a CPU LS wants at the default weight 100).
+  `cpu.idle` back first, then the weight.
+- BE `sched_policy` = idle instead, on BE cgroups at or below `be_thread_idle_cgroups` (the
+  kubelet's by default): every thread gets the SCHED_IDLE policy, and the group's `cpu.weight` is
+  left to the kubelet. The kubelet writes the weights of its QoS and pod cgroups itself (BestEffort:
+  the lowest, `cpu.shares` 2) and would get EINVAL on an idle group (the kernel pins an idle group's
+  weight), failing its QoS setup on restart; it never touches thread policies. Idle threads are
+  preempted by any waking non-idle task, whatever its cgroup, as in an idle group; what they lack is
+  the idle group's weight of 3, which the kubelet's lowest weight nearly matches.
+- Without `cpu.idle` on this host (Linux < 5.15), or with `be_cpu_idle = false`, BE gets
+  `cpu.weight` = `be_cpu_weight` instead (default 1, the minimum: about 1% of a CPU LS wants at the
+  default weight 100); without `cpu.idle` but with `be_cpu_idle`, its threads get SCHED_IDLE too.
 - LS and LSR `cpu.weight` (`ls_cpu_weight`, `lsr_cpu_weight`).
 - LS `memory.low` and `memory.min` (`ls_memory_low`, `ls_memory_min`): memory that reclaim takes
   from LS last (low) or never (min).
@@ -41,8 +49,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from koordd.cgroups import pattern_rank
 from koordd.loop import Action, Loop, restore
-from koordd.options import Option
+from koordd.options import Option, PatternList
 from koordd.snapshot import CgroupSample, Snapshot
 
 MIN_WEIGHT = 1              # cpu.weight's floor; also what the kernel shows for an idle group
@@ -119,6 +128,9 @@ class QosBaseline(Loop):
     name = "qos_baseline"
     options = (
         Option("be_cpu_idle", bool, True, "BE runs as SCHED_IDLE (cpu.idle = 1) where the kernel has cpu.idle (Linux 5.15+)"),
+        PatternList("be_thread_idle_cgroups", tuple, ("kubepods.slice", "kubepods"),
+                    "BE cgroups at or below these get SCHED_IDLE threads instead of cpu.idle, and their "
+                    "cpu.weight is left to the kubelet"),
         Option("be_cpu_weight", int, MIN_WEIGHT,
                "BE cpu.weight where cpu.idle is not used (no cpu.idle, or be_cpu_idle = false); 0 = leave alone",
                min=0, max=MAX_WEIGHT),
@@ -138,7 +150,8 @@ class QosBaseline(Loop):
     def writes(settings) -> frozenset[tuple[str, str]]:
         out = set()
         if settings.be_cpu_idle:
-            out |= {("BE", "cpu.idle"), ("BE", "cpu.weight")}     # the weight: saved before idle changes it
+            # The weight: saved before idle changes it. The policy: where the kubelet owns the group.
+            out |= {("BE", "cpu.idle"), ("BE", "cpu.weight"), ("BE", "sched_policy")}
         if settings.be_cpu_weight:
             out.add(("BE", "cpu.weight"))
         if settings.ls_cpu_weight:
@@ -178,9 +191,13 @@ def _memory_settings(settings) -> tuple[tuple[str, str, str], ...]:
 
 
 def _be_cpu(snapshot: Snapshot, cg: CgroupSample, settings) -> list[Action]:
+    supported = snapshot.supported
     idle_held = (cg.path, "cpu.idle") in snapshot.held
-    if settings.be_cpu_idle and "cpu.idle" in snapshot.supported:
-        out = []
+    # The kubelet's groups (by default): their weight is the kubelet's, idle goes on their threads.
+    kubelets = pattern_rank(cg.path, settings.be_thread_idle_cgroups) < len(settings.be_thread_idle_cgroups)
+    by_thread = settings.be_cpu_idle and kubelets
+    out = []
+    if settings.be_cpu_idle and "cpu.idle" in supported and not by_thread:
         if not idle_held:
             # Before the first idle write only: save the weight the kernel is about to overwrite. Once
             # idle is ours the kernel pins the weight at 1 (a write would be refused), and an idle
@@ -190,15 +207,30 @@ def _be_cpu(snapshot: Snapshot, cg: CgroupSample, settings) -> list[Action]:
                               "BE cpu.weight 1 before cpu.idle (the kernel resets the weight when idle changes)"))
         out.append(Action(cg.path, "cpu.idle", "1", {"class": "BE", "cpu_idle": 1},
                           "BE runs as SCHED_IDLE (cpu.idle 1)"))
-        return out
-    out = []
+        return out + _release(snapshot, cg, "sched_policy", "BE runs as an idle group")
     if idle_held:
-        # Idle turned off in the config: put it back first, as that resets the weight set below.
-        out.append(restore(cg.path, "cpu.idle", "be_cpu_idle is off"))
+        # Idle no longer wanted here: put it back first, as that resets the weight set below.
+        out.append(restore(cg.path, "cpu.idle", "BE threads run as SCHED_IDLE instead" if by_thread
+                           else "be_cpu_idle is off" if not settings.be_cpu_idle else "this kernel has no cpu.idle"))
+    thread_idle = settings.be_cpu_idle and (by_thread or "cpu.idle" not in supported)
+    if thread_idle and "sched_policy" in supported:
+        why = ("the kubelet owns this group's cpu.weight" if by_thread else "this kernel has no cpu.idle")
+        out.append(Action(cg.path, "sched_policy", "idle", {"class": "BE", "sched_policy": "idle",
+                                                            "placement": "threads", "why": why},
+                          f"BE threads run as SCHED_IDLE ({why})"))
+    elif not thread_idle:
+        out += _release(snapshot, cg, "sched_policy", "be_cpu_idle is off")
     weight = settings.be_cpu_weight
-    if weight and "cpu.weight" in snapshot.supported:
+    if weight and not kubelets and "cpu.weight" in supported:
         fallback = settings.be_cpu_idle          # wanted idle, but this kernel has no cpu.idle
         out.append(Action(cg.path, "cpu.weight", str(weight),
-                          {"class": "BE", "cpu_weight": weight, "cpu_idle_available": "cpu.idle" in snapshot.supported},
+                          {"class": "BE", "cpu_weight": weight, "cpu_idle_available": "cpu.idle" in supported},
                           f"BE cpu.weight {weight}" + (" (this kernel has no cpu.idle)" if fallback else "")))
+    elif kubelets:
+        out += _release(snapshot, cg, "cpu.weight", "the kubelet owns this group's cpu.weight")
     return out
+
+
+def _release(snapshot: Snapshot, cg: CgroupSample, knob: str, why: str) -> list[Action]:
+    """Give back a knob koordd holds on this cgroup and no longer wants; nothing if it holds none."""
+    return [restore(cg.path, knob, why)] if (cg.path, knob) in snapshot.held else []

@@ -114,6 +114,43 @@ def test_idle_turned_off_restores_it_before_the_weight():
     assert triples(decide(snap(cg("be", "BE")), be_cpu_idle=False)) == [("be", "cpu.weight", "1")]
 
 
+WITH_THREADS = V2 | {"sched_policy"}
+KUBELET = (cg("kubepods.slice/kubepods-besteffort.slice", "BE"), cg("kubepods/besteffort", "BE"), cg("be.slice", "BE"))
+
+
+@pytest.mark.parametrize("supported, kw, expect", [
+    # The kubelet's BE groups: SCHED_IDLE threads, their weight left to the kubelet; elsewhere cpu.idle.
+    (WITH_THREADS, {}, [("kubepods.slice/kubepods-besteffort.slice", "sched_policy", "idle"),
+                        ("kubepods/besteffort", "sched_policy", "idle"),
+                        ("be.slice", "cpu.weight", "1"), ("be.slice", "cpu.idle", "1")]),
+    # No cpu.idle (Linux < 5.15): threads idle everywhere, the minimum weight where the kubelet is not.
+    (OLD_KERNEL | {"sched_policy"}, {}, [("kubepods.slice/kubepods-besteffort.slice", "sched_policy", "idle"),
+                                         ("kubepods/besteffort", "sched_policy", "idle"),
+                                         ("be.slice", "sched_policy", "idle"), ("be.slice", "cpu.weight", "1")]),
+    # An empty list: cpu.idle on every BE group, the kubelet's too (for hosts where no kubelet runs).
+    (WITH_THREADS, {"be_thread_idle_cgroups": []}, [
+        (c.path, knob, "1") for c in KUBELET for knob in ("cpu.weight", "cpu.idle")]),
+    # Idle off: the kubelet's groups get nothing (their weight is the kubelet's), the rest the weight.
+    (WITH_THREADS, {"be_cpu_idle": False}, [("be.slice", "cpu.weight", "1")]),
+])
+def test_kubelet_groups_get_idle_threads(supported, kw, expect):
+    assert triples(decide(snap(*KUBELET, supported=supported), **kw)) == expect
+
+
+def test_a_group_moving_to_idle_threads_gives_back_idle_then_the_weight():
+    path = "kubepods/besteffort"
+    s = snap(cg(path, "BE"), supported=WITH_THREADS, held=[(path, "cpu.idle"), (path, "cpu.weight")])
+    actions = decide(s)
+    assert [(a.knob, a.value) for a in actions] == [("cpu.idle", None), ("sched_policy", "idle"),
+                                                    ("cpu.weight", None)]
+    assert "SCHED_IDLE" in actions[1].message and actions[1].reason["why"] == "the kubelet owns this group's cpu.weight"
+    # And back: idle threads are given back once the group is idle itself.
+    s = snap(cg(path, "BE"), supported=WITH_THREADS, held=[(path, "sched_policy")])
+    assert [(a.knob, a.value) for a in decide(s, be_thread_idle_cgroups=[])] == [
+        ("cpu.weight", "1"), ("cpu.idle", "1"), ("sched_policy", None)]
+    assert [(a.knob, a.value) for a in decide(s, be_cpu_idle=False)] == [("sched_policy", None)]
+
+
 @pytest.mark.parametrize("setting, memory_max, node, expect", [
     ("50%", str(4 * GiB), 16 * GiB, str(2 * GiB)),      # of the cgroup's own limit
     ("25%", "max", 16 * GiB, str(4 * GiB)),             # unlimited: of the node's memory
@@ -169,10 +206,11 @@ def test_memory_values_are_checked_when_the_config_loads(tmp_path):
 
 
 @pytest.mark.parametrize("kw, expect", [
-    ({}, {("BE", "cpu.idle"), ("BE", "cpu.weight")}),
+    ({}, {("BE", "cpu.idle"), ("BE", "cpu.weight"), ("BE", "sched_policy")}),
     ({"be_cpu_idle": False}, {("BE", "cpu.weight")}),
     ({"be_cpu_idle": False, "be_cpu_weight": 0}, set()),
-    (ALL_ON, {("BE", "cpu.idle"), ("BE", "cpu.weight"), ("LS", "cpu.weight"), ("LSR", "cpu.weight"),
+    (ALL_ON, {("BE", "cpu.idle"), ("BE", "cpu.weight"), ("BE", "sched_policy"), ("LS", "cpu.weight"),
+              ("LSR", "cpu.weight"),
               ("LS", "memory.low"), ("LS", "memory.min"), ("BE", "memory.high")}),
 ])
 def test_writes_claims_only_the_enabled_knobs(kw, expect):

@@ -18,6 +18,7 @@ import errno
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -241,3 +242,78 @@ def test_without_idle_be_gets_the_minimum_weight(cgroups, koordd, capsys):
     assert koordd.held() == []
     mine = [d for d in koordd.decisions() if d.get("time", 0) >= started]
     assert [(d["knob"], d["outcome"]) for d in mine] == [("cpu.weight", "applied")] * 2 + [("cpu.weight", "restored")]
+
+
+THREADS = [sys.executable, "-c", "import threading, time\n"
+           "for _ in range(3): threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+           "time.sleep(600)"]
+
+
+def be_threads(cgroups) -> dict[int, int]:
+    """tid -> scheduling policy of every thread in the test's BE cgroup (the cpu hierarchy's list)."""
+    name = "tasks" if cgroups.mode == "hybrid" else "cgroup.threads"
+    out = {}
+    for t in (cgroups.dir("cpu", "be") / name).read_text().split():
+        try:
+            out[int(t)] = os.sched_getscheduler(int(t))
+        except ProcessLookupError:
+            pass
+    return out
+
+
+def all_idle(cgroups, count: int) -> bool:
+    policies = be_threads(cgroups)
+    return len(policies) >= count and set(policies.values()) == {os.SCHED_IDLE}
+
+
+def test_kubelet_groups_get_idle_threads_and_keep_the_kubelets_weight(cgroups, koordd, capsys):
+    # BE is a kubelet QoS group here (be_thread_idle_cgroups names it): koordd must not make the
+    # group idle (the kubelet's weight writes would fail) but give its threads SCHED_IDLE.
+    be = cgroups.cgroup("be")
+    wfile = weight_file(cgroups)
+    kubelet_weight = "2" if cgroups.mode == "hybrid" else "1"     # what the kubelet gives BestEffort
+    write_cpu_file(cgroups, "be", wfile, kubelet_weight)
+    cgroups.spawn_hog("be")
+    cgroups.spawn("be", THREADS)
+    assert wait_for(lambda: len(be_threads(cgroups)) == 5, 10), be_threads(cgroups)
+
+    started = time.time()
+    proc = koordd.start(config(koordd, cgroups, be_thread_idle_cgroups=f'["{be}"]'))
+    assert wait_for(lambda: all_idle(cgroups, 5), 20), f"{be_threads(cgroups)}\n{koordd.log_text()}"
+    assert held(koordd) == {(be, "sched_policy"): "normal"}
+    if (cgroups.dir("cpu", "be") / "cpu.idle").is_file():
+        assert cpu_file(cgroups, "be", "cpu.idle") == "0"
+
+    # The kubelet rewrites its weight (it does so periodically): the kernel takes it, koordd leaves it.
+    write_cpu_file(cgroups, "be", wfile, "4" if cgroups.mode == "hybrid" else "2")
+    # A process the runtime starts later (not a child of an idle one) is brought in line.
+    late = subprocess.Popen(HOG, stdin=subprocess.DEVNULL, preexec_fn=lambda: _die_with_parent(signal.SIGKILL))
+    cgroups.procs.append(late)
+    for root in cgroups.roots:
+        (root / cgroups.name / "be" / "cgroup.procs").write_text(str(late.pid))
+    assert wait_for(lambda: all_idle(cgroups, 6), 20), be_threads(cgroups)
+    time.sleep(1.5)
+    assert cpu_file(cgroups, "be", wfile) == ("4" if cgroups.mode == "hybrid" else "2")
+
+    # kill -9: the journal still holds the policy's original; the next start (loop off) puts it back.
+    assert koordd.stop(proc, signal.SIGKILL) == -signal.SIGKILL
+    assert all_idle(cgroups, 6)
+    proc = koordd.start(koordd.write_config(enabled=False))
+    assert wait_for(lambda: set(be_threads(cgroups).values()) == {os.SCHED_OTHER}, 20), koordd.log_text()
+    assert koordd.stop(proc) == 0, koordd.log_text()
+    assert koordd.held() == []
+    mine = [(d["knob"], d["outcome"]) for d in koordd.decisions() if d.get("time", 0) >= started]
+    assert mine[0] == ("sched_policy", "applied") and mine[-1] == ("sched_policy", "restored"), mine
+    assert not [m for m in mine if m[0] != "sched_policy" or m[1] == "refused"], mine
+    with capsys.disabled():
+        print(f"\n[kernel] kubelet placement: decisions {mine}")
+
+    # Why not cpu.idle on the kubelet's group: the kernel refuses weight writes on an idle group.
+    if (cgroups.dir("cpu", "be") / "cpu.idle").is_file():
+        write_cpu_file(cgroups, "be", "cpu.idle", "1")
+        try:
+            with pytest.raises(OSError) as e:
+                write_cpu_file(cgroups, "be", wfile, kubelet_weight)
+            assert e.value.errno == errno.EINVAL
+        finally:
+            write_cpu_file(cgroups, "be", "cpu.idle", "0")
