@@ -99,3 +99,18 @@ def test_run_order_interleaves_every_setup_and_load_once_per_repetition():
     assert [r for r, _, _ in order] == sorted(r for r, _, _ in order)      # repetitions one after another
     assert len({tuple((s, load) for r, s, load in order if r == rep) for rep in range(3)}) > 1   # shuffled
     assert run_order(["ls-alone", "koordd"], [50], 2, seed=4) == run_order(["ls-alone", "koordd"], [50], 2, seed=4)
+
+
+def test_window_decisions_keep_what_happened_in_the_window_with_the_slack_evidence():
+    from benchlib.qos_run import window_decisions
+    decisions = [
+        {"time": 99.0, "loop": "be_suppress", "knob": "cpu.max", "new": "2000 100000", "outcome": "applied"},
+        {"time": 101.5, "loop": "be_suppress", "knob": "cpu.max", "new": "50000 100000", "outcome": "applied",
+         "reason": {"step": "grow", "slack": 0.4, "worst": {"cgroup": "ls", "signal": "runq_p99_us", "value": 1200}}},
+        {"time": 102.0, "loop": "qos_baseline", "knob": "cpu.idle", "new": "1", "outcome": "applied", "reason": {}},
+        {"time": 111.0, "loop": "be_suppress", "knob": "cpu.max", "new": "max 100000", "outcome": "applied"},
+    ]
+    assert window_decisions(decisions, 100.0, 110.0) == [
+        {"t": 1.5, "loop": "be_suppress", "knob": "cpu.max", "new": "50000 100000", "outcome": "applied",
+         "step": "grow", "slack": 0.4, "signal": "runq_p99_us", "measured": 1200},
+        {"t": 2.0, "loop": "qos_baseline", "knob": "cpu.idle", "new": "1", "outcome": "applied"}]

@@ -199,6 +199,7 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
              koordd: KoorddProcess | None, client: subprocess.Popen | None) -> dict:
     time.sleep(max(start_at - time.monotonic(), 0))
     meter = CpuMeter(bench.fs, [bench.tree.path(c) for c in (LS, BE)], bench.ncpu)
+    wall0 = time.time()
     work0, scanned0 = (read_counters(str(counters)) if setup.be else 0), reclaim_scans()
     time.sleep(max(start_at + bench.seconds - time.monotonic(), 0))
     cpu = meter.stop()
@@ -209,7 +210,9 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
         failures = {n: r["failures"] for n, r in koordd.status()["loops"].items() if r["failures"]}
         if failures:
             raise RuntimeError(f"koordd loops failed during the run: {failures}\n{koordd.log_tail()}")
-        out["koordd_writes"] = sum(1 for d in koordd.decisions() if d.get("outcome") == "applied")
+        decisions = koordd.decisions()
+        out["koordd_writes"] = sum(1 for d in decisions if d.get("outcome") == "applied")
+        out["koordd_window"] = window_decisions(decisions, wall0, wall0 + bench.seconds)
     ls = None
     if client:
         rc = client.wait(timeout=bench.drain + 30)
@@ -221,6 +224,23 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
     return {**out, "ls": ls, "cpu": cores,
             "be_work": (work1 - work0) / bench.seconds if setup.be else None,
             "reclaim_scanned": scanned1 - scanned0}
+
+
+def window_decisions(decisions: list[dict], start: float, end: float) -> list[dict]:
+    """What koordd decided within the window, compactly: when (seconds into it), which knob and value,
+    and for be_suppress's rule the step it took and the LS signal behind it."""
+    out = []
+    for d in decisions:
+        if not start <= d.get("time", 0) <= end:
+            continue
+        reason, worst = d.get("reason") or {}, (d.get("reason") or {}).get("worst") or {}
+        row = {"t": round(d["time"] - start, 2), "loop": d.get("loop"), "knob": d.get("knob"), "new": d.get("new"),
+               "outcome": d.get("outcome")}
+        row.update({k: v for k, v in (("step", reason.get("step")), ("slack", reason.get("slack")),
+                                      ("signal", worst.get("signal")), ("measured", worst.get("value")))
+                    if v is not None})
+        out.append(row)
+    return out
 
 
 class CpuMeter:
