@@ -86,7 +86,7 @@ CPI = "cpi"                     # section: cgroup path -> CpiSample, for the rou
 @dataclass(frozen=True)
 class RunqLatency:
     """How long a cgroup's threads waited on a run queue, runnable but not running, this round.
-    `source` "ebpf": a log2 histogram of every wait (quantiles are bucket upper bounds, so within 2x);
+    `source` "ebpf": a log2 histogram of every wait (quantiles interpolated within their bucket, max its upper bound);
     "schedstat": Δrun_delay / Δtimeslices of its threads, a mean only (p50/p99/max None)."""
     source: str
     count: int                              # waits (ebpf) or timeslices (schedstat) this round

@@ -5,8 +5,10 @@ Two rules decide how much CPU BE may use (`rule`):
 - "slack" (Heracles' way): LS health, not LS usage, decides. Slack is how far the worst LS, LSR or
   LSE cgroup is from its target, as a fraction of it: run-queue latency p99 against
   `slack_runq_p99` (where only schedstat is there, its mean against `slack_runq_mean`) and
-  `cpu.pressure` "some" avg10 against `slack_cpu_pressure`. While slack is 10% or more, BE grows by
-  up to 10% of the node per tick towards all the CPU that LS and the system leave idle; between 5%
+  `cpu.pressure` "some" avg10 against `slack_cpu_pressure`. While slack is 10% or more, BE's
+  allowance grows by 10% of the node per tick up to the whole node: BE may then take any CPU that
+  LS and the system leave idle at any moment (SCHED_IDLE, qos_baseline's, decides who runs; a cap
+  at the average idle CPU would leave the dips in LS's demand unused); between 5%
   and 10% it holds; under 5% it gives back `slack_shrink_percent` of its allowance at once; below
   zero it drops to its floor and stays there until slack is back at 10%. With no LS signal at all
   (no sensor, nothing ran yet) it holds what it has.
@@ -212,8 +214,8 @@ def ls_slack(snapshot: Snapshot, settings) -> tuple[float, dict] | None:
 
 def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: int,
                      others: float) -> tuple[float, dict, str] | None:
-    """BE's CPUs moved by LS slack (rule slack): grow towards what LS and the system leave idle, hold,
-    give back, or drop to the floor."""
+    """BE's CPUs moved by LS slack (rule slack): grow towards the whole node, hold, give back, or drop
+    to the floor."""
     found = ls_slack(snapshot, settings)
     if found is None:
         return None
@@ -223,7 +225,7 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     if state.allowance is None:
         limits = [parse_cpu_max(c.cpu_max) for c in be if c.cpu_max]
         quotas = [q / p for q, p in limits if q is not None]
-        state.allowance = sum(quotas) if len(quotas) == len(be) else idle
+        state.allowance = sum(quotas) if len(quotas) == len(be) else float(capacity)   # what BE has
     if slack < 0:
         state.allowance, state.at_floor, step = floor, True, "floor"
     elif state.at_floor and slack < GROW_AT:
@@ -234,13 +236,13 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         step = "hold"
     else:
         state.at_floor = False
-        state.allowance, step = min(max(idle, floor), state.allowance + GROW_FRACTION * capacity), "grow"
+        state.allowance, step = min(float(capacity), state.allowance + GROW_FRACTION * capacity), "grow"
     state.allowance = max(state.allowance, floor)
     reason = {"rule": "slack", "slack": round(slack, 3), "worst": worst, "step": step, "capacity": capacity,
               "ls_and_system_usage": round(others, 3), "idle_for_be": round(idle, 3),
               "allowance": round(state.allowance, 3)}
     why = (f"LS slack {slack:.0%} ({worst['cgroup']} {worst['signal']} {worst['value']:g} of {worst['target']:g}): "
-           f"{step}, BE allowance {state.allowance:.2f} of {idle:.2f} idle CPUs")
+           f"{step}, BE allowance {state.allowance:.2f} of {capacity} CPUs ({idle:.2f} idle)")
     return state.allowance, reason, why
 
 
@@ -324,6 +326,12 @@ def _quota_actions(be, capacity, allowance, guard, settings, reason, why) -> lis
             target = min(target, current + GROW_FRACTION * node_us)
         target = round(max(target, MIN_QUOTA_US))
         actions.append(restore(cg.path, "cpuset.cpus", "policy is cfs_quota"))
+        if allowance >= capacity and not guard:
+            # The whole node: no cap at all, so one BE cgroup may use what another leaves.
+            if quota is not None:
+                actions.append(Action(cg.path, "cpu.max", format_cpu_max(None, period),
+                                      {**reason, "quota_us": None, "period_us": period, "be_cgroups": len(be)}, why))
+            continue
         if quota is not None and abs(target - current) < SKIP_FRACTION * node_us:
             continue
         actions.append(Action(cg.path, "cpu.max", format_cpu_max(target, period),

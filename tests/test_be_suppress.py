@@ -29,7 +29,7 @@ def decide(snapshot, state=None, **kw):
 
 def quota_of(actions):
     sets = [a for a in actions if a.knob == "cpu.max" and a.value is not None]
-    return [int(a.value.split()[0]) for a in sets]
+    return [None if a.value.startswith("max") else int(a.value.split()[0]) for a in sets]
 
 
 @pytest.mark.parametrize("node_used, ls, be, cpus, expect_quota", [
@@ -165,11 +165,16 @@ def slack_run(snaps, **kw):
     return out
 
 
-def test_slack_grows_be_towards_what_ls_leaves_idle_while_ls_is_healthy():
+def test_slack_grows_be_towards_the_whole_node_while_ls_is_healthy():
     # LS uses 1 of 4 CPUs, its p99 is 0.5 ms of a 2 ms target (slack 75%): BE grows 0.4 CPUs a tick
-    # (10% of the node) from its 1 CPU, up to the 3 CPUs LS leaves idle.
-    got = slack_run([health(float(t), 1.0, 100_000 + 40_000 * t, p99_us=500, psi=1.0) for t in range(7)])
-    assert [a for _, a in got] == [1.4, 1.8, 2.2, 2.6, 3.0, 3.0, 3.0]
+    # (10% of the node) from its 1 CPU, up to all 4: it may use whatever LS leaves idle at any moment.
+    got = slack_run([health(float(t), 1.0, 100_000 + 40_000 * t, p99_us=500, psi=1.0) for t in range(10)])
+    assert [a for _, a in got] == [1.4, 1.8, 2.2, 2.6, 3.0, 3.4, 3.8, 4.0, 4.0, 4.0]
+    assert [q for q, _ in got][6:8] == [[380_000], [None]]          # at the whole node: no cap ("max")
+    # A BE without a quota has the whole node already: it keeps it.
+    snap = health(1.0, 1.0, 0, p99_us=500)
+    snap.cgroups["be"] = cg("be", "BE", 0.5, cpu_max="max 100000")
+    assert slack_run([snap]) == [([], 4.0)]
 
 
 def test_slack_holds_between_5_and_10_percent_and_gives_back_under_5():

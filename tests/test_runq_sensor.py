@@ -25,14 +25,16 @@ def slots(**counts) -> list[int]:
     return out
 
 
-def test_quantiles_are_the_upper_bound_of_their_bucket():
+def test_quantiles_are_interpolated_within_their_bucket():
     s = slots(s0=10, s3=80, s10=9, s14=1)                 # 100 waits
-    assert quantile_us(s, 0.5) == 8.0                     # [4, 8) µs
-    assert quantile_us(s, 0.99) == 1024.0                 # the 99th wait is in [512, 1024)
+    assert quantile_us(s, 0.5) == 6.0                     # the 40th of 80 waits in [4, 8) µs
+    assert quantile_us(s, 0.99) == 1024.0                 # the last of 9 waits in [512, 1024)
+    assert quantile_us(s, 0.95) == 512 + 512 * 5 / 9      # the 5th of them
     assert quantile_us(s, 0.10) == 1.0                    # slot 0: under 1 µs
+    assert quantile_us(slots(s11=100), 0.99) == 1024 + 1024 * 0.99   # in [1024, 2048): not 2048
     assert quantile_us([0] * SLOTS, 0.5) is None
     r = summarize(s, wait_ns=100 * 50_000)
-    assert r == RunqLatency(EBPF, 100, 50.0, 8.0, 1024.0, 16384.0)
+    assert r == RunqLatency(EBPF, 100, 50.0, 6.0, 1024.0, 16384.0)   # the maximum: its bucket's upper bound
     assert summarize([0] * SLOTS, 0) is None
 
 
@@ -98,14 +100,15 @@ def test_ebpf_source_watches_the_sampled_cgroups_and_reports_deltas_per_subtree(
     bpf.count(ino(v2tree, "be/pod2"), 2, 10, 10 * 2_000)
     bpf.count(ino(v2tree, "ls"), 4, 50, 50 * 10_000)
     got = src.read(paths)
-    assert got["be/pod1"].count == 90 and got["be/pod1"].p99_us == 8192.0
+    # 90 waits in slot 13, [4096, 8192) µs: p99 the 89.1th of them, interpolated.
+    assert got["be/pod1"].count == 90 and got["be/pod1"].p99_us == pytest.approx(4096 + 4096 * 0.99)
     assert got["be"].count == 100 and got["be"].mean_us == pytest.approx((90 * 5000 + 10 * 2) / 100)
-    assert got["be"].p50_us == 8192.0 and got["ls"].p99_us == 16.0
+    assert got["be"].p50_us == pytest.approx(4096 + 4096 * 40 / 90) and got["ls"].p99_us == pytest.approx(8 + 8 * 0.99)
     assert dict(bpf["resolved"]) == {5: 1}                  # the watched set did not change: cache kept
 
     # Next round: only what is new since the last read.
     bpf.count(ino(v2tree, "ls"), 4, 5, 5 * 10_000)
-    assert src.read(paths) == {"ls": RunqLatency(EBPF, 5, 10.0, 16.0, 16.0, 16.0)}
+    assert src.read(paths) == {"ls": RunqLatency(EBPF, 5, 10.0, 12.0, 8 + 8 * 0.99, 16.0)}
 
 
 def test_a_cgroup_that_goes_is_unwatched_and_its_histogram_dropped(v2tree):
