@@ -6,12 +6,13 @@ Two rules decide how much CPU BE may use (`rule`):
   LSE cgroup is from its target, as a fraction of it: run-queue latency p99 against
   `slack_runq_p99` (where only schedstat is there, its mean against `slack_runq_mean`) and
   `cpu.pressure` "some" avg10 against `slack_cpu_pressure`. While slack is 10% or more, BE's
-  allowance grows by 10% of the node per tick up to the whole node: BE may then take any CPU that
-  LS and the system leave idle at any moment (SCHED_IDLE, qos_baseline's, decides who runs; a cap
-  at the average idle CPU would leave the dips in LS's demand unused); between 5%
-  and 10% it holds; under 5% it gives back `slack_shrink_percent` of its allowance at once; below
-  zero it drops to its floor and stays there until slack is back at 10%. With no LS signal at all
-  (no sensor, nothing ran yet) it holds what it has.
+  allowance grows by `slack_grow_percent` of the node per tick up to the whole node, where the cap
+  is lifted (`cpu.max` "max"): BE may then take any CPU that LS and the system leave idle at any
+  moment, and SCHED_IDLE (qos_baseline) decides who runs; a cap at the average idle CPU would
+  leave the dips in LS's demand unused. Between 5% and 10% it holds; under 5% it gives back
+  `slack_shrink_percent` of its allowance at once; below zero it gives back as much, and if the
+  next round is below zero too (not one wild sample) it drops to its floor and stays there until
+  slack is back at 10%. With no LS signal at all (no sensor, nothing ran yet) it holds what it has.
 - "threshold" (koordlet's rule), described next.
 
 Reads: node CPU in use, CPU usage of every classified cgroup, `cpu.pressure`
@@ -77,6 +78,7 @@ class State:
     demand: deque = field(default_factory=deque)     # (time, non-BE + system cores)
     allowance: float | None = None                   # rule slack: BE's CPUs, moved by slack each tick
     at_floor: bool = False                           # rule slack: slack went below zero; held until 10%
+    below_zero: bool = False                         # rule slack: last round's slack was below zero
     detector: Detector | None = None                 # antagonists: baselines, outliers, BE CPU series
     capped: dict[str, float] = field(default_factory=dict)   # BE cgroup capped as an antagonist -> until
 
@@ -85,8 +87,8 @@ class BeSuppress(Loop):
     __doc__ = __doc__
     name = "be_suppress"
     options = (
-        Option("rule", str, "threshold", "what sizes BE: threshold (koordlet's usage rule) or slack (LS health, "
-               "Heracles' rule)", choices=("threshold", "slack")),
+        Option("rule", str, "slack", "what sizes BE: slack (LS health, Heracles' rule) or threshold (koordlet's "
+               "usage rule)", choices=("slack", "threshold")),
         Option("threshold_percent", float, 65.0, "node CPU share that LS + system + BE may use together",
                min=1, max=100),
         Option("policy", str, "cfs_quota", "how BE is capped: cfs_quota (cpu.max) or cpuset (cpuset.cpus)",
@@ -106,6 +108,8 @@ class BeSuppress(Loop):
                min=0.1, max=100),
         Option("slack_shrink_percent", float, 30.0, "rule slack: how much of its allowance BE gives back at once "
                "when slack is under 5%", min=1, max=100),
+        Option("slack_grow_percent", float, 25.0, "rule slack: how much of the node BE's allowance gains per tick "
+               "while slack is 10% or more", min=1, max=100),
         Option("antagonist_signal", str, "off", "cap the BE cgroup that interferes with LS, judged by: off, "
                "runq (run-queue latency) or cpi (cycles per instruction)", choices=("off", "runq", "cpi")),
         Option("antagonist_window", Duration, Duration(300.0), "baseline and correlation window", min=10, max=3600),
@@ -169,9 +173,10 @@ def _allowance_actions(snapshot: Snapshot, settings, state: State) -> list[Actio
         if sized is None:
             return []       # no LS signal yet: hold the current limits
         allowance, reason, why = sized
+        # The allowance moved at the rule's own pace already: the knob follows it in one step.
         if settings.policy == "cfs_quota":
-            return _quota_actions(be, capacity, allowance, False, settings, reason, why)
-        return _cpuset_actions(snapshot, be, capacity, allowance, False, settings, reason, why)
+            return _quota_actions(be, capacity, allowance, False, settings, reason, why, grow=1.0)
+        return _cpuset_actions(snapshot, be, capacity, allowance, False, settings, reason, why, grow=1.0)
     demand = _windowed_peak(state.demand, snapshot.time, non_be + system, settings.usage_window)
     allowance = max(capacity * settings.threshold_percent / 100 - demand, 0.0)
     pressure = _peak_pressure(snapshot.of_class(*LATENCY_SENSITIVE))
@@ -226,8 +231,14 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         limits = [parse_cpu_max(c.cpu_max) for c in be if c.cpu_max]
         quotas = [q / p for q, p in limits if q is not None]
         state.allowance = sum(quotas) if len(quotas) == len(be) else float(capacity)   # what BE has
-    if slack < 0:
+    below = state.below_zero
+    state.below_zero = slack < 0
+    if slack < 0 and (below or state.at_floor):
         state.allowance, state.at_floor, step = floor, True, "floor"
+    elif slack < 0:
+        # One round below zero can be one wild sample (a p99 of a few waits): give back, and go to
+        # the floor if the next round is below zero too.
+        state.allowance, step = state.allowance * (1 - settings.slack_shrink_percent / 100), "shrink (below zero)"
     elif state.at_floor and slack < GROW_AT:
         state.allowance, step = floor, "floor (LS recovering)"
     elif slack < HOLD_AT:
@@ -236,7 +247,8 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         step = "hold"
     else:
         state.at_floor = False
-        state.allowance, step = min(float(capacity), state.allowance + GROW_FRACTION * capacity), "grow"
+        grow = settings.slack_grow_percent / 100 * capacity
+        state.allowance, step = min(float(capacity), state.allowance + grow), "grow"
     state.allowance = max(state.allowance, floor)
     reason = {"rule": "slack", "slack": round(slack, 3), "worst": worst, "step": step, "capacity": capacity,
               "ls_and_system_usage": round(others, 3), "idle_for_be": round(idle, 3),
@@ -312,7 +324,7 @@ def _peak_pressure(samples: tuple[CgroupSample, ...]) -> float | None:
     return max(values) if values else None
 
 
-def _quota_actions(be, capacity, allowance, guard, settings, reason, why) -> list[Action]:
+def _quota_actions(be, capacity, allowance, guard, settings, reason, why, grow=GROW_FRACTION) -> list[Action]:
     actions = []
     for cg in be:
         # No cpu.max (controller not enabled for the cgroup): ask anyway, so the refusal is on record.
@@ -323,7 +335,7 @@ def _quota_actions(be, capacity, allowance, guard, settings, reason, why) -> lis
         if guard:
             target = min(target, current * (1 - settings.psi_guard_shrink_percent / 100))
         if target > current:
-            target = min(target, current + GROW_FRACTION * node_us)
+            target = min(target, current + grow * node_us)
         target = round(max(target, MIN_QUOTA_US))
         actions.append(restore(cg.path, "cpuset.cpus", "policy is cfs_quota"))
         if allowance >= capacity and not guard:
@@ -339,7 +351,8 @@ def _quota_actions(be, capacity, allowance, guard, settings, reason, why) -> lis
     return actions
 
 
-def _cpuset_actions(snapshot, be, capacity, allowance, guard, settings, reason, why) -> list[Action]:
+def _cpuset_actions(snapshot, be, capacity, allowance, guard, settings, reason, why,
+                    grow=GROW_FRACTION) -> list[Action]:
     topology = snapshot.node.topology or tuple(CpuTopology(c, c, 0) for c in range(capacity))
     lse = set()
     for cg in snapshot.of_class("LSE"):
@@ -349,7 +362,7 @@ def _cpuset_actions(snapshot, be, capacity, allowance, guard, settings, reason, 
     want = max(math.ceil(allowance - 1e-9), MIN_CPUSET_CPUS)
     if guard:
         want = min(want, len(current) - max(1, math.floor(len(current) * settings.psi_guard_shrink_percent / 100)))
-    want = min(max(want, MIN_CPUSET_CPUS), len(current) + math.ceil(GROW_FRACTION * len(topology)), len(usable))
+    want = min(max(want, MIN_CPUSET_CPUS), len(current) + math.ceil(grow * len(topology)), len(usable))
     cpus = format_cpulist(pick_cpus(usable, want))
     actions = []
     for cg in be:

@@ -32,6 +32,7 @@ cgroups = ["ls.slice"]
 [loops.be_suppress]
 enabled = {enabled}
 interval = "200ms"
+rule = "threshold"
 threshold_percent = {threshold}
 """
 
@@ -135,7 +136,7 @@ def test_dry_run_writes_nothing(node):
 def test_invalid_config_refuses_to_start(node):
     node.config.write_text(node.config.read_text().replace("threshold_percent", "treshold_percent"))
     assert node.run("--once").returncode == 78
-    assert f"{node.config}:17: loops.be_suppress.treshold_percent: unknown key" in node.log()
+    assert f"{node.config}:18: loops.be_suppress.treshold_percent: unknown key" in node.log()
     assert "did you mean 'threshold_percent'" in node.log()
     assert node.cpu_max() == "max 100000"
 

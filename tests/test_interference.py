@@ -127,7 +127,7 @@ def test_a_cap_from_before_a_restart_is_lifted():
 
 
 def test_off_by_default_and_only_then_reading_members_and_signals():
-    off = make_settings(loop_options(BeSuppress), {"enabled": True})
+    off = make_settings(loop_options(BeSuppress), {"enabled": True, "rule": "threshold"})
     assert BeSuppress.members_of(off) == frozenset() and RUNQ_LATENCY not in BeSuppress.needs(off)
     assert BeSuppress.writes(off) == {("BE", "cpu.max")}
     on = settings(policy="cpuset")

@@ -345,6 +345,7 @@ cgroups = [{json.dumps(self.env.cgroup("be"))}]
 [loops.be_suppress]
 enabled = {"true" if enabled else "false"}
 interval = {json.dumps(interval)}
+{"" if 'rule = ' in extra else 'rule = "threshold"'}
 threshold_percent = 65
 policy = "cfs_quota"
 {extra}""")
