@@ -1,8 +1,8 @@
 """be_suppress under systemd on pure cgroup v2: BE capped through cpu.max while LS keeps its CPU,
 decisions in the journal, reload (good and broken config), restore on stop, re-adopt after kill -9.
 
-On the VM's 2 CPUs: lshog (ls.slice) runs 1 busy worker, behog (be.slice) 2. The shipped config
-(threshold 65%) leaves BE about 1.3 - 1.0 (LS) - system ≈ 0.2-0.3 CPUs; uncontrolled, the two
+On the VM's 2 CPUs: lshog (ls.slice) runs 1 busy worker, behog (be.slice) 2. The shipped config on
+koordlet's threshold rule (65%; qos_baseline off, vm.threshold_config) leaves BE about 1.3 - 1.0 (LS) - system ≈ 0.2-0.3 CPUs; uncontrolled, the two
 slices share the CPUs about evenly. Under TCG numbers are noisy, so the checks compare ratios.
 
 Everything the tests run counts as LS/system usage for koordd (pytest runs in system.slice), and a
@@ -17,6 +17,8 @@ import re
 import signal
 import statistics
 
+import pytest
+
 from . import vm
 
 pytestmark = vm.only_in_vm
@@ -24,6 +26,11 @@ pytestmark = vm.only_in_vm
 CAP_TIMEOUT = 60         # seconds until koordd has capped be.slice after start
 SETTLE = 10              # rounds of be_suppress for the cap to settle (PSI guard, growth limit of 10%/tick)
 FLOOR_BAND = 4000        # the 2000 µs floor, plus changes under 1% of the node (2000 µs) being skipped
+
+
+@pytest.fixture(autouse=True)
+def threshold_rule(koordd_stopped):
+    vm.write_config(vm.threshold_config())
 
 
 def start_koordd() -> None:
@@ -107,7 +114,7 @@ def test_reload_changes_behaviour_and_a_broken_config_is_refused(hogs):
     # 85%, so BE's allowance (1.7 CPUs - the LS/system peak of 1.1-1.4 under TCG) stays well above
     # the floor; at the shipped 65% a spike of the guest's own daemons takes it to the floor for
     # the 3 s window, and under emulation those spikes are frequent.
-    text = vm.shipped_config()
+    text = vm.threshold_config()
     assert "threshold_percent = 65" in text
     vm.write_config(text.replace("threshold_percent = 65", "threshold_percent = 85"))
     start_koordd()

@@ -38,8 +38,9 @@ def burst(cgroup: str = vm.LS) -> str | None:
 
 
 def config_text() -> str:
-    """The shipped config with be_suppress off and cpu_burst on (replacing a shipped cpu_burst section)."""
-    text = vm.shipped_config()
+    """The shipped config with be_suppress and qos_baseline off and cpu_burst on (replacing a shipped
+    cpu_burst section)."""
+    text = vm.without_qos_baseline(vm.shipped_config())      # BE's cpu.idle is not under test here
     text = re.sub(r"(?ms)^\[loops\.cpu_burst\]\n.*?(?=^\[|\Z)", "", text)
     text, n = re.subn(r"(\[loops\.be_suppress\][^\[]*?)enabled = true", r"\1enabled = false", text, count=1)
     assert n == 1, "shipped config has no enabled be_suppress section to turn off"

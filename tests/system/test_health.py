@@ -21,9 +21,10 @@ def test_doctor_says_the_runq_sensor_starts_with_ebpf():
 
 
 def test_the_runq_sensor_runs_ebpf_under_the_unit_only_while_a_loop_needs_it(koordd_stopped):
-    shipped = vm.shipped_config()
-    assert 'antagonist_signal = "off"' in shipped
-    vm.write_config(shipped.replace('antagonist_signal = "off"', 'antagonist_signal = "runq"'))
+    # The shipped rule slack reads the sensor; the threshold rule does not, unless antagonists are on.
+    threshold = vm.threshold_config()
+    assert 'antagonist_signal = "off"' in threshold
+    vm.write_config(threshold.replace('antagonist_signal = "off"', 'antagonist_signal = "runq"'))
     cursor = vm.journal_cursor()
     vm.systemctl("start", vm.UNIT)
     assert vm.wait_for(lambda: sensor_state("runq_latency") == "running", 120), \
@@ -33,6 +34,6 @@ def test_the_runq_sensor_runs_ebpf_under_the_unit_only_while_a_loop_needs_it(koo
     assert "from schedstat" not in log, log             # the VM has bcc and the kernel's own headers
     vm.wait_ticks("be_suppress", 2)
 
-    vm.write_config(shipped)                             # no loop needs it any more: reload stops it
+    vm.write_config(threshold)                           # no loop needs it any more: reload stops it
     assert vm.wait_for(lambda: sensor_state("runq_latency") == "stopped", 120), vm.koordd_status().get("sensors")
     assert vm.is_active() == "active"

@@ -109,8 +109,9 @@ def be_running() -> list[str]:
 
 
 def config(action: str, reclaim: bool) -> str:
-    """The shipped config with be_suppress off (it would cap the BE services' CPU) and memory_evict on."""
-    text = vm.shipped_config()
+    """The shipped config with be_suppress off (it would cap the BE services' CPU), qos_baseline off
+    (BE's CPU knobs are not under test) and memory_evict on."""
+    text = vm.without_qos_baseline(vm.shipped_config())
     text = re.sub(r"(?ms)^\[loops\.memory_evict\]\n.*?(?=^\[|\Z)", "", text)     # ours replaces the shipped one
     assert "[loops.be_suppress]\nenabled = true" in text
     text = text.replace("[loops.be_suppress]\nenabled = true", "[loops.be_suppress]\nenabled = false")

@@ -159,3 +159,33 @@ def test_baseline_set_reconciled_and_restored(pinned_hogs):
     # BE's idle goes back before its weight: leaving idle resets the weight, which is then restored
     # (here to the 100 the kernel already set, so only the idle restore is recorded).
     assert (vm.BE, "cpu.weight") not in knobs or knobs.index((vm.BE, "cpu.idle")) < knobs.index((vm.BE, "cpu.weight"))
+
+
+def test_the_shipped_config_makes_be_idle_sizes_it_by_ls_slack_and_restores(pinned_hogs):
+    # koordd as shipped: qos_baseline makes be.slice idle, be_suppress sizes BE by LS slack from the
+    # run-queue latency sensor (eBPF here); both loops' knobs go back on stop.
+    assert vm.CONFIG.read_text() == vm.shipped_config()
+    originals = {knob: read(vm.BE, knob) for knob in ("cpu.idle", "cpu.weight", "cpu.max")}
+    assert originals["cpu.idle"] == "0" and originals["cpu.max"] == vm.MAX, originals
+    before = vm.measure(6, vm.LS, vm.BE)
+    cursor = vm.journal_cursor()
+    vm.systemctl("start", vm.UNIT)
+    assert vm.wait_for(lambda: read(vm.BE, "cpu.idle") == "1", 60), vm.journal_text(cursor)
+    vm.wait_ticks("be_suppress", 5)
+    after = vm.measure(6, vm.LS, vm.BE)
+    status = vm.koordd_status()
+    summary = (f"uncontrolled LS share {share(before):.2f} (BE {before[vm.BE]:.2f} CPUs); koordd as shipped: "
+               f"LS {after[vm.LS]:.2f} BE {after[vm.BE]:.2f} CPUs (LS share {share(after):.2f}), "
+               f"be.slice cpu.max {vm.cpu_max()}")
+    print(summary)
+    assert share(before) < 0.75, f"the slices did not contest the CPU: {summary}"
+    assert share(after) > 0.85 and share(after) > share(before) + 0.15, summary
+    assert (status.get("sensors") or {}).get("runq_latency", {}).get("state") == "running", status.get("sensors")
+    loops = status["loops"]
+    assert loops["be_suppress"]["ticks"] >= 5 and not loops["be_suppress"]["failures"], loops
+    for e in vm.journal(cursor, "KOORDD_LOOP=be_suppress", "KOORDD_OUTCOME=applied"):
+        assert json.loads(e["KOORDD_REASON"])["rule"] == "slack", e
+
+    vm.systemctl("stop", vm.UNIT)
+    assert {knob: read(vm.BE, knob) for knob in originals} == originals
+    assert vm.held() == []

@@ -257,3 +257,16 @@ def write_config(text: str) -> None:
 
 def shipped_config() -> str:
     return SHIPPED_CONFIG.read_text()
+
+
+def threshold_config() -> str:
+    """The shipped config with be_suppress on koordlet's threshold rule and qos_baseline off: the
+    tests of one loop's behaviour keep the other's knobs out of their measurements."""
+    text = shipped_config()
+    assert 'rule = "slack"' in text and "[loops.qos_baseline]\nenabled = true" in text
+    return without_qos_baseline(text.replace('rule = "slack"', 'rule = "threshold"'))
+
+
+def without_qos_baseline(text: str) -> str:
+    assert "[loops.qos_baseline]\nenabled = true" in text
+    return text.replace("[loops.qos_baseline]\nenabled = true", "[loops.qos_baseline]\nenabled = false")
