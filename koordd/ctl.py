@@ -352,8 +352,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--period", type=duration_at_least(1.0), default=20.0, metavar="T",
                    help="period of LS's sine wave (default 20s)")
     s.add_argument("--loops", type=loop_list, default=demo.DEFAULT_LOOPS, metavar="L,L",
-                   help="koordd's loops in phase 3: qos_baseline (BE as SCHED_IDLE), be_suppress (the CPU rule"
-                        f" the shipped config enables) or both (default {','.join(demo.DEFAULT_LOOPS)})")
+                   help="koordd's loops in phase 3: qos_baseline (BE as SCHED_IDLE), be_suppress (BE's CPU by "
+                        f"LS slack) or both, as shipped (default {','.join(demo.DEFAULT_LOOPS)})")
     s.add_argument("--plot", type=Path, default=Path("koordd-demo.png"), metavar="FILE",
                    help="where the PNG goes (default koordd-demo.png)")
     s.add_argument("--no-plot", action="store_true", help="no PNG")

@@ -38,10 +38,9 @@ from .sensors.node import parse_proc_stat_cpu
 
 SAMPLE = 0.5                     # seconds per sample: the live view's refresh and the plot's resolution
 LOOPS = ("be_suppress", "qos_baseline")
-# BE as SCHED_IDLE is what gives LS its sine back and leaves BE all the rest. be_suppress (the only loop
-# the shipped config enables) gives LS its sine back too, but holds BE well below what LS leaves: its
-# threshold keeps a third of the node idle and it regrows slowly (`--loops be_suppress` shows it).
-DEFAULT_LOOPS = ("qos_baseline",)
+# The shipped config's loops: qos_baseline makes BE SCHED_IDLE, which gives LS its sine back and leaves
+# BE all the rest; be_suppress (rule slack) takes BE's CPU away only while LS misses its targets.
+DEFAULT_LOOPS = ("qos_baseline", "be_suppress")
 WORKER_START = 1.0               # seconds from spawning the LS workers to their start: time to start Python
 STOP_TIMEOUT = 15.0              # koordd restores its knobs on SIGTERM; after this it gets SIGKILL
 

@@ -91,7 +91,7 @@ def test_koordd_text_follows_koordd_from_phase_3(tmp_path):
     d = a_demo(tmp_path)
     assert demo.koordd_text(d) == "not running (phase 3 starts it)"
     d.koordd = FakeKoordd()
-    assert demo.koordd_text(d) == "starting (pid 4242, loops qos_baseline)"
+    assert demo.koordd_text(d) == "starting (pid 4242, loops qos_baseline, be_suppress)"
     (d.state_dir / "status.json").write_text('{"pid": 4242, "loops": {"qos_baseline": {"ticks": 1}}}')
     assert demo.koordd_text(d) == "running (pid 4242): qos_baseline 1 tick"
     (d.state_dir / "status.json").write_text('{"loops": {"qos_baseline": {"ticks": 7}, "be_suppress": {"ticks": 6}}}')
