@@ -114,3 +114,27 @@ def test_window_decisions_keep_what_happened_in_the_window_with_the_slack_eviden
         {"t": 1.5, "loop": "be_suppress", "knob": "cpu.max", "new": "50000 100000", "outcome": "applied",
          "step": "grow", "slack": 0.4, "signal": "runq_p99_us", "measured": 1200},
         {"t": 2.0, "loop": "qos_baseline", "knob": "cpu.idle", "new": "1", "outcome": "applied"}]
+
+
+def test_koordd_is_ready_once_its_loops_ticked_and_needed_sensors_settled(tmp_path):
+    import json as _json
+    from benchlib.koordd_proc import KoorddProcess
+
+    class Alive:
+        returncode = None
+
+        def poll(self):
+            return None
+
+    k = KoorddProcess("", tmp_path)
+    k.proc = Alive()
+    k.state_dir.mkdir(parents=True)
+    status = k.state_dir / "status.json"
+    status.write_text(_json.dumps({"loops": {"be_suppress": {"ticks": 2}},
+                                   "sensors": {"runq_latency": {"state": "stopped", "loops": ["be_suppress"]}}}))
+    with pytest.raises(RuntimeError, match="not ready"):
+        k.wait_ready(timeout=0.3)
+    status.write_text(_json.dumps({"loops": {"be_suppress": {"ticks": 2}},
+                                   "sensors": {"runq_latency": {"state": "running", "loops": ["be_suppress"]},
+                                               "gpus": {"state": "stopped", "loops": []}}}))
+    assert k.wait_ready(timeout=1) < 1

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,26 @@ class KoorddProcess:
 
     def status(self) -> dict:
         return json.loads((self.state_dir / "status.json").read_text())
+
+    def wait_ready(self, timeout: float = 60.0, ticks: int = 2) -> float:
+        """Seconds until every loop has ticked `ticks` times and every optional sensor a loop needs is
+        running or known to be unavailable (the run-queue sensor compiles and loads its BPF program
+        first: seconds of CPU and kernel time): a benchmark measures koordd running, not koordd
+        starting. RuntimeError on timeout."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            self.check_running()
+            try:
+                status = self.status()
+            except (OSError, ValueError):
+                status = {}
+            loops = status.get("loops") or {}
+            sensors = status.get("sensors") or {}
+            if loops and all(r.get("ticks", 0) >= ticks for r in loops.values()) and \
+                    all(s.get("state") in ("running", "unavailable") for s in sensors.values() if s.get("loops")):
+                return time.monotonic() - t0
+            time.sleep(0.1)
+        raise RuntimeError(f"koordd not ready after {timeout:g}s:\n{self.log_tail()}")
 
     def decisions(self) -> list[dict]:
         try:

@@ -140,7 +140,8 @@ def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: 
             koordd = KoorddProcess(bench.koordd_config(workdir / "koordd" / "state"), workdir / "koordd",
                                    bench.koordd_command) if setup.koordd else None
             if koordd:
-                koordd.start()
+                # Before any request: the window measures koordd running, not its start (see wait_ready).
+                record["koordd_ready_s"] = round(koordd.start().wait_ready(), 2)
             try:
                 record.update(_window(bench, setup, rate, seed, sockets, counters, workdir, koordd))
                 dead = [p.args[0] for p in servers + workers if p.poll() is not None]
