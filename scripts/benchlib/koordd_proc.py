@@ -68,7 +68,7 @@ class KoorddProcess:
     def status(self) -> dict:
         return json.loads((self.state_dir / "status.json").read_text())
 
-    def wait_ready(self, timeout: float = 60.0, ticks: int = 2) -> float:
+    def wait_ready(self, timeout: float = 180.0, ticks: int = 2) -> float:
         """Seconds until every loop has ticked `ticks` times and every optional sensor a loop needs is
         running or known to be unavailable (the run-queue sensor compiles and loads its BPF program
         first: seconds of CPU and kernel time): a benchmark measures koordd running, not koordd
