@@ -12,7 +12,10 @@ Two rules decide how much CPU BE may use (`rule`):
   leave the dips in LS's demand unused. Between 5% and 10% it holds; under 5% it gives back
   `slack_shrink_percent` of its allowance at once; below zero it gives back as much, and if the
   next round is below zero too (not one wild sample) it drops to its floor and stays there until
-  slack is back at 10%. With no LS signal at all (no sensor, nothing ran yet) it holds what it has.
+  slack is back at 10%, or for `slack_floor_hold`: if LS has not recovered by then, BE is not what
+  it is short of (its own threads contend), and each target LS misses is raised to what LS shows
+  at BE's floor plus 25% (so LS at that level has 20% slack and BE grows) for 5 minutes, after which it is judged by its declared targets again.
+  With no LS signal at all (no sensor, nothing ran yet) it holds what it has.
 - "threshold" (koordlet's rule), described next.
 
 Reads: node CPU in use, CPU usage of every classified cgroup, `cpu.pressure`
@@ -79,6 +82,8 @@ class State:
     allowance: float | None = None                   # rule slack: BE's CPUs, moved by slack each tick
     at_floor: bool = False                           # rule slack: slack went below zero; held until 10%
     below_zero: bool = False                         # rule slack: last round's slack was below zero
+    floor_since: float = 0.0                         # rule slack: when BE went to its floor
+    raised: dict = field(default_factory=dict)       # rule slack: (cgroup, signal) -> (target, until)
     detector: Detector | None = None                 # antagonists: baselines, outliers, BE CPU series
     capped: dict[str, float] = field(default_factory=dict)   # BE cgroup capped as an antagonist -> until
 
@@ -108,6 +113,9 @@ class BeSuppress(Loop):
                min=0.1, max=100),
         Option("slack_shrink_percent", float, 30.0, "rule slack: how much of its allowance BE gives back at once "
                "when slack is under 5%", min=1, max=100),
+        Option("slack_floor_hold", Duration, Duration(10.0), "rule slack: how long BE stays at its floor for LS "
+               "to recover before koordd decides BE is not the cause and raises the targets to what LS shows",
+               min=1, max=3600),
         Option("slack_grow_percent", float, 25.0, "rule slack: how much of the node BE's allowance gains per tick "
                "while slack is 10% or more", min=1, max=100),
         Option("antagonist_signal", str, "off", "cap the BE cgroup that interferes with LS, judged by: off, "
@@ -194,26 +202,35 @@ def _allowance_actions(snapshot: Snapshot, settings, state: State) -> list[Actio
 
 
 GROW_AT, HOLD_AT = 0.10, 0.05     # Heracles: grow BE at 10% slack or more, give back under 5%
+RAISE_MARGIN = 1.25               # a raised target: what LS showed at BE's floor, plus 25% (20% slack there)
+RAISED_FOR = 300.0                # seconds; then LS is judged by its declared targets again
 
 
-def ls_slack(snapshot: Snapshot, settings) -> tuple[float, dict] | None:
-    """The worst LS slack, 1 - measured / target over every LS cgroup and signal, with what set it;
-    None when no LS cgroup has a signal this tick."""
+def ls_signals(snapshot: Snapshot, settings) -> list[tuple[str, str, float, float]]:
+    """(cgroup, signal, measured, declared target) for every LS cgroup and signal this tick."""
     runq = snapshot.section(RUNQ_LATENCY) or {}
-    worst: tuple[float, dict] | None = None
+    out = []
     for c in snapshot.of_class(*LATENCY_SENSITIVE):
-        signals = []
         r = runq.get(c.path)
         if r is not None and r.p99_us is not None:
-            signals.append(("runq_p99_us", r.p99_us, float(settings.slack_runq_p99) * 1e6))
+            out.append((c.path, "runq_p99_us", r.p99_us, float(settings.slack_runq_p99) * 1e6))
         elif r is not None and r.mean_us is not None:
-            signals.append(("runq_mean_us", r.mean_us, float(settings.slack_runq_mean) * 1e6))
+            out.append((c.path, "runq_mean_us", r.mean_us, float(settings.slack_runq_mean) * 1e6))
         if c.cpu_pressure is not None and c.cpu_pressure.some is not None:
-            signals.append(("cpu_pressure_avg10", c.cpu_pressure.some.avg10, settings.slack_cpu_pressure))
-        for name, value, target in signals:
-            slack = 1 - value / target
-            if worst is None or slack < worst[0]:
-                worst = (slack, {"cgroup": c.path, "signal": name, "value": round(value, 3), "target": target})
+            out.append((c.path, "cpu_pressure_avg10", c.cpu_pressure.some.avg10, settings.slack_cpu_pressure))
+    return out
+
+
+def ls_slack(snapshot: Snapshot, settings, raised: dict | None = None) -> tuple[float, dict] | None:
+    """The worst LS slack, 1 - measured / target over every LS cgroup and signal, with what set it;
+    None when no LS cgroup has a signal this tick. `raised`: (cgroup, signal) -> a target raised to
+    what LS showed without BE, used where it is above the declared one."""
+    worst: tuple[float, dict] | None = None
+    for cgroup, name, value, target in ls_signals(snapshot, settings):
+        target = max(target, (raised or {}).get((cgroup, name), 0.0))
+        slack = 1 - value / target
+        if worst is None or slack < worst[0]:
+            worst = (slack, {"cgroup": cgroup, "signal": name, "value": round(value, 3), "target": round(target, 3)})
     return worst
 
 
@@ -221,7 +238,9 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
                      others: float) -> tuple[float, dict, str] | None:
     """BE's CPUs moved by LS slack (rule slack): grow towards the whole node, hold, give back, or drop
     to the floor."""
-    found = ls_slack(snapshot, settings)
+    now = snapshot.time
+    state.raised = {k: v for k, v in state.raised.items() if v[1] > now}      # (target, until)
+    found = ls_slack(snapshot, settings, {k: t for k, (t, _) in state.raised.items()})
     if found is None:
         return None
     slack, worst = found
@@ -233,7 +252,17 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         state.allowance = sum(quotas) if len(quotas) == len(be) else float(capacity)   # what BE has
     below = state.below_zero
     state.below_zero = slack < 0
-    if slack < 0 and (below or state.at_floor):
+    if state.at_floor and slack < GROW_AT and now - state.floor_since >= float(settings.slack_floor_hold):
+        # BE has been at its floor and LS still misses its targets: BE is not what LS is short of.
+        # Judge BE from now on against what LS shows without it (+25%), for RAISED_FOR seconds.
+        for cgroup, name, value, target in ls_signals(snapshot, settings):
+            if value * RAISE_MARGIN > target:
+                state.raised[(cgroup, name)] = (value * RAISE_MARGIN, now + RAISED_FOR)
+        state.at_floor = state.below_zero = False
+        step = "LS misses its targets without BE too: targets raised to what it shows at the floor"
+    elif slack < 0 and (below or state.at_floor):
+        if not state.at_floor:
+            state.floor_since = now
         state.allowance, state.at_floor, step = floor, True, "floor"
     elif slack < 0:
         # One round below zero can be one wild sample (a p99 of a few waits): give back, and go to
@@ -251,6 +280,7 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         state.allowance, step = min(float(capacity), state.allowance + grow), "grow"
     state.allowance = max(state.allowance, floor)
     reason = {"rule": "slack", "slack": round(slack, 3), "worst": worst, "step": step, "capacity": capacity,
+              "raised_targets": {f"{cg} {name}": round(t, 3) for (cg, name), (t, _) in sorted(state.raised.items())},
               "ls_and_system_usage": round(others, 3), "idle_for_be": round(idle, 3),
               "allowance": round(state.allowance, 3)}
     why = (f"LS slack {slack:.0%} ({worst['cgroup']} {worst['signal']} {worst['value']:g} of {worst['target']:g}): "

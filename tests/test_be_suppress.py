@@ -222,3 +222,31 @@ def test_without_any_ls_signal_slack_holds_what_be_has():
     assert slack_run([health(1.0, 1.0, 100_000)]) == [([], None)]
     assert RUNQ_LATENCY in BeSuppress.needs(settings(rule="slack"))
     assert RUNQ_LATENCY not in BeSuppress.needs(settings())
+
+
+def test_when_the_floor_does_not_help_ls_the_targets_rise_to_what_ls_shows_without_be():
+    # LS's p99 stays at 3 ms with BE at its floor (its own threads contend): after slack_floor_hold
+    # (10 s) koordd raises the target to 3.75 ms (+25%) and BE grows again; after 5 minutes the
+    # declared 2 ms target is back.
+    s = settings(rule="slack")
+    state = BeSuppress.initial_state(s)
+    steps = []
+    for t in (0.0, 1.0, 2.0, 6.0, 11.0, 12.0):
+        actions = BeSuppress.decide(health(t, 1.0, 200_000, p99_us=3000), s, state)
+        steps.append(next((a.reason["step"] for a in actions if a.value), None))
+    assert steps[:4] == ["shrink (below zero)", "floor", "floor", "floor"]
+    assert steps[4].startswith("LS misses its targets without BE too") and not state.at_floor
+    assert state.raised == {("ls", "runq_p99_us"): (pytest.approx(3750.0), 311.0)}
+    assert steps[5] == "grow"                                  # 3 ms against 3.75 ms: 20% slack
+    [act] = [a for a in BeSuppress.decide(health(13.0, 1.0, 200_000, p99_us=3900), s, state) if a.value]
+    assert act.reason["worst"]["target"] == 3750.0 and act.reason["raised_targets"] == {"ls runq_p99_us": 3750.0}
+    assert act.reason["step"] == "shrink (below zero)"         # worse than LS alone: BE gives back
+    # Past RAISED_FOR the declared target judges again.
+    [act] = [a for a in BeSuppress.decide(health(312.0, 1.0, 200_000, p99_us=3000), s, state) if a.value]
+    assert act.reason["worst"]["target"] == 2000.0 and state.raised == {}
+
+
+def test_ls_that_recovers_at_the_floor_keeps_its_declared_targets():
+    got = slack_run([health(float(t), 1.0, 200_000, p99_us=p99)
+                     for t, p99 in ((0, 4096), (1, 4096), (5, 1900), (20, 1000))])
+    assert [a for _, a in got] == [1.4, 0.02, 0.02, 1.02]
