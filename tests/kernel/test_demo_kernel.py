@@ -180,7 +180,9 @@ def test_a_short_demo_runs_its_three_phases_and_leaves_nothing(demo_run, tmp_pat
                                                (signal.SIGHUP, "stopped by SIGHUP", 129)],
                          ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_a_stopped_demo_cleans_up(demo_run, sig, said, status):
-    run = demo_run("--phase", "10s", "--no-plot")
+    # 20 s phases: koordd's start in phase 3 includes compiling its run-queue BPF program (seconds),
+    # and the signal must come while phase 3 still runs.
+    run = demo_run("--phase", "20s", "--no-plot")
     run.koordd_on()
     run.proc.send_signal(sig)
     rc = run.wait()
