@@ -34,8 +34,11 @@ class DemoRun:
 
     def __init__(self, *args: str):
         detect_host()
+        # SIGINT back to its default: a shell's background job (CI under `&`) starts with it ignored, and
+        # Python then leaves it ignored, where a terminal's Ctrl-C reaches the demo.
         self.proc = subprocess.Popen([sys.executable, "-m", "koordd.ctl", "demo", *args], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.name = f"koordd-demo-{self.proc.pid}"
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
