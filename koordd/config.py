@@ -22,6 +22,7 @@ else:  # pragma: no cover - the declared minimum is 3.11; tomli is the same pars
     import tomli as tomllib
 
 from .cgroups import match_pattern, normalize_cgroup
+from .health import HEALTH_OPTIONS, LATENCY_SENSITIVE, HealthTargets
 from .loop import NODE
 from .options import COMMON_LOOP_OPTIONS, Option
 
@@ -112,9 +113,11 @@ def loop_options(loop_cls: type) -> tuple[Option, ...]:
 
 @dataclass(frozen=True)
 class ClassRule:
-    """cgroups matching any of `patterns` (globs per path component) belong to QoS class `name`."""
+    """cgroups matching any of `patterns` (globs per path component) belong to QoS class `name`;
+    `health`: the targets an LS, LSR or LSE rule declares (None: the defaults)."""
     name: str
     patterns: tuple[str, ...]
+    health: HealthTargets | None = None
 
 
 @dataclass(frozen=True)
@@ -124,13 +127,20 @@ class Config:
     classes: tuple[ClassRule, ...]
     loops: Mapping[str, Settings]  # every registered loop; absent sections hold the defaults
 
+    def rule_for(self, cgroup: str) -> ClassRule | None:
+        """The first rule with a pattern matching `cgroup`, or None."""
+        cg = cgroup.strip("/")
+        return next((rule for rule in self.classes if any(match_pattern(p, cg) for p in rule.patterns)), None)
+
     def classify(self, cgroup: str) -> str | None:
         """The class of the first rule with a matching pattern, or None."""
-        cg = cgroup.strip("/")
-        for rule in self.classes:
-            if any(match_pattern(p, cg) for p in rule.patterns):
-                return rule.name
-        return None
+        rule = self.rule_for(cgroup)
+        return rule.name if rule else None
+
+    def health_of(self, cgroup: str) -> HealthTargets | None:
+        """The health targets the rule of `cgroup` declares, or None (the defaults apply)."""
+        rule = self.rule_for(cgroup)
+        return rule.health if rule else None
 
 
 def load_config(path: Path | str, registry: Mapping[str, type]) -> Config:
@@ -241,8 +251,8 @@ class _Checker:
             return None
         bad = len(self.errors)
         for key in entry:
-            if key not in ("name", "cgroups"):
-                self.unknown(kp + (key,), ("name", "cgroups"), "key")
+            if key not in ("name", "cgroups", "health"):
+                self.unknown(kp + (key,), ("name", "cgroups", "health"), "key")
         name = entry.get("name")
         if "name" not in entry:
             self.error(kp, f"missing 'name' (one of {', '.join(CLASS_NAMES)})")
@@ -266,7 +276,19 @@ class _Checker:
                     patterns.append(norm)
                 except ValueError as e:
                     self.error(kp + ("cgroups", j), str(e))
-        return ClassRule(name, tuple(patterns)) if len(self.errors) == bad else None
+        health = self.health(entry["health"], name, kp + ("health",)) if "health" in entry else None
+        return ClassRule(name, tuple(patterns), health) if len(self.errors) == bad else None
+
+    def health(self, value: Any, name: Any, kp: tuple) -> HealthTargets | None:
+        """A class's [classes.health] table: targets of latency-sensitive work, so LS classes only."""
+        table = self.table(value, kp)
+        if table is None:
+            return None
+        if name in CLASS_NAMES and name not in LATENCY_SENSITIVE:
+            self.error(kp, f"only LS, LSR and LSE classes declare health targets, not {name}")
+            return None
+        settings, _ = self.section(HEALTH_OPTIONS, table, kp)
+        return HealthTargets.from_values(settings.as_dict())
 
     def loops(self, value: Any, registry: Mapping[str, type]) -> Mapping[str, Settings]:
         checked: dict[str, tuple[Settings, bool]] = {}

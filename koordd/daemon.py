@@ -75,7 +75,8 @@ class Daemon:
                                  dry_run=self.dry_run)
         self.actuator.unsupported = self.backends.probe()
         self.sensors = Sensors(self.fs, config.classify, _patterns(config),
-                               optional=SensorManager(load_sensor_registry()), supported=self._supported())
+                               optional=SensorManager(load_sensor_registry()), supported=self._supported(),
+                               health_of=config.health_of)
         self.runner = Runner(registry, self.actuator, sensors=self.sensors.optional.names)
         self.top = TopFeed(self.state_dir)          # what koordctl top asks for, while it asks
         self.wake = threading.Event()
@@ -257,7 +258,7 @@ class Daemon:
                 log.warning("%s: daemon.%s changed; it takes effect when koordd restarts", new.path, key)
         set_level(new.daemon.log_level)
         self.config = new
-        self.sensors.set_classes(new.classify, _patterns(new))
+        self.sensors.set_classes(new.classify, _patterns(new), new.health_of)
         self._probe_knobs()
         self.sensors.reprobe()
         self._configure(new)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .health import DEFAULT_HEALTH, HealthTargets
+
 
 @dataclass(frozen=True)
 class Pressure:
@@ -121,6 +123,7 @@ class Snapshot:
     members: Mapping[str, tuple[CgroupSample, ...]] = field(default_factory=dict)  # class root -> its children
     held: Mapping[tuple[str, str], str] = field(default_factory=dict)   # (cgroup, knob) -> koordd's original
     supported: frozenset[str] = frozenset()                             # knobs this host has
+    health: Mapping[str, HealthTargets] = field(default_factory=dict)   # class root -> its rule's targets
 
     def section(self, name: str, default: Any = None) -> Any:
         """The section optional sensor `name` produced this round, or `default` when there is none."""
@@ -139,6 +142,10 @@ class Snapshot:
         """What a loop acts on one by one (pods, jobs): each class root's children where a loop asked
         for them (Loop.members_of), else the root itself."""
         return tuple(m for c in self.of_class(*classes) for m in (self.members.get(c.path) or (c,)))
+
+    def health_of(self, path: str) -> HealthTargets:
+        """The health targets of class root `path`: its rule's, or the defaults."""
+        return self.health.get(path, DEFAULT_HEALTH)
 
     def find(self, path: str) -> CgroupSample | None:
         if path in self.cgroups:

@@ -3,18 +3,19 @@
 Two rules decide how much CPU BE may use (`rule`):
 
 - "slack" (Heracles' way): LS health, not LS usage, decides. Slack is how far the worst LS, LSR or
-  LSE cgroup is from its target, as a fraction of it: run-queue latency p99 against
-  `slack_runq_p99` (where only schedstat is there, its mean against `slack_runq_mean`) and
-  `cpu.pressure` "some" avg10 against `slack_cpu_pressure`. While slack is 10% or more, BE's
-  allowance grows by `slack_grow_percent` of the node per tick up to the whole node, where the cap
-  is lifted (`cpu.max` "max"): BE may then take any CPU that LS and the system leave idle at any
+  LSE cgroup is from its class's health targets (`[classes.health]`), as a fraction of them:
+  run-queue latency p99 against `runq_p99` (where only schedstat is there, the mean against
+  `runq_mean`) and `cpu.pressure` "some" avg10 against `cpu_pressure`. While slack is 10% or more,
+  BE's allowance grows by `slack_grow_percent` of the node per tick up to the whole node, where the
+  cap is lifted (`cpu.max` "max"): BE may then take any CPU that LS and the system leave idle at any
   moment, and SCHED_IDLE (qos_baseline) decides who runs; a cap at the average idle CPU would
   leave the dips in LS's demand unused. Between 5% and 10% it holds; under 5% it gives back
   `slack_shrink_percent` of its allowance at once; below zero it gives back as much, and if the
   next round is below zero too (not one wild sample) it drops to its floor and stays there until
   slack is back at 10%, or for `slack_floor_hold`: if LS has not recovered by then, BE is not what
   it is short of (its own threads contend), and each target LS misses is raised to what LS shows
-  at BE's floor plus 25% (so LS at that level has 20% slack and BE grows) for 5 minutes, after which it is judged by its declared targets again.
+  at BE's floor plus 25% (so LS at that level has 20% slack and BE grows) for 5 minutes, after
+  which it is judged by its declared targets again.
   With no LS signal at all (no sensor, nothing ran yet) it holds what it has.
 - "threshold" (koordlet's rule), described next.
 
@@ -59,6 +60,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from koordd.cgroups import format_cpulist, parse_cpulist
+from koordd.health import LATENCY_SENSITIVE, ls_signals, worst_slack
 from koordd.interference import Detector
 from koordd.knobs import CFS_QUOTA_MIN, format_cpu_max, parse_cpu_max
 from koordd.loop import Action, Loop, restore
@@ -71,7 +73,6 @@ GROW_FRACTION = 0.10         # of the node, per tick
 SKIP_FRACTION = 0.01         # of the node: smaller quota changes are noise
 DEFAULT_PERIOD_US = 100_000
 NON_BE = ("SYSTEM", "LSE", "LSR", "LS")
-LATENCY_SENSITIVE = ("LSE", "LSR", "LS")
 MIN_CORRELATION = 0.3        # a suspect's CPU use must follow the victim's signal at least this well
 SIGNAL_SECTIONS = {"runq": RUNQ_LATENCY, "cpi": CPI}
 
@@ -105,12 +106,6 @@ class BeSuppress(Loop):
                "LS cpu.pressure some avg10 above which BE shrinks further; 0 turns the guard off", min=0, max=100),
         Option("psi_guard_shrink_percent", float, 20.0, "how much of its limit BE loses per tick under pressure",
                min=1, max=90),
-        Option("slack_runq_p99", Duration, Duration(0.002), "rule slack: the LS run-queue latency p99 target",
-               min=0.00001, max=10),
-        Option("slack_runq_mean", Duration, Duration(0.0005),
-               "rule slack: the LS target for the mean wait, where only schedstat measures it", min=0.00001, max=10),
-        Option("slack_cpu_pressure", float, 20.0, "rule slack: the LS cpu.pressure some avg10 target, percent",
-               min=0.1, max=100),
         Option("slack_shrink_percent", float, 30.0, "rule slack: how much of its allowance BE gives back at once "
                "when slack is under 5%", min=1, max=100),
         Option("slack_floor_hold", Duration, Duration(10.0), "rule slack: how long BE stays at its floor for LS "
@@ -206,41 +201,14 @@ RAISE_MARGIN = 1.25               # a raised target: what LS showed at BE's floo
 RAISED_FOR = 300.0                # seconds; then LS is judged by its declared targets again
 
 
-def ls_signals(snapshot: Snapshot, settings) -> list[tuple[str, str, float, float]]:
-    """(cgroup, signal, measured, declared target) for every LS cgroup and signal this tick."""
-    runq = snapshot.section(RUNQ_LATENCY) or {}
-    out = []
-    for c in snapshot.of_class(*LATENCY_SENSITIVE):
-        r = runq.get(c.path)
-        if r is not None and r.p99_us is not None:
-            out.append((c.path, "runq_p99_us", r.p99_us, float(settings.slack_runq_p99) * 1e6))
-        elif r is not None and r.mean_us is not None:
-            out.append((c.path, "runq_mean_us", r.mean_us, float(settings.slack_runq_mean) * 1e6))
-        if c.cpu_pressure is not None and c.cpu_pressure.some is not None:
-            out.append((c.path, "cpu_pressure_avg10", c.cpu_pressure.some.avg10, settings.slack_cpu_pressure))
-    return out
-
-
-def ls_slack(snapshot: Snapshot, settings, raised: dict | None = None) -> tuple[float, dict] | None:
-    """The worst LS slack, 1 - measured / target over every LS cgroup and signal, with what set it;
-    None when no LS cgroup has a signal this tick. `raised`: (cgroup, signal) -> a target raised to
-    what LS showed without BE, used where it is above the declared one."""
-    worst: tuple[float, dict] | None = None
-    for cgroup, name, value, target in ls_signals(snapshot, settings):
-        target = max(target, (raised or {}).get((cgroup, name), 0.0))
-        slack = 1 - value / target
-        if worst is None or slack < worst[0]:
-            worst = (slack, {"cgroup": cgroup, "signal": name, "value": round(value, 3), "target": round(target, 3)})
-    return worst
-
-
 def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: int,
                      others: float) -> tuple[float, dict, str] | None:
     """BE's CPUs moved by LS slack (rule slack): grow towards the whole node, hold, give back, or drop
     to the floor."""
     now = snapshot.time
     state.raised = {k: v for k, v in state.raised.items() if v[1] > now}      # (target, until)
-    found = ls_slack(snapshot, settings, {k: t for k, (t, _) in state.raised.items()})
+    signals = ls_signals(snapshot, snapshot.section(RUNQ_LATENCY))
+    found = worst_slack(signals, {k: t for k, (t, _) in state.raised.items()})
     if found is None:
         return None
     slack, worst = found
@@ -255,7 +223,7 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     if state.at_floor and slack < GROW_AT and now - state.floor_since >= float(settings.slack_floor_hold):
         # BE has been at its floor and LS still misses its targets: BE is not what LS is short of.
         # Judge BE from now on against what LS shows without it (+25%), for RAISED_FOR seconds.
-        for cgroup, name, value, target in ls_signals(snapshot, settings):
+        for cgroup, name, value, target in signals:
             if value * RAISE_MARGIN > target:
                 state.raised[(cgroup, name)] = (value * RAISE_MARGIN, now + RAISED_FOR)
         state.at_floor = state.below_zero = False

@@ -141,6 +141,7 @@ def test_a_be_cgroup_without_cpu_max_still_gets_an_action_so_the_refusal_is_reco
 
 # --- rule "slack": LS health sizes BE (Heracles) ---------------------------------------------------------
 
+from koordd.health import HealthTargets  # noqa: E402
 from koordd.snapshot import RUNQ_LATENCY, RunqLatency  # noqa: E402
 
 
@@ -216,6 +217,24 @@ def test_slack_is_the_worst_of_the_ls_signals_and_says_which():
 def test_where_only_schedstat_measures_the_mean_is_held_to_its_own_target():
     assert slack_run([health(1.0, 1.0, 100_000, mean_us=600)] * 2)[1][1] == 0.02      # 600 µs > 500 µs: floor
     assert slack_run([health(1.0, 1.0, 100_000, mean_us=100)])[0][1] == 2.0          # 80% slack: grow
+
+
+def test_each_ls_class_is_judged_by_its_own_health_targets():
+    # Two LS cgroups wait 6 ms at p99: a batchy API that declared 10 ms (40% slack) and a cache on the
+    # 2 ms default (-200%). The cache sets the slack; with the cache at 1 ms the API's 40% does.
+    def snap(cache_p99):
+        runq = {"api": RunqLatency("ebpf", 100, 3000, 3000, 6000, 6000),
+                "cache": RunqLatency("ebpf", 100, cache_p99 / 2, cache_p99 / 2, cache_p99, cache_p99)}
+        return Snapshot(time=1.0, wall=0.0, node=NodeSample(cpu_count=4, cpu_used=1.5),
+                        cgroups={"api": cg("api", "LS", 0.5), "cache": cg("cache", "LS", 0.5),
+                                 "be": cg("be", "BE", 0.5, cpu_max="100000 100000")},
+                        sections={RUNQ_LATENCY: runq}, health={"api": HealthTargets(10_000.0, 500.0, 20.0)})
+    s = settings(rule="slack")
+    [act] = [a for a in BeSuppress.decide(snap(6000), s, BeSuppress.initial_state(s)) if a.value]
+    assert act.reason["worst"] == {"cgroup": "cache", "signal": "runq_p99_us", "value": 6000, "target": 2000.0}
+    [act] = [a for a in BeSuppress.decide(snap(1000), s, BeSuppress.initial_state(s)) if a.value]
+    assert act.reason["worst"] == {"cgroup": "api", "signal": "runq_p99_us", "value": 6000, "target": 10_000.0}
+    assert act.reason["slack"] == 0.4 and act.reason["step"] == "grow"
 
 
 def test_without_any_ls_signal_slack_holds_what_be_has():

@@ -9,6 +9,7 @@ import pytest
 
 from koordd.config import (CLASS_NAMES, DAEMON_OPTIONS, ClassRule, ConfigError, Settings, load_config,
                            locate_keys, make_settings, parse_config)
+from koordd.health import DEFAULT_HEALTH, HealthTargets
 from koordd.options import COMMON_LOOP_OPTIONS, Duration, Option
 
 
@@ -120,7 +121,7 @@ def test_absent_loops_get_defaults_and_are_disabled():
     ("[loops.be_suppress]\nenabled = true\n\ntreshold_percent = 70\n",
      ["koordd.toml:4: loops.be_suppress.treshold_percent: unknown key (did you mean 'threshold_percent'?)"]),
     ("[[classes]]\nname = 'BE'\ncgroups = ['be.slice']\npriority = 1\n",
-     ["koordd.toml:4: classes[0].priority: unknown key (known: name, cgroups)"]),
+     ["koordd.toml:4: classes[0].priority: unknown key (known: name, cgroups, health)"]),
     # wrong types and ranges, at the key's own line
     ("[loops.be_suppress]\nenabled = true\nthreshold_percent = 150\n",
      ["koordd.toml:3: loops.be_suppress.threshold_percent: must be <= 100, got 150"]),
@@ -160,6 +161,14 @@ def test_absent_loops_get_defaults_and_are_disabled():
      ["koordd.toml:1: classes[0]: missing 'name' (one of SYSTEM, LSE, LSR, LS, BE)",
       "koordd.toml:1: classes[0]: missing 'cgroups' (an array of cgroup path patterns)",
       "koordd.toml:3: classes[1]: missing 'cgroups' (an array of cgroup path patterns)"]),
+    # health targets: LS classes only, checked like any option, at the key's own line
+    ("[[classes]]\nname = 'BE'\ncgroups = ['be.slice']\n[classes.health]\nrunq_p99 = '5ms'\n",
+     ["koordd.toml:4: classes[0].health: only LS, LSR and LSE classes declare health targets, not BE"]),
+    ("[[classes]]\nname = 'LS'\ncgroups = ['ls.slice']\n[classes.health]\nrunq_p99 = 'soon'\nrunq_p90 = '1ms'\n",
+     ["koordd.toml:5: classes[0].health.runq_p99: not a duration: 'soon' (use e.g. \"500ms\", \"2s\", \"1m\")",
+      "koordd.toml:6: classes[0].health.runq_p90: unknown key (did you mean 'runq_p99'?)"]),
+    ("[[classes]]\nname = 'LS'\ncgroups = ['ls.slice']\nhealth = 3\n",
+     ["koordd.toml:4: classes[0].health: expected a table, got an integer"]),
 ])
 def test_errors(text, want):
     assert errors(text) == want
@@ -300,6 +309,28 @@ def test_classify_first_match_wins(cgroup, cls):
         cgroups = ["be.slice", "kubepods.slice/kubepods-besteffort.slice"]
         """)
     assert c.classify(cgroup) == cls
+
+
+def test_each_ls_rule_declares_its_own_health_targets_and_the_rest_take_the_defaults():
+    c = parse("""\
+        [[classes]]
+        name = "LS"
+        cgroups = ["batch-api.slice"]
+        [classes.health]
+        runq_p99 = "10ms"
+        [[classes]]
+        name = "LS"
+        cgroups = ["cache.slice"]
+        [[classes]]
+        name = "LSR"
+        cgroups = ["db.slice"]
+        health = { runq_p99 = "500us", runq_mean = "100us", cpu_pressure = 5 }
+        """)
+    assert c.health_of("batch-api.slice") == HealthTargets(10_000.0, DEFAULT_HEALTH.runq_mean_us,
+                                                           DEFAULT_HEALTH.cpu_pressure)
+    assert c.health_of("cache.slice") is None and c.health_of("nowhere") is None      # the defaults apply
+    assert c.health_of("/db.slice/") == HealthTargets(500.0, 100.0, 5.0)
+    assert DEFAULT_HEALTH == HealthTargets(2000.0, 500.0, 20.0)
 
 
 def test_class_names():

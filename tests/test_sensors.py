@@ -9,6 +9,8 @@ import pytest
 from conftest import reads_only_what_it_needs
 from fakecgroup import FakeCgroups, psi
 from koordd.cgroups import match_pattern
+from koordd.config import parse_config
+from koordd.health import DEFAULT_HEALTH
 from koordd.loop import Action, Loop
 from koordd.sensors import collect
 from koordd.sensors.cgroup import CgroupSensor, flat_keyed
@@ -298,6 +300,24 @@ def test_members_of_requested_classes_are_sampled_apart_from_the_class_roots(tmp
     assert [m.path for m in snap.units("LS")] == ["ls.slice"]            # not asked for: the root itself
     assert snap.find("be.slice/job1").memory_current == 10 and snap.find("be.slice/nope") is None
     assert snap.find("ls.slice").cls == "LS"
+
+
+def test_the_snapshot_carries_the_health_targets_each_ls_rule_declares(tmp_path, host):
+    tree = FakeCgroups(tmp_path, "v2").add("api.slice").add("cache.slice").add("be.slice")
+    conf = parse_config('[[classes]]\nname = "LS"\ncgroups = ["api.slice"]\nhealth = { runq_p99 = "10ms" }\n'
+                        '[[classes]]\nname = "LS"\ncgroups = ["cache.slice"]\n'
+                        '[[classes]]\nname = "BE"\ncgroups = ["be.slice"]\n', "koordd.toml", {})
+    sensors = Sensors(tree.fs, conf.classify, ["api.slice", "cache.slice", "be.slice"], proc_root=host.proc,
+                      sys_root=host.sys, health_of=conf.health_of)
+    snap = sensors.snapshot()
+    assert set(snap.health) == {"api.slice"} and snap.health_of("api.slice").runq_p99_us == 10_000.0
+    assert snap.health_of("cache.slice") == DEFAULT_HEALTH
+    # A reload with other targets reaches the next snapshot.
+    conf = parse_config('[[classes]]\nname = "LS"\ncgroups = ["*.slice"]\nhealth = { cpu_pressure = 5 }\n',
+                        "koordd.toml", {})
+    sensors.set_classes(conf.classify, ["*.slice"], conf.health_of)
+    assert {p: t.cpu_pressure for p, t in sensors.snapshot().health.items()} == \
+        {"api.slice": 5.0, "cache.slice": 5.0, "be.slice": 5.0}
 
 
 def test_only_the_fields_the_loops_need_are_read(tmp_path, host, monkeypatch):

@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Callable, Iterable, Mapping, Sequence
 
 from ..cgroups import CgroupFS
+from ..health import HealthTargets
 from ..knobs import KNOBS, unsupported_knobs
 from ..snapshot import CGROUP_FIELDS, Snapshot
 from .cgroup import CgroupSensor
@@ -14,6 +15,7 @@ from .lifecycle import SensorManager
 from .node import NodeSensor
 
 Classify = Callable[[str], "str | None"]
+HealthOf = Callable[[str], "HealthTargets | None"]
 
 
 def find_classified(fs: CgroupFS, classify: Classify, max_depth: int) -> dict[str, str]:
@@ -35,11 +37,11 @@ def find_classified(fs: CgroupFS, classify: Classify, max_depth: int) -> dict[st
 class Sensors:
     def __init__(self, fs: CgroupFS, classify: Classify, patterns: Sequence[str],
                  proc_root="/proc", sys_root="/sys", optional: SensorManager | None = None,
-                 supported: frozenset[str] | None = None):
+                 supported: frozenset[str] | None = None, health_of: HealthOf | None = None):
         self.fs = fs
         self.node = NodeSensor(proc_root, sys_root)
         self.cgroups = CgroupSensor(fs)
-        self.set_classes(classify, patterns)
+        self.set_classes(classify, patterns, health_of)
         # The optional sensors (GPU, ...): the daemon starts those the enabled loops need (require()).
         self.optional = optional if optional is not None else SensorManager({})
         # Knobs this host has, for loops to choose from: the daemon's, probed from every backend; else
@@ -54,8 +56,10 @@ class Sensors:
         """Stop the optional sensors (the cgroup files are the CgroupFS's to close)."""
         self.optional.stop_all("koordd stopping")
 
-    def set_classes(self, classify: Classify, patterns: Sequence[str]) -> None:
+    def set_classes(self, classify: Classify, patterns: Sequence[str], health_of: HealthOf | None = None) -> None:
+        """`health_of`: a class root -> the health targets its rule declares (None: the defaults)."""
         self.classify = classify
+        self.health_of = health_of or (lambda cg: None)
         self.max_depth = max((p.count("/") + 1 for p in patterns), default=0)
 
     def snapshot(self, watch: Iterable[str] = (), held: Mapping[tuple[str, str], str] | None = None,
@@ -84,8 +88,9 @@ class Sensors:
                    for root, kids in children.items() if kids}
         sampled = {**classes, **{m.path: classes[root] for root, ms in members.items() for m in ms}}
         sections = self.optional.sample(SensorContext(now, sampled))
+        health = {cg: t for cg, cls in classes.items() if cls and (t := self.health_of(cg)) is not None}
         return Snapshot(time=now, wall=time.time(), node=self.node.sample(now), cgroups=samples, sections=sections,
-                        members=members, held=dict(held or {}), supported=self.supported)
+                        members=members, held=dict(held or {}), supported=self.supported, health=health)
 
     def fill_members(self, snapshot: Snapshot, fields: frozenset[str]) -> Snapshot:
         """The snapshot with its members (listed by snapshot(member_fields=frozenset())) read: `fields`
