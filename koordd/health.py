@@ -7,9 +7,11 @@ read the same slack: 1 - measured / target for every LS cgroup and signal, the w
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
+from .histogram import merged, quantile_us
 from .options import Duration, Option
 
 LATENCY_SENSITIVE = ("LSE", "LSR", "LS")
@@ -43,15 +45,56 @@ DEFAULT_HEALTH = HealthTargets.from_values({})
 Signal = tuple[str, str, float, float]
 
 
-def ls_signals(snapshot, runq: Mapping | None) -> list[Signal]:
+MIN_WAITS = 200      # a p99 of fewer waits is little more than their maximum: one unlucky wait
+WINDOW = 5.0         # seconds: no older round counts
+
+
+class RunqWindow:
+    """Each LS cgroup's recent rounds of run-queue waits (eBPF histograms), so that its p99 is taken
+    over at least MIN_WAITS waits: a cgroup that waits often is judged by its latest round alone, one
+    that waits rarely by its latest rounds together, none older than WINDOW seconds. A harm that lasts
+    shows all the same (20 bad waits of 200 are 10%, well past the 1% a p99 ignores); one wild wait
+    in a quiet second no longer decides. Loop state: the policy feeds it, no I/O."""
+
+    def __init__(self, min_waits: int = MIN_WAITS, window: float = WINDOW):
+        self.min_waits, self.window = min_waits, window
+        self.rounds: dict[str, deque[tuple[float, tuple[int, ...]]]] = {}
+
+    def p99(self, path: str, now: float, slots: tuple[int, ...]) -> float | None:
+        """Add this round's histogram of `path` and return its p99 over enough recent waits."""
+        rounds = self.rounds.setdefault(path, deque())
+        rounds.append((now, slots))
+        while now - rounds[0][0] > self.window:
+            rounds.popleft()
+        taken, count = [], 0
+        for _, h in reversed(rounds):
+            taken.append(h)
+            count += sum(h)
+            if count >= self.min_waits:
+                break
+        return quantile_us(merged(taken), 0.99)
+
+    def forget_except(self, paths: Iterable[str]) -> None:
+        keep = set(paths)
+        for path in [p for p in self.rounds if p not in keep]:
+            del self.rounds[path]
+
+
+def ls_signals(snapshot, runq: Mapping | None, window: RunqWindow | None = None) -> list[Signal]:
     """Every LS cgroup's signals this tick against its class's targets. `runq`: the run-queue latency
-    section (cgroup -> RunqLatency), or None without that sensor."""
+    section (cgroup -> RunqLatency), or None without that sensor; `window`: where the p99 is taken
+    over enough waits (fed with this round), else the round's own p99."""
     out: list[Signal] = []
-    for c in snapshot.of_class(*LATENCY_SENSITIVE):
+    ls = snapshot.of_class(*LATENCY_SENSITIVE)
+    if window is not None:
+        window.forget_except(c.path for c in ls)
+    for c in ls:
         t = snapshot.health_of(c.path)
         r = (runq or {}).get(c.path)
-        if r is not None and r.p99_us is not None:
-            out.append((c.path, "runq_p99_us", r.p99_us, t.runq_p99_us))
+        p99 = window.p99(c.path, snapshot.time, r.slots) if window is not None and r is not None and r.slots \
+            else (r.p99_us if r is not None else None)
+        if p99 is not None:
+            out.append((c.path, "runq_p99_us", p99, t.runq_p99_us))
         elif r is not None and r.mean_us is not None:
             out.append((c.path, "runq_mean_us", r.mean_us, t.runq_mean_us))
         if c.cpu_pressure is not None and c.cpu_pressure.some is not None:

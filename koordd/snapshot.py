@@ -96,6 +96,7 @@ class RunqLatency:
     p50_us: float | None = None
     p99_us: float | None = None
     max_us: float | None = None
+    slots: tuple[int, ...] = ()             # ebpf: the round's histogram (koordd.histogram), to merge rounds
 
 
 @dataclass(frozen=True)

@@ -236,7 +236,10 @@ def _some_avg10(stat: PressureStat | None) -> float | None:
 
 
 def _runq(value: Any) -> dict | None:
-    return asdict(value) if isinstance(value, RunqLatency) else None
+    """The summary koordctl top shows; the histogram stays with the loops."""
+    if not isinstance(value, RunqLatency):
+        return None
+    return {k: v for k, v in asdict(value).items() if k != "slots"}
 
 
 def _cpi(value: Any) -> dict | None:

@@ -5,7 +5,9 @@ Two rules decide how much CPU BE may use (`rule`):
 - "slack" (Heracles' way): LS health, not LS usage, decides. Slack is how far the worst LS, LSR or
   LSE cgroup is from its class's health targets (`[classes.health]`), as a fraction of them:
   run-queue latency p99 against `runq_p99` (where only schedstat is there, the mean against
-  `runq_mean`) and `cpu.pressure` "some" avg10 against `cpu_pressure`. While slack is 10% or more,
+  `runq_mean`) and `cpu.pressure` "some" avg10 against `cpu_pressure`. The p99 is taken over at
+  least 200 waits: the latest round's where LS waits often, its latest rounds' together (at most
+  5 s) where it waits rarely, so one wild wait in a quiet second does not decide. While slack is 10% or more,
   BE's allowance grows by `slack_grow_percent` of the node per tick up to the whole node, where the
   cap is lifted (`cpu.max` "max"): BE may then take any CPU that LS and the system leave idle at any
   moment, and SCHED_IDLE (qos_baseline) decides who runs; a cap at the average idle CPU would
@@ -60,7 +62,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from koordd.cgroups import format_cpulist, parse_cpulist
-from koordd.health import LATENCY_SENSITIVE, ls_signals, worst_slack
+from koordd.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_slack
 from koordd.interference import Detector
 from koordd.knobs import CFS_QUOTA_MIN, format_cpu_max, parse_cpu_max
 from koordd.loop import Action, Loop, restore
@@ -85,6 +87,7 @@ class State:
     below_zero: bool = False                         # rule slack: last round's slack was below zero
     floor_since: float = 0.0                         # rule slack: when BE went to its floor
     raised: dict = field(default_factory=dict)       # rule slack: (cgroup, signal) -> (target, until)
+    runq: RunqWindow = field(default_factory=RunqWindow)   # rule slack: recent rounds' waits per LS cgroup
     detector: Detector | None = None                 # antagonists: baselines, outliers, BE CPU series
     capped: dict[str, float] = field(default_factory=dict)   # BE cgroup capped as an antagonist -> until
 
@@ -207,7 +210,7 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     to the floor."""
     now = snapshot.time
     state.raised = {k: v for k, v in state.raised.items() if v[1] > now}      # (target, until)
-    signals = ls_signals(snapshot, snapshot.section(RUNQ_LATENCY))
+    signals = ls_signals(snapshot, snapshot.section(RUNQ_LATENCY), state.runq)
     found = worst_slack(signals, {k: t for k, (t, _) in state.raised.items()})
     if found is None:
         return None

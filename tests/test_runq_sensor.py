@@ -12,8 +12,9 @@ import pytest
 
 from koordd.sensors import runq
 from koordd.sensors.contract import SensorContext, SensorUnavailable
+from koordd.histogram import quantile_us
 from koordd.sensors.runq import (EBPF, SCHEDSTAT, SLOTS, EbpfSource, RunqLatencySensor, SchedstatSource,
-                                 enclosing, quantile_us, summarize)
+                                 enclosing, summarize)
 from koordd.snapshot import RunqLatency
 
 
@@ -34,7 +35,8 @@ def test_quantiles_are_interpolated_within_their_bucket():
     assert quantile_us(slots(s11=100), 0.99) == 1024 + 1024 * 0.99   # in [1024, 2048): not 2048
     assert quantile_us([0] * SLOTS, 0.5) is None
     r = summarize(s, wait_ns=100 * 50_000)
-    assert r == RunqLatency(EBPF, 100, 50.0, 6.0, 1024.0, 16384.0)   # the maximum: its bucket's upper bound
+    assert r == RunqLatency(EBPF, 100, 50.0, 6.0, 1024.0, 16384.0,   # the maximum: its bucket's upper bound
+                            (10, 0, 0, 80, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 1))   # the histogram, to its last wait
     assert summarize([0] * SLOTS, 0) is None
 
 
@@ -108,7 +110,7 @@ def test_ebpf_source_watches_the_sampled_cgroups_and_reports_deltas_per_subtree(
 
     # Next round: only what is new since the last read.
     bpf.count(ino(v2tree, "ls"), 4, 5, 5 * 10_000)
-    assert src.read(paths) == {"ls": RunqLatency(EBPF, 5, 10.0, 12.0, 8 + 8 * 0.99, 16.0)}
+    assert src.read(paths) == {"ls": RunqLatency(EBPF, 5, 10.0, 12.0, 8 + 8 * 0.99, 16.0, (0, 0, 0, 0, 5))}
 
 
 def test_a_cgroup_that_goes_is_unwatched_and_its_histogram_dropped(v2tree):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from ..cgroups import DEFAULT_ROOT, Layout, LayoutError, detect_layout
+from ..histogram import quantile_us, slot_upper_us
 from ..snapshot import RUNQ_LATENCY, RunqLatency
 from .contract import OptionalSensor, SensorContext, SensorUnavailable
 
@@ -33,38 +34,13 @@ DEFAULT_SOURCES = (EBPF, SCHEDSTAT)     # in the order tried
 
 # --- histograms -------------------------------------------------------------------------------
 
-def slot_upper_us(slot: int) -> float:
-    """The largest wait a slot holds (its upper bound): what the maximum is reported as."""
-    return float(2 ** slot) if slot > 0 else 1.0
-
-
-def slot_lower_us(slot: int) -> float:
-    return float(2 ** (slot - 1)) if slot > 0 else 0.0
-
-
-def quantile_us(slots: list[int], q: float) -> float | None:
-    """The q-quantile, interpolated within its slot as if the slot's waits were spread evenly (as
-    Prometheus' histogram_quantile does): a slot spans 2x, and reporting its upper bound would put a
-    p99 of 1.1 ms at 2.048 ms, past a 2 ms target it does not reach."""
-    total = sum(slots)
-    if total == 0:
-        return None
-    rank = q * total
-    seen = 0
-    for slot, n in enumerate(slots):
-        if n and seen + n >= rank:
-            lower, upper = slot_lower_us(slot), slot_upper_us(slot)
-            return lower + (upper - lower) * max(rank - seen, 0) / n
-        seen += n
-    return slot_upper_us(max(i for i, n in enumerate(slots) if n))
-
-
 def summarize(slots: list[int], wait_ns: int) -> RunqLatency | None:
     count = sum(slots)
     if count <= 0:
         return None
+    top = max(i for i, n in enumerate(slots) if n)
     return RunqLatency(EBPF, count, wait_ns / 1000 / count, quantile_us(slots, 0.50), quantile_us(slots, 0.99),
-                       slot_upper_us(max(i for i, n in enumerate(slots) if n)))
+                       slot_upper_us(top), tuple(slots[:top + 1]))
 
 
 def below(ordered: list[str], path: str) -> list[str]:
