@@ -1,0 +1,201 @@
+"""resctrl: the kernel's interface to cache allocation (L3 CAT) and memory bandwidth allocation (MBA).
+
+The filesystem (usually /sys/fs/resctrl) has `info/` (what the hardware offers) and one directory
+per control group: `schemata` (one line per resource: `L3:0=fff;1=fff`, a capacity bitmask per cache
+id; `MB:0=100;1=100`, a bandwidth limit per memory domain) and `tasks` (thread ids, one per write).
+The root is the default group: every thread not moved elsewhere. A failed write returns EINVAL and
+`info/last_cmd_status` says why.
+
+This module reads `info/`, computes masks and limits from percentages the way koordlet does, and
+parses schemata; I/O goes through `ResctrlFS`, so tests can hand in a tree that refuses what the
+kernel refuses (tests/fakeresctrl.py).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MOUNT = Path("/sys/fs/resctrl")
+AMD_MB_MAX = 2048        # AMD: MB is in 1/8 GB/s; 2048 means unlimited
+
+
+class ResctrlError(Exception):
+    """resctrl is unusable here, or a file of it does not read as the kernel writes it."""
+
+
+class ResctrlFS:
+    """File operations on a mounted resctrl tree, paths relative to its root. Raises OSError as the
+    kernel does; `last_cmd_status()` says why the last write failed."""
+
+    def __init__(self, root: Path | str = DEFAULT_MOUNT):
+        self.root = Path(root)
+
+    def read(self, rel: str) -> str:
+        return (self.root / rel).read_text()
+
+    def write(self, rel: str, text: str) -> None:
+        # One write(2) per call: the kernel parses each write on its own (tasks takes one id per write).
+        fd = os.open(self.root / rel, os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+    def mkdir(self, rel: str) -> None:
+        os.mkdir(self.root / rel)
+
+    def rmdir(self, rel: str) -> None:
+        os.rmdir(self.root / rel)
+
+    def listdir(self, rel: str = "") -> list[str]:
+        return sorted(os.listdir(self.root / rel))
+
+    def exists(self, rel: str) -> bool:
+        return (self.root / rel).exists()
+
+    def last_cmd_status(self) -> str:
+        try:
+            return self.read("info/last_cmd_status").strip()
+        except OSError:
+            return ""
+
+
+@dataclass(frozen=True)
+class L3Info:
+    cbm_mask: int            # every way: the default group's mask
+    min_cbm_bits: int
+    num_closids: int
+    shareable_bits: int
+    cache_ids: tuple[int, ...]
+
+    @property
+    def ways(self) -> int:
+        return bin(self.cbm_mask).count("1")
+
+
+@dataclass(frozen=True)
+class MBInfo:
+    min_bandwidth: int
+    bandwidth_gran: int
+    num_closids: int
+    domain_ids: tuple[int, ...]
+    vendor: str              # "intel": percent in steps of bandwidth_gran; "amd": 1/8 GB/s, 2048 unlimited
+
+    @property
+    def max_value(self) -> int:
+        return AMD_MB_MAX if self.vendor == "amd" else 100
+
+
+@dataclass(frozen=True)
+class ResctrlInfo:
+    l3: L3Info | None
+    mb: MBInfo | None
+
+    @property
+    def num_closids(self) -> int:
+        """Groups the hardware can tell apart, the default group included."""
+        return min(r.num_closids for r in (self.l3, self.mb) if r is not None)
+
+
+def parse_schemata(text: str) -> dict[str, dict[int, str]]:
+    """`    L3:0=fff;1=fff` lines (names padded to align) -> {"L3": {0: "fff", 1: "fff"}}."""
+    out: dict[str, dict[int, str]] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        name, sep, rest = line.partition(":")
+        if not sep:
+            raise ResctrlError(f"schemata line {n}: no ':' in {line!r}")
+        domains: dict[int, str] = {}
+        for part in rest.split(";"):
+            key, eq, value = part.partition("=")
+            if not eq or not key.strip().isdigit():
+                raise ResctrlError(f"schemata line {n}: {part!r} is not <domain id>=<value>")
+            domains[int(key)] = value.strip()
+        out[name.strip()] = domains
+    return out
+
+
+def format_line(domains: dict[int, str]) -> str:
+    """{0: "ff", 1: "ff"} -> "0=ff;1=ff" (the value of a knob: one resource's line after its name)."""
+    return ";".join(f"{d}={v}" for d, v in sorted(domains.items()))
+
+
+def domain_ids(fs: ResctrlFS, resource: str) -> tuple[int, ...]:
+    """The cache or memory domain ids of `resource`, from the default group's schemata."""
+    line = parse_schemata(fs.read("schemata")).get(resource)
+    if not line:
+        raise ResctrlError(f"schemata has no {resource} line")
+    return tuple(sorted(line))
+
+
+def _int_file(fs: ResctrlFS, rel: str, base: int = 10) -> int:
+    text = fs.read(rel).strip()
+    try:
+        return int(text, base)
+    except ValueError:
+        raise ResctrlError(f"{rel}: expected a {'hex ' if base == 16 else ''}number, got {text!r}") from None
+
+
+def read_info(fs: ResctrlFS, vendor: str) -> ResctrlInfo:
+    """What `info/` says of L3 and MB (None for a resource the host lacks). `vendor`: "intel" or "amd"
+    (/proc/cpuinfo's vendor_id), which decides MB's unit."""
+    l3 = mb = None
+    if fs.exists("info/L3"):
+        l3 = L3Info(_int_file(fs, "info/L3/cbm_mask", 16), _int_file(fs, "info/L3/min_cbm_bits"),
+                    _int_file(fs, "info/L3/num_closids"), _int_file(fs, "info/L3/shareable_bits", 16),
+                    domain_ids(fs, "L3"))
+    if fs.exists("info/MB"):
+        mb = MBInfo(_int_file(fs, "info/MB/min_bandwidth"), _int_file(fs, "info/MB/bandwidth_gran"),
+                    _int_file(fs, "info/MB/num_closids"), domain_ids(fs, "MB"), vendor)
+    return ResctrlInfo(l3, mb)
+
+
+def cpu_vendor(cpuinfo: str) -> str:
+    """"intel", "amd" or "" from /proc/cpuinfo's first vendor_id."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("vendor_id"):
+            v = line.partition(":")[2].strip()
+            return {"GenuineIntel": "intel", "AuthenticAMD": "amd", "HygonGenuine": "amd"}.get(v, "")
+    return ""
+
+
+def l3_mask(info: L3Info, start_percent: float, end_percent: float) -> int:
+    """The ways from start to end percent of the cache as one contiguous mask, koordlet's way
+    (first way ceil(ways × start%), end way ceil(ways × end%)), widened to min_cbm_bits."""
+    ways = info.ways
+    start = min(math.ceil(ways * start_percent / 100), ways - 1)
+    end = max(math.ceil(ways * end_percent / 100), start + max(info.min_cbm_bits, 1))
+    if end > ways:
+        start, end = max(ways - max(info.min_cbm_bits, 1), 0), ways
+    low = (info.cbm_mask & -info.cbm_mask).bit_length() - 1     # the lowest way the CPU has
+    return ((1 << (end - start)) - 1) << (start + low)
+
+
+def l3_line(info: L3Info, mask: int) -> str:
+    """The same mask on every cache id."""
+    return format_line({d: f"{mask:x}" for d in info.cache_ids})
+
+
+def mb_value(info: MBInfo, percent: float) -> int:
+    """A bandwidth limit in the vendor's unit: Intel a percent, rounded up to bandwidth_gran and at
+    least min_bandwidth; AMD a share of 2048 (unlimited at 100%)."""
+    if info.vendor == "amd":
+        return AMD_MB_MAX if percent >= 100 else max(1, round(AMD_MB_MAX * percent / 100))
+    gran = max(info.bandwidth_gran, 1)
+    return min(100, max(info.min_bandwidth, math.ceil(percent / gran) * gran))
+
+
+def mb_line(info: MBInfo, value: int) -> str:
+    return format_line({d: str(value) for d in info.domain_ids})
+
+
+def refused(fs: ResctrlFS, e: OSError) -> OSError:
+    """`e` with the kernel's reason from info/last_cmd_status added to its text, for the decision log
+    ("EINVAL: Invalid argument (The mask 5 has non-consecutive 1-bits)")."""
+    status = fs.last_cmd_status()
+    text = e.strerror or str(e)
+    return OSError(e.errno, f"{text} ({status})" if status and status != "ok" else text)
