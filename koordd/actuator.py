@@ -19,6 +19,7 @@ from .decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, Decision, DecisionLo
 from .knobs import CgroupBackend
 from .loop import Action
 from .state import Held, RestoreJournal
+from .resctrl_backend import ResctrlGroupBackend, ResctrlTasksBackend
 from .threads import ThreadPolicyBackend
 
 log = logging.getLogger(__name__)
@@ -271,8 +272,9 @@ class Actuator:
 
 
 def builtin_backends(fs: CgroupFS) -> list[Backend]:
-    """koordd's own backends on a cgroup layout: the cgroup knobs and the policy of cgroups' threads."""
-    return [CgroupBackend(fs), ThreadPolicyBackend(fs)]
+    """koordd's own backends on a cgroup layout: the cgroup knobs, the policy of cgroups' threads, and
+    resctrl (its groups, and which group a cgroup's threads are in)."""
+    return [CgroupBackend(fs), ThreadPolicyBackend(fs), ResctrlGroupBackend(), ResctrlTasksBackend(fs)]
 
 
 def _depth(backend: Backend, target: str) -> int:

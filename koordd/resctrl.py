@@ -92,6 +92,7 @@ class MBInfo:
 class ResctrlInfo:
     l3: L3Info | None
     mb: MBInfo | None
+    vendor: str = ""         # "intel", "amd": AMD takes non-contiguous masks and MB in 1/8 GB/s
 
     @property
     def num_closids(self) -> int:
@@ -151,7 +152,7 @@ def read_info(fs: ResctrlFS, vendor: str) -> ResctrlInfo:
     if fs.exists("info/MB"):
         mb = MBInfo(_int_file(fs, "info/MB/min_bandwidth"), _int_file(fs, "info/MB/bandwidth_gran"),
                     _int_file(fs, "info/MB/num_closids"), domain_ids(fs, "MB"), vendor)
-    return ResctrlInfo(l3, mb)
+    return ResctrlInfo(l3, mb, vendor)
 
 
 def cpu_vendor(cpuinfo: str) -> str:

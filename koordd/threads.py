@@ -37,6 +37,25 @@ def _normalize(value: str) -> str:
     return v
 
 
+def cgroup_threads(fs: CgroupFS, target: str) -> list[int]:
+    """Thread ids in cgroup `target` and every cgroup below it (v2 `cgroup.threads`, v1 `tasks`);
+    TargetGone when the cgroup is not there."""
+    controller = fs.walk_controller()
+    filename = "tasks" if controller is not None else "cgroup.threads"
+    if not fs.exists(controller, target):
+        raise TargetGone(target)
+    out: list[int] = []
+    stack = [target]
+    while stack:
+        cg = stack.pop()
+        try:
+            out += [int(t) for t in fs.read(controller, cg, filename).split()]
+        except (CgroupGone, FileNotFoundError):
+            continue        # removed while we walked
+        stack += fs.children(controller, cg)
+    return out
+
+
 class ThreadPolicyBackend(Backend):
     kind = "threads"
     cgroup_targets = True
@@ -57,26 +76,7 @@ class ThreadPolicyBackend(Backend):
         return {}
 
     def threads(self, target: str) -> list[int]:
-        """Thread ids in the cgroup and every cgroup below it (v2 `cgroup.threads`, v1 `tasks`)."""
-        controller = self._hierarchy()
-        filename = "tasks" if controller is not None else "cgroup.threads"
-        if not self.fs.exists(controller, target):
-            raise TargetGone(target)
-        out: list[int] = []
-        for cg in [target, *self._below(controller, target)]:
-            try:
-                out += [int(t) for t in self.fs.read(controller, cg, filename).split()]
-            except (CgroupGone, FileNotFoundError):
-                continue        # removed while we walked
-        return out
-
-    def _below(self, controller: str | None, target: str) -> list[str]:
-        out, stack = [], self.fs.children(controller, target)
-        while stack:
-            cg = stack.pop()
-            out.append(cg)
-            stack += self.fs.children(controller, cg)
-        return out
+        return cgroup_threads(self.fs, target)
 
     def _movable(self, target: str) -> dict[int, int]:
         """tid -> policy for the threads koordd may move (normal, batch, idle)."""

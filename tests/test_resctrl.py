@@ -22,7 +22,7 @@ def test_info_is_read_from_the_tree(tree):
     assert info.l3 == L3Info(cbm_mask=0x7FF, min_cbm_bits=2, num_closids=4, shareable_bits=0, cache_ids=(0, 1))
     assert info.l3.ways == 11
     assert info.mb == MBInfo(min_bandwidth=10, bandwidth_gran=10, num_closids=4, domain_ids=(0, 1), vendor="intel")
-    assert info.num_closids == 4
+    assert info.num_closids == 4 and info.vendor == "intel"
 
 
 def test_a_host_without_mba_has_no_mb_info(tmp_path):
