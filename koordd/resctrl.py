@@ -164,16 +164,26 @@ def cpu_vendor(cpuinfo: str) -> str:
     return ""
 
 
-def l3_mask(info: L3Info, start_percent: float, end_percent: float) -> int:
-    """The ways from start to end percent of the cache as one contiguous mask, koordlet's way
-    (first way ceil(ways × start%), end way ceil(ways × end%)), widened to min_cbm_bits."""
-    ways = info.ways
-    start = min(math.ceil(ways * start_percent / 100), ways - 1)
-    end = max(math.ceil(ways * end_percent / 100), start + max(info.min_cbm_bits, 1))
+def l3_ways(info: L3Info, start_percent: float, end_percent: float) -> tuple[int, int]:
+    """(first way, number of ways) for the ways from start to end percent of the cache, koordlet's
+    way (first ceil(ways × start%), end ceil(ways × end%)), at least min_cbm_bits, within the cache."""
+    ways, least = info.ways, max(info.min_cbm_bits, 1)
+    first = min(math.ceil(ways * start_percent / 100), ways - 1)
+    end = max(math.ceil(ways * end_percent / 100), first + least)
     if end > ways:
-        start, end = max(ways - max(info.min_cbm_bits, 1), 0), ways
-    low = (info.cbm_mask & -info.cbm_mask).bit_length() - 1     # the lowest way the CPU has
-    return ((1 << (end - start)) - 1) << (start + low)
+        first, end = max(ways - least, 0), ways
+    return first, end - first
+
+
+def ways_mask(info: L3Info, first: int, count: int) -> int:
+    """The contiguous mask of `count` ways from way `first`, counted from the lowest way the CPU has."""
+    low = (info.cbm_mask & -info.cbm_mask).bit_length() - 1
+    return ((1 << count) - 1) << (first + low)
+
+
+def l3_mask(info: L3Info, start_percent: float, end_percent: float) -> int:
+    """The ways from start to end percent of the cache as one contiguous mask (l3_ways)."""
+    return ways_mask(info, *l3_ways(info, start_percent, end_percent))
 
 
 def l3_line(info: L3Info, mask: int) -> str:

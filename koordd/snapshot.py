@@ -83,6 +83,7 @@ CGROUP_FIELDS = frozenset(("cpu_usage", "throttling", "cpu_max", "cpu_max_burst"
 GPUS = "gpus"          # the GPU sensor's section (NVML): polled only for a loop whose needs() name it
 RUNQ_LATENCY = "runq_latency"   # section: cgroup path -> RunqLatency, for the round since the last
 CPI = "cpi"                     # section: cgroup path -> CpiSample, for the round since the last
+RESCTRL = "resctrl"             # section: sensors.resctrl.ResctrlSection (info/ and every group's schemata)
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,12 @@ from ..snapshot import CGROUP_FIELDS
 from .contract import OptionalSensor
 from .cpi import CpiSensor
 from .gpu import GpuSensor
+from .resctrl import ResctrlSensor
 from .runq import RunqLatencySensor
 
 GROUP = "koordd.sensors"
-BUILTIN: dict[str, type[OptionalSensor]] = {s.name: s for s in (GpuSensor, RunqLatencySensor, CpiSensor)}
+BUILTIN: dict[str, type[OptionalSensor]] = {s.name: s for s in (GpuSensor, RunqLatencySensor, CpiSensor,
+                                                                  ResctrlSensor)}
 
 SensorFactory = Callable[[], OptionalSensor]
 

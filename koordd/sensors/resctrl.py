@@ -1,0 +1,56 @@
+"""resctrl sensor: what the hardware offers (`info/`) and each control group's schemata.
+
+An optional sensor, the snapshot's "resctrl" section, for loops that partition the cache or memory
+bandwidth: they compute masks from `info` (ways, cache ids, min_cbm_bits) without reading files
+themselves. `info/` is read once at start; the groups every round (a directory listing and one
+small file per group).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from ..resctrl import DEFAULT_MOUNT, ResctrlError, ResctrlFS, ResctrlInfo, cpu_vendor, parse_schemata, read_info
+from ..resctrl_backend import RESERVED, availability
+from ..snapshot import RESCTRL
+from .contract import OptionalSensor, SensorContext, SensorUnavailable
+
+
+@dataclass(frozen=True)
+class ResctrlSection:
+    info: ResctrlInfo
+    # group name -> resource -> domain id -> value as shown ("7ff", "100"); the default group is "default"
+    groups: Mapping[str, Mapping[str, Mapping[int, str]]] = field(default_factory=dict)
+
+
+class ResctrlSensor(OptionalSensor):
+    name = RESCTRL
+
+    def __init__(self, fs: ResctrlFS | None = None, proc_root: Path | str = "/proc"):
+        self.fs = fs if fs is not None else ResctrlFS(DEFAULT_MOUNT)
+        self.proc = Path(proc_root)
+        self.info: ResctrlInfo | None = None
+
+    def start(self) -> None:
+        why = availability(self.proc, self.fs)
+        if why:
+            raise SensorUnavailable(why)
+        try:
+            self.info = read_info(self.fs, cpu_vendor((self.proc / "cpuinfo").read_text()))
+        except (OSError, ResctrlError) as e:
+            raise SensorUnavailable(f"cannot read resctrl's info: {e}") from None
+
+    def sample(self, context: SensorContext | None = None) -> ResctrlSection:
+        groups = {}
+        for name in ["", *self.fs.listdir()]:
+            if name in RESERVED:
+                continue
+            try:
+                groups[name or "default"] = parse_schemata(self.fs.read(f"{name}/schemata" if name else "schemata"))
+            except (FileNotFoundError, NotADirectoryError):
+                continue            # removed meanwhile, or a file at the root
+        return ResctrlSection(self.info, groups)
+
+    def stop(self) -> None:
+        self.info = None
