@@ -12,6 +12,7 @@ kernel refuses (tests/fakeresctrl.py).
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 from dataclasses import dataclass
@@ -31,6 +32,22 @@ class ResctrlFS:
 
     def __init__(self, root: Path | str = DEFAULT_MOUNT):
         self.root = Path(root)
+
+    def mounted(self) -> bool:
+        return (self.root / "schemata").exists()
+
+    def mount(self) -> None:
+        """mount -t resctrl resctrl <root>: mount(2) through libc."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.mount(b"resctrl", str(self.root).encode(), b"resctrl", 0, None) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e), str(self.root))
+
+    def umount(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.umount2(str(self.root).encode(), 0) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e), str(self.root))
 
     def read(self, rel: str) -> str:
         return (self.root / rel).read_text()

@@ -16,8 +16,12 @@ Kind "resctrl_tasks", a target is a cgroup (as for the cgroup backend):
   satisfies any value). Writing moves each thread that is elsewhere, one id per write; a thread
   that exits meanwhile is skipped. Threads a workload starts later are moved on the next round.
 
-A refused write carries `info/last_cmd_status` in its error. Without resctrl (no cat_l3/mba, or not
-mounted) every knob is unsupported, with the reason.
+Kind "resctrl" also has `resctrl.mount` ("mounted" or "unmounted"), its target "resctrl" (the
+filesystem at /sys/fs/resctrl): koordd mounts the filesystem only when a loop asks, and its journal then holds
+"unmounted", so it unmounts only what it mounted.
+
+A refused write carries `info/last_cmd_status` in its error. Without resctrl in the CPU or kernel
+every knob is unsupported, with the reason; while it is not mounted, each use says so.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from .resctrl import (DEFAULT_MOUNT, ResctrlError, ResctrlFS, ResctrlInfo, cpu_v
 from .threads import cgroup_threads
 
 DEFAULT_GROUP = "default"           # the root group, as a value of resctrl_group
+MOUNT_TARGET = "resctrl"            # the target of resctrl.mount: the filesystem at the backend's mount point
 MIXED, NONE = "mixed", "none"
 RESERVED = {"info", "mon_groups", "mon_data", DEFAULT_GROUP}
 GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
@@ -48,6 +53,13 @@ def _group_value(value: str) -> str:
     v = value.strip()
     if v not in ("present", "absent"):
         raise InvalidValue(f"resctrl.group must be present or absent, got {value!r}")
+    return v
+
+
+def _mount_value(value: str) -> str:
+    v = value.strip()
+    if v not in ("mounted", "unmounted"):
+        raise InvalidValue(f"resctrl.mount must be mounted or unmounted, got {value!r}")
     return v
 
 
@@ -74,18 +86,24 @@ def _canonical_mb(value: str) -> str:
     return ";".join(f"{d}={int(v)}" for d, v in sorted(doms.items()))
 
 
-def availability(proc_root: Path, fs: ResctrlFS) -> str | None:
-    """Why resctrl cannot serve here, or None when it can."""
+def cpu_support(proc_root: Path) -> str | None:
+    """Why this host cannot have resctrl at all (CPU flags, kernel), or None when it can."""
     try:
         cpuinfo = (proc_root / "cpuinfo").read_text()
+        filesystems = (proc_root / "filesystems").read_text()
     except OSError as e:
-        return f"cannot read {proc_root}/cpuinfo: {e.strerror}"
+        return f"cannot read {e.filename}: {e.strerror}"
     flags = set(next((ln.partition(":")[2].split() for ln in cpuinfo.splitlines() if ln.startswith("flags")), []))
     if not flags & {"cat_l3", "mba"}:
         return "the CPU has no cache or memory bandwidth allocation (no cat_l3 or mba flag)"
-    if not fs.exists("schemata"):
-        return f"resctrl is not mounted at {fs.root} (mount -t resctrl resctrl {fs.root})"
+    if "resctrl" not in filesystems.split():
+        return "the kernel has no resctrl filesystem (CONFIG_X86_CPU_RESCTRL off)"
     return None
+
+
+def not_mounted(fs: ResctrlFS) -> Unsupported:
+    return Unsupported(f"resctrl is not mounted at {fs.root} (llc_partition's mount option, or "
+                       f"mount -t resctrl resctrl {fs.root})")
 
 
 class ResctrlGroupBackend(Backend):
@@ -94,6 +112,8 @@ class ResctrlGroupBackend(Backend):
         "resctrl.group": KnobSpec("resctrl.group", "a resctrl control group: present or absent", _group_value),
         "schemata.L3": KnobSpec("schemata.L3", "L3 cache masks per cache id (\"0=f;1=f\")", _canonical_l3),
         "schemata.MB": KnobSpec("schemata.MB", "memory bandwidth limit per domain (\"0=50;1=50\")", _canonical_mb),
+        "resctrl.mount": KnobSpec("resctrl.mount", "the resctrl filesystem at its mount point: mounted or unmounted",
+                                  _mount_value),
     }
 
     def __init__(self, fs: ResctrlFS | None = None, proc_root: Path | str = "/proc"):
@@ -102,26 +122,33 @@ class ResctrlGroupBackend(Backend):
         self.info: ResctrlInfo | None = None
 
     def probe(self) -> dict[str, str]:
-        why = availability(self.proc, self.fs)
         self.info = None
-        if why is None:
-            try:
-                self.info = read_info(self.fs, cpu_vendor((self.proc / "cpuinfo").read_text()))
-            except (OSError, ResctrlError) as e:
-                why = f"cannot read resctrl's info: {e}"
-        out = {k: why for k in self.knobs} if why else {}
-        if self.info is not None:
-            out.update({"schemata.L3": "the CPU has no L3 cache allocation"} if self.info.l3 is None else {})
-            out.update({"schemata.MB": "the CPU has no memory bandwidth allocation"} if self.info.mb is None else {})
-        return out
+        why = cpu_support(self.proc)
+        if why:
+            return {k: why for k in self.knobs}
+        try:
+            info = self._info()
+        except Unsupported:
+            return {}                   # not mounted (yet): said when a knob is used
+        except (OSError, ResctrlError) as e:
+            return {k: f"cannot read resctrl's info: {e}" for k in self.knobs if k != "resctrl.mount"}
+        return {**({"schemata.L3": "the CPU has no L3 cache allocation"} if info.l3 is None else {}),
+                **({"schemata.MB": "the CPU has no memory bandwidth allocation"} if info.mb is None else {})}
 
     def _info(self) -> ResctrlInfo:
+        """info/, read once the tree is mounted."""
         if self.info is None:
-            raise Unsupported("resctrl is not available")
+            if not self.fs.mounted():
+                raise not_mounted(self.fs)
+            self.info = read_info(self.fs, cpu_vendor((self.proc / "cpuinfo").read_text()))
         return self.info
 
     def read(self, target: str, knob: str) -> str:
+        if knob == "resctrl.mount":
+            return "mounted" if self.fs.mounted() else "unmounted"
         check_group_name(target)
+        if not self.fs.mounted():
+            raise not_mounted(self.fs)
         exists = self.fs.exists(target)
         if knob == "resctrl.group":
             return "present" if exists else "absent"
@@ -133,8 +160,12 @@ class ResctrlGroupBackend(Backend):
         return self.knobs[knob].normalize(";".join(f"{d}={v}" for d, v in sorted(line.items())))
 
     def validate(self, target: str, knob: str, value: str) -> str:
-        check_group_name(target)
         v = self.knobs[knob].normalize(value)
+        if knob == "resctrl.mount":
+            if target != MOUNT_TARGET:
+                raise InvalidValue(f"the target of resctrl.mount is {MOUNT_TARGET!r}, not {target!r}")
+            return v
+        check_group_name(target)
         if knob == "schemata.L3":
             self._check_l3(v)
         elif knob == "schemata.MB":
@@ -173,7 +204,13 @@ class ResctrlGroupBackend(Backend):
         return ";".join(f"{d}={v}" for d, v in sorted(out.items()))
 
     def write(self, target: str, knob: str, value: str) -> None:
+        if knob == "resctrl.mount":
+            (self.fs.mount if value == "mounted" else self.fs.umount)()
+            self.info = None
+            return
         check_group_name(target)
+        if not self.fs.mounted():
+            raise not_mounted(self.fs)
         try:
             if knob == "resctrl.group":
                 if value == "present":
@@ -205,10 +242,12 @@ class ResctrlTasksBackend(Backend):
         self.proc = Path(proc_root)
 
     def probe(self) -> dict[str, str]:
-        why = availability(self.proc, self.fs)
+        why = cpu_support(self.proc)
         return {"resctrl_group": why} if why else {}
 
     def _groups(self) -> list[str]:
+        if not self.fs.mounted():
+            raise not_mounted(self.fs)
         return [n for n in self.fs.listdir() if n not in RESERVED and self.fs.exists(f"{n}/tasks")]
 
     def _where(self) -> dict[int, str]:

@@ -17,6 +17,10 @@ the unlimited value).
   more, up to the end of `be_l3`; under 5% slack it drops back to its minimum at once and does not
   grow again for `adaptive_cooldown`. LS keeps its own range.
 
+resctrl is rarely mounted at boot: with `mount = true` the loop mounts it at /sys/fs/resctrl (where
+the CPU and kernel have it), and koordd unmounts it on stop, which removes every group in it; a
+systemd mount unit is the other way, and then koordd leaves the mount alone.
+
 A group named `koordd-<class>` that koordd did not make (none in its restore journal) is left
 alone, and its class gets no partition. On stop, when the loop is disabled or a class leaves
 `classes`, each group koordd made is removed, which hands its threads back to the default group;
@@ -36,6 +40,7 @@ from koordd.health import RunqWindow, ls_signals, worst_slack
 from koordd.loop import NODE, Action, Loop, restore
 from koordd.options import Duration, Option
 from koordd.resctrl import L3Info, l3_line, l3_ways, mb_line, mb_value, ways_mask
+from koordd.resctrl_backend import MOUNT_TARGET
 from koordd.snapshot import RESCTRL, RUNQ_LATENCY, Snapshot
 
 CLASSES = ("LSE", "LSR", "LS", "BE")
@@ -92,6 +97,8 @@ class LlcPartition(Loop):
     name = "llc_partition"
     options = (
         ClassList("classes", tuple, ("LSR", "LS", "BE"), "classes that get a resctrl group (koordd-<class>)"),
+        Option("mount", bool, False, "mount resctrl at /sys/fs/resctrl where the CPU and kernel have it and it "
+               "is not mounted; koordd unmounts it again on stop (which removes every group in it)"),
         Option("mode", str, "static", "static: the ranges below; adaptive: BE's cache share follows LS slack",
                choices=("static", "adaptive")),
         PercentRange("lse_l3", str, "0-100", "LSE's share of the cache ways, start-end percent"),
@@ -112,7 +119,7 @@ class LlcPartition(Loop):
     @staticmethod
     def writes(settings) -> frozenset[tuple[str, str]]:
         return frozenset({(cls, "resctrl_group") for cls in settings.classes}
-                         | {(NODE, k) for k in ("resctrl.group", "schemata.L3", "schemata.MB")})
+                         | {(NODE, k) for k in ("resctrl.group", "schemata.L3", "schemata.MB", "resctrl.mount")})
 
     @staticmethod
     def needs(settings) -> frozenset[str]:
@@ -127,7 +134,11 @@ class LlcPartition(Loop):
     def decide(snapshot: Snapshot, settings, state: State) -> list[Action]:
         section = snapshot.section(RESCTRL)
         if section is None:
-            return []                       # no resctrl here: the sensor said why, once
+            # Not mounted, or no resctrl here (the sensor said why, once; the mount knob is unsupported).
+            if settings.mount and "resctrl.mount" in snapshot.supported:
+                return [Action(MOUNT_TARGET, "resctrl.mount", "mounted", {"step": "mount"},
+                               "resctrl mounted at /sys/fs/resctrl (option mount)")]
+            return []
         info = section.info
         actions: list[Action] = []
         for cls in settings.classes:

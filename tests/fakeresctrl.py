@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 
 from koordd.resctrl import ResctrlFS
@@ -22,22 +23,37 @@ NOT_GROUPS = {"info", "mon_groups", "mon_data"}
 class FakeResctrl(ResctrlFS):
     def __init__(self, root: Path, cbm_mask: int = 0x7FF, min_cbm_bits: int = 1, num_closids: int = 4,
                  cache_ids: tuple[int, ...] = (0, 1), mb: bool = True, bandwidth_gran: int = 10,
-                 min_bandwidth: int = 10, alive: set[int] | None = None):
+                 min_bandwidth: int = 10, alive: set[int] | None = None, mounted: bool = True):
         super().__init__(root)
+        self.root.mkdir(parents=True, exist_ok=True)
         self.cbm_mask, self.min_cbm_bits, self.num_closids = cbm_mask, min_cbm_bits, num_closids
         self.cache_ids, self.mb = cache_ids, mb
         self.bandwidth_gran, self.min_bandwidth = bandwidth_gran, min_bandwidth
         self.alive = alive if alive is not None else set()      # thread ids that exist
         self.writes: list[tuple[str, str]] = []                  # every write tried, in order
-        info = {"L3/cbm_mask": f"{cbm_mask:x}", "L3/min_cbm_bits": str(min_cbm_bits),
-                "L3/num_closids": str(num_closids), "L3/shareable_bits": "0", "last_cmd_status": "ok"}
-        if mb:
-            info.update({"MB/min_bandwidth": str(min_bandwidth), "MB/bandwidth_gran": str(bandwidth_gran),
-                         "MB/num_closids": str(num_closids), "MB/delay_linear": "1"})
+        if mounted:
+            self.mount()
+
+    def mount(self) -> None:
+        """What mount -t resctrl shows: info/ and the default group holding every thread."""
+        if self.mounted():
+            raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(self.root))
+        info = {"L3/cbm_mask": f"{self.cbm_mask:x}", "L3/min_cbm_bits": str(self.min_cbm_bits),
+                "L3/num_closids": str(self.num_closids), "L3/shareable_bits": "0", "last_cmd_status": "ok"}
+        if self.mb:
+            info.update({"MB/min_bandwidth": str(self.min_bandwidth), "MB/bandwidth_gran": str(self.bandwidth_gran),
+                         "MB/num_closids": str(self.num_closids), "MB/delay_linear": "1"})
         for rel, text in info.items():
             (self.root / "info" / rel).parent.mkdir(parents=True, exist_ok=True)
             (self.root / "info" / rel).write_text(text + "\n")
         self._new_group(self.root, tasks=sorted(self.alive))
+
+    def umount(self) -> None:
+        """The kernel removes every group on unmount; the mount point stays, empty."""
+        if not self.mounted():
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), str(self.root))
+        shutil.rmtree(self.root)
+        self.root.mkdir()
 
     # --- what the kernel shows ---------------------------------------------------------------------
 

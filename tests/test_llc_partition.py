@@ -19,6 +19,7 @@ from koordd.snapshot import RESCTRL, RUNQ_LATENCY, CgroupSample, NodeSample, Run
 from koordd.state import RestoreJournal
 
 INFO = ResctrlInfo(L3Info(0x7FF, 2, 8, 0, (0, 1)), MBInfo(10, 10, 8, (0, 1), "intel"), "intel")
+FILESYSTEMS = "nodev\tsysfs\nnodev\tcgroup2\nnodev\tresctrl\n"
 CPUINFO = "vendor_id\t: GenuineIntel\nflags\t\t: fpu cat_l3 mba\n"
 
 
@@ -56,6 +57,19 @@ def test_without_resctrl_nothing_and_without_mba_only_the_cache():
     l3_only = ResctrlInfo(INFO.l3, None, "intel")
     knobs = {k for _, k, _ in asked(LlcPartition.decide(snap(info=l3_only), s, LlcPartition.initial_state(s)))}
     assert knobs == {"resctrl.group", "schemata.L3", "resctrl_group"}
+
+
+def test_with_the_mount_option_an_unmounted_resctrl_is_mounted():
+    unmounted = Snapshot(time=1.0, wall=0.0, node=NodeSample(cpu_count=2, cpu_used=0.5),
+                         cgroups={"be": CgroupSample(path="be", cls="BE")},
+                         supported=frozenset({"resctrl.mount", "resctrl.group"}))
+    assert LlcPartition.decide(unmounted, settings(), LlcPartition.initial_state(settings())) == []
+    s = settings(mount=True)
+    assert asked(LlcPartition.decide(unmounted, s, LlcPartition.initial_state(s))) == \
+        [("resctrl", "resctrl.mount", "mounted")]
+    # Where the host cannot have resctrl the knob is not offered: nothing is asked.
+    no_resctrl = Snapshot(time=1.0, wall=0.0, node=unmounted.node, cgroups=unmounted.cgroups)
+    assert LlcPartition.decide(no_resctrl, s, LlcPartition.initial_state(s)) == []
 
 
 def test_a_group_koordd_did_not_make_is_left_alone_and_an_unwanted_one_of_its_own_removed():
@@ -115,28 +129,35 @@ def test_on_a_fake_tree_through_the_sensor_and_the_actuator(tmp_path):
     proc = tmp_path / "proc"
     proc.mkdir()
     (proc / "cpuinfo").write_text(CPUINFO)
+    (proc / "filesystems").write_text(FILESYSTEMS)
     cg = FakeCgroups(tmp_path / "cg", "v2").add("ls").add("be")
     cg.set("ls", None, "cgroup.threads", "21\n")
     cg.set("be", None, "cgroup.threads", "11\n12\n")
-    rc = FakeResctrl(tmp_path / "resctrl", cbm_mask=0x7FF, min_cbm_bits=2, alive={1, 11, 12, 21})
+    rc = FakeResctrl(tmp_path / "resctrl", cbm_mask=0x7FF, min_cbm_bits=2, alive={1, 11, 12, 21}, mounted=False)
     sensor = ResctrlSensor(rc, proc)
     sensor.start()
-    assert sensor.info == read_info(rc, "intel")
+    assert sensor.sample() is None                                # not mounted: no section
     state_dir = tmp_path / "state"
     journal = RestoreJournal(state_dir)
     groups, tasks = ResctrlGroupBackend(rc, proc), ResctrlTasksBackend(cg.fs, rc, proc)
     groups.probe()
     act = Actuator(Backends([CgroupBackend(cg.fs), groups, tasks]), journal,
                    DecisionLog(state_dir, send=lambda message, **fields: None))
-    s = settings()
+    s = settings(mount=True)
     state = LlcPartition.initial_state(s)
 
     def tick(t):
         section = sensor.sample()
         snapshot = Snapshot(time=t, wall=0.0, node=NodeSample(cpu_count=2, cpu_used=0.5),
                             cgroups={"ls": CgroupSample(path="ls", cls="LS"), "be": CgroupSample(path="be", cls="BE")},
-                            sections={RESCTRL: section}, held={(h.target, h.knob): h.original for h in journal.entries()})
+                            sections={RESCTRL: section}, held={(h.target, h.knob): h.original for h in journal.entries()},
+                            supported=frozenset({"resctrl.mount", "resctrl.group", "schemata.L3", "schemata.MB",
+                                                 "resctrl_group"}))
         return act.apply("llc_partition", LlcPartition.decide(snapshot, s, state))
+    [d] = tick(0.5)
+    assert (d.target, d.knob, d.old, d.new, d.outcome) == ("resctrl", "resctrl.mount", "unmounted", "mounted",
+                                                           APPLIED)
+    assert sensor.sample().info == read_info(rc, "intel")
     first = tick(1.0)
     assert {d.outcome for d in first} == {APPLIED}
     assert rc.groups() == ["koordd-BE", "koordd-LS"]
@@ -148,5 +169,6 @@ def test_on_a_fake_tree_through_the_sensor_and_the_actuator(tmp_path):
     [d] = tick(3.0)
     assert (d.target, d.knob, d.old, d.new) == ("be", "resctrl_group", "mixed", "koordd-BE")
     assert sensor.sample().groups["koordd-BE"]["L3"] == {0: "00f", 1: "00f"}
-    act.restore_all("stopping")
-    assert rc.groups() == [] and sorted(rc.tasks_of()) == [1, 11, 12, 13, 21] and journal.entries() == []
+    restored = act.restore_all("stopping")
+    assert restored[-1].knob == "resctrl.mount"                     # the groups first, then the mount
+    assert not rc.mounted() and journal.entries() == []

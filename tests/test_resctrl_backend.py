@@ -10,14 +10,14 @@ import pytest
 from fakecgroup import FakeCgroups
 from fakeresctrl import FakeResctrl
 from koordd.actuator import Actuator
-from koordd.backend import Backends, InvalidValue, PartialWrite, TargetGone
+from koordd.backend import Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
 from koordd.decisions import APPLIED, REFUSED, RESTORED, DecisionLog
 from koordd.knobs import CgroupBackend
 from koordd.loop import Action
-from koordd.resctrl import ResctrlFS
 from koordd.resctrl_backend import ResctrlGroupBackend, ResctrlTasksBackend
 from koordd.state import RestoreJournal
 
+FILESYSTEMS = "nodev\tsysfs\nnodev\tcgroup2\nnodev\tresctrl\n"
 CPUINFO = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 cat_l3 cdp_l3 mba rdt_a\n"
 
 
@@ -31,6 +31,7 @@ def rig(tmp_path):
     proc = tmp_path / "proc"
     proc.mkdir()
     (proc / "cpuinfo").write_text(CPUINFO)
+    (proc / "filesystems").write_text(FILESYSTEMS)
     cg = FakeCgroups(tmp_path / "cg", "v2").add("be").add("be/job").add("ls")
     put_threads(cg, "be", [])
     put_threads(cg, "be/job", [11, 12])
@@ -43,16 +44,34 @@ def rig(tmp_path):
     return cg, rc, groups, tasks
 
 
-def test_without_resctrl_every_knob_says_why(tmp_path):
+def test_without_resctrl_every_knob_says_why_and_unmounted_each_use_does(tmp_path):
     proc = tmp_path / "proc"
     proc.mkdir()
     (proc / "cpuinfo").write_text("vendor_id\t: GenuineIntel\nflags\t\t: fpu sse2\n")
-    b = ResctrlGroupBackend(ResctrlFS(tmp_path / "none"), proc)
+    (proc / "filesystems").write_text(FILESYSTEMS)
+    rc = FakeResctrl(tmp_path / "resctrl", mounted=False)
+    b = ResctrlGroupBackend(rc, proc)
     assert set(b.probe().values()) == {"the CPU has no cache or memory bandwidth allocation (no cat_l3 or mba flag)"}
     (proc / "cpuinfo").write_text(CPUINFO)
-    why = ResctrlTasksBackend(FakeCgroups(tmp_path / "cg", "v2").fs, ResctrlFS(tmp_path / "none"), proc).probe()
-    assert why == {"resctrl_group": f"resctrl is not mounted at {tmp_path / 'none'} "
-                                    f"(mount -t resctrl resctrl {tmp_path / 'none'})"}
+    (proc / "filesystems").write_text("nodev\tsysfs\n")
+    assert set(b.probe().values()) == {"the kernel has no resctrl filesystem (CONFIG_X86_CPU_RESCTRL off)"}
+    (proc / "filesystems").write_text(FILESYSTEMS)
+    tasks = ResctrlTasksBackend(FakeCgroups(tmp_path / "cg", "v2").add("be").fs, rc, proc)
+    assert b.probe() == {} and tasks.probe() == {}             # the host can: mounting is up to a loop
+    for use in (lambda: b.read("koordd-BE", "schemata.L3"), lambda: b.write("koordd-BE", "resctrl.group", "present"),
+                lambda: tasks.read("be", "resctrl_group")):
+        with pytest.raises(Unsupported, match=f"resctrl is not mounted at {rc.root}"):
+            use()
+    # Mounted on request, and unmounted again (which takes every group with it).
+    mount_point = "resctrl"
+    assert b.read(mount_point, "resctrl.mount") == "unmounted"
+    with pytest.raises(InvalidValue, match="the target of resctrl.mount is 'resctrl'"):
+        b.validate("/mnt", "resctrl.mount", "mounted")
+    b.write(mount_point, "resctrl.mount", "mounted")
+    assert b.read(mount_point, "resctrl.mount") == "mounted" and b.probe() == {}
+    b.write("koordd-BE", "resctrl.group", "present")
+    b.write(mount_point, "resctrl.mount", "unmounted")
+    assert not rc.mounted() and list(rc.root.iterdir()) == []     # the mount point stays, empty
 
 
 def test_groups_are_made_and_their_masks_checked_before_a_write(rig):

@@ -2,8 +2,9 @@
 
 An optional sensor, the snapshot's "resctrl" section, for loops that partition the cache or memory
 bandwidth: they compute masks from `info` (ways, cache ids, min_cbm_bits) without reading files
-themselves. `info/` is read once at start; the groups every round (a directory listing and one
-small file per group).
+themselves. `info/` is read once the tree is mounted; the groups every round (a directory listing and
+one small file per group). Unavailable where the CPU or kernel lacks resctrl; no section while it is
+not mounted.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..resctrl import DEFAULT_MOUNT, ResctrlError, ResctrlFS, ResctrlInfo, cpu_vendor, parse_schemata, read_info
-from ..resctrl_backend import RESERVED, availability
+from ..resctrl_backend import RESERVED, cpu_support
 from ..snapshot import RESCTRL
 from .contract import OptionalSensor, SensorContext, SensorUnavailable
 
@@ -33,15 +34,20 @@ class ResctrlSensor(OptionalSensor):
         self.info: ResctrlInfo | None = None
 
     def start(self) -> None:
-        why = availability(self.proc, self.fs)
+        why = cpu_support(self.proc)
         if why:
             raise SensorUnavailable(why)
-        try:
-            self.info = read_info(self.fs, cpu_vendor((self.proc / "cpuinfo").read_text()))
-        except (OSError, ResctrlError) as e:
-            raise SensorUnavailable(f"cannot read resctrl's info: {e}") from None
 
-    def sample(self, context: SensorContext | None = None) -> ResctrlSection:
+    def sample(self, context: SensorContext | None = None) -> ResctrlSection | None:
+        """None while resctrl is not mounted (a loop may mount it)."""
+        if not self.fs.mounted():
+            self.info = None
+            return None
+        if self.info is None:
+            try:
+                self.info = read_info(self.fs, cpu_vendor((self.proc / "cpuinfo").read_text()))
+            except ResctrlError as e:
+                raise OSError(f"cannot read resctrl's info: {e}") from None
         groups = {}
         for name in ["", *self.fs.listdir()]:
             if name in RESERVED:
