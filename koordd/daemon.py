@@ -117,10 +117,15 @@ class Daemon:
         """One line per knob the host lacks; of the cgroup knobs, only those the kernel lacks (those
         the layout lacks follow from the cgroup mode)."""
         unsupported = self.actuator.unsupported
-        lacking = kernel_lacks({k: why for k, why in unsupported.items() if k in KNOBS}, self.fs)
-        lacking.update({k: why for k, why in unsupported.items() if k not in KNOBS})
-        for name, why in sorted(lacking.items()):
+        for name, why in sorted(kernel_lacks({k: why for k, why in unsupported.items() if k in KNOBS}, self.fs).items()):
             log.info("knob %s", why)
+        # Other backends' knobs, one line per reason (a backend lacking its feature lacks all its knobs).
+        by_reason: dict[str, list[str]] = {}
+        for name, why in unsupported.items():
+            if name not in KNOBS:
+                by_reason.setdefault(why, []).append(name)
+        for why, names in sorted(by_reason.items()):
+            log.info("knob%s %s unavailable: %s", "s" if len(names) > 1 else "", ", ".join(sorted(names)), why)
 
     def _supported(self) -> frozenset[str]:
         return self.backends.knobs() - self.actuator.unsupported.keys()

@@ -177,3 +177,19 @@ def test_through_the_actuator_koordd_removes_only_the_groups_it_made(rig, tmp_pa
     assert {d.outcome for d in restored} == {RESTORED}
     assert rc.groups() == ["someone-else"] and sorted(rc.tasks_of()) == [1, 11, 12, 21]
     assert journal.entries() == []
+
+
+def test_the_daemon_says_in_one_line_which_knobs_a_missing_feature_takes(tmp_path, caplog):
+    from koordd.config import parse_config
+    from koordd.daemon import Daemon
+    tree = FakeCgroups(tmp_path / "cg", "v2").add("be.slice")
+    path = tmp_path / "koordd.toml"
+    path.write_text(f'[daemon]\ncgroup_root = "{tree.root}"\nstate_dir = "{tmp_path / "state"}"\n')
+    d = Daemon(parse_config(path.read_text(), path, {}), {})
+    d.actuator.unsupported = {"schemata.L3": "no cat_l3", "schemata.MB": "no cat_l3", "resctrl_group": "no cat_l3",
+                              "sched_policy": "no threads here"}
+    caplog.set_level("INFO", logger="koordd")
+    d._log_missing_knobs()
+    assert [r.getMessage() for r in caplog.records] == [
+        "knobs resctrl_group, schemata.L3, schemata.MB unavailable: no cat_l3",
+        "knob sched_policy unavailable: no threads here"]
