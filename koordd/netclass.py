@@ -1,0 +1,122 @@
+"""Egress classification by cgroup: bpf/net_classify.c on the clsact egress hook of each device
+koordd shapes, through bcc (compile, load, maps) and pyroute2 (netlink: qdisc and filter).
+
+The program puts a packet whose socket is in (or below) a class root into that class's tc class:
+skb->priority = class id, which HTB takes as the packet's class directly. koordd keeps the map of
+class roots (v2 cgroup ids, the inode numbers of their directories in the unified tree) as cgroups
+come and go. Sockets keep the cgroup they were created in; traffic from another network namespace
+(pods behind a veth) has no socket here once it is forwarded: classify it on the pod's veth.
+
+No `tc` or `ip` subprocess: everything is netlink and bpf(2).
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+from importlib.resources import files
+from pathlib import Path
+from typing import Mapping
+
+log = logging.getLogger(__name__)
+PROGRAM = Path(str(files("koordd.bpf") / "net_classify.c"))
+CLSACT = 0xFFFF0000                 # the clsact qdisc's handle (ffff:)
+EGRESS = 0xFFFFFFF3                 # clsact's egress hook (ffff:fff3)
+FILTER_PRIO = 0xC0DD                # our filter's preference on the hook: how koordd finds its own
+
+
+class ClassifierError(Exception):
+    """The classifier cannot run here (no bcc, no pyroute2, a device gone): the message says why."""
+
+
+def tc_handle(text: str) -> int:
+    """"1:20" -> 0x10020 (major:minor, hex as tc writes them)."""
+    major, sep, minor = text.partition(":")
+    if not sep:
+        raise ValueError(f"not a tc class id (major:minor): {text!r}")
+    return (int(major or "0", 16) << 16) | int(minor or "0", 16)
+
+
+class EgressClassifier:
+    def __init__(self, program: Path = PROGRAM):
+        self.program = program
+        self.bpf = None
+        self.fn = None
+        self.ipr = None
+        self.attached: dict[str, bool] = {}         # device -> whether koordd added its clsact qdisc
+
+    def open(self) -> None:
+        try:
+            from bcc import BPF
+            from pyroute2 import IPRoute
+        except ImportError as e:
+            raise ClassifierError(f"{e.name} is not installed") from None
+        try:
+            self.bpf = BPF(src_file=str(self.program).encode())
+            self.fn = self.bpf.load_func(b"classify", BPF.SCHED_CLS)
+        except Exception as e:  # noqa: BLE001 - bcc raises bare Exceptions for compile and load failures
+            self.close()
+            raise ClassifierError(f"cannot load {self.program.name}: {e}") from None
+        self.ipr = IPRoute()
+
+    def _index(self, device: str) -> int:
+        found = self.ipr.link_lookup(ifname=device)
+        if not found:
+            raise ClassifierError(f"no network device {device}")
+        return found[0]
+
+    def attach(self, device: str) -> None:
+        """The program on `device`'s egress hook (a clsact qdisc added where there is none)."""
+        index = self._index(device)
+        qdiscs = [m for m in self.ipr.get_qdiscs(index) if m.get_attr("TCA_KIND") == "clsact"]
+        added = not qdiscs
+        if added:
+            self.ipr.tc("add", "clsact", index)
+        self.detach_filter(index)
+        self.ipr.tc("add-filter", "bpf", index, ":1", fd=self.fn.fd, name=self.fn.name, parent=EGRESS,
+                    prio=FILTER_PRIO, classid=1, direct_action=True)
+        self.attached[device] = added or self.attached.get(device, False)
+
+    def detach_filter(self, index: int) -> None:
+        """Our filter off the egress hook (found by its preference), if it is there."""
+        for m in self.ipr.get_filters(index, parent=EGRESS):
+            if m["info"] >> 16 == FILTER_PRIO:
+                self.ipr.tc("del-filter", "bpf", index, parent=EGRESS, prio=FILTER_PRIO)
+                return
+
+    def detach(self, device: str) -> None:
+        """Our filter off `device`, and the clsact qdisc if koordd added it."""
+        added = self.attached.pop(device, False)
+        try:
+            index = self._index(device)
+        except ClassifierError:
+            return                  # the device went away, and what was on it
+        self.detach_filter(index)
+        if added:
+            self.ipr.tc("del", "clsact", index)
+
+    def set_classes(self, classes: Mapping[int, int]) -> None:
+        """The map: v2 cgroup id -> tc class id, exactly `classes` afterwards."""
+        table = self.bpf[b"classes"]
+        want = {ctypes.c_uint64(k).value: v for k, v in classes.items()}
+        for key in list(table.keys()):
+            if key.value not in want:
+                del table[key]
+        for cid, classid in want.items():
+            table[ctypes.c_uint64(cid)] = ctypes.c_uint32(classid)
+
+    def sent(self) -> dict[int, int]:
+        """Bytes classified so far, per tc class id (summed over CPUs)."""
+        return {k.value: sum(v) for k, v in self.bpf[b"sent"].items()}
+
+    def close(self) -> None:
+        for device in list(self.attached):
+            try:
+                self.detach(device)
+            except Exception:  # noqa: BLE001 - release the rest
+                log.exception("cannot detach the egress classifier from %s", device)
+        if self.ipr is not None:
+            self.ipr.close()
+            self.ipr = None
+        if self.bpf is not None:
+            self.bpf.cleanup()
+            self.bpf = None

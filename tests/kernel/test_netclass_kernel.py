@@ -1,0 +1,149 @@
+"""Egress classification by cgroup on the real kernel: bpf/net_classify.c on a veth whose peer sits
+in a network namespace of the test's own, HTB classes on it, UDP senders in cgroups of the test's
+own (unified tree). Checks which HTB class each sender's packets were queued in, that a cgroup below
+a class root counts as the root, and that closing removes the filter and only the qdisc it added.
+
+Needs root, a unified cgroup tree, network namespaces, bcc and pyroute2; skipped otherwise (failed
+where scripts/bpf-env set the host up for eBPF).
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from koordd.cgroups import detect_layout
+from koordd.netclass import ClassifierError, EgressClassifier, tc_handle
+
+from .conftest import CGROUP_ROOT
+
+pytestmark = pytest.mark.kernel
+pyroute2 = pytest.importorskip("pyroute2")
+
+NS = f"koordd-test-{os.getpid()}"
+HOST, PEER = "kdt0", "kdt1"
+LS, BE, OTHER = tc_handle("1:10"), tc_handle("1:20"), tc_handle("1:30")
+
+
+@pytest.fixture
+def link():
+    """A veth pair (HOST here, PEER in namespace NS), addresses 10.77.0.1/.2, HTB with classes
+    1:10, 1:20 and the default 1:30 on HOST. Yields (IPRoute, HOST's index)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces, tc)")
+    from pyroute2 import IPRoute, NetNS, netns
+    ipr = IPRoute()
+    netns.create(NS)
+    try:
+        ipr.link("add", ifname=HOST, kind="veth", peer={"ifname": PEER, "net_ns_fd": NS})
+        index = ipr.link_lookup(ifname=HOST)[0]
+        ipr.addr("add", index=index, address="10.77.0.1", prefixlen=24)
+        ipr.link("set", index=index, state="up")
+        with NetNS(NS) as ns:
+            peer = ns.link_lookup(ifname=PEER)[0]
+            ns.addr("add", index=peer, address="10.77.0.2", prefixlen=24)
+            ns.link("set", index=peer, state="up")
+        ipr.tc("add", "htb", index, 0x10000, default=0x30)
+        ipr.tc("add-class", "htb", index, 0x10001, parent=0x10000, rate="1000mbit", ceil="1000mbit")
+        for classid in (LS, BE, OTHER):
+            ipr.tc("add-class", "htb", index, classid, parent=0x10001, rate="100mbit", ceil="1000mbit")
+        yield ipr, index
+    finally:
+        for found in ipr.link_lookup(ifname=HOST):
+            ipr.link("del", index=found)
+        netns.remove(NS)
+        ipr.close()
+
+
+@pytest.fixture
+def cgroup_dirs():
+    """Unified-tree cgroups of this test: <name>/be, <name>/be/job, <name>/ls. Removed at the end."""
+    layout = detect_layout(CGROUP_ROOT)
+    if layout.unified is None:
+        pytest.skip("no unified cgroup tree (socket cgroups are v2 ones)")
+    top = layout.unified / f"koordd-test-{os.getpid()}-net"
+    dirs = {name: top / name for name in ("be", "be/job", "ls")}
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    yield dirs
+    for d in (dirs["be/job"], dirs["be"], dirs["ls"], top):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def classifier():
+    c = EgressClassifier()
+    try:
+        c.open()
+    except ClassifierError as e:
+        if os.environ.get("KOORDD_REQUIRE_EBPF"):
+            pytest.fail(f"scripts/bpf-env set this host up for eBPF, yet: {e}")
+        pytest.skip(str(e))
+    yield c
+    c.close()
+
+
+def send_from(cgroup, packets: int, size: int) -> None:
+    """`packets` UDP datagrams of `size` bytes to the peer, from a child process in `cgroup`."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                for _ in range(packets):
+                    s.sendto(b"x" * size, ("10.77.0.2", 9))
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+
+
+def class_bytes(ipr, index) -> dict[int, int]:
+    out = {}
+    for m in ipr.get_classes(index):
+        stats = m.get_attr("TCA_STATS2")
+        out[m["handle"]] = stats.get_attr("TCA_STATS_BASIC")["bytes"] if stats else 0
+    return out
+
+
+def test_packets_go_to_the_class_of_their_cgroup_and_below(link, cgroup_dirs, classifier):
+    ipr, index = link
+    with pytest.raises(ClassifierError, match="no network device nope"):
+        classifier.attach("nope")
+    classifier.attach(HOST)
+    classifier.set_classes({os.stat(cgroup_dirs["be"]).st_ino: BE, os.stat(cgroup_dirs["ls"]).st_ino: LS})
+    before = class_bytes(ipr, index)
+    send_from(cgroup_dirs["be"], 100, 1000)
+    send_from(cgroup_dirs["be/job"], 50, 1000)         # below the BE root: BE too
+    send_from(cgroup_dirs["ls"], 30, 200)
+    after = class_bytes(ipr, index)
+    grew = {c: after[c] - before.get(c, 0) for c in (LS, BE, OTHER)}
+    # IPv4 + UDP headers and the Ethernet header: 42 bytes a datagram.
+    assert grew[BE] == 150 * 1042 and grew[LS] == 30 * 242, grew
+    assert classifier.sent() == {BE: 150 * 1042, LS: 30 * 242}
+    # A root taken out of the map: its packets go to the default class again.
+    classifier.set_classes({os.stat(cgroup_dirs["ls"]).st_ino: LS})
+    send_from(cgroup_dirs["be"], 20, 1000)
+    final = class_bytes(ipr, index)
+    assert final[BE] == after[BE] and final[OTHER] - after[OTHER] >= 20 * 1042
+
+
+def test_closing_removes_the_filter_and_only_the_qdisc_it_added(link, classifier):
+    ipr, index = link
+    egress = 0xFFFFFFF3
+
+    def kinds():
+        return sorted(m.get_attr("TCA_KIND") for m in ipr.get_qdiscs(index))
+    classifier.attach(HOST)
+    assert kinds() == ["clsact", "htb"] and len(ipr.get_filters(index, parent=egress)) > 0
+    classifier.detach(HOST)
+    assert kinds() == ["htb"] and ipr.get_filters(index, parent=egress) in ([], ())
+    # A clsact qdisc that was there before (someone else's filters hang on it) stays.
+    ipr.tc("add", "clsact", index)
+    classifier.attach(HOST)
+    classifier.close()
+    assert kinds() == ["clsact", "htb"] and len(ipr.get_filters(index, parent=egress)) == 0
