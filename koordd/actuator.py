@@ -20,6 +20,7 @@ from .knobs import CgroupBackend
 from .loop import Action
 from .state import Held, RestoreJournal
 from .resctrl_backend import ResctrlGroupBackend, ResctrlTasksBackend
+from .tc_backend import TcBackend
 from .threads import ThreadPolicyBackend
 
 log = logging.getLogger(__name__)
@@ -273,8 +274,8 @@ class Actuator:
 
 def builtin_backends(fs: CgroupFS) -> list[Backend]:
     """koordd's own backends on a cgroup layout: the cgroup knobs, the policy of cgroups' threads, and
-    resctrl (its groups, and which group a cgroup's threads are in)."""
-    return [CgroupBackend(fs), ThreadPolicyBackend(fs), ResctrlGroupBackend(), ResctrlTasksBackend(fs)]
+    resctrl (its groups, and which group a cgroup's threads are in), and tc (a device's HTB tree)."""
+    return [CgroupBackend(fs), ThreadPolicyBackend(fs), ResctrlGroupBackend(), ResctrlTasksBackend(fs), TcBackend()]
 
 
 def _depth(backend: Backend, target: str) -> int:

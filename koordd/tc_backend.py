@@ -1,0 +1,194 @@
+"""The tc knobs of a network device: koordd's HTB tree for egress shaping, and BE's ceiling in it.
+
+Kind "tc", a target is a device name. Everything goes through netlink (pyroute2), no `tc` process.
+- `tc.shaping`: "htb <bit/s>" installs koordd's tree as the device's root qdisc: HTB `1:` whose
+  unclassified traffic goes to `1:30`, the root class `1:1` at the link rate, and under it LS `1:10`
+  and other traffic `1:30` (rate and ceil the link rate, priority 0) and BE `1:20` (a 1% guarantee,
+  ceil the link rate until `tc.be_ceil` lowers it, priority 7: last to borrow). "none" is the
+  kernel's own root qdisc (handle 0:, or none at all): restoring deletes koordd's tree and the kernel
+  puts its default back. A root qdisc someone else created reads "foreign <kind> <handle>", and
+  koordd refuses to replace it.
+- `tc.be_ceil`: BE class `1:20`'s ceil in bit/s, at most the link rate.
+Packets reach the LS and BE classes by their `skb->priority`, set by the egress classifier
+(koordd/netclass.py) from their socket's cgroup.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+
+from .backend import Backend, InvalidValue, KnobSpec, TargetGone, Unsupported
+
+ROOT, LINK, LS_CLASS, BE_CLASS, OTHER_CLASS = 0x10000, 0x10001, 0x10010, 0x10020, 0x10030
+TC_ROOT_PARENT = 0xFFFFFFFF
+BE_GUARANTEE = 0.01                 # of the link: BE's rate, what it gets even when LS wants it all
+_UNITS = {"": 1, "bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
+
+
+def parse_rate(text: str | int) -> int:
+    """Bit/s from "1gbit", "250mbit", "1000000" (tc's units, decimal)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        rate = text
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?bit)?\s*", str(text).lower())
+        if not m:
+            raise InvalidValue(f"not a rate: {text!r} (bit/s, or with kbit, mbit, gbit)")
+        rate = int(float(m[1]) * _UNITS[m[2] or ""])
+    if rate < 8:
+        raise InvalidValue(f"a rate of {rate} bit/s is too small")
+    return rate
+
+
+def _shaping_value(value: str) -> str:
+    v = value.strip()
+    if v == "none":
+        return v
+    kind, _, rate = v.partition(" ")
+    if kind != "htb":
+        raise InvalidValue(f"tc.shaping must be \"htb <rate>\" or \"none\", got {value!r}")
+    return f"htb {parse_rate(rate)}"
+
+
+def _ceil_value(value: str) -> str:
+    return str(parse_rate(value))
+
+
+def _handle(h: int) -> str:
+    return f"{h >> 16:x}:{h & 0xFFFF:x}" if h & 0xFFFF else f"{h >> 16:x}:"
+
+
+class TcBackend(Backend):
+    kind = "tc"
+    knobs = {
+        "tc.shaping": KnobSpec("tc.shaping", "koordd's HTB tree as the device's root qdisc: \"htb <bit/s>\" or "
+                               "\"none\" (the kernel's default)", _shaping_value),
+        "tc.be_ceil": KnobSpec("tc.be_ceil", "BE class 1:20's ceil in the HTB tree, bit/s", _ceil_value),
+    }
+
+    def __init__(self, ipr=None):
+        self._ipr = ipr             # an IPRoute (tests may hand one in); opened at first use otherwise
+
+    @property
+    def ipr(self):
+        if self._ipr is None:
+            try:
+                from pyroute2 import IPRoute
+            except ImportError:
+                raise Unsupported("pyroute2 is not installed") from None
+            self._ipr = IPRoute()
+        return self._ipr
+
+    def probe(self) -> dict[str, str]:
+        try:
+            self.ipr
+        except (Unsupported, OSError) as e:
+            return {k: f"no netlink: {e}" for k in self.knobs}
+        return {}
+
+    def close(self) -> None:
+        if self._ipr is not None:
+            self._ipr.close()
+            self._ipr = None
+
+    # --- reading the device -------------------------------------------------------------------
+
+    def _index(self, device: str) -> int:
+        found = self.ipr.link_lookup(ifname=device)
+        if not found:
+            raise TargetGone(device)
+        return found[0]
+
+    def _root(self, index: int):
+        return next((m for m in self.ipr.get_qdiscs(index) if m["parent"] == TC_ROOT_PARENT), None)
+
+    def _classes(self, index: int) -> dict[int, tuple[int, int]]:
+        """HTB class handle -> (rate, ceil) in bit/s."""
+        out = {}
+        for m in self.ipr.get_classes(index):
+            opts = m.get_attr("TCA_OPTIONS")
+            parms = opts.get_attr("TCA_HTB_PARMS") if opts else None
+            if parms is None:
+                continue
+            rate = opts.get_attr("TCA_HTB_RATE64") or parms["rate"]
+            ceil = opts.get_attr("TCA_HTB_CEIL64") or parms["ceil"]
+            out[m["handle"]] = (rate * 8, ceil * 8)
+        return out
+
+    def _shaping(self, index: int) -> str:
+        root = self._root(index)
+        if root is None or root["handle"] == 0:
+            return "none"
+        kind = root.get_attr("TCA_KIND")
+        classes = self._classes(index) if kind == "htb" else {}
+        if root["handle"] == ROOT and {LINK, LS_CLASS, BE_CLASS, OTHER_CLASS} <= classes.keys():
+            return f"htb {classes[LINK][0]}"
+        return f"foreign {kind} {_handle(root['handle'])}"
+
+    def read(self, target: str, knob: str) -> str:
+        index = self._index(target)
+        if knob == "tc.shaping":
+            return self._shaping(index)
+        classes = self._classes(index)
+        if not self._shaping(index).startswith("htb ") or BE_CLASS not in classes:
+            raise Unsupported(f"{target} has no koordd HTB tree (tc.shaping)")
+        return str(classes[BE_CLASS][1])
+
+    def validate(self, target: str, knob: str, value: str) -> str:
+        v = self.knobs[knob].normalize(value)
+        index = self._index(target)
+        current = self._shaping(index)
+        if knob == "tc.shaping" and current.startswith("foreign "):
+            raise InvalidValue(f"{target}'s root qdisc ({current[8:]}) is not koordd's: left alone")
+        if knob == "tc.be_ceil":
+            if not current.startswith("htb "):
+                raise Unsupported(f"{target} has no koordd HTB tree (tc.shaping)")
+            link = int(current.split()[1])
+            if int(v) > link:
+                raise InvalidValue(f"BE's ceil {v} bit/s is above {target}'s link rate {link} bit/s")
+        return v
+
+    # --- writing ------------------------------------------------------------------------------
+
+    def write(self, target: str, knob: str, value: str) -> None:
+        index = self._index(target)
+        try:
+            if knob == "tc.be_ceil":
+                rate = self._classes(index)[BE_CLASS][0]
+                self._class("change-class", index, BE_CLASS, rate, int(value), 7)
+            elif value == "none":
+                if self._shaping(index).startswith("htb "):
+                    self.ipr.tc("del", "htb", index, ROOT)
+            else:
+                self._install(index, int(value.split()[1]))
+        except OSError as e:
+            if e.errno == errno.ENODEV:
+                raise TargetGone(target) from None
+            raise
+        except Exception as e:  # noqa: BLE001 - pyroute2's NetlinkError carries the kernel's errno as .code
+            code = getattr(e, "code", None)
+            if code == errno.ENODEV:
+                raise TargetGone(target) from None
+            if code:
+                raise OSError(code, os.strerror(code)) from None
+            raise
+
+    def _class(self, command: str, index: int, handle: int, rate: int, ceil: int, prio: int) -> None:
+        self.ipr.tc(command, "htb", index, handle, parent=ROOT if handle == LINK else LINK,
+                    rate=f"{rate}bit", ceil=f"{ceil}bit", prio=prio)
+
+    def _install(self, index: int, link: int) -> None:
+        """koordd's tree at `link` bit/s: made where the kernel's default is, re-rated where it is ours
+        (BE's ceil kept, within the new link rate)."""
+        if self._shaping(index) == "none":
+            self.ipr.tc("add", "htb", index, ROOT, default=OTHER_CLASS & 0xFFFF)
+            self._class("add-class", index, LINK, link, link, 0)
+            for handle in (LS_CLASS, OTHER_CLASS):
+                self._class("add-class", index, handle, link, link, 0)
+            self._class("add-class", index, BE_CLASS, max(int(link * BE_GUARANTEE), 8), link, 7)
+            return
+        be_ceil = min(self._classes(index)[BE_CLASS][1], link)
+        self._class("change-class", index, LINK, link, link, 0)
+        for handle in (LS_CLASS, OTHER_CLASS):
+            self._class("change-class", index, handle, link, link, 0)
+        self._class("change-class", index, BE_CLASS, max(int(link * BE_GUARANTEE), 8), be_ceil, 7)
