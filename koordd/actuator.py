@@ -19,6 +19,7 @@ from .decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, Decision, DecisionLo
 from .knobs import CgroupBackend
 from .loop import Action
 from .state import Held, RestoreJournal
+from .netclass_backend import ClassifierBackend, NetClassBackend, SharedClassifier
 from .resctrl_backend import ResctrlGroupBackend, ResctrlTasksBackend
 from .tc_backend import TcBackend
 from .threads import ThreadPolicyBackend
@@ -274,8 +275,11 @@ class Actuator:
 
 def builtin_backends(fs: CgroupFS) -> list[Backend]:
     """koordd's own backends on a cgroup layout: the cgroup knobs, the policy of cgroups' threads, and
-    resctrl (its groups, and which group a cgroup's threads are in), and tc (a device's HTB tree)."""
-    return [CgroupBackend(fs), ThreadPolicyBackend(fs), ResctrlGroupBackend(), ResctrlTasksBackend(fs), TcBackend()]
+    resctrl (its groups, and which group a cgroup's threads are in), tc (a device's HTB tree) and the
+    egress classifier (where it is attached, which class a cgroup's packets get)."""
+    shared = SharedClassifier()
+    return [CgroupBackend(fs), ThreadPolicyBackend(fs), ResctrlGroupBackend(), ResctrlTasksBackend(fs), TcBackend(),
+            ClassifierBackend(shared), NetClassBackend(fs, shared)]
 
 
 def _depth(backend: Backend, target: str) -> int:

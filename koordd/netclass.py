@@ -28,6 +28,10 @@ class ClassifierError(Exception):
     """The classifier cannot run here (no bcc, no pyroute2, a device gone): the message says why."""
 
 
+class DeviceGone(ClassifierError):
+    """No network device of that name (any more)."""
+
+
 def tc_handle(text: str) -> int:
     """"1:20" -> 0x10020 (major:minor, hex as tc writes them)."""
     major, sep, minor = text.partition(":")
@@ -61,14 +65,20 @@ class EgressClassifier:
     def _index(self, device: str) -> int:
         found = self.ipr.link_lookup(ifname=device)
         if not found:
-            raise ClassifierError(f"no network device {device}")
+            raise DeviceGone(f"no network device {device}")
         return found[0]
+
+    def has_clsact(self, index: int) -> bool:
+        return any(m.get_attr("TCA_KIND") == "clsact" for m in self.ipr.get_qdiscs(index))
+
+    def has_filter(self, index: int) -> bool:
+        """Whether a filter with koordd's preference is on the egress hook."""
+        return any(m["info"] >> 16 == FILTER_PRIO for m in self.ipr.get_filters(index, parent=EGRESS))
 
     def attach(self, device: str) -> None:
         """The program on `device`'s egress hook (a clsact qdisc added where there is none)."""
         index = self._index(device)
-        qdiscs = [m for m in self.ipr.get_qdiscs(index) if m.get_attr("TCA_KIND") == "clsact"]
-        added = not qdiscs
+        added = not self.has_clsact(index)
         if added:
             self.ipr.tc("add", "clsact", index)
         self.detach_filter(index)
@@ -83,16 +93,18 @@ class EgressClassifier:
                 self.ipr.tc("del-filter", "bpf", index, parent=EGRESS, prio=FILTER_PRIO)
                 return
 
-    def detach(self, device: str) -> None:
-        """Our filter off `device`, and the clsact qdisc if koordd added it."""
+    def detach(self, device: str, drop_clsact: bool | None = None) -> None:
+        """Our filter off `device`, and the clsact qdisc if `drop_clsact` (default: if this classifier
+        added it)."""
         added = self.attached.pop(device, False)
         try:
             index = self._index(device)
-        except ClassifierError:
+        except DeviceGone:
             return                  # the device went away, and what was on it
-        self.detach_filter(index)
-        if added:
-            self.ipr.tc("del", "clsact", index)
+        if self.has_clsact(index):
+            self.detach_filter(index)
+            if added if drop_clsact is None else drop_clsact:
+                self.ipr.tc("del", "clsact", index)
 
     def set_classes(self, classes: Mapping[int, int]) -> None:
         """The map: v2 cgroup id -> tc class id, exactly `classes` afterwards."""
@@ -103,6 +115,10 @@ class EgressClassifier:
                 del table[key]
         for cid, classid in want.items():
             table[ctypes.c_uint64(cid)] = ctypes.c_uint32(classid)
+
+    def classes(self) -> dict[int, int]:
+        """The map as it is: v2 cgroup id -> tc class id."""
+        return {k.value: v.value for k, v in self.bpf[b"classes"].items()}
 
     def sent(self) -> dict[int, int]:
         """Bytes classified so far, per tc class id (summed over CPUs)."""

@@ -27,9 +27,8 @@ LS, BE, OTHER = tc_handle("1:10"), tc_handle("1:20"), tc_handle("1:30")
 
 
 @pytest.fixture
-def link():
-    """A veth pair (HOST here, PEER in namespace NS), addresses 10.77.0.1/.2, HTB with classes
-    1:10, 1:20 and the default 1:30 on HOST. Yields (IPRoute, HOST's index)."""
+def veth():
+    """A veth pair: HOST here, PEER in namespace NS, addresses 10.77.0.1/.2. Yields (IPRoute, HOST's index)."""
     if os.geteuid() != 0:
         pytest.skip("needs root (network namespaces, tc)")
     from pyroute2 import IPRoute, NetNS, netns
@@ -44,16 +43,23 @@ def link():
             peer = ns.link_lookup(ifname=PEER)[0]
             ns.addr("add", index=peer, address="10.77.0.2", prefixlen=24)
             ns.link("set", index=peer, state="up")
-        ipr.tc("add", "htb", index, 0x10000, default=0x30)
-        ipr.tc("add-class", "htb", index, 0x10001, parent=0x10000, rate="1000mbit", ceil="1000mbit")
-        for classid in (LS, BE, OTHER):
-            ipr.tc("add-class", "htb", index, classid, parent=0x10001, rate="100mbit", ceil="1000mbit")
         yield ipr, index
     finally:
         for found in ipr.link_lookup(ifname=HOST):
             ipr.link("del", index=found)
         netns.remove(NS)
         ipr.close()
+
+
+@pytest.fixture
+def link(veth):
+    """The veth pair with HTB classes 1:10, 1:20 and the default 1:30 on HOST."""
+    ipr, index = veth
+    ipr.tc("add", "htb", index, 0x10000, default=0x30)
+    ipr.tc("add-class", "htb", index, 0x10001, parent=0x10000, rate="1000mbit", ceil="1000mbit")
+    for classid in (LS, BE, OTHER):
+        ipr.tc("add-class", "htb", index, classid, parent=0x10001, rate="100mbit", ceil="1000mbit")
+    return ipr, index
 
 
 @pytest.fixture
@@ -147,3 +153,58 @@ def test_closing_removes_the_filter_and_only_the_qdisc_it_added(link, classifier
     classifier.attach(HOST)
     classifier.close()
     assert kinds() == ["clsact", "htb"] and len(ipr.get_filters(index, parent=egress)) == 0
+
+
+def test_the_knobs_shape_classify_and_restore_through_the_actuator(veth, cgroup_dirs, tmp_path):
+    """tc.shaping, tc.classifier and net_class together, as the net_shaping loop will ask for them;
+    then a second koordd (after kill -9 of the first) replaces the classifier it finds."""
+    from koordd.actuator import Actuator
+    from koordd.backend import Backends
+    from koordd.cgroups import CgroupFS
+    from koordd.decisions import APPLIED, DecisionLog
+    from koordd.loop import Action
+    from koordd.netclass_backend import ClassifierBackend, NetClassBackend, SharedClassifier
+    from koordd.state import RestoreJournal
+    from koordd.tc_backend import TcBackend
+    ipr, index = veth
+    fs = CgroupFS(detect_layout(CGROUP_ROOT))
+    be = str(cgroup_dirs["be"].relative_to(fs.layout.unified))
+
+    def koordd():
+        shared = SharedClassifier()
+        try:
+            shared.get()
+        except Exception as e:  # noqa: BLE001
+            if os.environ.get("KOORDD_REQUIRE_EBPF"):
+                pytest.fail(f"scripts/bpf-env set this host up for eBPF, yet: {e}")
+            pytest.skip(str(e))
+        backends = Backends([TcBackend(), ClassifierBackend(shared), NetClassBackend(fs, shared)])
+        journal = RestoreJournal(tmp_path / "state")
+        return Actuator(backends, journal, DecisionLog(tmp_path / "state", send=lambda message, **f: None)), \
+            backends, journal
+    act, backends, journal = koordd()
+    wanted = [Action(HOST, "tc.shaping", "htb 1gbit", {}, "shape"),
+              Action(HOST, "tc.classifier", "attached", {}, "classify"),
+              Action(be, "net_class", "be", {}, "BE's packets to 1:20")]
+    decisions = act.apply("net_shaping", wanted)
+    assert [(d.knob, d.old, d.new, d.outcome) for d in decisions] == [
+        ("tc.shaping", "none", "htb 1000000000", APPLIED), ("tc.classifier", "none", "attached", APPLIED),
+        ("net_class", "none", "be", APPLIED)]
+    assert act.apply("net_shaping", wanted) == []                    # all in place
+    before = class_bytes(ipr, index)
+    send_from(cgroup_dirs["be/job"], 40, 1000)
+    assert class_bytes(ipr, index)[BE] - before[BE] == 40 * 1042
+    # kill -9: the filter outlives its process, its map does not. The next koordd replaces it.
+    act2, backends2, journal2 = koordd()
+    assert backends2.of_kind("tc_filter").read(HOST, "tc.classifier") == "detached"
+    redo = act2.apply("net_shaping", wanted)
+    assert [(d.knob, d.old, d.new) for d in redo] == [("tc.classifier", "detached", "attached"),
+                                                      ("net_class", "none", "be")]
+    before = class_bytes(ipr, index)
+    send_from(cgroup_dirs["be"], 10, 1000)
+    assert class_bytes(ipr, index)[BE] - before[BE] == 10 * 1042
+    act2.restore_all("stopping")
+    kinds = sorted(m.get_attr("TCA_KIND") for m in ipr.get_qdiscs(index) if m["handle"])
+    assert kinds == [] and journal2.entries() == []
+    backends.close()
+    backends2.close()
