@@ -84,6 +84,7 @@ GPUS = "gpus"          # the GPU sensor's section (NVML): polled only for a loop
 RUNQ_LATENCY = "runq_latency"   # section: cgroup path -> RunqLatency, for the round since the last
 CPI = "cpi"                     # section: cgroup path -> CpiSample, for the round since the last
 RESCTRL = "resctrl"             # section: sensors.resctrl.ResctrlSection (info/ and every group's schemata)
+NET = "net"                     # section: device -> sensors.net.NetSample, on devices koordd shapes
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,7 @@ class TcBackend(Backend):
         out = {}
         for m in self.ipr.get_classes(index):
             opts = m.get_attr("TCA_OPTIONS")
-            parms = opts.get_attr("TCA_HTB_PARMS") if opts else None
+            parms = opts.get_attr("TCA_HTB_PARMS") if opts is not None else None
             if parms is None:
                 continue
             rate = opts.get_attr("TCA_HTB_RATE64") or parms["rate"]

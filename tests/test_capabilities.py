@@ -207,11 +207,14 @@ def test_sched_ext(host):
 
 
 def test_netlink_with_and_without_pyroute2(host, monkeypatch):
-    closed = []
-    fake = types.SimpleNamespace(IPRoute=lambda: types.SimpleNamespace(close=lambda: closed.append(1)))
-    monkeypatch.setitem(sys.modules, "pyroute2", fake)
+    opened, closed = [], []
+
+    def ipr():
+        opened.append(1)
+        return types.SimpleNamespace(close=lambda: closed.append(1), get_links=lambda: [])
+    monkeypatch.setitem(sys.modules, "pyroute2", types.SimpleNamespace(IPRoute=ipr))
     n = host.probe()["netlink"]
-    assert n.available and closed == [1]
+    assert n.available and opened and closed == opened      # every socket opened (the net sensor's too) closed
     monkeypatch.setitem(sys.modules, "pyroute2", None)
     n = host.probe()["netlink"]
     assert not n.available and "pyroute2 not installed" in n.detail and "NETLINK_ROUTE" in n.detail

@@ -8,12 +8,13 @@ from ..snapshot import CGROUP_FIELDS
 from .contract import OptionalSensor
 from .cpi import CpiSensor
 from .gpu import GpuSensor
+from .net import NetSensor
 from .resctrl import ResctrlSensor
 from .runq import RunqLatencySensor
 
 GROUP = "koordd.sensors"
 BUILTIN: dict[str, type[OptionalSensor]] = {s.name: s for s in (GpuSensor, RunqLatencySensor, CpiSensor,
-                                                                  ResctrlSensor)}
+                                                                  ResctrlSensor, NetSensor)}
 
 SensorFactory = Callable[[], OptionalSensor]
 

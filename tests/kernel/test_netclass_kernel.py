@@ -112,7 +112,7 @@ def class_bytes(ipr, index) -> dict[int, int]:
     out = {}
     for m in ipr.get_classes(index):
         stats = m.get_attr("TCA_STATS2")
-        out[m["handle"]] = stats.get_attr("TCA_STATS_BASIC")["bytes"] if stats else 0
+        out[m["handle"]] = stats.get_attr("TCA_STATS_BASIC")["bytes"] if stats is not None else 0
     return out
 
 

@@ -1,0 +1,137 @@
+"""net_shaping: what it asks for on each device, BE's ceiling by Heracles' rule (falling at once,
+rising in steps), devices leaving the config, options; and the net sensor on a fake netlink."""
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from koordd.config import ConfigError, loop_options, make_settings, parse_config
+from koordd.plugins.net_shaping import NetShaping
+from koordd.sensors.contract import SensorContext
+from koordd.sensors.net import NetSample, NetSensor
+from koordd.snapshot import NET, CgroupSample, NodeSample, Snapshot
+from koordd.tc_backend import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT
+
+G = 10**9
+
+
+def settings(**kw):
+    return make_settings(loop_options(NetShaping), {"enabled": True, "devices": ["eth0:1gbit"], **kw})
+
+
+def snap(ls_bps=None, be_ceil=G, link=G, held=(), net=True):
+    section = {"eth0": NetSample(link, be_ceil, ls_bps, 0.0 if ls_bps is not None else None, None)} if net else {}
+    return Snapshot(time=1.0, wall=0.0, node=NodeSample(cpu_count=2, cpu_used=0.5),
+                    cgroups={"web": CgroupSample(path="web", cls="LS"), "db": CgroupSample(path="db", cls="LSR"),
+                             "batch": CgroupSample(path="batch", cls="BE")},
+                    sections={NET: section}, held={k: "none" for k in held})
+
+
+def ceil_of(actions):
+    return next((int(a.value) for a in actions if a.knob == "tc.be_ceil"), None)
+
+
+def test_each_device_gets_the_tree_the_classifier_and_the_classes_their_cgroups():
+    s = settings()
+    got = [(a.target, a.knob, a.value) for a in NetShaping.decide(snap(net=False), s, NetShaping.initial_state(s))]
+    assert got == [("eth0", "tc.shaping", "htb 1000000000"), ("eth0", "tc.classifier", "attached"),
+                   ("web", "net_class", "ls"), ("db", "net_class", "ls"), ("batch", "net_class", "be")]
+    # No devices: nothing at all, not even classes.
+    s = settings(devices=[])
+    assert NetShaping.decide(snap(), s, NetShaping.initial_state(s)) == []
+
+
+def test_be_ceiling_is_link_minus_ls_minus_headroom_falling_at_once_rising_in_steps():
+    s = settings(max_step_percent=10)
+    state = NetShaping.initial_state(s)
+    assert ceil_of(NetShaping.decide(snap(None), s, state)) == G              # first round: holds
+    # LS sends 600 Mbit/s: 1000 - 600 - max(50, 60) = 340, at once.
+    assert ceil_of(NetShaping.decide(snap(600e6), s, state)) == 340_000_000
+    # LS drops to 100: the target is 1000 - 100 - 50 = 850, reached 100 Mbit/s a round.
+    assert [ceil_of(NetShaping.decide(snap(100e6), s, state)) for _ in range(6)] == \
+        [440_000_000, 540_000_000, 640_000_000, 740_000_000, 840_000_000, 850_000_000]
+    # LS takes the whole link: BE keeps its floor (1%).
+    [a] = [a for a in NetShaping.decide(snap(990e6), s, state) if a.knob == "tc.be_ceil"]
+    assert int(a.value) == 10_000_000 and a.reason["ls_bps"] == 990_000_000 and "LS sends 990.0" in a.message
+
+
+def test_a_tree_being_made_or_re_rated_waits_a_round_for_the_ceiling():
+    s = settings()
+    assert ceil_of(NetShaping.decide(snap(100e6, link=2 * G), s, NetShaping.initial_state(s))) is None
+
+
+def test_a_device_leaving_the_config_loses_what_koordd_put_on_it_in_order():
+    s = settings(devices=["eth1:1gbit"])
+    held = [("eth0", "tc.shaping"), ("eth0", "tc.classifier"), ("eth0", "tc.be_ceil"), ("web", "net_class")]
+    released = [(a.target, a.knob) for a in NetShaping.decide(snap(net=False, held=held), s,
+                                                              NetShaping.initial_state(s)) if a.value is None]
+    assert released == [("eth0", "tc.be_ceil"), ("eth0", "tc.classifier"), ("eth0", "tc.shaping")]
+
+
+def test_devices_are_checked_when_the_config_loads():
+    registry = {"net_shaping": NetShaping}
+    with pytest.raises(ConfigError) as e:
+        parse_config('[loops.net_shaping]\ndevices = ["eth0", "eth1:fast", 3]\n', "koordd.toml", registry)
+    assert e.value.errors == ['koordd.toml:2: loops.net_shaping.devices: expected an array of "device:rate" '
+                              'strings, e.g. ["eth0:10gbit"]']
+    with pytest.raises(ConfigError) as e:
+        parse_config('[loops.net_shaping]\ndevices = ["eth0"]\n', "koordd.toml", registry)
+    assert 'expected "device:rate"' in e.value.errors[0]
+    with pytest.raises(ConfigError) as e:
+        parse_config('[loops.net_shaping]\ndevices = ["eth1:fast"]\n', "koordd.toml", registry)
+    assert "'eth1:fast': not a rate" in e.value.errors[0]
+    c = parse_config('[loops.net_shaping]\ndevices = ["eth0:10gbit", "veth1:250mbit"]\n', "koordd.toml", registry)
+    assert c.loops["net_shaping"].devices == ("eth0:10000000000", "veth1:250000000")
+
+
+# --- the sensor ---------------------------------------------------------------------------------------
+
+class Msg(dict):
+    def __init__(self, attrs=None, **fields):
+        super().__init__(**fields)
+        self.attrs = attrs or {}
+
+    def get_attr(self, name):
+        return self.attrs.get(name)
+
+
+def htb_class(handle, rate, ceil, sent):
+    opts = Msg({"TCA_HTB_PARMS": {"rate": rate // 8, "ceil": ceil // 8}})
+    stats = Msg({"TCA_STATS_BASIC": {"bytes": sent}})
+    return Msg({"TCA_OPTIONS": opts, "TCA_STATS2": stats}, handle=handle)
+
+
+class FakeNetlink:
+    def __init__(self):
+        self.sent = {LINK: 0, LS_CLASS: 0, BE_CLASS: 0, OTHER_CLASS: 0}
+        self.root = {"eth0": (ROOT, "htb"), "lo": (0, "noqueue")}
+
+    def get_links(self):
+        return [Msg({"IFLA_IFNAME": name}, index=i) for i, name in enumerate(self.root)]
+
+    def get_qdiscs(self, index):
+        handle, kind = list(self.root.values())[index]
+        return [Msg({"TCA_KIND": kind}, handle=handle, parent=0xFFFFFFFF)]
+
+    def get_classes(self, index):
+        if index != 0:
+            return []
+        return [htb_class(h, G if h != BE_CLASS else 10**7, G if h != BE_CLASS else 3 * 10**8, n)
+                for h, n in self.sent.items()]
+
+    def close(self):
+        pass
+
+
+def test_the_sensor_reports_rates_per_class_on_the_devices_koordd_shapes():
+    nl = FakeNetlink()
+    sensor = NetSensor(nl)
+    sensor.start()
+    first = sensor.sample(SensorContext(10.0, {}))
+    assert first == {"eth0": NetSample(G, 3 * 10**8, None, None, None)}          # lo is not shaped
+    nl.sent.update({LS_CLASS: 25_000_000, BE_CLASS: 5_000_000, OTHER_CLASS: 1000})
+    second = sensor.sample(SensorContext(12.0, {}))["eth0"]
+    assert (second.ls_bps, second.be_bps, second.other_bps) == (100e6, 20e6, 4000.0)
+    nl.root["eth0"] = (0x50000, "htb")                                         # someone else's tree
+    assert sensor.sample(SensorContext(13.0, {})) == {}
