@@ -54,6 +54,17 @@ def _ceil_value(value: str) -> str:
     return str(parse_rate(value))
 
 
+def htb_rates(msg) -> tuple[int, int] | None:
+    """(rate, ceil) in bit/s of an HTB class from its netlink message (64-bit values where they do not
+    fit in 32 bits of bytes/s); None for a class of another kind."""
+    opts = msg.get_attr("TCA_OPTIONS")
+    parms = opts.get_attr("TCA_HTB_PARMS") if opts is not None else None
+    if parms is None:
+        return None
+    return ((opts.get_attr("TCA_HTB_RATE64") or parms["rate"]) * 8,
+            (opts.get_attr("TCA_HTB_CEIL64") or parms["ceil"]) * 8)
+
+
 def _handle(h: int) -> str:
     return f"{h >> 16:x}:{h & 0xFFFF:x}" if h & 0xFFFF else f"{h >> 16:x}:"
 
@@ -106,13 +117,9 @@ class TcBackend(Backend):
         """HTB class handle -> (rate, ceil) in bit/s."""
         out = {}
         for m in self.ipr.get_classes(index):
-            opts = m.get_attr("TCA_OPTIONS")
-            parms = opts.get_attr("TCA_HTB_PARMS") if opts is not None else None
-            if parms is None:
-                continue
-            rate = opts.get_attr("TCA_HTB_RATE64") or parms["rate"]
-            ceil = opts.get_attr("TCA_HTB_CEIL64") or parms["ceil"]
-            out[m["handle"]] = (rate * 8, ceil * 8)
+            rates = htb_rates(m)
+            if rates is not None:
+                out[m["handle"]] = rates
         return out
 
     def _shaping(self, index: int) -> str:

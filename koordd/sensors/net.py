@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..snapshot import NET
-from ..tc_backend import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT, TC_ROOT_PARENT
+from ..tc_backend import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT, TC_ROOT_PARENT, htb_rates
 from .contract import OptionalSensor, SensorContext, SensorUnavailable
 
 
@@ -47,11 +47,9 @@ class NetSensor(OptionalSensor):
                 continue
             rates, sent = {}, {}
             for m in self.ipr.get_classes(index):
-                opts, stats = m.get_attr("TCA_OPTIONS"), m.get_attr("TCA_STATS2")
-                parms = opts.get_attr("TCA_HTB_PARMS") if opts is not None else None
-                if parms is not None:
-                    rates[m["handle"]] = ((opts.get_attr("TCA_HTB_RATE64") or parms["rate"]) * 8,
-                                          (opts.get_attr("TCA_HTB_CEIL64") or parms["ceil"]) * 8)
+                if (r := htb_rates(m)) is not None:
+                    rates[m["handle"]] = r
+                stats = m.get_attr("TCA_STATS2")
                 if stats is not None:
                     sent[m["handle"]] = stats.get_attr("TCA_STATS_BASIC")["bytes"]
             if not {LINK, BE_CLASS} <= rates.keys():

@@ -25,7 +25,7 @@ from koordd.backend import Backends
 from koordd.cgroups import CgroupFS, detect_layout
 from koordd.config import loop_options, make_settings
 from koordd.decisions import DecisionLog
-from koordd.netclass_backend import ClassifierBackend, NetClassBackend, SharedClassifier
+from koordd.netclass_backend import ClassifierBackend, NetClassBackend
 from koordd.plugins.net_shaping import NetShaping
 from koordd.sensors.contract import SensorContext
 from koordd.sensors.net import NetSensor
@@ -34,7 +34,7 @@ from koordd.state import RestoreJournal
 from koordd.tc_backend import TcBackend
 
 from .conftest import CGROUP_ROOT
-from .test_netclass_kernel import HOST, NS, cgroup_dirs, veth  # noqa: F401 - fixtures
+from .test_netclass_kernel import HOST, NS, cgroup_dirs, opened_classifier, veth  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.kernel
 LINK = 100_000_000
@@ -61,13 +61,7 @@ class Koordd:
 
     def __init__(self, tmp_path, classes: dict[str, str]):
         fs = CgroupFS(detect_layout(CGROUP_ROOT))
-        shared = SharedClassifier()
-        try:
-            shared.get()
-        except Exception as e:  # noqa: BLE001
-            if os.environ.get("KOORDD_REQUIRE_EBPF"):
-                pytest.fail(f"scripts/bpf-env set this host up for eBPF, yet: {e}")
-            pytest.skip(str(e))
+        shared = opened_classifier()
         self.backends = Backends([TcBackend(), ClassifierBackend(shared), NetClassBackend(fs, shared)])
         self.journal = RestoreJournal(tmp_path / "state")
         self.actuator = Actuator(self.backends, self.journal,

@@ -93,6 +93,19 @@ def classifier():
     c.close()
 
 
+def opened_classifier():
+    """A SharedClassifier with its program loaded, or skip (fail where scripts/bpf-env set the host up)."""
+    from koordd.netclass_backend import SharedClassifier
+    shared = SharedClassifier()
+    try:
+        shared.get()
+    except Exception as e:  # noqa: BLE001 - Unsupported with bcc's reason
+        if os.environ.get("KOORDD_REQUIRE_EBPF"):
+            pytest.fail(f"scripts/bpf-env set this host up for eBPF, yet: {e}")
+        pytest.skip(str(e))
+    return shared
+
+
 def send_from(cgroup, packets: int, size: int) -> None:
     """`packets` UDP datagrams of `size` bytes to the peer, from a child process in `cgroup`."""
     pid = os.fork()
@@ -163,7 +176,7 @@ def test_the_knobs_shape_classify_and_restore_through_the_actuator(veth, cgroup_
     from koordd.cgroups import CgroupFS
     from koordd.decisions import APPLIED, DecisionLog
     from koordd.loop import Action
-    from koordd.netclass_backend import ClassifierBackend, NetClassBackend, SharedClassifier
+    from koordd.netclass_backend import ClassifierBackend, NetClassBackend
     from koordd.state import RestoreJournal
     from koordd.tc_backend import TcBackend
     ipr, index = veth
@@ -171,13 +184,7 @@ def test_the_knobs_shape_classify_and_restore_through_the_actuator(veth, cgroup_
     be = str(cgroup_dirs["be"].relative_to(fs.layout.unified))
 
     def koordd():
-        shared = SharedClassifier()
-        try:
-            shared.get()
-        except Exception as e:  # noqa: BLE001
-            if os.environ.get("KOORDD_REQUIRE_EBPF"):
-                pytest.fail(f"scripts/bpf-env set this host up for eBPF, yet: {e}")
-            pytest.skip(str(e))
+        shared = opened_classifier()
         backends = Backends([TcBackend(), ClassifierBackend(shared), NetClassBackend(fs, shared)])
         journal = RestoreJournal(tmp_path / "state")
         return Actuator(backends, journal, DecisionLog(tmp_path / "state", send=lambda message, **f: None)), \
