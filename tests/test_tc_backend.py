@@ -28,13 +28,11 @@ def test_knob_values_are_canonical():
         spec["tc.shaping"].normalize("fq 1gbit")
 
 
-def test_without_pyroute2_every_knob_says_why(monkeypatch):
-    import builtins
-    real = builtins.__import__
-
-    def no_pyroute2(name, *args, **kw):
-        if name == "pyroute2":
-            raise ImportError(name)
-        return real(name, *args, **kw)
-    monkeypatch.setattr(builtins, "__import__", no_pyroute2)
+def test_without_pyroute2_every_knob_says_why_and_with_it_nothing_is_imported_yet(monkeypatch):
+    import importlib.util
+    import sys
+    monkeypatch.delitem(sys.modules, "pyroute2", raising=False)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     assert TcBackend().probe() == {k: "no netlink: pyroute2 is not installed" for k in TcBackend.knobs}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    assert TcBackend().probe() == {} and "pyroute2" not in sys.modules
