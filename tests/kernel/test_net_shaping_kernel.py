@@ -1,11 +1,11 @@
 """net_shaping on the real kernel, the proof #12 asks for: two network namespaces' worth of veth (the
 peer in a namespace of the test's own), iperf3 servers there, a BE sender (TCP, as fast as it may)
 and an LS sender (UDP at a fixed rate), each in a cgroup of the test's own. koordd's loop, backends
-and net sensor run one round a second, as the daemon would run them. With a 100 Mbit/s link:
+and net sensor run one round a second, as the daemon would run them. With a 20 Mbit/s link:
 
-- LS at 40 Mbit/s: BE's ceiling is 100 - 40 - max(5, 4) = 55 Mbit/s; BE sends within 10% of it and
-  LS gets its rate;
-- LS stops: the ceiling rises (10 Mbit/s a round) to 95 Mbit/s and BE follows.
+- LS at 8 Mbit/s: BE's ceiling is 20 - 8 - max(1, 0.8) = 11 Mbit/s (from LS's measured rate, a bit
+  above 8 with its headers); BE sends within 10% of it and LS gets its rate;
+- LS stops: the ceiling rises (2 Mbit/s a round) to 19 Mbit/s and BE follows.
 
 Rates come from the kernel's HTB class counters. Needs root, a unified cgroup tree, network
 namespaces, bcc, pyroute2 and iperf3 (scripts/test installs it); skipped otherwise.
@@ -37,7 +37,8 @@ from .conftest import CGROUP_ROOT
 from .test_netclass_kernel import HOST, NS, cgroup_dirs, opened_classifier, veth  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.kernel
-LINK = 100_000_000
+LINK = 20_000_000          # low enough for the VM's emulated network stack to fill (it cannot carry 100)
+LS_RATE = 8_000_000
 
 
 def iperf3() -> str:
@@ -113,14 +114,15 @@ def test_be_stays_under_a_ceiling_that_follows_ls_traffic(veth, cgroup_dirs, tmp
         time.sleep(1.0)                                             # the servers listen
         koordd.rounds(2)                                            # tree, classifier, classes in place
         clients.append(start_in(cgroup_dirs["be"], [binary, "-c", "10.77.0.2", "-p", "5201", "-t", "40"]))
-        ls = start_in(cgroup_dirs["ls"], [binary, "-c", "10.77.0.2", "-p", "5202", "-u", "-b", "40M", "-t", "40"])
+        ls = start_in(cgroup_dirs["ls"], [binary, "-c", "10.77.0.2", "-p", "5202", "-u", "-b", str(LS_RATE), "-t", "40"])
         clients.append(ls)
         koordd.rounds(10)
         ceil, be, ls_rate = koordd.mean("be_ceil_bps", 4), koordd.mean("be_bps", 4), koordd.mean("ls_bps", 4)
         report = f"LS {ls_rate / 1e6:.1f} Mbit/s, BE {be / 1e6:.1f} under a ceiling of {ceil / 1e6:.1f}"
-        print(f"[kernel] LS at 40 Mbit/s: {report}")
-        assert ls_rate >= 0.9 * 40e6, report
-        assert abs(ceil - 55e6) <= 2e6, report                     # 100 - 40 - max(5, 4), LS as measured
+        print(f"[kernel] LS at {LS_RATE / 1e6:g} Mbit/s: {report}")
+        assert ls_rate >= 0.9 * LS_RATE, report
+        heracles = LINK - ls_rate - max(0.05 * LINK, 0.10 * ls_rate)
+        assert abs(ceil - heracles) <= 0.02 * LINK, report
         assert abs(be - ceil) <= 0.10 * ceil, report
         ls.send_signal(signal.SIGINT)
         ls.wait(10)
@@ -128,7 +130,7 @@ def test_be_stays_under_a_ceiling_that_follows_ls_traffic(veth, cgroup_dirs, tmp
         ceil, be = koordd.mean("be_ceil_bps", 3), koordd.mean("be_bps", 3)
         report = f"BE {be / 1e6:.1f} Mbit/s under a ceiling of {ceil / 1e6:.1f}"
         print(f"[kernel] LS stopped: {report}")
-        assert ceil == 95e6, report                                 # 100 - 0 - 5, reached in steps
+        assert ceil == 0.95 * LINK, report                          # 20 - 0 - 1, reached in steps
         assert abs(be - ceil) <= 0.10 * ceil, report
     finally:
         for p in clients + servers:
