@@ -24,6 +24,7 @@ from .backend import Backend, InvalidValue, KnobSpec, TargetGone, Unsupported
 ROOT, LINK, LS_CLASS, BE_CLASS, OTHER_CLASS = 0x10000, 0x10001, 0x10010, 0x10020, 0x10030
 TC_ROOT_PARENT = 0xFFFFFFFF
 BE_GUARANTEE = 0.01                 # of the link: BE's rate, what it gets even when LS wants it all
+BURST_TIME, MIN_BURST = 0.005, 64 * 1024    # seconds of a class's rate it may send at once; bytes
 _UNITS = {"": 1, "bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 
 
@@ -64,6 +65,13 @@ def htb_rates(msg) -> tuple[int, int] | None:
         return None
     return ((opts.get_attr("TCA_HTB_RATE64") or parms["rate"]) * 8,
             (opts.get_attr("TCA_HTB_CEIL64") or parms["ceil"]) * 8)
+
+
+def _burst(rate: int) -> int:
+    """Bytes a class may send at once: BURST_TIME of its rate, at least MIN_BURST. tc's default (rate /
+    HZ + one MTU, about a millisecond) loses the tokens of every late timer, and a GSO packet on a
+    veth is up to 64 KB."""
+    return max(int(rate / 8 * BURST_TIME), MIN_BURST)
 
 
 def _handle(h: int) -> str:
@@ -182,7 +190,7 @@ class TcBackend(Backend):
 
     def _class(self, command: str, index: int, handle: int, rate: int, ceil: int, prio: int) -> None:
         self.ipr.tc(command, "htb", index, handle, parent=ROOT if handle == LINK else LINK,
-                    rate=f"{rate}bit", ceil=f"{ceil}bit", prio=prio)
+                    rate=f"{rate}bit", ceil=f"{ceil}bit", prio=prio, burst=_burst(rate), cburst=_burst(ceil))
 
     def _install(self, index: int, link: int) -> None:
         """koordd's tree at `link` bit/s: made where the kernel's default is, re-rated where it is ours
