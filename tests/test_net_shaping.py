@@ -107,12 +107,12 @@ class FakeNetlink:
         self.sent = {LINK: 0, LS_CLASS: 0, BE_CLASS: 0, OTHER_CLASS: 0}
         self.root = {"eth0": (ROOT, "htb"), "lo": (0, "noqueue")}
 
-    def get_links(self):
-        return [Msg({"IFLA_IFNAME": name}, index=i) for i, name in enumerate(self.root)]
+    def get_links(self, index):
+        return [Msg({"IFLA_IFNAME": name}, index=i) for i, name in enumerate(self.root) if i == index]
 
-    def get_qdiscs(self, index):
-        handle, kind = list(self.root.values())[index]
-        return [Msg({"TCA_KIND": kind}, handle=handle, parent=0xFFFFFFFF)]
+    def get_qdiscs(self):
+        return [Msg({"TCA_KIND": kind}, index=i, handle=handle, parent=0xFFFFFFFF)
+                for i, (handle, kind) in enumerate(self.root.values())]
 
     def get_classes(self, index):
         if index != 0:

@@ -40,11 +40,15 @@ class NetSensor(OptionalSensor):
     def sample(self, context: SensorContext | None = None) -> dict[str, NetSample]:
         now = context.now if context is not None else 0.0
         out, seen = {}, {}
-        for link in self.ipr.get_links():
-            device, index = link.get_attr("IFLA_IFNAME"), link["index"]
-            roots = [m for m in self.ipr.get_qdiscs(index) if m["parent"] == TC_ROOT_PARENT]
-            if not roots or roots[0]["handle"] != ROOT or roots[0].get_attr("TCA_KIND") != "htb":
-                continue
+        # One dump of every qdisc, then only the devices with koordd's tree: a node with hundreds of
+        # pod veths pays one netlink round trip, not one per device.
+        shaped = [m["index"] for m in self.ipr.get_qdiscs()
+                  if m["parent"] == TC_ROOT_PARENT and m["handle"] == ROOT and m.get_attr("TCA_KIND") == "htb"]
+        for index in shaped:
+            links = self.ipr.get_links(index)
+            if not links:
+                continue            # gone meanwhile
+            device = links[0].get_attr("IFLA_IFNAME")
             rates, sent = {}, {}
             for m in self.ipr.get_classes(index):
                 if (r := htb_rates(m)) is not None:
