@@ -62,7 +62,7 @@ class EgressClassifier:
             raise ClassifierError(f"cannot load {self.program.name}: {e}") from None
         self.ipr = IPRoute()
 
-    def _index(self, device: str) -> int:
+    def index_of(self, device: str) -> int:
         found = self.ipr.link_lookup(ifname=device)
         if not found:
             raise DeviceGone(f"no network device {device}")
@@ -77,7 +77,7 @@ class EgressClassifier:
 
     def attach(self, device: str) -> None:
         """The program on `device`'s egress hook (a clsact qdisc added where there is none)."""
-        index = self._index(device)
+        index = self.index_of(device)
         added = not self.has_clsact(index)
         if added:
             self.ipr.tc("add", "clsact", index)
@@ -98,7 +98,7 @@ class EgressClassifier:
         added it)."""
         added = self.attached.pop(device, False)
         try:
-            index = self._index(device)
+            index = self.index_of(device)
         except DeviceGone:
             return                  # the device went away, and what was on it
         if self.has_clsact(index):

@@ -92,7 +92,7 @@ class ClassifierBackend(Backend):
     def read(self, target: str, knob: str) -> str:
         c = self.shared.get()
         try:
-            index = c._index(target)
+            index = c.index_of(target)
         except DeviceGone:
             raise TargetGone(target) from None
         if not c.has_clsact(index):

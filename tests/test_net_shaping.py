@@ -2,7 +2,6 @@
 rising in steps), devices leaving the config, options; and the net sensor on a fake netlink."""
 from __future__ import annotations
 
-import types
 
 import pytest
 

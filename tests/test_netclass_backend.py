@@ -26,7 +26,7 @@ class FakeClassifier:
         if self.fail:
             raise ClassifierError(self.fail)
 
-    def _index(self, device):
+    def index_of(self, device):
         if device not in self.devices:
             raise DeviceGone(f"no network device {device}")
         return device
@@ -38,7 +38,7 @@ class FakeClassifier:
         return self.devices[dev]["filter"]
 
     def attach(self, device):
-        self._index(device)
+        self.index_of(device)
         self.devices[device] = {"clsact": True, "filter": True}
 
     def detach(self, device, drop_clsact=None):
