@@ -25,6 +25,7 @@ from koordd.backend import Backends
 from koordd.cgroups import CgroupFS, detect_layout
 from koordd.config import loop_options, make_settings
 from koordd.decisions import DecisionLog
+from koordd.netclass import FILTER_PRIO
 from koordd.netclass_backend import ClassifierBackend, NetClassBackend
 from koordd.plugins.net_shaping import NetShaping
 from koordd.sensors.contract import SensorContext
@@ -33,7 +34,7 @@ from koordd.snapshot import NET, CgroupSample, NodeSample, Snapshot
 from koordd.state import RestoreJournal
 from koordd.tc_backend import TcBackend
 
-from .conftest import CGROUP_ROOT
+from .conftest import CGROUP_ROOT, wait_for
 from .test_netclass_kernel import HOST, NS, cgroup_dirs, opened_classifier, veth  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.kernel
@@ -140,3 +141,33 @@ def test_be_stays_under_a_ceiling_that_follows_ls_traffic(veth, cgroup_dirs, tmp
         koordd.close()
     kinds = sorted(m.get_attr("TCA_KIND") for m in ipr.get_qdiscs(index) if m["handle"])
     assert kinds == [] and koordd.journal.entries() == []
+
+
+def test_after_kill_9_the_next_koordd_removes_what_the_first_put_on_the_device(veth, koordd):  # noqa: F811
+    """The tree and the classifier outlive a koordd killed with SIGKILL (a tc filter holds its BPF
+    program); the next koordd, with the loop off, finds them in its journal and removes them."""
+    opened_classifier().close()                     # skip (or fail) here where BPF cannot load
+    ipr, index = veth
+    egress = 0xFFFFFFF3
+
+    def installed() -> tuple[list[str], bool]:
+        """koordd's qdiscs on the device, and whether its filter (by its preference) is on egress."""
+        kinds = sorted(m.get_attr("TCA_KIND") for m in ipr.get_qdiscs(index) if m["handle"])
+        ours = "clsact" in kinds and any(m["info"] >> 16 == FILTER_PRIO for m in ipr.get_filters(index, parent=egress))
+        return kinds, ours
+
+    def shaping(enabled: bool) -> str:
+        return f'[loops.net_shaping]\nenabled = {"true" if enabled else "false"}\ninterval = "500ms"\n' \
+               f'devices = ["{HOST}:50mbit"]\n'
+    first = koordd.start(koordd.write_config(enabled=False, extra=shaping(True)))
+    assert wait_for(lambda: {(d["knob"], d["target"]) for d in koordd.decisions()} >=
+                    {("tc.shaping", HOST), ("tc.classifier", HOST), ("net_class", koordd.env.cgroup("be"))}, 30), \
+        koordd.log_text()
+    assert wait_for(lambda: installed() == (["clsact", "htb"], True), 10), (installed(), koordd.log_text())
+    first.kill()
+    first.wait(10)
+    assert installed() == (["clsact", "htb"], True)    # left as they were
+    second = koordd.start(koordd.write_config(enabled=False, extra=shaping(False)))
+    assert wait_for(lambda: installed() == ([], False), 30), (installed(), koordd.log_text())
+    assert wait_for(lambda: koordd.held() == [], 10), koordd.held()
+    assert koordd.stop(second) == 0
