@@ -19,7 +19,10 @@ the unlimited value).
 
 resctrl is rarely mounted at boot: with `mount = true` the loop mounts it at /sys/fs/resctrl (where
 the CPU and kernel have it), and koordd unmounts it on stop, which removes every group in it; a
-systemd mount unit is the other way, and then koordd leaves the mount alone.
+systemd mount unit is the other way, and then koordd leaves the mount alone. Under the shipped unit
+the mount is made in the mount namespace systemd gives koordd (ProtectSystem=), which does not
+propagate to the host: the groups are the kernel's and act all the same, but a shell on the host
+sees /sys/fs/resctrl empty. Prefer the mount unit there (not verified: no host here has resctrl).
 
 A group named `koordd-<class>` that koordd did not make (none in its restore journal) is left
 alone, and its class gets no partition. On stop, when the loop is disabled or a class leaves
