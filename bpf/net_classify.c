@@ -2,21 +2,43 @@
 //
 // A packet's socket belongs to a cgroup v2; if that cgroup or one of its ancestors is a class root
 // koordd put in `classes`, the packet gets that class's tc class id in skb->priority, which HTB uses
-// directly as the class to queue in (without a filter of its own). Packets of no class keep their
-// priority and go to HTB's default class. Bytes sent per class id are counted for koordd's rates.
+// directly as the class to queue in (without a filter of its own). Where no v2 class root matched,
+// the net_cls (v1) class id of the sending task counts if it is one koordd hands out (`netcls`):
+// hosts with only v1 mounted classify that way. Packets of no class keep their priority and go to
+// HTB's default class. Bytes sent per device and class id are counted for koordd's rates.
 //
-// Header-independent: helpers only (bpf_skb_ancestor_cgroup_id reads the socket's cgroup), so it
-// runs with headers of another kernel version too.
+// EDT pacing (the "edt" enforcement): where `pace` holds a rate for the packet's device and class,
+// the packet's earliest departure time (skb->tstamp) is set so that the class leaves at that rate,
+// and the fq root qdisc holds it until then; as Cilium's bandwidth manager does, without a qdisc
+// lock shared by all classes. A packet that would wait longer than HORIZON_NS is dropped (TCP
+// backs off long before: the packets it has queued count against its socket's send budget).
+//
+// Header-independent: helpers and __sk_buff fields only, no kernel struct reads: it runs with
+// headers of another kernel version too.
 
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
 
-#define MAX_LEVEL 16        // cgroup levels below the root searched for a class root
+#define MAX_LEVEL 16                    // cgroup levels below the root searched for a class root
+#define NSEC_PER_SEC 1000000000ULL
+#define HORIZON_NS (2 * NSEC_PER_SEC)   // a class this far behind its rate drops instead of queueing
+
+struct dev_class {
+    u32 ifindex;
+    u32 classid;
+};
+
+struct pace {
+    u64 rate;                           // bytes per second
+    u64 t_last;                         // departure time of the class's latest packet (ns, CLOCK_MONOTONIC)
+};
 
 BPF_HASH(classes, u64, u32, 4096);      // v2 cgroup id of a class root -> tc class id (major << 16 | minor)
-BPF_PERCPU_HASH(sent, u32, u64, 64);    // tc class id -> bytes classified into it
+BPF_HASH(netcls, u32, u32, 16);         // net_cls.classid koordd writes -> tc class id
+BPF_PERCPU_HASH(sent, struct dev_class, u64, 1024);     // bytes classified, per device and class
+BPF_HASH(pace, struct dev_class, struct pace, 1024);    // classes paced on a device (EDT)
 
-int classify(struct __sk_buff *skb)
+static __always_inline u32 class_of(struct __sk_buff *skb)
 {
 #pragma unroll
     for (int level = 1; level <= MAX_LEVEL; level++) {
@@ -24,14 +46,51 @@ int classify(struct __sk_buff *skb)
         if (id == 0)
             break;          // above the socket's own depth: no deeper ancestor
         u32 *classid = classes.lookup(&id);
-        if (classid) {
-            skb->priority = *classid;
-            u64 zero = 0;
-            u64 *bytes = sent.lookup_or_try_init(classid, &zero);
-            if (bytes)
-                *bytes += skb->len;
-            break;
-        }
+        if (classid)
+            return *classid;
     }
+    u32 v1 = bpf_skb_cgroup_classid(skb);
+    if (v1) {
+        u32 *classid = netcls.lookup(&v1);
+        if (classid)
+            return *classid;
+    }
+    return 0;
+}
+
+// Cilium's EDT rule: the class's next packet leaves one packet time after its latest, or at once
+// if the class has been idle (or the socket asked for a later time itself).
+static __always_inline int depart(struct __sk_buff *skb, struct pace *p)
+{
+    if (p->rate == 0)
+        return TC_ACT_OK;
+    u64 now = bpf_ktime_get_ns();
+    u64 t = skb->tstamp > now ? skb->tstamp : now;
+    u64 next = p->t_last + (u64)skb->len * NSEC_PER_SEC / p->rate;
+    if (next <= t) {
+        p->t_last = t;
+        return TC_ACT_OK;
+    }
+    if (next - now >= HORIZON_NS)
+        return TC_ACT_SHOT;
+    p->t_last = next;
+    skb->tstamp = next;
+    return TC_ACT_OK;
+}
+
+int classify(struct __sk_buff *skb)
+{
+    u32 classid = class_of(skb);
+    if (classid == 0)
+        return TC_ACT_OK;
+    skb->priority = classid;
+    struct dev_class key = {.ifindex = skb->ifindex, .classid = classid};
+    struct pace *p = pace.lookup(&key);
+    if (p && depart(skb, p) == TC_ACT_SHOT)
+        return TC_ACT_SHOT;
+    u64 zero = 0;
+    u64 *bytes = sent.lookup_or_try_init(&key, &zero);
+    if (bytes)
+        *bytes += skb->len;
     return TC_ACT_OK;
 }

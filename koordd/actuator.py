@@ -19,7 +19,7 @@ from .decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, Decision, DecisionLo
 from .knobs import CgroupBackend
 from .loop import Action
 from .state import Held, RestoreJournal
-from .netclass_backend import ClassifierBackend, NetClassBackend, SharedClassifier
+from .netclass_backend import ClassifierBackend, NetClassBackend, process_classifier
 from .resctrl_backend import ResctrlGroupBackend, ResctrlTasksBackend
 from .tc_backend import TcBackend
 from .threads import ThreadPolicyBackend
@@ -277,8 +277,8 @@ def builtin_backends(fs: CgroupFS) -> list[Backend]:
     """koordd's own backends on a cgroup layout: the cgroup knobs, the policy of cgroups' threads, and
     resctrl (its groups, and which group a cgroup's threads are in), tc (a device's HTB tree) and the
     egress classifier (where it is attached, which class a cgroup's packets get)."""
-    shared = SharedClassifier()
-    return [CgroupBackend(fs), ThreadPolicyBackend(fs), ResctrlGroupBackend(), ResctrlTasksBackend(fs), TcBackend(),
+    shared = process_classifier()
+    return [CgroupBackend(fs), ThreadPolicyBackend(fs), ResctrlGroupBackend(), ResctrlTasksBackend(fs), TcBackend(shared),
             ClassifierBackend(shared), NetClassBackend(fs, shared)]
 
 

@@ -15,7 +15,7 @@ import ctypes
 import logging
 from importlib.resources import files
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
 
 log = logging.getLogger(__name__)
 PROGRAM = Path(str(files("koordd.bpf") / "net_classify.c"))
@@ -41,8 +41,9 @@ def tc_handle(text: str) -> int:
 
 
 class EgressClassifier:
-    def __init__(self, program: Path = PROGRAM):
+    def __init__(self, program: Path = PROGRAM, v1_classids: Iterable[int] = ()):
         self.program = program
+        self.v1_classids = tuple(v1_classids)   # net_cls.classid values taken as the tc class of that id
         self.bpf = None
         self.fn = None
         self.ipr = None
@@ -57,6 +58,9 @@ class EgressClassifier:
         try:
             self.bpf = BPF(src_file=str(self.program).encode())
             self.fn = self.bpf.load_func(b"classify", BPF.SCHED_CLS)
+            netcls = self.bpf[b"netcls"]
+            for classid in self.v1_classids:
+                netcls[ctypes.c_uint32(classid)] = ctypes.c_uint32(classid)
         except Exception as e:  # noqa: BLE001 - bcc raises bare Exceptions for compile and load failures
             self.close()
             raise ClassifierError(f"cannot load {self.program.name}: {e}") from None
@@ -120,9 +124,31 @@ class EgressClassifier:
         """The map as it is: v2 cgroup id -> tc class id."""
         return {k.value: v.value for k, v in self.bpf[b"classes"].items()}
 
-    def sent(self) -> dict[int, int]:
-        """Bytes classified so far, per tc class id (summed over CPUs)."""
-        return {k.value: sum(v) for k, v in self.bpf[b"sent"].items()}
+    def sent(self) -> dict[tuple[int, int], int]:
+        """Bytes classified so far, per (device index, tc class id), summed over CPUs."""
+        return {(k.ifindex, k.classid): sum(v) for k, v in self.bpf[b"sent"].items()}
+
+    def set_pace(self, index: int, classid: int, rate: int | None) -> None:
+        """Pace class `classid` on device `index` to `rate` bit/s (EDT: the program stamps each packet's
+        departure time, an fq root qdisc holds it until then); None: not paced."""
+        table = self.bpf[b"pace"]
+        key = table.Key(index, classid)
+        if rate is None:
+            table.pop(key, None)
+            return
+        old = table.get(key)
+        table[key] = table.Leaf(max(rate // 8, 1), old.t_last if old is not None else 0)
+
+    def paces(self, index: int) -> dict[int, int]:
+        """tc class id -> rate in bit/s of the classes paced on device `index`."""
+        return {k.classid: v.rate * 8 for k, v in self.bpf[b"pace"].items() if k.ifindex == index}
+
+    def clear(self, index: int) -> None:
+        """Forget device `index`: its pacing and its byte counts (an index may be reused by another device)."""
+        for name in (b"pace", b"sent"):
+            table = self.bpf[name]
+            for key in [k for k in table.keys() if k.ifindex == index]:
+                table.pop(key, None)
 
     def close(self) -> None:
         for device in list(self.attached):

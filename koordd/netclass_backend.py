@@ -47,7 +47,7 @@ class SharedClassifier:
     """The one EgressClassifier of this process, opened at first use; why not, once it failed."""
 
     def __init__(self, classifier: EgressClassifier | None = None):
-        self.classifier = classifier or EgressClassifier()
+        self.classifier = classifier or EgressClassifier(v1_classids=NET_CLASSES.values())
         self.opened = False
         self.failed: str | None = None
 
@@ -70,10 +70,25 @@ class SharedClassifier:
             self.opened = True
         return self.classifier
 
+    def opened_classifier(self) -> EgressClassifier | None:
+        """The classifier if a backend has opened it (the net sensor reads it, never loads it)."""
+        return self.classifier if self.opened else None
+
     def close(self) -> None:
         if self.opened:
             self.classifier.close()
             self.opened = False
+
+
+_process_classifier: SharedClassifier | None = None
+
+
+def process_classifier() -> SharedClassifier:
+    """The classifier shared by this process's tc backends and its net sensor."""
+    global _process_classifier
+    if _process_classifier is None:
+        _process_classifier = SharedClassifier()
+    return _process_classifier
 
 
 class ClassifierBackend(Backend):
