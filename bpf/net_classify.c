@@ -49,7 +49,7 @@ static __always_inline u32 class_of(struct __sk_buff *skb)
         if (classid)
             return *classid;
     }
-    u32 v1 = bpf_skb_cgroup_classid(skb);
+    u32 v1 = bpf_skb_cgroup_classid((void *)skb);     // bcc declares it on struct sk_buff
     if (v1) {
         u32 *classid = netcls.lookup(&v1);
         if (classid)

@@ -1,28 +1,35 @@
-"""The tc knobs of a network device: koordd's HTB tree for egress shaping, and BE's ceiling in it.
+"""The tc knobs of a network device: how koordd enforces egress shaping on it, and BE's ceiling.
 
 Kind "tc", a target is a device name. Everything goes through netlink (pyroute2), no `tc` process.
-- `tc.shaping`: "htb <bit/s>" installs koordd's tree as the device's root qdisc: HTB `1:` whose
-  unclassified traffic goes to `1:30`, the root class `1:1` at the link rate, and under it LS `1:10`
-  and other traffic `1:30` (rate and ceil the link rate, priority 0) and BE `1:20` (a 1% guarantee,
-  ceil the link rate until `tc.be_ceil` lowers it, priority 7: last to borrow). "none" is the
-  kernel's own root qdisc (handle 0:, or none at all): restoring deletes koordd's tree and the kernel
-  puts its default back. A root qdisc someone else created reads "foreign <kind> <handle>", and
-  koordd refuses to replace it.
-- `tc.be_ceil`: BE class `1:20`'s ceil in bit/s, at most the link rate.
-Packets reach the LS and BE classes by their `skb->priority`, set by the egress classifier
-(koordd/netclass.py) from their socket's cgroup.
+- `tc.shaping`, the device's root qdisc:
+  - "htb <bit/s>": koordd's HTB tree: HTB `1:` whose unclassified traffic goes to `1:30`, the root
+    class `1:1` at the link rate, and under it LS `1:10` and other traffic `1:30` (rate and ceil the
+    link rate, priority 0) and BE `1:20` (a 1% guarantee, ceil the link rate until `tc.be_ceil`
+    lowers it, priority 7: last to borrow). Packets reach LS and BE by their `skb->priority`, set by
+    the egress classifier (koordd/netclass.py) from their socket's cgroup.
+  - "edt": an `fq` root qdisc with koordd's handle `c0dd:`; the classifier stamps each BE packet's
+    departure time from BE's ceiling and fq holds it until then (Earliest Departure Time, as
+    Cilium's bandwidth manager does). No link rate: the device itself is the bottleneck.
+  - "none": the kernel's own root qdisc (handle 0:, or none at all): restoring deletes koordd's
+    qdisc and the kernel puts its default back.
+  A root qdisc someone else created reads "foreign <kind> <handle>", and koordd refuses to replace it.
+- `tc.be_ceil`: BE's ceiling in bit/s: class `1:20`'s ceil (at most the link rate), or BE's pace in
+  the classifier under "edt". "none": no ceiling (the link rate under "htb").
 """
 from __future__ import annotations
 
 import errno
+import gzip
 import importlib.util
 import os
 import re
+from pathlib import Path
 
 from .backend import Backend, InvalidValue, KnobSpec, TargetGone, Unsupported
 
 ROOT, LINK, LS_CLASS, BE_CLASS, OTHER_CLASS = 0x10000, 0x10001, 0x10010, 0x10020, 0x10030
 TC_ROOT_PARENT = 0xFFFFFFFF
+EDT_ROOT = 0xC0DD0000               # koordd's fq root qdisc under "edt"
 BE_GUARANTEE = 0.01                 # of the link: BE's rate, what it gets even when LS wants it all
 BURST_TIME, MIN_BURST = 0.005, 64 * 1024    # seconds of a class's rate it may send at once; bytes
 _UNITS = {"": 1, "bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
@@ -44,16 +51,16 @@ def parse_rate(text: str | int) -> int:
 
 def _shaping_value(value: str) -> str:
     v = value.strip()
-    if v == "none":
+    if v in ("none", "edt"):
         return v
     kind, _, rate = v.partition(" ")
     if kind != "htb":
-        raise InvalidValue(f"tc.shaping must be \"htb <rate>\" or \"none\", got {value!r}")
+        raise InvalidValue(f"tc.shaping must be \"htb <rate>\", \"edt\" or \"none\", got {value!r}")
     return f"htb {parse_rate(rate)}"
 
 
 def _ceil_value(value: str) -> str:
-    return str(parse_rate(value))
+    return "none" if value.strip() == "none" else str(parse_rate(value))
 
 
 def htb_rates(msg) -> tuple[int, int] | None:
@@ -65,6 +72,27 @@ def htb_rates(msg) -> tuple[int, int] | None:
         return None
     return ((opts.get_attr("TCA_HTB_RATE64") or parms["rate"]) * 8,
             (opts.get_attr("TCA_HTB_CEIL64") or parms["ceil"]) * 8)
+
+
+def kernel_has_qdisc(module: str, release: str | None = None, root: Path = Path("/")) -> bool | None:
+    """Whether this kernel has a qdisc (module name, e.g. "sch_fq"), built in or as a module: from
+    its modules lists, else its config; None where neither says."""
+    release = release or os.uname().release
+    moddir = root / "lib/modules" / release
+    for listing in ("modules.builtin", "modules.dep"):
+        try:
+            if f"/{module}.ko" in (moddir / listing).read_text():
+                return True
+        except OSError:
+            continue
+    option = "CONFIG_NET_SCH_" + module.removeprefix("sch_").upper()
+    for config in (root / "proc/config.gz", root / "boot" / f"config-{release}"):
+        try:
+            text = gzip.decompress(config.read_bytes()).decode() if config.suffix == ".gz" else config.read_text()
+        except OSError:
+            continue
+        return re.search(rf"^{option}=[ym]$", text, re.M) is not None
+    return None
 
 
 def _burst(rate: int) -> int:
@@ -81,12 +109,15 @@ def _handle(h: int) -> str:
 class TcBackend(Backend):
     kind = "tc"
     knobs = {
-        "tc.shaping": KnobSpec("tc.shaping", "koordd's HTB tree as the device's root qdisc: \"htb <bit/s>\" or "
-                               "\"none\" (the kernel's default)", _shaping_value),
-        "tc.be_ceil": KnobSpec("tc.be_ceil", "BE class 1:20's ceil in the HTB tree, bit/s", _ceil_value),
+        "tc.shaping": KnobSpec("tc.shaping", "how koordd enforces egress shaping on the device: \"htb <bit/s>\" "
+                               "(its HTB tree), \"edt\" (fq, BE paced by the classifier) or \"none\" (the "
+                               "kernel's default root qdisc)", _shaping_value),
+        "tc.be_ceil": KnobSpec("tc.be_ceil", "BE's egress ceiling on the device, bit/s (\"none\": no ceiling)",
+                               _ceil_value),
     }
 
-    def __init__(self, ipr=None):
+    def __init__(self, classifier=None, ipr=None):
+        self.classifier = classifier    # a SharedClassifier: BE's pace under "edt"
         self._ipr = ipr             # an IPRoute (tests may hand one in); opened at first use otherwise
 
     @property
@@ -135,18 +166,29 @@ class TcBackend(Backend):
         if root is None or root["handle"] == 0:
             return "none"
         kind = root.get_attr("TCA_KIND")
+        if kind == "fq" and root["handle"] == EDT_ROOT:
+            return "edt"
         classes = self._classes(index) if kind == "htb" else {}
         if root["handle"] == ROOT and {LINK, LS_CLASS, BE_CLASS, OTHER_CLASS} <= classes.keys():
             return f"htb {classes[LINK][0]}"
         return f"foreign {kind} {_handle(root['handle'])}"
 
+    def _pacer(self):
+        if self.classifier is None:
+            raise Unsupported("no egress classifier to pace BE (edt)")
+        return self.classifier.get()
+
     def read(self, target: str, knob: str) -> str:
         index = self._index(target)
+        shaping = self._shaping(index)
         if knob == "tc.shaping":
-            return self._shaping(index)
+            return shaping
+        if shaping == "edt":
+            rate = self._pacer().paces(index).get(BE_CLASS)
+            return "none" if rate is None else str(rate)
         classes = self._classes(index)
-        if not self._shaping(index).startswith("htb ") or BE_CLASS not in classes:
-            raise Unsupported(f"{target} has no koordd HTB tree (tc.shaping)")
+        if not shaping.startswith("htb ") or BE_CLASS not in classes:
+            raise Unsupported(f"{target} has no koordd shaping (tc.shaping)")
         return str(classes[BE_CLASS][1])
 
     def validate(self, target: str, knob: str, value: str) -> str:
@@ -155,11 +197,19 @@ class TcBackend(Backend):
         current = self._shaping(index)
         if knob == "tc.shaping" and current.startswith("foreign "):
             raise InvalidValue(f"{target}'s root qdisc ({current[8:]}) is not koordd's: left alone")
+        if knob == "tc.shaping" and v == "edt" and current != "edt":
+            if kernel_has_qdisc("sch_fq") is False:
+                raise Unsupported("this kernel has no fq qdisc (CONFIG_NET_SCH_FQ) to hold paced packets: "
+                                  "edt cannot be enforced here, htb can")
+            self._pacer()
         if knob == "tc.be_ceil":
-            if not current.startswith("htb "):
-                raise Unsupported(f"{target} has no koordd HTB tree (tc.shaping)")
-            link = int(current.split()[1])
-            if int(v) > link:
+            if current == "edt":
+                self._pacer()
+            elif not current.startswith("htb "):
+                raise Unsupported(f"{target} has no koordd shaping (tc.shaping)")
+            elif v == "none":
+                v = current.split()[1]
+            elif int(v) > (link := int(current.split()[1])):
                 raise InvalidValue(f"BE's ceil {v} bit/s is above {target}'s link rate {link} bit/s")
         return v
 
@@ -168,13 +218,20 @@ class TcBackend(Backend):
     def write(self, target: str, knob: str, value: str) -> None:
         index = self._index(target)
         try:
+            current = self._shaping(index)
             if knob == "tc.be_ceil":
-                rate = self._classes(index)[BE_CLASS][0]
-                self._class("change-class", index, BE_CLASS, rate, int(value), 7)
-            elif value == "none":
-                if self._shaping(index).startswith("htb "):
-                    self.ipr.tc("del", "htb", index, ROOT)
-            else:
+                if current == "edt":
+                    self._pacer().set_pace(index, BE_CLASS, None if value == "none" else int(value))
+                    return
+                rate, link = self._classes(index)[BE_CLASS][0], int(current.split()[1])
+                self._class("change-class", index, BE_CLASS, rate, link if value == "none" else int(value), 7)
+                return
+            ours = current == "edt" or current.startswith("htb ")
+            if ours and value.split()[0] != current.split()[0]:
+                self._remove(index, current)        # to "none", or from one enforcement to the other
+            if value == "edt":
+                self.ipr.tc("add", "fq", index, EDT_ROOT)
+            elif value != "none":
                 self._install(index, int(value.split()[1]))
         except OSError as e:
             if e.errno == errno.ENODEV:
@@ -187,6 +244,16 @@ class TcBackend(Backend):
             if code:
                 raise OSError(code, os.strerror(code)) from None
             raise
+
+    def _remove(self, index: int, current: str) -> None:
+        """koordd's root qdisc off the device (the kernel puts its default back), and BE's pace with it."""
+        if current == "edt":
+            self.ipr.tc("del", "fq", index, EDT_ROOT)
+        else:
+            self.ipr.tc("del", "htb", index, ROOT)
+        opened = self.classifier.opened_classifier() if self.classifier is not None else None
+        if opened is not None:
+            opened.set_pace(index, BE_CLASS, None)
 
     def _class(self, command: str, index: int, handle: int, rate: int, ceil: int, prio: int) -> None:
         self.ipr.tc(command, "htb", index, handle, parent=ROOT if handle == LINK else LINK,

@@ -1,20 +1,23 @@
 """net_shaping: egress bandwidth for LS first, what is left to BE, by cgroup (Heracles' network rule).
 
-For each device in `devices` ("eth0:10gbit": the name and its link rate), koordd installs its HTB
-tree as the device's root qdisc (LS class 1:10, BE 1:20, everything else 1:30; a root qdisc someone
-else made is refused and left alone), attaches its egress classifier (a BPF program on clsact egress:
-a packet's socket cgroup, or its class-root ancestor, picks the class) and puts the class roots of
-LS, LSR and LSE in the LS class and those of BE in the BE class.
+For each device in `devices` ("eth0:10gbit": the name and its link rate), koordd attaches its
+egress classifier (a BPF program on clsact egress: a packet's socket cgroup, or its class-root
+ancestor, picks the class), puts the class roots of LS, LSR and LSE in the LS class and those of BE
+in the BE class, and enforces BE's ceiling as `enforce` says: "htb", its HTB tree as the device's
+root qdisc (LS class 1:10, BE 1:20, everything else 1:30, the root at the link rate); "edt", an fq
+root qdisc and BE's packets stamped with departure times at BE's ceiling. A root qdisc someone else
+made is refused and left alone.
 
 Every round BE's ceiling follows what LS sends: BE = link − LS − max(5% of the link, 10% of LS),
 at least `be_min_percent` of the link. It drops at once when LS needs more, and rises by at most
 `max_step_percent` of the link per round, so a lull in LS traffic does not hand BE the link all at
-once. LS's class may use the whole link at any time; BE borrows only what LS leaves (priority 7).
+once. LS may use the whole link at any time (under htb BE borrows only what LS leaves, priority 7).
 
 Limits: a socket keeps the cgroup it was created in; traffic forwarded from another network
 namespace (pods behind a veth) has no local socket on the host device: shape it on the pod's veth.
-Needs a cgroup v2 tree (the unified one on hybrid hosts), bcc and pyroute2; net_cls classids for
-pure v1 hosts are not built yet. On stop, the tree, the classifier and the map entries go, and the
+Needs bcc, pyroute2 and a cgroup v2 tree (the unified one on hybrid hosts) or else a mounted v1
+net_cls hierarchy (koordd then moves the class roots' threads into net_cls cgroups with its classids;
+see docs/net-shaping.md). On stop, the tree, the classifier and the map entries go, and the
 device gets the kernel's default root qdisc back (a clsact qdisc koordd did not add stays).
 """
 from __future__ import annotations
@@ -58,6 +61,9 @@ class NetShaping(Loop):
     name = "net_shaping"
     options = (
         DeviceRates("devices", tuple, (), "devices to shape, each \"name:link rate\" (e.g. \"eth0:10gbit\")"),
+        Option("enforce", str, "htb", "how BE's ceiling is enforced: htb (koordd's HTB tree at the link rate) or "
+               "edt (BE's packets paced by the classifier, an fq root qdisc holds them; see docs/net-shaping.md)",
+               choices=("htb", "edt")),
         Option("be_min_percent", float, 1.0, "BE's ceiling never goes below this, percent of the link",
                min=0.01, max=100),
         Option("max_step_percent", float, 10.0, "how much BE's ceiling may rise per round, percent of the link",
@@ -84,8 +90,12 @@ class NetShaping(Loop):
         for entry in settings.devices:
             device, _, rate = entry.partition(":")
             link = int(rate)
-            actions.append(Action(device, "tc.shaping", f"htb {link}", {"link_bps": link},
-                                  f"{device}: koordd's HTB tree at {link / 1e6:g} Mbit/s"))
+            if settings.enforce == "edt":
+                actions.append(Action(device, "tc.shaping", "edt", {"link_bps": link},
+                                      f"{device}: fq root, BE paced by departure time"))
+            else:
+                actions.append(Action(device, "tc.shaping", f"htb {link}", {"link_bps": link},
+                                      f"{device}: koordd's HTB tree at {link / 1e6:g} Mbit/s"))
             actions.append(Action(device, "tc.classifier", "attached", {}, f"{device}: packets classed by cgroup"))
             ceil, reason = _be_ceil(device, link, net.get(device), settings, state)
             if ceil is not None:
@@ -108,10 +118,10 @@ class NetShaping(Loop):
 
 def _be_ceil(device: str, link: int, sample, settings, state: State) -> tuple[int | None, dict]:
     """BE's ceiling on `device` this round (None until the tree is there), and the numbers behind it."""
-    if sample is None or sample.link_bps != link:
-        return None, {}                 # the tree is being made or re-rated: next round
+    if sample is None or sample.mode != settings.enforce or (sample.mode == "htb" and sample.link_bps != link):
+        return None, {}                 # the qdisc is being made or re-rated: next round
     floor = max(int(link * settings.be_min_percent / 100), 8)
-    last = state.ceil.get(device, sample.be_ceil_bps)
+    last = state.ceil.get(device, sample.be_ceil_bps or link)
     if sample.ls_bps is None:
         target, step = last, "hold (first round: no LS rate yet)"
     else:

@@ -19,8 +19,9 @@ def settings(**kw):
     return make_settings(loop_options(NetShaping), {"enabled": True, "devices": ["eth0:1gbit"], **kw})
 
 
-def snap(ls_bps=None, be_ceil=G, link=G, held=(), net=True):
-    section = {"eth0": NetSample(link, be_ceil, ls_bps, 0.0 if ls_bps is not None else None, None)} if net else {}
+def snap(ls_bps=None, be_ceil=G, link=G, held=(), net=True, mode="htb"):
+    section = {"eth0": NetSample(mode, link if mode == "htb" else None, be_ceil, ls_bps,
+                                 0.0 if ls_bps is not None else None, None)} if net else {}
     return Snapshot(time=1.0, wall=0.0, node=NodeSample(cpu_count=2, cpu_used=0.5),
                     cgroups={"web": CgroupSample(path="web", cls="LS"), "db": CgroupSample(path="db", cls="LSR"),
                              "batch": CgroupSample(path="batch", cls="BE")},
@@ -58,6 +59,18 @@ def test_be_ceiling_is_link_minus_ls_minus_headroom_falling_at_once_rising_in_st
 def test_a_tree_being_made_or_re_rated_waits_a_round_for_the_ceiling():
     s = settings()
     assert ceil_of(NetShaping.decide(snap(100e6, link=2 * G), s, NetShaping.initial_state(s))) is None
+    # Switching enforcement: no ceiling until the device has the new root qdisc.
+    assert ceil_of(NetShaping.decide(snap(100e6, mode="edt"), s, NetShaping.initial_state(s))) is None
+
+
+def test_edt_asks_for_the_fq_root_and_paces_be_by_the_same_rule():
+    s = settings(enforce="edt")
+    state = NetShaping.initial_state(s)
+    got = [(a.knob, a.value) for a in NetShaping.decide(snap(net=False), s, state)][:2]
+    assert got == [("tc.shaping", "edt"), ("tc.classifier", "attached")]
+    assert ceil_of(NetShaping.decide(snap(None, be_ceil=None, mode="edt"), s, state)) == G    # unpaced: the link
+    assert ceil_of(NetShaping.decide(snap(600e6, be_ceil=G, mode="edt"), s, state)) == 340_000_000
+    assert ceil_of(NetShaping.decide(snap(600e6, mode="htb"), s, state)) is None
 
 
 def test_a_device_leaving_the_config_loses_what_koordd_put_on_it_in_order():
@@ -128,9 +141,48 @@ def test_the_sensor_reports_rates_per_class_on_the_devices_koordd_shapes():
     sensor = NetSensor(nl)
     sensor.start()
     first = sensor.sample(SensorContext(10.0, {}))
-    assert first == {"eth0": NetSample(G, 3 * 10**8, None, None, None)}          # lo is not shaped
+    assert first == {"eth0": NetSample("htb", G, 3 * 10**8, None, None, None)}   # lo is not shaped
     nl.sent.update({LS_CLASS: 25_000_000, BE_CLASS: 5_000_000, OTHER_CLASS: 1000})
     second = sensor.sample(SensorContext(12.0, {}))["eth0"]
     assert (second.ls_bps, second.be_bps, second.other_bps) == (100e6, 20e6, 4000.0)
     nl.root["eth0"] = (0x50000, "htb")                                         # someone else's tree
     assert sensor.sample(SensorContext(13.0, {})) == {}
+
+
+class FakeClassifier:
+    def __init__(self):
+        self.counts, self.pace = {}, {}
+
+    def sent(self):
+        return dict(self.counts)
+
+    def paces(self, index):
+        return {c: r for (i, c), r in self.pace.items() if i == index}
+
+
+class Opened:
+    def __init__(self, classifier):
+        self.classifier = classifier
+
+    def opened_classifier(self):
+        return self.classifier
+
+
+def test_under_edt_rates_come_from_the_classifier_and_the_rest_of_fq_is_other_traffic():
+    nl, classifier = FakeNetlink(), FakeClassifier()
+    fq_bytes = [0]
+    nl.root["eth0"] = (0xC0DD0000, "fq")
+    nl.get_qdiscs = lambda: [Msg({"TCA_KIND": kind, "TCA_STATS2": Msg({"TCA_STATS_BASIC": {"bytes": fq_bytes[0]}})},
+                                 index=i, handle=handle, parent=0xFFFFFFFF)
+                             for i, (handle, kind) in enumerate(nl.root.values())]
+    # The classifier not opened by this process (the loop is off): edt devices are not counted.
+    sensor = NetSensor(nl, Opened(None))
+    sensor.start()
+    assert sensor.sample(SensorContext(10.0, {})) == {}
+    sensor = NetSensor(nl, Opened(classifier))
+    assert sensor.sample(SensorContext(10.0, {})) == {"eth0": NetSample("edt", None, None, None, None, None)}
+    classifier.counts = {(0, LS_CLASS): 2_500_000, (0, BE_CLASS): 500_000, (7, BE_CLASS): 99}   # 7: another device
+    classifier.pace = {(0, BE_CLASS): 3 * 10**8}
+    fq_bytes[0] = 3_000_100
+    second = sensor.sample(SensorContext(11.0, {}))["eth0"]
+    assert second == NetSample("edt", None, 3 * 10**8, 20e6, 4e6, 800.0)

@@ -1,22 +1,25 @@
 """Egress rates per class on each device koordd shapes: the "net" section.
 
-A device is shaped when its root qdisc is koordd's HTB tree (koordd/tc_backend.py); for each, the
-bytes its LS, BE and other classes sent since the last round, as bit/s, and BE's ceil as it is.
-The tree itself says which devices these are, so the sensor needs no configuration.
+A device is shaped when its root qdisc is koordd's (koordd/tc_backend.py): for each, the bytes its
+LS, BE and other traffic sent since the last round, as bit/s, and BE's ceiling as it is. Under
+"htb" both come from the HTB classes; under "edt" from the egress classifier's counters and BE's
+pace (the classifier this process's tc backends opened; none opened, no sample) and the fq root's
+byte count. The qdiscs themselves say which devices these are: the sensor needs no configuration.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..snapshot import NET
-from ..tc_backend import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT, TC_ROOT_PARENT, htb_rates
+from ..tc_backend import BE_CLASS, EDT_ROOT, LINK, LS_CLASS, OTHER_CLASS, ROOT, TC_ROOT_PARENT, htb_rates
 from .contract import OptionalSensor, SensorContext, SensorUnavailable
 
 
 @dataclass(frozen=True)
 class NetSample:
-    link_bps: int                   # the tree's link rate
-    be_ceil_bps: int
+    mode: str                       # "htb" or "edt": how the device is shaped
+    link_bps: int | None            # the HTB tree's link rate (None under edt: the device's own)
+    be_ceil_bps: int | None         # None: BE has no ceiling (edt, not paced yet)
     ls_bps: float | None            # sent since the last round; None on a device's first round
     be_bps: float | None
     other_bps: float | None
@@ -25,8 +28,9 @@ class NetSample:
 class NetSensor(OptionalSensor):
     name = NET
 
-    def __init__(self, ipr=None):
+    def __init__(self, ipr=None, classifier=None):
         self.ipr = ipr
+        self.classifier = classifier    # a SharedClassifier; the process's own by default
         self.last: dict[str, tuple[float, dict[int, int]]] = {}    # device -> (time, bytes per class)
 
     def start(self) -> None:
@@ -36,28 +40,32 @@ class NetSensor(OptionalSensor):
             except ImportError:
                 raise SensorUnavailable("pyroute2 is not installed") from None
             self.ipr = IPRoute()
+        if self.classifier is None:
+            from ..netclass_backend import process_classifier
+            self.classifier = process_classifier()
 
     def sample(self, context: SensorContext | None = None) -> dict[str, NetSample]:
         now = context.now if context is not None else 0.0
         out, seen = {}, {}
-        # One dump of every qdisc, then only the devices with koordd's tree: a node with hundreds of
-        # pod veths pays one netlink round trip, not one per device.
-        shaped = [m["index"] for m in self.ipr.get_qdiscs()
-                  if m["parent"] == TC_ROOT_PARENT and m["handle"] == ROOT and m.get_attr("TCA_KIND") == "htb"]
-        for index in shaped:
+        # One dump of every qdisc, then only the devices koordd shapes: a node with hundreds of pod
+        # veths pays one netlink round trip, not one per device.
+        shaped = {m["index"]: m for m in self.ipr.get_qdiscs() if m["parent"] == TC_ROOT_PARENT
+                  and (m["handle"], m.get_attr("TCA_KIND")) in ((ROOT, "htb"), (EDT_ROOT, "fq"))}
+        classifier = self.classifier.opened_classifier() if self.classifier is not None else None
+        for index, root in shaped.items():
             links = self.ipr.get_links(index)
             if not links:
                 continue            # gone meanwhile
             device = links[0].get_attr("IFLA_IFNAME")
-            rates, sent = {}, {}
-            for m in self.ipr.get_classes(index):
-                if (r := htb_rates(m)) is not None:
-                    rates[m["handle"]] = r
-                stats = m.get_attr("TCA_STATS2")
-                if stats is not None:
-                    sent[m["handle"]] = stats.get_attr("TCA_STATS_BASIC")["bytes"]
-            if not {LINK, BE_CLASS} <= rates.keys():
+            if root["handle"] == ROOT:
+                found = self._htb(index)
+            elif classifier is not None:
+                found = self._edt(index, root, classifier)
+            else:
+                continue            # edt without this process's classifier: nothing to count
+            if found is None:
                 continue
+            mode, link, ceil, sent = found
             seen[device] = (now, sent)
             prev = self.last.get(device)
             dt = now - prev[0] if prev else 0.0
@@ -66,11 +74,35 @@ class NetSensor(OptionalSensor):
                 if prev is None or dt <= 0 or handle not in sent or handle not in prev[1]:
                     return None
                 return max(sent[handle] - prev[1][handle], 0) * 8 / dt
-            out[device] = NetSample(rates[LINK][0], rates[BE_CLASS][1], bps(LS_CLASS), bps(BE_CLASS), bps(OTHER_CLASS))
+            out[device] = NetSample(mode, link, ceil, bps(LS_CLASS), bps(BE_CLASS), bps(OTHER_CLASS))
         self.last = seen
         return out
+
+    def _htb(self, index: int):
+        rates, sent = {}, {}
+        for m in self.ipr.get_classes(index):
+            if (r := htb_rates(m)) is not None:
+                rates[m["handle"]] = r
+            sent[m["handle"]] = _bytes(m)
+        if not {LINK, BE_CLASS} <= rates.keys():
+            return None
+        return "htb", rates[LINK][0], rates[BE_CLASS][1], sent
+
+    @staticmethod
+    def _edt(index: int, root, classifier):
+        counted = {classid: n for (ifindex, classid), n in classifier.sent().items() if ifindex == index}
+        sent = {LS_CLASS: counted.get(LS_CLASS, 0), BE_CLASS: counted.get(BE_CLASS, 0)}
+        # The rest of what fq sent is other traffic (fq counts at dequeue, the classifier at
+        # enqueue: the difference of a round's packets in flight is noise).
+        sent[OTHER_CLASS] = max(_bytes(root) - sent[LS_CLASS] - sent[BE_CLASS], 0)
+        return "edt", None, classifier.paces(index).get(BE_CLASS), sent
 
     def stop(self) -> None:
         if self.ipr is not None:
             self.ipr.close()
             self.ipr = None
+
+
+def _bytes(msg) -> int:
+    stats = msg.get_attr("TCA_STATS2")
+    return stats.get_attr("TCA_STATS_BASIC")["bytes"] if stats is not None else 0
