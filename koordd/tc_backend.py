@@ -13,6 +13,9 @@ Kind "tc", a target is a device name. Everything goes through netlink (pyroute2)
   - "none": the kernel's own root qdisc (handle 0:, or none at all): restoring deletes koordd's
     qdisc and the kernel puts its default back.
   A root qdisc someone else created reads "foreign <kind> <handle>", and koordd refuses to replace it.
+- `tc.replace_root`, a command: "<kind> <handle>" deletes that root qdisc, someone else's, so that
+  koordd's can take its place (net_shaping's `take_over`). The kernel's default comes back in its
+  stead, and that is what koordd restores on stop: it cannot rebuild another's qdisc.
 - `tc.be_ceil`: BE's ceiling in bit/s: class `1:20`'s ceil (at most the link rate), or BE's pace in
   the classifier under "edt". "none": no ceiling (the link rate under "htb").
 """
@@ -95,6 +98,13 @@ def kernel_has_qdisc(module: str, release: str | None = None, root: Path = Path(
     return None
 
 
+def _root_value(value: str) -> str:
+    kind, _, handle = value.strip().partition(" ")
+    if not kind or not re.fullmatch(r"[0-9a-f]{1,4}:", handle):
+        raise InvalidValue(f"tc.replace_root must be \"<kind> <handle>\", e.g. \"htb 5:\", got {value!r}")
+    return f"{kind} {handle}"
+
+
 def _burst(rate: int) -> int:
     """Bytes a class may send at once: BURST_TIME of its rate, at least MIN_BURST. tc's default (rate /
     HZ + one MTU, about a millisecond) loses the tokens of every late timer, and a GSO packet on a
@@ -114,6 +124,8 @@ class TcBackend(Backend):
                                "kernel's default root qdisc)", _shaping_value),
         "tc.be_ceil": KnobSpec("tc.be_ceil", "BE's egress ceiling on the device, bit/s (\"none\": no ceiling)",
                                _ceil_value),
+        "tc.replace_root": KnobSpec("tc.replace_root", "deletes someone else's root qdisc on the device (\"<kind> "
+                                    "<handle>\") for koordd's to take its place", _root_value, oneshot=True),
     }
 
     def __init__(self, classifier=None, ipr=None):
@@ -196,7 +208,12 @@ class TcBackend(Backend):
         index = self._index(target)
         current = self._shaping(index)
         if knob == "tc.shaping" and current.startswith("foreign "):
-            raise InvalidValue(f"{target}'s root qdisc ({current[8:]}) is not koordd's: left alone")
+            raise InvalidValue(f"{target}'s root qdisc ({current[8:]}) is not koordd's: left alone "
+                               f"(loops.net_shaping.take_over = true replaces it)")
+        if knob == "tc.replace_root":
+            if current != f"foreign {v}":
+                raise InvalidValue(f"{target}'s root qdisc is {current}, not someone else's {v}: nothing replaced")
+            return v
         if knob == "tc.shaping" and v == "edt" and current != "edt":
             if kernel_has_qdisc("sch_fq") is False:
                 raise Unsupported("this kernel has no fq qdisc (CONFIG_NET_SCH_FQ) to hold paced packets: "
@@ -219,6 +236,10 @@ class TcBackend(Backend):
         index = self._index(target)
         try:
             current = self._shaping(index)
+            if knob == "tc.replace_root":
+                kind, handle = value.split()
+                self.ipr.tc("del", kind, index, int(handle[:-1], 16) << 16)
+                return
             if knob == "tc.be_ceil":
                 if current == "edt":
                     self._pacer().set_pace(index, BE_CLASS, None if value == "none" else int(value))

@@ -6,7 +6,8 @@ ancestor, picks the class), puts the class roots of LS, LSR and LSE in the LS cl
 in the BE class, and enforces BE's ceiling as `enforce` says: "htb", its HTB tree as the device's
 root qdisc (LS class 1:10, BE 1:20, everything else 1:30, the root at the link rate); "edt", an fq
 root qdisc and BE's packets stamped with departure times at BE's ceiling. A root qdisc someone else
-made is refused and left alone.
+made is refused and left alone, unless `take_over` says to delete it (on stop the device then gets
+the kernel's default root qdisc: koordd cannot rebuild another's).
 
 Every round BE's ceiling follows what LS sends: BE = link − LS − max(5% of the link, 10% of LS),
 at least `be_min_percent` of the link. It drops at once when LS needs more, and rises by at most
@@ -64,6 +65,8 @@ class NetShaping(Loop):
         Option("enforce", str, "htb", "how BE's ceiling is enforced: htb (koordd's HTB tree at the link rate) or "
                "edt (BE's packets paced by the classifier, an fq root qdisc holds them; see docs/net-shaping.md)",
                choices=("htb", "edt")),
+        Option("take_over", bool, False, "replace a root qdisc someone else made on a device in devices (on stop "
+               "the device gets the kernel's default root qdisc, not the one replaced); false: leave it, shape nothing there"),
         Option("be_min_percent", float, 1.0, "BE's ceiling never goes below this, percent of the link",
                min=0.01, max=100),
         Option("max_step_percent", float, 10.0, "how much BE's ceiling may rise per round, percent of the link",
@@ -72,7 +75,7 @@ class NetShaping(Loop):
 
     @staticmethod
     def writes(settings) -> frozenset[tuple[str, str]]:
-        return frozenset({(NODE, "tc.shaping"), (NODE, "tc.be_ceil"), (NODE, "tc.classifier")}
+        return frozenset({(NODE, knob) for knob in ("tc.shaping", "tc.be_ceil", "tc.classifier", "tc.replace_root")}
                          | {(cls, "net_class") for cls in (*LATENCY_SENSITIVE, "BE")})
 
     @staticmethod
@@ -90,6 +93,11 @@ class NetShaping(Loop):
         for entry in settings.devices:
             device, _, rate = entry.partition(":")
             link = int(rate)
+            sample = net.get(device)
+            if settings.take_over and sample is not None and sample.mode.startswith("foreign "):
+                actions.append(Action(device, "tc.replace_root", sample.mode[8:], {"take_over": True},
+                                      f"{device}: someone else's root qdisc ({sample.mode[8:]}) replaced by koordd's "
+                                      "(take_over)"))
             if settings.enforce == "edt":
                 actions.append(Action(device, "tc.shaping", "edt", {"link_bps": link},
                                       f"{device}: fq root, BE paced by departure time"))

@@ -146,7 +146,7 @@ def test_the_sensor_reports_rates_per_class_on_the_devices_koordd_shapes():
     second = sensor.sample(SensorContext(12.0, {}))["eth0"]
     assert (second.ls_bps, second.be_bps, second.other_bps) == (100e6, 20e6, 4000.0)
     nl.root["eth0"] = (0x50000, "htb")                                         # someone else's tree
-    assert sensor.sample(SensorContext(13.0, {})) == {}
+    assert sensor.sample(SensorContext(13.0, {})) == {"eth0": NetSample("foreign htb 5:", None, None, None, None, None)}
 
 
 class FakeClassifier:
@@ -186,3 +186,25 @@ def test_under_edt_rates_come_from_the_classifier_and_the_rest_of_fq_is_other_tr
     fq_bytes[0] = 3_000_100
     second = sensor.sample(SensorContext(11.0, {}))["eth0"]
     assert second == NetSample("edt", None, 3 * 10**8, 20e6, 4e6, 800.0)
+
+
+def test_take_over_replaces_someone_elses_root_before_shaping_and_only_when_asked():
+    s = settings()
+    foreign = snap(mode="foreign htb 5:")
+    assert [a.knob for a in NetShaping.decide(foreign, s, NetShaping.initial_state(s))][:2] == \
+        ["tc.shaping", "tc.classifier"]                          # asked, and refused by the backend
+    s = settings(take_over=True)
+    got = [(a.knob, a.value) for a in NetShaping.decide(foreign, s, NetShaping.initial_state(s))][:2]
+    assert got == [("tc.replace_root", "htb 5:"), ("tc.shaping", "htb 1000000000")]
+    assert "tc.replace_root" not in [a.knob for a in NetShaping.decide(snap(), s, NetShaping.initial_state(s))]
+
+
+def test_the_sensor_reports_someone_elses_root_qdisc():
+    nl = FakeNetlink()
+    nl.root["lo"] = (0x80010000, "fq_codel")
+    sensor = NetSensor(nl, Opened(None))
+    sensor.start()
+    assert sensor.sample(SensorContext(1.0, {}))["lo"] == NetSample("foreign fq_codel 8001:", None, None, None, None, None)
+    nl.root["eth0"] = (ROOT, "htb")
+    nl.get_classes = lambda index: []                             # HTB 1: without koordd's classes
+    assert sensor.sample(SensorContext(2.0, {}))["eth0"].mode == "foreign htb 1:"

@@ -17,7 +17,8 @@ from .contract import OptionalSensor, SensorContext, SensorUnavailable
 
 @dataclass(frozen=True)
 class NetSample:
-    mode: str                       # "htb" or "edt": how the device is shaped
+    mode: str                       # "htb" or "edt": how koordd shapes it; "foreign <kind> <handle>": a root
+                                    # qdisc of someone else's (rates None)
     link_bps: int | None            # the HTB tree's link rate (None under edt: the device's own)
     be_ceil_bps: int | None         # None: BE has no ceiling (edt, not paced yet)
     ls_bps: float | None            # sent since the last round; None on a device's first round
@@ -49,8 +50,12 @@ class NetSensor(OptionalSensor):
         out, seen = {}, {}
         # One dump of every qdisc, then only the devices koordd shapes: a node with hundreds of pod
         # veths pays one netlink round trip, not one per device.
-        shaped = {m["index"]: m for m in self.ipr.get_qdiscs() if m["parent"] == TC_ROOT_PARENT
-                  and (m["handle"], m.get_attr("TCA_KIND")) in ((ROOT, "htb"), (EDT_ROOT, "fq"))}
+        roots = [m for m in self.ipr.get_qdiscs() if m["parent"] == TC_ROOT_PARENT and m["handle"]]
+        shaped = {m["index"]: m for m in roots if (m["handle"], m.get_attr("TCA_KIND")) in ((ROOT, "htb"), (EDT_ROOT, "fq"))}
+        for m in roots:
+            # Someone else's root qdisc (the kernel's defaults have handle 0:): net_shaping's take_over needs it.
+            if m["index"] not in shaped and (links := self.ipr.get_links(m["index"])):
+                out[links[0].get_attr("IFLA_IFNAME")] = _foreign(m)
         classifier = self.classifier.opened_classifier() if self.classifier is not None else None
         for index, root in shaped.items():
             links = self.ipr.get_links(index)
@@ -58,12 +63,13 @@ class NetSensor(OptionalSensor):
                 continue            # gone meanwhile
             device = links[0].get_attr("IFLA_IFNAME")
             if root["handle"] == ROOT:
-                found = self._htb(index)
+                found = self._htb(index)        # an HTB 1: without koordd's classes is someone else's too
             elif classifier is not None:
                 found = self._edt(index, root, classifier)
             else:
                 continue            # edt without this process's classifier: nothing to count
-            if found is None:
+            if found is None:           # HTB 1: without koordd's classes
+                out[device] = _foreign(root)
                 continue
             mode, link, ceil, sent = found
             seen[device] = (now, sent)
@@ -106,3 +112,7 @@ class NetSensor(OptionalSensor):
 def _bytes(msg) -> int:
     stats = msg.get_attr("TCA_STATS2")
     return stats.get_attr("TCA_STATS_BASIC")["bytes"] if stats is not None else 0
+
+
+def _foreign(root) -> NetSample:
+    return NetSample(f"foreign {root.get_attr('TCA_KIND')} {root['handle'] >> 16:x}:", None, None, None, None, None)

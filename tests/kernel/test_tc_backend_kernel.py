@@ -40,13 +40,14 @@ def test_the_tree_is_made_re_rated_and_removed(veth):
     ipr, index, b = veth
     assert b.probe() == {}
     assert b.read(DEV, "tc.shaping") == "none"
-    with pytest.raises(Unsupported, match="no koordd HTB tree"):
+    with pytest.raises(Unsupported, match="no koordd shaping"):
         b.read(DEV, "tc.be_ceil")
     assert b.validate(DEV, "tc.shaping", "htb 1gbit") == "htb 1000000000"
     b.write(DEV, "tc.shaping", "htb 1000000000")
     assert b.read(DEV, "tc.shaping") == "htb 1000000000" and b.read(DEV, "tc.be_ceil") == "1000000000"
     b.write(DEV, "tc.be_ceil", b.validate(DEV, "tc.be_ceil", "50mbit"))
     assert b.read(DEV, "tc.be_ceil") == "50000000"
+    assert b.validate(DEV, "tc.be_ceil", "none") == "1000000000"           # no ceiling: the link rate
     with pytest.raises(InvalidValue, match="above kdtc.* link rate 1000000000"):
         b.validate(DEV, "tc.be_ceil", "2gbit")
     # A new link rate keeps BE's ceil, within the new rate.
@@ -65,6 +66,20 @@ def test_a_root_qdisc_someone_else_made_is_left_alone(veth):
     assert b.read(DEV, "tc.shaping") == "foreign htb 5:"
     with pytest.raises(InvalidValue, match="root qdisc \\(htb 5:\\) is not koordd's"):
         b.validate(DEV, "tc.shaping", "htb 1gbit")
+
+
+def test_take_over_deletes_the_foreign_root_and_stop_leaves_the_kernels_default(veth, tmp_path):
+    ipr, index, b = veth
+    ipr.tc("add", "htb", index, 0x50000, default=1)
+    act = Actuator(Backends([b]), RestoreJournal(tmp_path), DecisionLog(tmp_path, send=lambda message, **fields: None))
+    with pytest.raises(InvalidValue, match="not someone else's sfq 5:"):
+        b.validate(DEV, "tc.replace_root", "sfq 5:")                      # not what is there: nothing deleted
+    decisions = act.apply("net_shaping", [Action(DEV, "tc.replace_root", "htb 5:", {}, "take over"),
+                                          Action(DEV, "tc.shaping", "htb 1gbit", {}, "shape")])
+    assert [(d.knob, d.old, d.new, d.outcome) for d in decisions] == [
+        ("tc.replace_root", None, "htb 5:", APPLIED), ("tc.shaping", "none", "htb 1000000000", APPLIED)]
+    act.restore_all("stopping")
+    assert b.read(DEV, "tc.shaping") == "none"
 
 
 def test_through_the_actuator_and_back(veth, tmp_path):
