@@ -22,6 +22,7 @@
 #define MAX_LEVEL 16                    // cgroup levels below the root searched for a class root
 #define NSEC_PER_SEC 1000000000ULL
 #define HORIZON_NS (2 * NSEC_PER_SEC)   // a class this far behind its rate drops instead of queueing
+#define SEGMENT_HEADERS 66              // Ethernet + IPv4 + TCP with timestamps (IPv6: 20 more)
 
 struct dev_class {
     u32 ifindex;
@@ -58,6 +59,14 @@ static __always_inline u32 class_of(struct __sk_buff *skb)
     return 0;
 }
 
+// Bytes on the wire: a GSO packet carries its headers once, each of its segments carries them again
+// (HTB counts them the same way; an estimate, as the headers' own length is not parsed here).
+static __always_inline u64 wire_len(struct __sk_buff *skb)
+{
+    u32 segs = skb->gso_segs;
+    return skb->len + (segs > 1 ? (u64)(segs - 1) * SEGMENT_HEADERS : 0);
+}
+
 // Cilium's EDT rule: the class's next packet leaves one packet time after its latest, or at once
 // if the class has been idle (or the socket asked for a later time itself).
 static __always_inline int depart(struct __sk_buff *skb, struct pace *p)
@@ -66,7 +75,7 @@ static __always_inline int depart(struct __sk_buff *skb, struct pace *p)
         return TC_ACT_OK;
     u64 now = bpf_ktime_get_ns();
     u64 t = skb->tstamp > now ? skb->tstamp : now;
-    u64 next = p->t_last + (u64)skb->len * NSEC_PER_SEC / p->rate;
+    u64 next = p->t_last + wire_len(skb) * NSEC_PER_SEC / p->rate;
     if (next <= t) {
         p->t_last = t;
         return TC_ACT_OK;
@@ -91,6 +100,6 @@ int classify(struct __sk_buff *skb)
     u64 zero = 0;
     u64 *bytes = sent.lookup_or_try_init(&key, &zero);
     if (bytes)
-        *bytes += skb->len;
+        *bytes += wire_len(skb);
     return TC_ACT_OK;
 }

@@ -7,7 +7,8 @@ Kind "tc", a target is a device name. Everything goes through netlink (pyroute2)
     link rate, priority 0) and BE `1:20` (a 1% guarantee, ceil the link rate until `tc.be_ceil`
     lowers it, priority 7: last to borrow). Packets reach LS and BE by their `skb->priority`, set by
     the egress classifier (koordd/netclass.py) from their socket's cgroup.
-  - "edt": an `fq` root qdisc with koordd's handle `c0dd:`; the classifier stamps each BE packet's
+  - "edt": an `fq` root qdisc with koordd's handle `c0dd:` (on a multi-queue device `mq` there,
+    an fq per tx queue); the classifier stamps each BE packet's
     departure time from BE's ceiling and fq holds it until then (Earliest Departure Time, as
     Cilium's bandwidth manager does). No link rate: the device itself is the bottleneck.
   - "none": the kernel's own root qdisc (handle 0:, or none at all): restoring deletes koordd's
@@ -32,7 +33,8 @@ from .backend import Backend, InvalidValue, KnobSpec, TargetGone, Unsupported
 
 ROOT, LINK, LS_CLASS, BE_CLASS, OTHER_CLASS = 0x10000, 0x10001, 0x10010, 0x10020, 0x10030
 TC_ROOT_PARENT = 0xFFFFFFFF
-EDT_ROOT = 0xC0DD0000               # koordd's fq root qdisc under "edt"
+EDT_ROOT = 0xC0DD0000               # koordd's root qdisc under "edt": fq, or mq with an fq per tx queue
+EDT_ROOT_KINDS = ("fq", "mq")
 BE_GUARANTEE = 0.01                 # of the link: BE's rate, what it gets even when LS wants it all
 BURST_TIME, MIN_BURST = 0.005, 64 * 1024    # seconds of a class's rate it may send at once; bytes
 _UNITS = {"": 1, "bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
@@ -178,7 +180,7 @@ class TcBackend(Backend):
         if root is None or root["handle"] == 0:
             return "none"
         kind = root.get_attr("TCA_KIND")
-        if kind == "fq" and root["handle"] == EDT_ROOT:
+        if kind in EDT_ROOT_KINDS and root["handle"] == EDT_ROOT:
             return "edt"
         classes = self._classes(index) if kind == "htb" else {}
         if root["handle"] == ROOT and {LINK, LS_CLASS, BE_CLASS, OTHER_CLASS} <= classes.keys():
@@ -251,7 +253,7 @@ class TcBackend(Backend):
             if ours and value.split()[0] != current.split()[0]:
                 self._remove(index, current)        # to "none", or from one enforcement to the other
             if value == "edt":
-                self.ipr.tc("add", "fq", index, EDT_ROOT)
+                self._install_edt(index)
             elif value != "none":
                 self._install(index, int(value.split()[1]))
         except OSError as e:
@@ -269,12 +271,24 @@ class TcBackend(Backend):
     def _remove(self, index: int, current: str) -> None:
         """koordd's root qdisc off the device (the kernel puts its default back), and BE's pace with it."""
         if current == "edt":
-            self.ipr.tc("del", "fq", index, EDT_ROOT)
+            self.ipr.tc("del", self._root(index).get_attr("TCA_KIND"), index, EDT_ROOT)
         else:
             self.ipr.tc("del", "htb", index, ROOT)
         opened = self.classifier.opened_classifier() if self.classifier is not None else None
         if opened is not None:
             opened.set_pace(index, BE_CLASS, None)
+
+    def _install_edt(self, index: int) -> None:
+        """fq at the root of a single-queue device; on a multi-queue one mq with an fq per tx queue,
+        so each queue has its own lock (as Cilium's bandwidth manager does)."""
+        links = self.ipr.get_links(index)
+        queues = (links[0].get_attr("IFLA_NUM_TX_QUEUES") or 1) if links else 1
+        if queues == 1:
+            self.ipr.tc("add", "fq", index, EDT_ROOT)
+            return
+        self.ipr.tc("add", "mq", index, EDT_ROOT)
+        for queue in range(1, queues + 1):
+            self.ipr.tc("replace", "fq", index, 0, parent=EDT_ROOT | queue)
 
     def _class(self, command: str, index: int, handle: int, rate: int, ceil: int, prio: int) -> None:
         self.ipr.tc(command, "htb", index, handle, parent=ROOT if handle == LINK else LINK,

@@ -3,7 +3,7 @@
 A device is shaped when its root qdisc is koordd's (koordd/tc_backend.py): for each, the bytes its
 LS, BE and other traffic sent since the last round, as bit/s, and BE's ceiling as it is. Under
 "htb" both come from the HTB classes; under "edt" from the egress classifier's counters and BE's
-pace (the classifier this process's tc backends opened; none opened, no sample) and the fq root's
+pace (the classifier this process's tc backends opened; none opened, no sample) and the root qdisc's
 byte count. The qdiscs themselves say which devices these are: the sensor needs no configuration.
 """
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..snapshot import NET
-from ..tc_backend import BE_CLASS, EDT_ROOT, LINK, LS_CLASS, OTHER_CLASS, ROOT, TC_ROOT_PARENT, htb_rates
+from ..tc_backend import (BE_CLASS, EDT_ROOT, EDT_ROOT_KINDS, LINK, LS_CLASS, OTHER_CLASS, ROOT, TC_ROOT_PARENT,
+                          htb_rates)
 from .contract import OptionalSensor, SensorContext, SensorUnavailable
 
 
@@ -51,7 +52,8 @@ class NetSensor(OptionalSensor):
         # One dump of every qdisc, then only the devices koordd shapes: a node with hundreds of pod
         # veths pays one netlink round trip, not one per device.
         roots = [m for m in self.ipr.get_qdiscs() if m["parent"] == TC_ROOT_PARENT and m["handle"]]
-        shaped = {m["index"]: m for m in roots if (m["handle"], m.get_attr("TCA_KIND")) in ((ROOT, "htb"), (EDT_ROOT, "fq"))}
+        shaped = {m["index"]: m for m in roots if (m["handle"], m.get_attr("TCA_KIND")) == (ROOT, "htb")
+                  or (m["handle"] == EDT_ROOT and m.get_attr("TCA_KIND") in EDT_ROOT_KINDS)}
         for m in roots:
             # Someone else's root qdisc (the kernel's defaults have handle 0:): net_shaping's take_over needs it.
             if m["index"] not in shaped and (links := self.ipr.get_links(m["index"])):

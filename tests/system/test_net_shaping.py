@@ -50,7 +50,9 @@ enforce = "{{enforce}}"
 def link(koordd_stopped):
     vm.sh("ip", "netns", "add", NS)
     try:
-        vm.sh("ip", "link", "add", HOST, "type", "veth", "peer", "name", PEER, "netns", NS)
+        # Two tx queues: edt puts mq at the root, an fq per queue.
+        vm.sh("ip", "link", "add", HOST, "numtxqueues", "2", "numrxqueues", "2", "type", "veth", "peer", "name", PEER,
+              "netns", NS)
         vm.sh("ip", "addr", "add", "10.78.0.1/24", "dev", HOST)
         vm.sh("ip", "link", "set", HOST, "up")
         vm.sh("ip", "-n", NS, "addr", "add", "10.78.0.2/24", "dev", PEER)
@@ -82,12 +84,14 @@ def sent_bps(unit: str) -> float:
 
 @pytest.mark.parametrize("enforce", ["htb", "edt"])
 def test_be_follows_a_ceiling_set_by_ls_traffic_and_stop_removes_the_shaping(link, enforce):
-    root = {"htb": "htb 1:", "edt": "fq c0dd:"}[enforce]
+    root = {"htb": "htb 1:", "edt": "mq c0dd:"}[enforce]
     vm.write_config(CONFIG.format(enforce=enforce))
     cursor = vm.journal_cursor()
     vm.systemctl("start", vm.UNIT)
     assert vm.wait_for(lambda: root in root_qdiscs() and "clsact" in root_qdiscs(), 60), \
         root_qdiscs() + vm.journal_text(cursor)
+    if enforce == "edt":
+        assert root_qdiscs().count("qdisc fq ") == 2, root_qdiscs()
     send("netbe", vm.BE, 5201)
     send("netls", vm.LS, 5202, "-u", "-b", str(LS_RATE))
     assert vm.wait_for(lambda: vm.is_active("netbe") != "active" and vm.is_active("netls") != "active", 60)
@@ -103,5 +107,5 @@ def test_be_follows_a_ceiling_set_by_ls_traffic_and_stop_removes_the_shaping(lin
     assert abs(be - ceil) <= 0.10 * ceil, report
     vm.systemctl("stop", vm.UNIT)
     shown = root_qdiscs()
-    assert root not in shown and "clsact" not in shown, shown
+    assert root not in shown and "clsact" not in shown and "qdisc fq " not in shown, shown
     assert vm.held() == []
