@@ -22,6 +22,7 @@ from koordd.cgroups import CgroupFS, Layout, LayoutError, detect_layout
 from koordd.knobs import KNOBS, kernel_lacks, unsupported_knobs
 from koordd.sensors.lifecycle import start_sensor, stop_sensor
 from koordd.sensors.registry import load_sensor_registry
+from koordd.tc_backend import kernel_has_qdisc
 
 
 @dataclass(frozen=True)
@@ -224,7 +225,11 @@ def _probe_netlink(r: _Roots) -> tuple[bool, str]:
         raw = "a raw NETLINK_ROUTE socket opens"
     except OSError as e:
         return False, f"{why or 'pyroute2 installed'}; a raw NETLINK_ROUTE socket fails: {e}"
-    return (False, f"{why}; {raw}") if why else (True, f"pyroute2 installed; {raw}")
+    fq = {True: "an fq qdisc for enforce = \"edt\"",
+          False: "no fq qdisc (CONFIG_NET_SCH_FQ): net_shaping's enforce = \"edt\" is refused, htb works",
+          None: "whether there is an fq qdisc (for edt) is in no module list or config"}[
+        kernel_has_qdisc("sch_fq", root=r.proc.parent)]
+    return (False, f"{why}; {raw}") if why else (True, f"pyroute2 installed; {raw}; {fq}")
 
 
 def _probe_nvml(r: _Roots) -> tuple[bool, str]:

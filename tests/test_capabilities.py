@@ -211,11 +211,14 @@ def test_netlink_with_and_without_pyroute2_which_is_not_imported(host, monkeypat
     monkeypatch.delitem(sys.modules, "pyroute2", raising=False)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "pyroute2" else None)
     n = host.probe()["netlink"]
-    assert n.available and n.detail == "pyroute2 installed; a raw NETLINK_ROUTE socket opens"
+    assert n.available and n.detail == "pyroute2 installed; a raw NETLINK_ROUTE socket opens; whether there is " \
+        "an fq qdisc (for edt) is in no module list or config"
+    (host.proc / "config.gz").write_bytes(__import__("gzip").compress(b"# CONFIG_NET_SCH_FQ is not set\n"))
+    assert "no fq qdisc (CONFIG_NET_SCH_FQ): net_shaping's enforce = \"edt\" is refused" in host.probe()["netlink"].detail
     # The daemon probes at every start: 16 MB of RSS not paid there (doctor's sensors line may import it).
     from koordd import capabilities
     monkeypatch.delitem(sys.modules, "pyroute2", raising=False)
-    assert capabilities._probe_netlink(None)[0] and "pyroute2" not in sys.modules
+    assert capabilities._probe_netlink(types.SimpleNamespace(proc=host.proc))[0] and "pyroute2" not in sys.modules
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     n = host.probe()["netlink"]
     assert not n.available and "pyroute2 not installed" in n.detail and "NETLINK_ROUTE" in n.detail

@@ -10,6 +10,7 @@ decision.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -73,13 +74,16 @@ def root_qdiscs() -> str:
 
 def send(unit: str, slice_: str, port: int, *args: str) -> None:
     """iperf3 to the peer as a transient unit for 25 s, its JSON report (of the last 10 s) in /run/<unit>.json."""
+    Path(f"/run/{unit}.json").unlink(missing_ok=True)          # iperf3 appends to its logfile
     vm.sh("systemd-run", f"--slice={slice_}", f"--unit={unit}", "iperf3", "-c", "10.78.0.2", "-p", str(port),
           "-t", "10", "-O", "15", "-J", "--logfile", f"/run/{unit}.json", *args)
 
 
-def sent_bps(unit: str) -> float:
-    report = json.loads(open(f"/run/{unit}.json").read())["end"]
-    return (report.get("sum_sent") or report["sum"])["bits_per_second"]
+def sent_bps(unit: str) -> tuple[float, float]:
+    """(bit/s of iperf3's payload over its last 10 s, when they ended: wall clock seconds)."""
+    report = json.loads(Path(f"/run/{unit}.json").read_text())
+    started = report["start"]["timestamp"]["timesecs"]
+    return (report["end"].get("sum_sent") or report["end"]["sum"])["bits_per_second"], started + 25
 
 
 @pytest.mark.parametrize("enforce", ["htb", "edt"])
@@ -95,8 +99,10 @@ def test_be_follows_a_ceiling_set_by_ls_traffic_and_stop_removes_the_shaping(lin
     send("netbe", vm.BE, 5201)
     send("netls", vm.LS, 5202, "-u", "-b", str(LS_RATE))
     assert vm.wait_for(lambda: vm.is_active("netbe") != "active" and vm.is_active("netls") != "active", 60)
-    ls, be = sent_bps("netls"), sent_bps("netbe")
-    decisions = vm.journal(cursor, "KOORDD_LOOP=net_shaping", "KOORDD_KNOB=tc.be_ceil")
+    (ls, _), (be, ended) = sent_bps("netls"), sent_bps("netbe")
+    # The ceiling of the measured seconds: the last one set before BE's sender stopped.
+    decisions = [d for d in vm.journal(cursor, "KOORDD_LOOP=net_shaping", "KOORDD_KNOB=tc.be_ceil")
+                 if int(d["__REALTIME_TIMESTAMP"]) / 1e6 < ended - 1]
     assert decisions, vm.journal_text(cursor)
     ceil = int(decisions[-1]["KOORDD_NEW"])
     report = f"{enforce}: LS {ls / 1e6:.1f} Mbit/s, BE {be / 1e6:.1f} under {ceil / 1e6:.1f} (iperf3's payload rates)"
