@@ -12,7 +12,9 @@ the kernel's default root qdisc: koordd cannot rebuild another's).
 Every round BE's ceiling follows what LS sends: BE = link − LS − max(5% of the link, 10% of LS),
 at least `be_min_percent` of the link. It drops at once when LS needs more, and rises by at most
 `max_step_percent` of the link per round, so a lull in LS traffic does not hand BE the link all at
-once. LS may use the whole link at any time (under htb BE borrows only what LS leaves, priority 7).
+once. With `follow_health` (default) LS's health gates it as Heracles' top controller gates every
+BE resource: no rise while LS slack (the LS classes' `[classes.health]` targets, as be_suppress reads
+them) is under 10%, the floor while LS misses a target. LS may use the whole link at any time (under htb BE borrows only what LS leaves, priority 7).
 
 Limits: a socket keeps the cgroup it was created in; traffic forwarded from another network
 namespace (pods behind a veth) has no local socket on the host device: shape it on the pod's veth.
@@ -25,13 +27,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from koordd.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_slack
 from koordd.loop import NODE, Action, Loop, restore
 from koordd.options import Option
-from koordd.snapshot import NET, Snapshot
+from koordd.snapshot import NET, RUNQ_LATENCY, Snapshot
 from koordd.tc_backend import parse_rate
 
-LATENCY_SENSITIVE = ("LSE", "LSR", "LS")
 HEADROOM_LINK, HEADROOM_LS = 0.05, 0.10        # Heracles: max(5% of the link, 10% of LC traffic)
+GROW_AT = 0.10                                 # Heracles: BE grows only at 10% LS slack or more
 
 
 class DeviceRates(Option):
@@ -55,6 +58,7 @@ class DeviceRates(Option):
 @dataclass
 class State:
     ceil: dict[str, int] = field(default_factory=dict)    # device -> BE ceil asked last round
+    runq: RunqWindow = field(default_factory=RunqWindow)
 
 
 class NetShaping(Loop):
@@ -67,6 +71,8 @@ class NetShaping(Loop):
                choices=("htb", "edt")),
         Option("take_over", bool, False, "replace a root qdisc someone else made on a device in devices (on stop "
                "the device gets the kernel's default root qdisc, not the one replaced); false: leave it, shape nothing there"),
+        Option("follow_health", bool, True, "LS health (the LS classes' [classes.health] targets) gates BE's "
+               "ceiling as in Heracles: no rise under 10% slack, the floor while LS misses a target"),
         Option("be_min_percent", float, 1.0, "BE's ceiling never goes below this, percent of the link",
                min=0.01, max=100),
         Option("max_step_percent", float, 10.0, "how much BE's ceiling may rise per round, percent of the link",
@@ -80,7 +86,7 @@ class NetShaping(Loop):
 
     @staticmethod
     def needs(settings) -> frozenset[str]:
-        return frozenset({NET})
+        return frozenset({NET, RUNQ_LATENCY, "cpu_pressure"} if settings.follow_health else {NET})
 
     @staticmethod
     def initial_state(settings) -> State:
@@ -90,6 +96,8 @@ class NetShaping(Loop):
     def decide(snapshot: Snapshot, settings, state: State) -> list[Action]:
         net = snapshot.section(NET) or {}
         actions: list[Action] = []
+        health = worst_slack(ls_signals(snapshot, snapshot.section(RUNQ_LATENCY), state.runq)) \
+            if settings.follow_health and settings.devices else None
         for entry in settings.devices:
             device, _, rate = entry.partition(":")
             link = int(rate)
@@ -105,7 +113,7 @@ class NetShaping(Loop):
                 actions.append(Action(device, "tc.shaping", f"htb {link}", {"link_bps": link},
                                       f"{device}: koordd's HTB tree at {link / 1e6:g} Mbit/s"))
             actions.append(Action(device, "tc.classifier", "attached", {}, f"{device}: packets classed by cgroup"))
-            ceil, reason = _be_ceil(device, link, net.get(device), settings, state)
+            ceil, reason = _be_ceil(device, link, sample, health, settings, state)
             if ceil is not None:
                 actions.append(Action(device, "tc.be_ceil", str(ceil), reason,
                                       f"{device}: BE up to {ceil / 1e6:.1f} Mbit/s"
@@ -124,8 +132,10 @@ class NetShaping(Loop):
         return actions
 
 
-def _be_ceil(device: str, link: int, sample, settings, state: State) -> tuple[int | None, dict]:
-    """BE's ceiling on `device` this round (None until the tree is there), and the numbers behind it."""
+def _be_ceil(device: str, link: int, sample, health: tuple[float, dict] | None, settings,
+             state: State) -> tuple[int | None, dict]:
+    """BE's ceiling on `device` this round (None until the tree is there), and the numbers behind it.
+    `health`: LS's worst slack and what set it, None without a signal (or with follow_health off)."""
     if sample is None or sample.mode != settings.enforce or (sample.mode == "htb" and sample.link_bps != link):
         return None, {}                 # the qdisc is being made or re-rated: next round
     floor = max(int(link * settings.be_min_percent / 100), 8)
@@ -135,12 +145,18 @@ def _be_ceil(device: str, link: int, sample, settings, state: State) -> tuple[in
     else:
         target = int(link - sample.ls_bps - max(HEADROOM_LINK * link, HEADROOM_LS * sample.ls_bps))
         step = "heracles"
+    if health is not None and health[0] < 0:
+        target, step = floor, "floor: LS misses a health target"
+    elif health is not None and health[0] < GROW_AT and target > last:
+        target, step = last, step + ", held: LS slack under 10%"
     target = max(floor, min(link, target))
     if target > last:
         target = min(target, last + int(link * settings.max_step_percent / 100))
         step += ", rising by at most max_step_percent"
     state.ceil[device] = target
     reason = {"link_bps": link, "be_ceil_bps": target, "previous_bps": last, "step": step, "floor_bps": floor}
+    if health is not None:
+        reason.update(slack=round(health[0], 3), worst=health[1])
     if sample.ls_bps is not None:
         reason.update(ls_bps=round(sample.ls_bps), be_bps=round(sample.be_bps or 0))
     return target, reason

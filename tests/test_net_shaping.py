@@ -9,7 +9,7 @@ from koordd.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.plugins.net_shaping import NetShaping
 from koordd.sensors.contract import SensorContext
 from koordd.sensors.net import NetSample, NetSensor
-from koordd.snapshot import NET, CgroupSample, NodeSample, Snapshot
+from koordd.snapshot import NET, RUNQ_LATENCY, CgroupSample, NodeSample, RunqLatency, Snapshot
 from koordd.tc_backend import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT
 
 G = 10**9
@@ -19,13 +19,14 @@ def settings(**kw):
     return make_settings(loop_options(NetShaping), {"enabled": True, "devices": ["eth0:1gbit"], **kw})
 
 
-def snap(ls_bps=None, be_ceil=G, link=G, held=(), net=True, mode="htb"):
+def snap(ls_bps=None, be_ceil=G, link=G, held=(), net=True, mode="htb", web_p99=None):
     section = {"eth0": NetSample(mode, link if mode == "htb" else None, be_ceil, ls_bps,
                                  0.0 if ls_bps is not None else None, None)} if net else {}
+    runq = {"web": RunqLatency("ebpf", 1000, web_p99 / 2, web_p99 / 2, web_p99, web_p99)} if web_p99 else {}
     return Snapshot(time=1.0, wall=0.0, node=NodeSample(cpu_count=2, cpu_used=0.5),
                     cgroups={"web": CgroupSample(path="web", cls="LS"), "db": CgroupSample(path="db", cls="LSR"),
                              "batch": CgroupSample(path="batch", cls="BE")},
-                    sections={NET: section}, held={k: "none" for k in held})
+                    sections={NET: section, RUNQ_LATENCY: runq}, held={k: "none" for k in held})
 
 
 def ceil_of(actions):
@@ -54,6 +55,27 @@ def test_be_ceiling_is_link_minus_ls_minus_headroom_falling_at_once_rising_in_st
     # LS takes the whole link: BE keeps its floor (1%).
     [a] = [a for a in NetShaping.decide(snap(990e6), s, state) if a.knob == "tc.be_ceil"]
     assert int(a.value) == 10_000_000 and a.reason["ls_bps"] == 990_000_000 and "LS sends 990.0" in a.message
+
+
+def test_ls_health_gates_the_ceiling_as_heracles_top_controller_does():
+    s = settings()
+    assert NetShaping.needs(s) == {NET, RUNQ_LATENCY, "cpu_pressure"}
+    state = NetShaping.initial_state(s)
+    NetShaping.decide(snap(600e6), s, state)                                  # 340 Mbit/s
+    # LS waits 1.9 ms of its 2 ms p99 target (5% slack): the rule would give BE 850, it holds.
+    [a] = [a for a in NetShaping.decide(snap(100e6, web_p99=1900), s, state) if a.knob == "tc.be_ceil"]
+    assert int(a.value) == 340_000_000 and a.reason["slack"] == 0.05 and "held" in a.reason["step"]
+    # LS needs more: the ceiling still falls at once.
+    assert ceil_of(NetShaping.decide(snap(700e6, web_p99=1900), s, state)) == 230_000_000
+    # LS misses its target: BE to its floor; healthy again (20% slack): rising in steps.
+    assert ceil_of(NetShaping.decide(snap(100e6, web_p99=2500), s, state)) == 10_000_000
+    assert ceil_of(NetShaping.decide(snap(100e6, web_p99=1600), s, state)) == 110_000_000
+    # Without follow_health the network rule alone decides (and no health sensor is needed).
+    s = settings(follow_health=False)
+    assert NetShaping.needs(s) == {NET}
+    state = NetShaping.initial_state(s)
+    NetShaping.decide(snap(600e6), s, state)
+    assert ceil_of(NetShaping.decide(snap(100e6, web_p99=2500), s, state)) == 440_000_000
 
 
 def test_a_tree_being_made_or_re_rated_waits_a_round_for_the_ceiling():

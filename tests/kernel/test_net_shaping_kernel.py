@@ -72,7 +72,7 @@ class Koordd:
         self.sensor = NetSensor(classifier=shared)
         self.sensor.start()
         self.settings = make_settings(loop_options(NetShaping), {"enabled": True, "devices": [f"{HOST}:{LINK}"],
-                                                                 "enforce": enforce})
+                                                                 "enforce": enforce, "follow_health": False})
         self.state = NetShaping.initial_state(self.settings)
         self.cgroups = {path: CgroupSample(path=path, cls=cls) for path, cls in classes.items()}
         self.samples: list[tuple[float, object]] = []

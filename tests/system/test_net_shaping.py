@@ -44,6 +44,8 @@ enabled = true
 interval = "1s"
 devices = ["{HOST}:{LINK}"]
 enforce = "{{enforce}}"
+# The network rule alone: under the emulator LS's run-queue waits are TCG's, not the link's.
+follow_health = false
 """
 
 
