@@ -20,6 +20,7 @@ from typing import Callable, Collection
 from koordd import perf
 from koordd.cgroups import CgroupFS, Layout, LayoutError, detect_layout
 from koordd.knobs import KNOBS, kernel_lacks, unsupported_knobs
+from koordd.sched_ext import missing_reason, read_sched_ext
 from koordd.sensors.lifecycle import start_sensor, stop_sensor
 from koordd.sensors.registry import load_sensor_registry
 from koordd.tc_backend import kernel_has_qdisc
@@ -209,12 +210,8 @@ def _probe_resctrl(r: _Roots) -> tuple[bool, str]:
 
 
 def _probe_sched_ext(r: _Roots) -> tuple[bool, str]:
-    base = r.sys / "kernel/sched_ext"
-    state = _read(base / "state")
-    if state is None:
-        return False, f"no {base}/state: kernel without CONFIG_SCHED_CLASS_EXT"
-    ops = _read(base / "root/ops")
-    return True, f"state={state}" + (f", root/ops={ops}" if ops else "")
+    status = read_sched_ext(r.sys)
+    return (False, missing_reason(r.sys)) if status is None else (True, status.describe())
 
 
 def _probe_netlink(r: _Roots) -> tuple[bool, str]:

@@ -6,12 +6,16 @@ come and go by the thousand: one journal entry per cgroup stays small, and the t
 starts later are brought in line each round (a thread inherits its creator's policy, so most new
 ones already are).
 
-Values: "normal" (SCHED_OTHER), "batch" (SCHED_BATCH), "idle" (SCHED_IDLE). A thread with the idle
-policy is preempted at once by any non-idle thread waking on its CPU, whatever their cgroups, and a
-CPU running only idle threads counts as idle when the kernel places a waking task. That is most of
-what `cpu.idle = 1` on a group gives, without touching the group's `cpu.weight`, which the kubelet
-writes on its cgroups (and the kernel refuses on an idle group). Real-time and deadline threads are
-never moved: someone gave them that policy on purpose.
+Values: "normal" (SCHED_OTHER), "batch" (SCHED_BATCH), "idle" (SCHED_IDLE), "ext" (SCHED_EXT). A
+thread with the idle policy is preempted at once by any non-idle thread waking on its CPU, whatever
+their cgroups, and a CPU running only idle threads counts as idle when the kernel places a waking
+task. That is most of what `cpu.idle = 1` on a group gives, without touching the group's
+`cpu.weight`, which the kubelet writes on its cgroups (and the kernel refuses on an idle group).
+A thread with the ext policy runs on the BPF scheduler loaded through sched_ext
+(koordd/sched_ext.py), also where that scheduler takes only such threads (partial mode,
+`switch_all` 0); while none is loaded the kernel runs it in the fair class, as a normal thread, so
+setting it early is harmless. On a kernel without sched_ext "ext" is refused. Real-time and
+deadline threads are never moved: someone gave them that policy on purpose.
 
 Reading gives the policy all movable threads share, "mixed" when they differ, "none" when there are
 none; "none" satisfies any value (nothing to change). Writing moves every movable thread that has
@@ -22,10 +26,12 @@ from __future__ import annotations
 
 import os
 
-from .backend import Backend, InvalidValue, KnobSpec, PartialWrite, TargetGone
+from .backend import Backend, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
 from .cgroups import CgroupFS, CgroupGone, parent_of
+from .sched_ext import has_sched_ext, missing_reason
 
-POLICIES = {"normal": os.SCHED_OTHER, "batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE}
+SCHED_EXT = 7       # include/uapi/linux/sched.h; Python's os module has no name for it
+POLICIES = {"normal": os.SCHED_OTHER, "batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE, "ext": SCHED_EXT}
 NAMES = {v: k for k, v in POLICIES.items()}
 MIXED, NONE = "mixed", "none"
 
@@ -60,12 +66,13 @@ class ThreadPolicyBackend(Backend):
     kind = "threads"
     cgroup_targets = True
     knobs = {"sched_policy": KnobSpec(
-        "sched_policy", "scheduling policy of every thread in the cgroup and below it (normal, batch, idle)",
+        "sched_policy", "scheduling policy of every thread in the cgroup and below it (normal, batch, idle, ext)",
         _normalize)}
 
-    def __init__(self, fs: CgroupFS, sched=os):
+    def __init__(self, fs: CgroupFS, sched=os, sys_root: str = "/sys"):
         self.fs = fs
         self.sched = sched          # sched_getscheduler / sched_setscheduler (tests give a fake)
+        self.sys_root = sys_root    # where kernel/sched_ext says whether "ext" exists
 
     def _hierarchy(self) -> str | None:
         return self.fs.walk_controller()
@@ -79,7 +86,7 @@ class ThreadPolicyBackend(Backend):
         return cgroup_threads(self.fs, target)
 
     def _movable(self, target: str) -> dict[int, int]:
-        """tid -> policy for the threads koordd may move (normal, batch, idle)."""
+        """tid -> policy for the threads koordd may move (normal, batch, idle, ext)."""
         out = {}
         for tid in self.threads(target):
             try:
@@ -103,6 +110,8 @@ class ThreadPolicyBackend(Backend):
         v = _normalize(value)
         if v == MIXED:
             raise InvalidValue("sched_policy \"mixed\" is what a cgroup reads, not a value to set")
+        if v == "ext" and not has_sched_ext(self.sys_root):
+            raise Unsupported(f"sched_policy ext: {missing_reason(self.sys_root)}")
         return v
 
     def write(self, target: str, knob: str, value: str) -> None:

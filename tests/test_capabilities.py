@@ -197,13 +197,16 @@ def test_resctrl(host):
 
 
 def test_sched_ext(host):
-    assert "CONFIG_SCHED_CLASS_EXT" in host.probe()["sched_ext"].detail
+    s = host.probe()["sched_ext"]
+    assert not s.available and "CONFIG_SCHED_CLASS_EXT" in s.detail
     write(host.sys / "kernel/sched_ext/state", "disabled\n")
     s = host.probe()["sched_ext"]
-    assert s.available and s.detail == "state=disabled"
-    write(host.sys / "kernel/sched_ext/state", "enabled\n")
-    write(host.sys / "kernel/sched_ext/root/ops", "flatcg\n")
-    assert host.probe()["sched_ext"].detail == "state=enabled, root/ops=flatcg"
+    assert s.available and s.detail == "state=disabled"         # an older kernel: no counters
+    for name, value in (("state", "enabled"), ("root/ops", "flatcg_1.0.5"), ("enable_seq", "3"),
+                        ("nr_rejected", "0"), ("switch_all", "1"), ("hotplug_seq", "0")):
+        write(host.sys / "kernel/sched_ext" / name, value + "\n")
+    assert host.probe()["sched_ext"].detail == \
+        "state=enabled, root/ops=flatcg_1.0.5, enable_seq=3, nr_rejected=0, switch_all=1"
 
 
 def test_netlink_with_and_without_pyroute2_which_is_not_imported(host, monkeypatch):

@@ -10,14 +10,14 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.actuator import Actuator
-from koordd.backend import Backends, InvalidValue, PartialWrite, TargetGone
+from koordd.backend import Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
 from koordd.decisions import APPLIED, REFUSED, RESTORED, DecisionLog
 from koordd.knobs import CgroupBackend
 from koordd.loop import Action
 from koordd.state import RestoreJournal
 from koordd.threads import ThreadPolicyBackend
 
-OTHER, BATCH, IDLE, FIFO = os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE, os.SCHED_FIFO
+OTHER, BATCH, IDLE, FIFO, EXT = os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE, os.SCHED_FIFO, 7
 
 
 class FakeSched:
@@ -184,3 +184,43 @@ def test_a_refusal_is_recorded_once_with_the_kernels_words(rig, tmp_path):
     sched.refuse = {11, 12, 13}
     [d] = act.apply("qos_baseline", [want])
     assert d.outcome == REFUSED and journal.entries() == []
+
+
+def with_sched_ext(b: ThreadPolicyBackend, tmp_path, state: str | None) -> ThreadPolicyBackend:
+    """The backend reading a fake /sys whose kernel has sched_ext in `state`, or none (None)."""
+    b.sys_root = tmp_path / "sys"
+    if state is not None:
+        (b.sys_root / "kernel/sched_ext").mkdir(parents=True)
+        (b.sys_root / "kernel/sched_ext/state").write_text(state + "\n")
+    return b
+
+
+def test_ext_is_refused_on_a_kernel_without_sched_ext(rig, tmp_path):
+    tree, sched, b = rig
+    with_sched_ext(b, tmp_path, None)
+    with pytest.raises(Unsupported, match="CONFIG_SCHED_CLASS_EXT"):
+        b.validate("ls", "sched_policy", "ext")
+    act, journal = actuator(tmp_path, tree, b)
+    [d] = act.apply("sched_ext", [Action("ls", "sched_policy", "ext", {}, "LS on sched_ext")])
+    assert d.outcome == REFUSED and "sched_ext" in d.error and journal.entries() == []
+    assert sched.calls == []
+
+
+def test_ext_is_set_read_and_restored_with_sched_ext_disabled_or_enabled(rig, tmp_path):
+    tree, sched, b = rig
+    with_sched_ext(b, tmp_path, "disabled")          # no BPF scheduler yet: the kernel runs them as fair
+    assert b.validate("ls", "sched_policy", "ext") == "ext"
+    act, journal = actuator(tmp_path, tree, b)
+    want = Action("be", "sched_policy", "ext", {}, "BE on sched_ext")
+    sched.policies[12] = FIFO
+    [d] = act.apply("sched_ext", [want])
+    assert (d.old, d.new, d.outcome) == ("normal", "ext", APPLIED)
+    assert sched.policies == {11: EXT, 12: FIFO, 13: EXT, 21: OTHER}   # real-time stays
+    assert b.read("be", "sched_policy") == "ext"
+    sched.policies[13] = OTHER                                      # a new thread that did not inherit it
+    assert b.read("be", "sched_policy") == "mixed"
+    [d] = act.apply("sched_ext", [want])
+    assert (d.old, d.new) == ("mixed", "ext") and sched.policies[13] == EXT
+    [d] = act.restore_all("stopping")
+    assert (d.new, d.outcome) == ("normal", RESTORED)
+    assert sched.policies == {11: OTHER, 12: FIFO, 13: OTHER, 21: OTHER}

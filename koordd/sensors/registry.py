@@ -5,16 +5,19 @@ from typing import Callable
 
 from ..registry import load_named
 from ..snapshot import CGROUP_FIELDS
+from .avx import AvxSensor
 from .contract import OptionalSensor
 from .cpi import CpiSensor
 from .gpu import GpuSensor
 from .net import NetSensor
 from .resctrl import ResctrlSensor
 from .runq import RunqLatencySensor
+from .sched_ext import SchedExtSensor
 
 GROUP = "koordd.sensors"
 BUILTIN: dict[str, type[OptionalSensor]] = {s.name: s for s in (GpuSensor, RunqLatencySensor, CpiSensor,
-                                                                  ResctrlSensor, NetSensor)}
+                                                                  ResctrlSensor, NetSensor, SchedExtSensor,
+                                                                  AvxSensor)}
 
 SensorFactory = Callable[[], OptionalSensor]
 
