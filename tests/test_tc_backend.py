@@ -55,3 +55,114 @@ def test_whether_the_kernel_has_a_qdisc_comes_from_its_module_lists_then_its_con
     (mods / "modules.dep").write_text("kernel/net/sched/sch_fq.ko.xz:\n")
     assert kernel_has_qdisc("sch_fq", "6.1", tmp_path) is True
     assert kernel_has_qdisc("sch_fq_codel", "6.1", tmp_path) is False
+
+
+# --- edt through a fake netlink: what koordd asks the kernel for -------------------------------------
+
+class Msg(dict):
+    def __init__(self, attrs=None, **fields):
+        super().__init__(**fields)
+        self.attrs = attrs or {}
+
+    def get_attr(self, name):
+        return self.attrs.get(name)
+
+
+class FakeIPRoute:
+    """Root qdiscs of one device (index 1) and the tc calls made, as the kernel would keep them."""
+
+    def __init__(self, queues=1):
+        self.queues, self.root, self.calls = queues, None, []         # root: (kind, handle)
+
+    def link_lookup(self, ifname):
+        return [1] if ifname == "eth0" else []
+
+    def get_links(self, index):
+        return [Msg({"IFLA_NUM_TX_QUEUES": self.queues})]
+
+    def get_qdiscs(self, index):
+        return [Msg({"TCA_KIND": self.root[0]}, handle=self.root[1], parent=0xFFFFFFFF)] if self.root else []
+
+    def get_classes(self, index):
+        return []
+
+    def tc(self, command, kind, index, handle=0, **kw):
+        self.calls.append((command, kind, handle, kw.get("parent")))
+        if command == "add" and kw.get("parent") is None:
+            self.root = (kind, handle)
+        elif command == "del":
+            assert self.root == (kind, handle)
+            self.root = None
+
+
+class FakePacer:
+    def __init__(self):
+        self.pace = {}
+
+    def set_pace(self, index, classid, rate):
+        if rate is None:
+            self.pace.pop((index, classid), None)
+        else:
+            self.pace[(index, classid)] = rate
+
+    def paces(self, index):
+        return {c: r for (i, c), r in self.pace.items() if i == index}
+
+
+class Shared:
+    def __init__(self, pacer):
+        self.pacer = pacer
+
+    def get(self):
+        return self.pacer
+
+    def opened_classifier(self):
+        return self.pacer
+
+
+@pytest.fixture
+def no_fq_check(monkeypatch):
+    import koordd.tc_backend as tc
+    monkeypatch.setattr(tc, "kernel_has_qdisc", lambda module, *a, **k: True)
+
+
+def test_edt_is_an_fq_root_and_be_s_pace_in_the_classifier(no_fq_check):
+    from koordd.tc_backend import BE_CLASS, EDT_ROOT
+    ipr, pacer = FakeIPRoute(), FakePacer()
+    b = TcBackend(Shared(pacer), ipr)
+    assert b.read("eth0", "tc.shaping") == "none"
+    b.write("eth0", "tc.shaping", b.validate("eth0", "tc.shaping", "edt"))
+    assert ipr.calls == [("add", "fq", EDT_ROOT, None)] and b.read("eth0", "tc.shaping") == "edt"
+    assert b.read("eth0", "tc.be_ceil") == "none"                              # not paced yet
+    b.write("eth0", "tc.be_ceil", b.validate("eth0", "tc.be_ceil", "300mbit"))
+    assert pacer.pace == {(1, BE_CLASS): 300_000_000} and b.read("eth0", "tc.be_ceil") == "300000000"
+    b.write("eth0", "tc.shaping", "none")                                     # restore: root and pace go
+    assert ipr.root is None and pacer.pace == {}
+
+
+def test_edt_on_a_multi_queue_device_is_mq_with_an_fq_per_queue(no_fq_check):
+    from koordd.tc_backend import EDT_ROOT
+    ipr = FakeIPRoute(queues=3)
+    b = TcBackend(Shared(FakePacer()), ipr)
+    b.write("eth0", "tc.shaping", "edt")
+    assert ipr.calls == [("add", "mq", EDT_ROOT, None)] + [("replace", "fq", 0, EDT_ROOT | q) for q in (1, 2, 3)]
+    assert b.read("eth0", "tc.shaping") == "edt"
+
+
+def test_from_edt_to_htb_the_fq_root_goes_first(no_fq_check):
+    from koordd.tc_backend import EDT_ROOT, ROOT
+    ipr = FakeIPRoute()
+    b = TcBackend(Shared(FakePacer()), ipr)
+    b.write("eth0", "tc.shaping", "edt")
+    ipr.calls.clear()
+    b.write("eth0", "tc.shaping", "htb 1000000000")
+    assert ipr.calls[:2] == [("del", "fq", EDT_ROOT, None), ("add", "htb", ROOT, None)]
+
+
+def test_edt_is_refused_where_the_kernel_has_no_fq(monkeypatch):
+    import koordd.tc_backend as tc
+    from koordd.backend import Unsupported
+    monkeypatch.setattr(tc, "kernel_has_qdisc", lambda module, *a, **k: False)
+    b = TcBackend(Shared(FakePacer()), FakeIPRoute())
+    with pytest.raises(Unsupported, match="no fq qdisc"):
+        b.validate("eth0", "tc.shaping", "edt")
