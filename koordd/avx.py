@@ -1,0 +1,204 @@
+"""AVX use of threads and what it does to the frequency of the CPUs around them.
+
+Wide vector instructions make an Intel core drop to a lower turbo "licence" level: the frequency falls
+while they run, stays down ~2 ms after the last one, and the core's SMT sibling runs at the same lowered
+frequency (the licence is the core's). Equal CPU time then buys unequal work: in Gottschlag et al.
+(ATC'21) scalar tasks next to AVX-512 tasks were 24.9% slower on average. A loop can make up for it by
+raising the `cpu.weight` of the victims by f_nominal / f_effective; this module holds what it reads:
+
+- the observation, from /proc: `arch_status`'s `AVX512_elapsed_ms` (ms since AVX-512 state was last seen
+  in use at a context switch; -1 never; x86 kernels 5.3+ on CPUs with AVX-512 only) and the CPU a thread
+  last ran on (field 39 of `stat`); SMT siblings from sysfs.
+- the model: licence level -> MHz (DEFAULT_MHZ, the paper's measurements on one Intel host), the frequency a
+  CPU runs at given what runs on it and on its siblings, and the compensation factor and weight.
+- the measurement where the host allows it: APERF/MPERF through /dev/cpu/<n>/msr, the average frequency a
+  CPU actually ran at while busy; None where unreadable, and then the model is all there is.
+
+arch_status sees AVX-512 register state only: AVX2 (256-bit) use, which lowers the licence too, is
+invisible to it. The PMU tells them apart: CORE_POWER.LVL1_TURBO_LICENSE and LVL2_TURBO_LICENSE count the
+cycles a core spent at licence 1 (AVX2 heavy, AVX-512 light) and 2 (AVX-512 heavy); counted per cgroup the
+way sensors/cpi.py counts cycles, their share of the cycles would give each cgroup its level (AVX256 or
+AVX512 below) and how long it held it. That needs a PMU this code has not run on, so it is not here.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from .cgroups import parse_cpulist
+
+NEVER = -1                  # AVX512_elapsed_ms of a thread never seen using AVX-512
+
+# --- observing threads --------------------------------------------------------------------------------
+
+
+def parse_arch_status(text: str) -> int | None:
+    """AVX512_elapsed_ms (NEVER = -1) from an arch_status file; None when the line is absent or garbled."""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "AVX512_elapsed_ms":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def stat_fields(text: str) -> list[str] | None:
+    """The fields of a /proc stat line after comm, so field n (1-based, as in proc(5)) is [n - 3]. comm
+    is split off at the last ")": it may hold spaces and parentheses of its own."""
+    head, sep, rest = text.rpartition(")")
+    return rest.split() if sep and "(" in head else None
+
+
+def _read_small(path: str) -> str | None:
+    """One read of a small proc file; None once the thread has exited (or the file is not there)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 1024).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class TaskStat:
+    state: str              # field 3: "R" running or runnable, "S" sleeping, ...
+    cpu_ticks: int          # utime + stime (fields 14, 15), in clock ticks: grows while it runs
+    cpu: int                # field 39, "processor": the CPU it last ran on
+
+
+def parse_stat(text: str) -> TaskStat | None:
+    fields = stat_fields(text)
+    try:
+        return TaskStat(fields[3 - 3], int(fields[14 - 3]) + int(fields[15 - 3]), int(fields[39 - 3]))
+    except (TypeError, IndexError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class ThreadAvx:
+    elapsed_ms: int         # AVX512_elapsed_ms; NEVER when never seen
+    stat: TaskStat
+
+
+def read_thread(proc: Path | str, tid: int) -> ThreadAvx | None:
+    """A thread's AVX-512 recency and where it last ran, from its two small files under
+    <proc>/<tid>/task/<tid>/ (the thread's own, not its process's); None when it has exited or either file
+    is missing or garbled."""
+    base = f"{proc}/{tid}/task/{tid}"
+    status = _read_small(f"{base}/arch_status")
+    elapsed = parse_arch_status(status) if status is not None else None
+    if elapsed is None:
+        return None
+    text = _read_small(f"{base}/stat")
+    stat = parse_stat(text) if text is not None else None
+    return ThreadAvx(elapsed, stat) if stat is not None else None
+
+
+def recent(elapsed_ms: int, within_ms: float) -> bool:
+    """Seen using AVX-512 within the last `within_ms` (NEVER is negative)."""
+    return 0 <= elapsed_ms <= within_ms
+
+
+def read_siblings(sys_root: Path | str = "/sys") -> dict[int, frozenset[int]]:
+    """CPU -> the CPUs of its core (itself included), from each CPU's thread_siblings_list ("0,16",
+    "0-1"); a CPU whose file is missing or garbled (offline) is left out."""
+    out = {}
+    for f in Path(sys_root, "devices/system/cpu").glob("cpu[0-9]*/topology/thread_siblings_list"):
+        try:
+            out[int(f.parent.parent.name[3:])] = parse_cpulist(f.read_text())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def with_siblings(cpus: Iterable[int], siblings: Mapping[int, frozenset[int]]) -> frozenset[int]:
+    """The CPUs and every SMT sibling of theirs."""
+    out: set[int] = set()
+    for c in cpus:
+        out |= siblings.get(c, {c})
+    return frozenset(out)
+
+
+# --- the frequency model ----------------------------------------------------------------------------------
+
+SCALAR, AVX128, AVX256, AVX512 = "scalar", "avx128", "avx256", "avx512"
+LEVELS = (SCALAR, AVX128, AVX256, AVX512)      # from no drop to the deepest
+# Gottschlag et al., ATC'21, one Intel host (MHz): base 3200; 128-bit vectors 3184-3191; 256-bit 3147;
+# 512-bit 2949-2967 (midpoints of the ranges).
+DEFAULT_MHZ: Mapping[str, float] = {SCALAR: 3200, AVX128: 3188, AVX256: 3147, AVX512: 2958}
+HOLD_MS = 2.0               # the licence outlasts the last wide instruction by about this
+MIN_WEIGHT, MAX_WEIGHT = 1, 10000               # cgroup v2 cpu.weight's range
+
+
+@dataclass(frozen=True)
+class VectorUse:
+    """What one task asks of a core: its widest vector level and how long ago it last used it (0: now)."""
+    level: str = SCALAR
+    ago_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class FrequencyModel:
+    mhz: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_MHZ))
+    hold_ms: float = HOLD_MS
+
+    @property
+    def nominal_mhz(self) -> float:
+        return self.mhz[SCALAR]
+
+    def effective_mhz(self, on_cpu: Iterable[VectorUse] = (), on_siblings: Iterable[VectorUse] = ()) -> float:
+        """The frequency of a CPU given the tasks on it (the one running, and the one before it) and on its SMT
+        siblings: the core runs at the level of the widest use still in force (used within hold_ms), on any
+        of its hardware threads, so a scalar task next to or right after AVX-512 code runs at AVX-512's."""
+        in_force = [u.level for u in (*on_cpu, *on_siblings) if u.ago_ms <= self.hold_ms]
+        return self.mhz[max(in_force, key=LEVELS.index, default=SCALAR)]
+
+    def factor(self, effective_mhz: float) -> float:
+        """f_nominal / f_effective: how much more CPU time a task needs for the work it would do at the
+        nominal frequency. Never below 1: a task that ran faster (turbo) is not charged for it."""
+        return max(1.0, self.nominal_mhz / effective_mhz) if effective_mhz > 0 else 1.0
+
+
+def compensated_weight(base: int, factor: float) -> int:
+    """A cpu.weight raised by `factor`, kept in the kernel's 1..10000."""
+    return min(MAX_WEIGHT, max(MIN_WEIGHT, round(base * factor)))
+
+
+# --- measured frequency: APERF / MPERF --------------------------------------------------------------------
+
+IA32_MPERF, IA32_APERF = 0xE7, 0xE8
+
+
+def read_aperf_mperf(cpu: int, dev_root: Path | str = "/dev/cpu") -> tuple[int, int] | None:
+    """(APERF, MPERF) of a CPU: cycles at the actual and at the TSC's frequency, both counted only while
+    the CPU is not idle. Reads /dev/cpu/<n>/msr, which needs the msr module (modprobe msr) and root
+    (CAP_SYS_RAWIO); None where that is not so, or the CPU has no such MSRs (non-x86, some VMs)."""
+    try:
+        fd = os.open(f"{dev_root}/{cpu}/msr", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        aperf, mperf = os.pread(fd, 8, IA32_APERF), os.pread(fd, 8, IA32_MPERF)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(aperf) != 8 or len(mperf) != 8:
+        return None
+    return int.from_bytes(aperf, "little"), int.from_bytes(mperf, "little")
+
+
+def measured_mhz(before: tuple[int, int], after: tuple[int, int], tsc_mhz: float) -> float | None:
+    """The average frequency a CPU ran at while busy between two readings: tsc_mhz × ΔAPERF / ΔMPERF (the
+    TSC's rate is the CPU's base frequency, e.g. "@ 2.10GHz" in cpuinfo's model name). None when the CPU
+    was idle throughout."""
+    d_aperf, d_mperf = after[0] - before[0], after[1] - before[1]
+    return tsc_mhz * d_aperf / d_mperf if d_mperf > 0 and d_aperf >= 0 else None

@@ -1,0 +1,151 @@
+"""koordd/avx.py: arch_status and stat parsing from literal kernel text (broken text included), SMT siblings
+from a fake sysfs, the frequency model's arithmetic, and the APERF/MPERF reader over a fake msr file."""
+from __future__ import annotations
+
+import pytest
+
+from koordd.avx import (AVX256, AVX512, DEFAULT_MHZ, NEVER, SCALAR, FrequencyModel, TaskStat, VectorUse,
+                        compensated_weight, measured_mhz, parse_arch_status, parse_stat, read_aperf_mperf,
+                        read_siblings, read_thread, recent, with_siblings)
+
+
+def stat_line(tid: int, comm: str = "worker", state: str = "S", utime: int = 0, stime: int = 0, cpu: int = 0) -> str:
+    """A /proc/<pid>/task/<tid>/stat line: pid (comm) then fields 3..52, as proc(5) numbers them."""
+    rest = ["0"] * 50
+    rest[3 - 3], rest[14 - 3], rest[15 - 3], rest[39 - 3] = state, str(utime), str(stime), str(cpu)
+    return f"{tid} ({comm}) {' '.join(rest)}\n"
+
+
+def write_thread(proc, tid: int, arch_status: str | None, stat: str | None) -> None:
+    d = proc / str(tid) / "task" / str(tid)
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in (("arch_status", arch_status), ("stat", stat)):
+        if text is not None:
+            (d / name).write_text(text)
+
+
+@pytest.mark.parametrize("text, want", [
+    ("AVX512_elapsed_ms:\t12\n", 12),
+    ("AVX512_elapsed_ms:\t-1\n", NEVER),
+    ("Other:\t1\nAVX512_elapsed_ms:\t0\n", 0),
+    ("", None),                                 # a kernel or CPU without AVX-512 prints nothing
+    ("AVX512_elapsed_ms:\tsoon\n", None),
+    ("garbage", None),
+])
+def test_arch_status(text, want):
+    assert parse_arch_status(text) == want
+
+
+def test_recent_excludes_never():
+    assert recent(0, 100) and recent(100, 100)
+    assert not recent(101, 100) and not recent(NEVER, 100)
+
+
+def test_stat_fields_are_counted_after_the_last_parenthesis():
+    # comm is whatever the task named itself: here "a) (b c)", spaces and parentheses included
+    assert parse_stat(stat_line(7, comm="a) (b c)", state="R", utime=5, stime=2, cpu=13)) == TaskStat("R", 7, 13)
+    assert parse_stat(stat_line(7, comm=")", cpu=3)).cpu == 3
+
+
+@pytest.mark.parametrize("text", ["", "7 worker S 0 0", "7 (worker) S 0 0\n",
+                                  stat_line(7, cpu=5).replace(" 5 ", " x "),         # field 39 garbled
+                                  "7 (worker" + stat_line(7).partition(")")[2]])     # no ")" at all
+def test_truncated_or_garbled_stat_is_none(text):
+    assert parse_stat(text) is None
+
+
+def test_read_thread_reads_the_threads_own_files_and_skips_what_is_gone(tmp_path):
+    proc = tmp_path / "proc"
+    write_thread(proc, 10, "AVX512_elapsed_ms:\t3\n", stat_line(10, state="R", cpu=2))
+    write_thread(proc, 11, "AVX512_elapsed_ms:\t3\n", None)         # exited between the two reads
+    write_thread(proc, 12, "", stat_line(12))                       # no AVX-512 line
+    got = read_thread(proc, 10)
+    assert got.elapsed_ms == 3 and got.stat.cpu == 2 and got.stat.state == "R"
+    assert read_thread(proc, 11) is None and read_thread(proc, 12) is None
+    assert read_thread(proc, 99) is None                            # exited before
+
+
+def test_siblings_from_sysfs_in_both_forms(tmp_path):
+    cpu = tmp_path / "sys/devices/system/cpu"
+    for n, text in {0: "0,2\n", 2: "0,2\n", 1: "1-1\n", 3: "3\n", 4: "garbled\n"}.items():
+        (cpu / f"cpu{n}/topology").mkdir(parents=True)
+        (cpu / f"cpu{n}/topology/thread_siblings_list").write_text(text)
+    (cpu / "cpu5").mkdir()                                          # offline: no topology
+    (cpu / "cpufreq").mkdir()
+    sib = read_siblings(tmp_path / "sys")
+    assert sib == {0: {0, 2}, 2: {0, 2}, 1: {1}, 3: {3}}
+    assert with_siblings({0, 5}, sib) == {0, 2, 5}                  # an unknown CPU stands for itself
+
+
+# --- the model -------------------------------------------------------------------------------------------
+
+M = FrequencyModel()
+
+
+def test_defaults_are_the_papers_measurements():
+    assert dict(M.mhz) == DEFAULT_MHZ == {"scalar": 3200, "avx128": 3188, "avx256": 3147, "avx512": 2958}
+    assert M.nominal_mhz == 3200 and M.hold_ms == 2.0
+
+
+def test_a_scalar_task_alone_runs_at_nominal():
+    assert M.effective_mhz([VectorUse()]) == 3200
+    assert M.factor(M.effective_mhz([VectorUse()])) == 1.0
+
+
+def test_a_victim_next_to_avx512_on_its_smt_sibling_runs_at_avx512s_frequency():
+    f = M.effective_mhz([VectorUse()], [VectorUse(AVX512)])
+    assert f == 2958
+    assert M.factor(f) == pytest.approx(3200 / 2958)                 # ≈ 1.082
+
+
+def test_a_victim_next_to_avx2_loses_less():
+    f = M.effective_mhz([VectorUse(SCALAR)], [VectorUse(AVX256)])
+    assert f == 3147 and M.factor(f) == pytest.approx(3200 / 3147)   # ≈ 1.017
+
+
+def test_the_drop_outlasts_the_last_avx_instruction_by_hold_ms():
+    # the task before the victim on the same CPU used AVX-512 1 ms ago: still in force; 3 ms ago: gone
+    assert M.effective_mhz([VectorUse(), VectorUse(AVX512, ago_ms=1)]) == 2958
+    assert M.effective_mhz([VectorUse(), VectorUse(AVX512, ago_ms=3)]) == 3200
+    # the deepest level in force wins
+    assert M.effective_mhz([VectorUse(AVX256)], [VectorUse(AVX512, ago_ms=2)]) == 2958
+
+
+def test_factor_never_charges_for_turbo_or_nonsense():
+    assert M.factor(3500) == 1.0
+    assert M.factor(0) == 1.0
+
+
+def test_a_custom_table():
+    m = FrequencyModel({SCALAR: 2000, "avx128": 2000, AVX256: 1800, AVX512: 1600}, hold_ms=0.5)
+    assert m.factor(m.effective_mhz([VectorUse()], [VectorUse(AVX512)])) == 1.25
+
+
+@pytest.mark.parametrize("base, factor, want", [
+    (100, 3200 / 2958, 108), (100, 1.0, 100), (1, 1.5, 2), (1, 1.2, 1),
+    (9500, 1.25, 10000),                       # capped at the kernel's maximum
+    (0, 1.1, 1), (100, 0.0, 1),                # never below 1
+])
+def test_compensated_weight_stays_within_1_to_10000(base, factor, want):
+    assert compensated_weight(base, factor) == want
+
+
+# --- APERF / MPERF --------------------------------------------------------------------------------------
+
+def test_aperf_mperf_from_an_msr_file(tmp_path):
+    # The msr device reads MSR n at offset n; in a plain file the two 8-byte reads overlap by 7 bytes, so
+    # two distinct bytes show both offsets and the byte order: MPERF = bytes E7..EE, APERF = bytes E8..EF.
+    msr = bytearray(0x100)
+    msr[0xE7], msr[0xE8] = 0x10, 0x20
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0/msr").write_bytes(bytes(msr))
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1/msr").write_bytes(b"\0" * 0xE9)                     # too short: no such MSR
+    assert read_aperf_mperf(0, tmp_path) == (0x20, 0x2010)
+    assert read_aperf_mperf(1, tmp_path) is None
+    assert read_aperf_mperf(2, tmp_path) is None                       # no msr module, or not root
+
+
+def test_measured_frequency_is_the_tsc_rate_scaled_by_aperf_over_mperf():
+    assert measured_mhz((100, 100), (100 + 2958, 100 + 3200), tsc_mhz=3200) == pytest.approx(2958)
+    assert measured_mhz((5, 5), (5, 5), tsc_mhz=3200) is None           # idle throughout
