@@ -95,6 +95,18 @@ COMMON_LOOP_OPTIONS = (
 )
 
 
+class ClassList(Option):
+    """An array of class names, each one of `choices`, kept as a tuple without repeats."""
+
+    def convert(self, value):
+        if not isinstance(value, (list, tuple)) or not all(isinstance(c, str) for c in value):
+            raise ValueError("expected an array of class names (strings)")
+        bad = [c for c in value if c not in self.choices]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not one of the classes this option takes ({', '.join(self.choices)})")
+        return tuple(dict.fromkeys(value))
+
+
 class PatternList(Option):
     """An array of cgroup path patterns (globs per path component), kept as a tuple. Converting twice
     gives the same value (the config loader converts, then builds the settings from the result)."""

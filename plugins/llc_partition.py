@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from koordd.health import RunqWindow, ls_signals, worst_slack
 from koordd.loop import NODE, Action, Loop, restore
-from koordd.options import Duration, Option
+from koordd.options import ClassList, Duration, Option
 from koordd.resctrl import L3Info, l3_line, l3_ways, mb_line, mb_value, ways_mask
 from koordd.resctrl_backend import MOUNT_TARGET
 from koordd.snapshot import RESCTRL, RUNQ_LATENCY, Snapshot
@@ -53,18 +53,6 @@ GROW_AT, HOLD_AT = 0.10, 0.05         # Heracles: grow BE at 10% slack or more, 
 
 def group_of(cls: str) -> str:
     return GROUP_PREFIX + cls
-
-
-class ClassList(Option):
-    """An array of class names, kept as a tuple."""
-
-    def convert(self, value):
-        if not isinstance(value, (list, tuple)) or not all(isinstance(c, str) for c in value):
-            raise ValueError("expected an array of class names (strings)")
-        bad = [c for c in value if c not in CLASSES]
-        if bad:
-            raise ValueError(f"{bad[0]!r} is not a class that can have a resctrl group ({', '.join(CLASSES)})")
-        return tuple(dict.fromkeys(value))
 
 
 class PercentRange(Option):
@@ -99,7 +87,8 @@ class LlcPartition(Loop):
     __doc__ = __doc__
     name = "llc_partition"
     options = (
-        ClassList("classes", tuple, ("LSR", "LS", "BE"), "classes that get a resctrl group (koordd-<class>)"),
+        ClassList("classes", tuple, ("LSR", "LS", "BE"), "classes that get a resctrl group (koordd-<class>)",
+                  choices=CLASSES),
         Option("mount", bool, False, "mount resctrl at /sys/fs/resctrl where the CPU and kernel have it and it "
                "is not mounted; koordd unmounts it again on stop (which removes every group in it)"),
         Option("mode", str, "static", "static: the ranges below; adaptive: BE's cache share follows LS slack",

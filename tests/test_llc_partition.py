@@ -117,7 +117,7 @@ def test_options_are_checked_when_the_config_loads():
     assert e.value.errors == [
         "koordd.toml:2: loops.llc_partition.be_l3: expected start-end with 0 <= start < end <= 100, got '30-10'",
         "koordd.toml:3: loops.llc_partition.ls_l3: expected a range such as \"0-30\" (percent), got int",
-        "koordd.toml:4: loops.llc_partition.classes: 'SYSTEM' is not a class that can have a resctrl group "
+        "koordd.toml:4: loops.llc_partition.classes: 'SYSTEM' is not one of the classes this option takes "
         "(LSE, LSR, LS, BE)"]
     c = parse_config('[loops.llc_partition]\nbe_l3 = "0-25.0"\n', "koordd.toml", registry)
     assert c.loops["llc_partition"].be_l3 == "0-25"
