@@ -236,14 +236,19 @@ def on_cgroupfs(layout: Layout, mounts: str = "/proc/self/mounts") -> bool:
     return bool(bases) and all(os.path.realpath(b) in points for b in bases)
 
 
+SEQ_PAGE = 4096
+
+
 def _pread_all(fd: int, size: int = 65536) -> str:
-    """The whole file from offset 0, no text-layer cost: a cgroup file fits one pread, and a short
-    read is its end (a second pread past it would make the kernel generate the file again)."""
+    """The whole file from offset 0, no text-layer cost. A cgroup file is a seq_file: one read returns
+    at most a page of whole lines, however much is asked. A first read under half a page is the whole
+    file (nearly every file: one pread); a longer one may be the first page of a long list
+    (cgroup.threads, tasks: ~680 thread ids a page), so the rest is read until a read returns nothing."""
     chunks, offset = [], 0
     while True:
         chunk = os.pread(fd, size, offset)
         chunks.append(chunk)
-        if len(chunk) < size:
+        if not chunk or len(chunk) < SEQ_PAGE // 2 and offset == 0:
             return b"".join(chunks).decode()
         offset += len(chunk)
 

@@ -210,3 +210,26 @@ def test_files_are_kept_open_only_up_to_the_limit_and_only_on_cgroupfs(tmp_path)
     mounts = tmp_path / "mounts"
     mounts.write_text(f"cgroup2 {tree.root} cgroup2 rw 0 0\n")
     assert on_cgroupfs(tree.layout, str(mounts))
+
+
+@pytest.mark.parametrize("keep_open", [False, True])
+def test_a_thread_list_longer_than_a_page_is_read_whole(tmp_path, monkeypatch, keep_open):
+    import os
+
+    from koordd import cgroups as mod
+    tree = FakeCgroups(tmp_path, "v2").add("a")
+    tids = [str(100000 + i) for i in range(2000)]               # 14 KB, as a JVM's cgroup.threads
+    tree.set("a", None, "cgroup.threads", "".join(f"{t}\n" for t in tids))
+    real_pread = os.pread
+    calls = []
+
+    def seq_pread(fd, n, offset):
+        """As a seq_file: whole lines, at most a page per read."""
+        calls.append(offset)
+        data = real_pread(fd, mod.SEQ_PAGE, offset)
+        return data[:data.rfind(b"\n") + 1] if len(data) == mod.SEQ_PAGE else data
+    monkeypatch.setattr(mod.os, "pread", seq_pread)
+    fs = CgroupFS(tree.layout, keep_open=keep_open)
+    assert fs.read(None, "a", "cgroup.threads").split() == tids
+    calls.clear()
+    assert fs.read(None, "a", "cpu.max") == "max 100000\n" and calls == [0]     # a short file: one pread
