@@ -92,6 +92,8 @@ def read_thread(proc: Path | str, tid: int) -> ThreadAvx | None:
     """A thread's AVX-512 recency and where it last ran, from its two small files under
     <proc>/<tid>/task/<tid>/ (the thread's own, not its process's); None when it has exited or either file
     is missing or garbled."""
+    # The task's own directory: <proc>/<tid>/stat sums the times of all the process's threads, 80 µs a read
+    # in a process of 2000 threads against 5 µs here.
     base = f"{proc}/{tid}/task/{tid}"
     status = _read_small(f"{base}/arch_status")
     elapsed = parse_arch_status(status) if status is not None else None
