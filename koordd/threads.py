@@ -24,6 +24,7 @@ another policy; a thread that exits meanwhile is skipped. Restoring "mixed" puts
 """
 from __future__ import annotations
 
+import errno
 import os
 
 from .backend import Backend, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
@@ -129,8 +130,13 @@ class ThreadPolicyBackend(Backend):
                 errors.append((tid, e))
         if errors:
             tid, e = errors[0]
+            # root with CAP_SYS_NICE still gets EPERM from a seccomp filter: systemd's RestrictRealtime=
+            # allows no policy above SCHED_IDLE.
+            hint = "; a seccomp filter such as RestrictRealtime= refuses it" if policy == SCHED_EXT and \
+                e.errno == errno.EPERM else ""
             raise (PartialWrite if moved else OSError)(
-                e.errno, f"{len(errors)} thread(s) refused sched_policy {value} (first: thread {tid}: {e.strerror})")
+                e.errno, f"{len(errors)} thread(s) refused sched_policy {value} (first: thread {tid}: {e.strerror}"
+                         f"{hint})")
 
     def parent(self, target: str) -> str | None:
         return parent_of(target) or None

@@ -224,3 +224,14 @@ def test_ext_is_set_read_and_restored_with_sched_ext_disabled_or_enabled(rig, tm
     [d] = act.restore_all("stopping")
     assert (d.new, d.outcome) == ("normal", RESTORED)
     assert sched.policies == {11: OTHER, 12: FIFO, 13: OTHER, 21: OTHER}
+
+
+def test_ext_refused_by_a_seccomp_filter_says_where_to_look(rig, tmp_path):
+    tree, sched, b = rig
+    with_sched_ext(b, tmp_path, "disabled")
+    sched.refuse.add(21)
+    with pytest.raises(OSError, match="RestrictRealtime"):
+        b.write("ls", "sched_policy", "ext")
+    with pytest.raises(OSError) as e:
+        b.write("ls", "sched_policy", "idle")
+    assert "RestrictRealtime" not in str(e.value)
