@@ -66,6 +66,7 @@ class CgroupSample:
     cpu_max: str | None = None              # canonical knob values, as the actuator reads them
     cpu_max_burst: str | None = None
     cpuset_cpus: str | None = None
+    cpu_weight: str | None = None           # 1..10000; v1's cpu.shares converted, as the actuator reads it
     memory_current: int | None = None
     memory_anon: int | None = None          # anon + unevictable: what reclaiming page cache cannot free
     memory_max: str | None = None
@@ -77,9 +78,9 @@ class CgroupSample:
 
 
 # What a sensor can read for a cgroup; a loop names those it reads (Loop.needs) and only those are read.
-CGROUP_FIELDS = frozenset(("cpu_usage", "throttling", "cpu_max", "cpu_max_burst", "cpuset_cpus", "memory_current",
-                           "memory_anon", "memory_max", "oom_kills", "frozen", "cpu_pressure", "memory_pressure",
-                           "io_pressure"))
+CGROUP_FIELDS = frozenset(("cpu_usage", "throttling", "cpu_max", "cpu_max_burst", "cpuset_cpus", "cpu_weight",
+                           "memory_current", "memory_anon", "memory_max", "oom_kills", "frozen", "cpu_pressure",
+                           "memory_pressure", "io_pressure"))
 GPUS = "gpus"          # the GPU sensor's section (NVML): polled only for a loop whose needs() name it
 RUNQ_LATENCY = "runq_latency"   # section: cgroup path -> RunqLatency, for the round since the last
 CPI = "cpi"                     # section: cgroup path -> CpiSample, for the round since the last

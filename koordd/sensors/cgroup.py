@@ -14,7 +14,7 @@ from .psi import parse_psi, with_growth
 
 # Sample fields that are a knob's current value, as the actuator reads it.
 KNOB_FIELDS = (("cpu_max", "cpu.max"), ("cpu_max_burst", "cpu.max.burst"), ("cpuset_cpus", "cpuset.cpus"),
-               ("memory_max", "memory.max"))
+               ("cpu_weight", "cpu.weight"), ("memory_max", "memory.max"))
 
 
 def flat_keyed(text: str, *keys: str) -> dict[str, int]:
