@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from fakenetlink import Msg
 from koordd.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.plugins.net_shaping import NetShaping
 from koordd.sensors.contract import SensorContext
@@ -120,15 +121,6 @@ def test_devices_are_checked_when_the_config_loads():
 
 
 # --- the sensor ---------------------------------------------------------------------------------------
-
-class Msg(dict):
-    def __init__(self, attrs=None, **fields):
-        super().__init__(**fields)
-        self.attrs = attrs or {}
-
-    def get_attr(self, name):
-        return self.attrs.get(name)
-
 
 def htb_class(handle, rate, ceil, sent):
     opts = Msg({"TCA_HTB_PARMS": {"rate": rate // 8, "ceil": ceil // 8}})

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from fakenetlink import Msg
 from koordd.backend import InvalidValue
 from koordd.tc_backend import TcBackend, parse_rate
 
@@ -58,15 +59,6 @@ def test_whether_the_kernel_has_a_qdisc_comes_from_its_module_lists_then_its_con
 
 
 # --- edt through a fake netlink: what koordd asks the kernel for -------------------------------------
-
-class Msg(dict):
-    def __init__(self, attrs=None, **fields):
-        super().__init__(**fields)
-        self.attrs = attrs or {}
-
-    def get_attr(self, name):
-        return self.attrs.get(name)
-
 
 class FakeIPRoute:
     """Root qdiscs of one device (index 1) and the tc calls made, as the kernel would keep them."""
