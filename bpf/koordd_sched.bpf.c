@@ -1,0 +1,159 @@
+// koordd's sched_ext scheduler: a runnable BE task never delays a runnable LS task on a CPU.
+//
+// Loaded in partial mode (SCX_OPS_SWITCH_PARTIAL): only threads with the SCHED_EXT policy (set by
+// the sched_ext loop for `ext_classes`) run here, every other thread stays with the fair class,
+// which the kernel runs before this one. A thread's class is that of the nearest cgroup at or above
+// its own (cgroup v2) in `classes`, cgroup id -> class, which koordd fills (koordd/scx.py).
+//   - LS (and any thread of no BE cgroup) waits in one shared queue, BE in another;
+//   - a CPU that needs work takes LS first and BE only when no LS is queued: BE runs only on CPUs
+//     LS leaves idle;
+//   - an LS thread that wakes while no CPU is idle preempts a CPU running BE.
+// One exception keeps the scheduler loaded: the kernel ejects a BPF scheduler that leaves a runnable
+// thread waiting past its watchdog (30 s), so BE that has made no progress for BE_MAX_WAIT_NS runs
+// for one short slice even while LS is queued.
+#include "vmlinux.h"
+#include "scx.h"
+
+char _license[] SEC("license") = "GPL";     // sched_ext's kfuncs are GPL-only
+
+#define LS_DSQ 0
+#define BE_DSQ 1
+#define CLASS_LS 1          // values of `classes`, as koordd/scx.py writes them
+#define CLASS_BE 2
+#define MAX_CPUS 1024
+#define MAX_DEPTH 16        // cgroup levels searched for a classified ancestor
+#define LS_SLICE_NS SCX_SLICE_DFL
+#define BE_SLICE_NS 5000000ULL          // short: a BE slice is the longest an unkicked LS waits
+#define BE_MAX_WAIT_NS 100000000ULL     // 100 ms: every BE thread runs well within the watchdog
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 4096);
+    __type(key, u64);       // cgroup id (the inode number of its directory)
+    __type(value, u32);     // CLASS_LS or CLASS_BE
+} classes SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, MAX_CPUS);
+    __type(key, u32);       // CPU
+    __type(value, u32);     // 1 while it runs a BE thread
+} runs_be SEC(".maps");
+
+u64 be_waiting_since;       // when BE last made progress (or became queued)
+
+static u32 task_class(struct task_struct *p)
+{
+    struct kernfs_node *kn = p->cgroups->dfl_cgrp->kn;
+
+    for (int level = 0; level < MAX_DEPTH && kn; level++) {
+        u64 id = kn->id;
+        u32 *cls = bpf_map_lookup_elem(&classes, &id);
+
+        if (cls)
+            return *cls;
+        kn = kn->__parent;
+    }
+    return CLASS_LS;        // only what koordd names BE is held back
+}
+
+static void set_runs_be(u32 value)
+{
+    u32 cpu = bpf_get_smp_processor_id();
+    u32 *slot = bpf_map_lookup_elem(&runs_be, &cpu);
+
+    if (slot)
+        *slot = value;
+}
+
+// Get a CPU for a newly queued LS thread: an idle one, else one running BE (kicked off it).
+static void make_room_for_ls(struct task_struct *p)
+{
+    s32 idle = scx_bpf_pick_idle_cpu(p->cpus_ptr, 0);
+    u32 nr = scx_bpf_nr_cpu_ids();
+
+    if (idle >= 0) {
+        scx_bpf_kick_cpu(idle, SCX_KICK_IDLE);
+        return;
+    }
+    for (u32 cpu = 0; cpu < MAX_CPUS && cpu < nr; cpu++) {
+        u32 *be = bpf_map_lookup_elem(&runs_be, &cpu);
+
+        if (be && *be && bpf_cpumask_test_cpu(cpu, p->cpus_ptr)) {
+            *be = 0;        // one kick per LS thread: the next one looks for another CPU
+            scx_bpf_kick_cpu(cpu, SCX_KICK_PREEMPT);
+            return;
+        }
+    }
+}
+
+static bool move_be(void)
+{
+    if (!scx_bpf_dsq_move_to_local(BE_DSQ))
+        return false;
+    be_waiting_since = bpf_ktime_get_ns();
+    return true;
+}
+
+s32 BPF_STRUCT_OPS(koordd_select_cpu, struct task_struct *p, s32 prev_cpu, u64 wake_flags)
+{
+    bool is_idle = false;
+    s32 cpu = scx_bpf_select_cpu_dfl(p, prev_cpu, wake_flags, &is_idle);
+
+    if (is_idle)            // an idle CPU: either class runs there at once
+        scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL, task_class(p) == CLASS_BE ? BE_SLICE_NS : LS_SLICE_NS, 0);
+    return cpu;
+}
+
+void BPF_STRUCT_OPS(koordd_enqueue, struct task_struct *p, u64 enq_flags)
+{
+    if (task_class(p) == CLASS_BE) {
+        if (!scx_bpf_dsq_nr_queued(BE_DSQ))
+            be_waiting_since = bpf_ktime_get_ns();
+        scx_bpf_dsq_insert(p, BE_DSQ, BE_SLICE_NS, enq_flags);
+        s32 idle = scx_bpf_pick_idle_cpu(p->cpus_ptr, 0);
+        if (idle >= 0)
+            scx_bpf_kick_cpu(idle, SCX_KICK_IDLE);
+        return;
+    }
+    scx_bpf_dsq_insert(p, LS_DSQ, LS_SLICE_NS, enq_flags);
+    make_room_for_ls(p);
+}
+
+void BPF_STRUCT_OPS(koordd_dispatch, s32 cpu, struct task_struct *prev)
+{
+    if (bpf_ktime_get_ns() - be_waiting_since > BE_MAX_WAIT_NS && move_be())
+        return;             // starving BE: one slice, then LS again
+    if (scx_bpf_dsq_move_to_local(LS_DSQ))
+        return;
+    move_be();
+}
+
+void BPF_STRUCT_OPS(koordd_running, struct task_struct *p)
+{
+    set_runs_be(task_class(p) == CLASS_BE);
+}
+
+void BPF_STRUCT_OPS(koordd_stopping, struct task_struct *p, bool runnable)
+{
+    set_runs_be(0);
+}
+
+s32 BPF_STRUCT_OPS(koordd_init)     // sleepable (koordd/scx.py flags it): creating a queue may sleep
+{
+    s32 err = scx_bpf_create_dsq(LS_DSQ, -1);
+
+    return err ? err : scx_bpf_create_dsq(BE_DSQ, -1);
+}
+
+SEC(".struct_ops")
+struct sched_ext_ops koordd_ops = {
+    .select_cpu = (void *)koordd_select_cpu,
+    .enqueue = (void *)koordd_enqueue,
+    .dispatch = (void *)koordd_dispatch,
+    .running = (void *)koordd_running,
+    .stopping = (void *)koordd_stopping,
+    .init = (void *)koordd_init,
+    .flags = SCX_OPS_SWITCH_PARTIAL,
+    .name = "koordd",
+};
