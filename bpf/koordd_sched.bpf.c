@@ -33,13 +33,9 @@ struct {
     __type(value, u32);     // CLASS_LS or CLASS_BE
 } classes SEC(".maps");
 
-struct {
-    __uint(type, BPF_MAP_TYPE_ARRAY);
-    __uint(max_entries, MAX_CPUS);
-    __type(key, u32);       // CPU
-    __type(value, u32);     // 1 while it runs a BE thread
-} runs_be SEC(".maps");
-
+// A global array, not a map: the CPU scan below then indexes it from a register, which the verifier
+// follows; a map key on the stack loses the loop counter's value ("infinite loop detected").
+u32 runs_be[MAX_CPUS];      // CPU -> 1 while it runs a BE thread
 u64 be_waiting_since;       // when BE last made progress (or became queued)
 
 static u32 task_class(struct task_struct *p)
@@ -60,10 +56,9 @@ static u32 task_class(struct task_struct *p)
 static void set_runs_be(u32 value)
 {
     u32 cpu = bpf_get_smp_processor_id();
-    u32 *slot = bpf_map_lookup_elem(&runs_be, &cpu);
 
-    if (slot)
-        *slot = value;
+    if (cpu < MAX_CPUS)
+        runs_be[cpu] = value;
 }
 
 // Get a CPU for a newly queued LS thread: an idle one, else one running BE (kicked off it).
@@ -77,10 +72,8 @@ static void make_room_for_ls(struct task_struct *p)
         return;
     }
     for (u32 cpu = 0; cpu < MAX_CPUS && cpu < nr; cpu++) {
-        u32 *be = bpf_map_lookup_elem(&runs_be, &cpu);
-
-        if (be && *be && bpf_cpumask_test_cpu(cpu, p->cpus_ptr)) {
-            *be = 0;        // one kick per LS thread: the next one looks for another CPU
+        if (runs_be[cpu] && bpf_cpumask_test_cpu(cpu, p->cpus_ptr)) {
+            runs_be[cpu] = 0;   // one kick per LS thread: the next one looks for another CPU
             scx_bpf_kick_cpu(cpu, SCX_KICK_PREEMPT);
             return;
         }
@@ -120,12 +113,16 @@ void BPF_STRUCT_OPS(koordd_enqueue, struct task_struct *p, u64 enq_flags)
     make_room_for_ls(p);
 }
 
+// Called when this CPU's local queue is empty: also when the thread it runs used up its slice,
+// before that thread is queued again. An LS thread there, still runnable, is LS waiting too.
 void BPF_STRUCT_OPS(koordd_dispatch, s32 cpu, struct task_struct *prev)
 {
     if (bpf_ktime_get_ns() - be_waiting_since > BE_MAX_WAIT_NS && move_be())
         return;             // starving BE: one slice, then LS again
     if (scx_bpf_dsq_move_to_local(LS_DSQ))
         return;
+    if (prev && (prev->scx.flags & SCX_TASK_QUEUED) && task_class(prev) != CLASS_BE)
+        return;             // nothing here: the kernel keeps the LS thread running, with a new slice
     move_be();
 }
 

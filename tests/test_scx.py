@@ -119,5 +119,5 @@ def test_without_sched_ext_nothing_is_loaded(tmp_path):
 def test_the_object_is_shipped_with_its_struct_ops_and_maps():
     data = OBJECT.read_bytes()
     assert data[:4] == b"\x7fELF"
-    for name in (b".struct_ops", b"koordd_ops", b"classes", b"runs_be", b"koordd_dispatch"):
+    for name in (b".struct_ops", b"koordd_ops", b"classes", b"runs_be", b".bss", b"koordd_dispatch"):
         assert name in data, name
