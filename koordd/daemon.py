@@ -155,6 +155,10 @@ class Daemon:
     # --- main loop ------------------------------------------------------------
 
     def run(self, once: bool = False) -> int:
+        if not once:
+            # Before start(): a SIGTERM while it restores what a previous run left, or takes the first
+            # snapshot, must stop koordd the orderly way, not kill it mid-write with the default action.
+            self._install_signals()
         self.start()
         if once:
             time.sleep(min([float(s.interval) for s in self.config.loops.values() if s.enabled] + [1.0]))
@@ -162,7 +166,6 @@ class Daemon:
             self._write_status()            # before the sensors stop: it says which ran and which could not
             self.sensors.close()
             return 0 if all(r.failures == 0 for r in self.runner.runs.values()) else 1
-        self._install_signals()
         watcher = self._watch_config()
         watchdog = notify.watchdog_period()
         next_ping = time.monotonic()

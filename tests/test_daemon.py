@@ -225,3 +225,32 @@ def test_koordctl_top_is_answered_with_no_loop_enabled_and_nothing_is_left_when_
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, node.log()
+
+
+def test_a_sigterm_while_starting_stops_koordd_in_order(node, monkeypatch):
+    """The stop signal is handled from the first moment of run(): one that comes while start() restores
+    or takes the first snapshot ends the run through stop() (exit 0, knobs restored), not by the
+    signal's default action."""
+    from koordd.config import load_config
+    from koordd.daemon import Daemon
+    from koordd.registry import load_registry
+    registry = load_registry()
+    daemon = Daemon(load_config(node.config, registry), registry)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    seen = []
+    start = daemon.start
+
+    def start_then_sigterm():
+        start()
+        handler = signal.getsignal(signal.SIGTERM)
+        seen.append(handler)
+        if callable(handler):
+            handler(signal.SIGTERM, None)       # what the kernel would deliver here
+    monkeypatch.setattr(daemon, "start", start_then_sigterm)
+    try:
+        assert daemon.run() == 0
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert callable(seen[0]) and seen[0] not in (signal.SIG_DFL, signal.SIG_IGN, handlers[signal.SIGTERM])
+    assert node.cpu_max() == "max 100000" and node.held() == []
