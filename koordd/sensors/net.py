@@ -59,6 +59,7 @@ class NetSensor(OptionalSensor):
             if m["index"] not in shaped and (links := self.ipr.get_links(m["index"])):
                 out[links[0].get_attr("IFLA_IFNAME")] = _foreign(m)
         classifier = self.classifier.opened_classifier() if self.classifier is not None else None
+        counted: dict[tuple[int, int], int] | None = None      # the classifier's counters, read once a round
         for index, root in shaped.items():
             links = self.ipr.get_links(index)
             if not links:
@@ -67,7 +68,8 @@ class NetSensor(OptionalSensor):
             if root["handle"] == ROOT:
                 found = self._htb(index)        # an HTB 1: without koordd's classes is someone else's too
             elif classifier is not None:
-                found = self._edt(index, root, classifier)
+                counted = classifier.sent() if counted is None else counted
+                found = self._edt(index, root, classifier, counted)
             else:
                 continue            # edt without this process's classifier: nothing to count
             if found is None:           # HTB 1: without koordd's classes
@@ -97,9 +99,8 @@ class NetSensor(OptionalSensor):
         return "htb", rates[LINK][0], rates[BE_CLASS][1], sent
 
     @staticmethod
-    def _edt(index: int, root, classifier):
-        counted = {classid: n for (ifindex, classid), n in classifier.sent().items() if ifindex == index}
-        sent = {LS_CLASS: counted.get(LS_CLASS, 0), BE_CLASS: counted.get(BE_CLASS, 0)}
+    def _edt(index: int, root, classifier, counted: dict[tuple[int, int], int]):
+        sent = {LS_CLASS: counted.get((index, LS_CLASS), 0), BE_CLASS: counted.get((index, BE_CLASS), 0)}
         # The rest of what fq sent is other traffic (fq counts at dequeue, the classifier at
         # enqueue: the difference of a round's packets in flight is noise).
         sent[OTHER_CLASS] = max(_bytes(root) - sent[LS_CLASS] - sent[BE_CLASS], 0)
