@@ -21,6 +21,7 @@ from .loop import Action
 from .state import Held, RestoreJournal
 from .netclass_backend import ClassifierBackend, NetClassBackend, process_classifier
 from .resctrl_backend import ResctrlGroupBackend, ResctrlTasksBackend
+from .scx_backend import scheduler_backends
 from .tc_backend import TcBackend
 from .threads import ThreadPolicyBackend
 
@@ -275,11 +276,12 @@ class Actuator:
 
 def builtin_backends(fs: CgroupFS) -> list[Backend]:
     """koordd's own backends on a cgroup layout: the cgroup knobs, the policy of cgroups' threads, and
-    resctrl (its groups, and which group a cgroup's threads are in), tc (a device's HTB tree) and the
-    egress classifier (where it is attached, which class a cgroup's packets get)."""
+    resctrl (its groups, and which group a cgroup's threads are in), tc (a device's HTB tree), the
+    egress classifier (where it is attached, which class a cgroup's packets get) and koordd's sched_ext
+    scheduler (whether it runs, which class a cgroup's threads have in it)."""
     shared = process_classifier()
     return [CgroupBackend(fs), ThreadPolicyBackend(fs), ResctrlGroupBackend(), ResctrlTasksBackend(fs), TcBackend(shared),
-            ClassifierBackend(shared), NetClassBackend(fs, shared)]
+            ClassifierBackend(shared), NetClassBackend(fs, shared), *scheduler_backends(fs)]
 
 
 def _depth(backend: Backend, target: str) -> int:

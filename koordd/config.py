@@ -297,7 +297,12 @@ class _Checker:
             if name not in registry:
                 self.unknown(kp, registry, "loop")
             elif (table := self.table(table, kp)) is not None:
-                checked[name] = self.section(loop_options(registry[name]), table, kp)
+                settings, ok = self.section(loop_options(registry[name]), table, kp)
+                problems = getattr(registry[name], "problems", None)    # optional for loops not built on Loop
+                for option, why in (problems(settings) if ok and problems else {}).items():
+                    self.error(kp + (option,), why)
+                    ok = False
+                checked[name] = (settings, ok)
         self.ownership(checked, registry)
         return MappingProxyType({name: checked[name][0] if name in checked else make_settings(loop_options(cls), {})
                                  for name, cls in registry.items()})

@@ -3,6 +3,8 @@
 A loop is a class in `plugins/` registered under the entry-point group
 `koordd.loops`. The core calls, in this order:
 
+- `problems(settings)` when the config loads: options that do not fit together,
+  each named with why; the loop's section is then refused like a bad value.
 - `writes(settings)` when the config loads: the (class, knob) pairs the loop
   may write (NODE instead of a class for a node-wide target: the sched_ext state,
   a network device); two enabled loops may not claim the same pair.
@@ -59,6 +61,11 @@ def restore(target: str, knob: str, message: str, **reason: Any) -> Action:
 class Loop:
     name: ClassVar[str] = ""
     options: ClassVar[tuple[Option, ...]] = ()
+
+    @staticmethod
+    def problems(settings) -> dict[str, str]:
+        """Option -> why its value does not fit with the others (each option alone is already valid)."""
+        return {}
 
     @staticmethod
     def writes(settings) -> frozenset[tuple[str, str]]:

@@ -152,6 +152,7 @@ class SwitchResult:
     scheduler: Scheduler | None     # ours, running; None when the kernel's scheduler runs the threads
     reason: str
     status: SchedExtStatus | None   # what the kernel said last
+    busy: bool = False              # another scheduler holds sched_ext (or ours would not stop): nothing loaded
 
 
 def wait_state(want: str, sys_root: Path | str, timeout: float) -> SchedExtStatus | None:
@@ -176,11 +177,11 @@ def switch_to(classes: dict[int, str], old: Scheduler | None = None, *, sys_root
         old.unload()
     elif status.state != "disabled":
         return SwitchResult(None, f"another BPF scheduler is loaded ({status.describe()}): "
-                                  "koordd does not stop it", status)
+                                  "koordd does not stop it", status, busy=True)
     status = wait_state("disabled", sys_root, timeout)
     if status is None or status.state != "disabled":
         return SwitchResult(None, f"the old scheduler did not stop within {timeout:g}s "
-                                  f"({status.describe() if status else 'no sched_ext'})", status)
+                                  f"({status.describe() if status else 'no sched_ext'})", status, busy=True)
     before, scheduler = status.enable_seq, None
     try:
         scheduler = load()

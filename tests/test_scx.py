@@ -46,7 +46,8 @@ class FakeScheduler:
 
     def unload(self):
         self.calls.append("unload")
-        write_status(self.sys_root, "disabled", enable_seq=self.on_attach[2])
+        seq = int((self.sys_root / "kernel/sched_ext/enable_seq").read_text())    # unloading keeps the count
+        write_status(self.sys_root, "disabled", enable_seq=seq)
 
 
 CLASSES = {101: "LS", 202: "BE"}
