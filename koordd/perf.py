@@ -22,7 +22,7 @@ from typing import Sequence
 
 from .cgroups import parse_cpulist
 
-PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE = 0, 1
+PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE, PERF_TYPE_RAW = 0, 1, 4
 PERF_FLAG_PID_CGROUP, PERF_FLAG_FD_CLOEXEC = 1 << 2, 1 << 3
 PERF_FORMAT_TOTAL_TIME_ENABLED, PERF_FORMAT_TOTAL_TIME_RUNNING, PERF_FORMAT_GROUP = 1 << 0, 1 << 1, 1 << 3
 GROUP_FORMAT = PERF_FORMAT_GROUP | PERF_FORMAT_TOTAL_TIME_ENABLED | PERF_FORMAT_TOTAL_TIME_RUNNING
@@ -41,7 +41,13 @@ class Event:
 
     @property
     def hardware(self) -> bool:
-        return self.type == PERF_TYPE_HARDWARE
+        """Counted by the PMU: a generic hardware event, or a model's own (raw)."""
+        return self.type in (PERF_TYPE_HARDWARE, PERF_TYPE_RAW)
+
+
+def raw_event(name: str, event: int, umask: int) -> Event:
+    """A model-specific event of Intel's core PMU: config is the event select with the unit mask above it."""
+    return Event(name, PERF_TYPE_RAW, event | umask << 8)
 
 
 CYCLES = Event("cycles", PERF_TYPE_HARDWARE, 0)
@@ -165,6 +171,9 @@ def explain(error: OSError, paranoid: str | None = None) -> str:
     subject = event.name if event is not None else error.filename
     what = f"{subject}: {code}" if subject else code
     if event is not None and err in NO_PMU:
+        if event.type == PERF_TYPE_RAW:
+            return f"the PMU does not offer this event ({what}) — another CPU model, or a virtual PMU that " \
+                   f"offers only the generic events?"
         if event.hardware:
             return f"no hardware PMU ({what}) — a VM without a virtual PMU?"
         # A software event always exists: the cgroup is what the kernel did not find (its perf_event css).

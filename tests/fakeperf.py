@@ -2,8 +2,9 @@
 
 It finds the cgroup the way the kernel does, from the directory fd it is given;
 the test sets what each (cgroup, CPU) group reads, cumulative as the kernel's,
-and which opens fail with which errno. `limit` stands for RLIMIT_NOFILE: past
-that many open events, an open fails with EMFILE.
+and which opens fail with which errno: per (cgroup, CPU), or per event wherever
+it is asked for (a PMU without it). `limit` stands for RLIMIT_NOFILE: past that
+many open events, an open fails with EMFILE.
 """
 from __future__ import annotations
 
@@ -39,11 +40,15 @@ class FakePerf:
         self.tries: list[tuple[str, int]] = []              # every open asked for: (cgroup, cpu)
         self.readings: dict[tuple[str, int], GroupReading | Exception] = {}
         self.fail: dict[tuple[str, int], int] = {}          # (cgroup, cpu) -> errno of its open
+        self.refuse: dict[str, int] = {}                    # event name -> errno of every open that holds it
 
     def __call__(self, events, cgroup_fd: int, cpu: int) -> FakeGroup:
         path = Path(os.readlink(f"/proc/self/fd/{cgroup_fd}"))
         cgroup = "" if path == self.root else str(path.relative_to(self.root))
         self.tries.append((cgroup, cpu))
+        refused = [e for e in events if e.name in self.refuse]     # the first of them fails, as in the kernel
+        if refused:
+            raise PerfOpenError(self.refuse[refused[0].name], refused[0])
         err = self.fail.get((cgroup, cpu))
         if err is None and self.limit is not None and self.fds + len(events) > self.limit:
             err = errno.EMFILE

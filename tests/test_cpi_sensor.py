@@ -6,7 +6,6 @@ import errno
 import pytest
 
 from fakeperf import FakePerf
-from koordd.perf import PerfOpenError
 from koordd.sensors import lifecycle, registry
 from koordd.sensors.contract import SensorContext, SensorUnavailable
 from koordd.sensors.cpi import CpiSensor
@@ -56,13 +55,8 @@ def test_start_tries_software_then_hardware_events_on_the_v2_root_and_closes_the
                                    "perf_event bound to a v1 hierarchy?"),
 ])
 def test_start_says_why_it_cannot_count(host, fails, reason):
-    class Refusing(FakePerf):
-        def __call__(self, events, cgroup_fd, cpu):
-            if events[0].name in fails:
-                raise PerfOpenError(fails[events[0].name], events[0])
-            return super().__call__(events, cgroup_fd, cpu)
-
-    perf = Refusing(host / "cgroup/unified")
+    perf = FakePerf(host / "cgroup/unified")
+    perf.refuse = fails
     started, why = lifecycle.start_sensor(lambda: sensor(host, perf)[0])
     assert started is None and why == reason
     assert perf.groups == []
@@ -108,5 +102,5 @@ def test_a_cgroup_that_goes_closes_its_fds_and_stop_closes_the_rest(host):
 
 def test_cpi_is_a_built_in_sensor_that_acquires_nothing_until_started(monkeypatch):
     assert registry.BUILTIN[CPI] is CpiSensor and CpiSensor.name == "cpi"
-    monkeypatch.setattr("koordd.sensors.cpi.probe_cgroup_mode", lambda *a: pytest.fail("opened by the constructor"))
+    monkeypatch.setattr("koordd.sensors.cgroup_counters.probe_cgroup_mode", lambda *a: pytest.fail("opened by the constructor"))
     CpiSensor().stop()

@@ -9,7 +9,7 @@ import pytest
 
 from koordd import perf
 from koordd.perf import (CONTEXT_SWITCHES, CYCLES, GROUP_FORMAT, INSTRUCTIONS, TASK_CLOCK, CounterGroup,
-                         GroupReading, PerfOpenError, explain)
+                         GroupReading, PerfOpenError, explain, raw_event)
 
 
 def test_attr_counts_user_and_kernel_from_the_start():
@@ -26,6 +26,12 @@ def test_the_events_are_perfs_own():
         ("cycles", 0, 0, True), ("instructions", 0, 1, True),
         ("task-clock", 1, 1, False), ("context-switches", 1, 3, False)]
     assert perf.CGROUP_FLAGS == 4 | 8
+
+
+def test_a_raw_event_is_the_pmus_with_the_unit_mask_above_the_event_select():
+    lvl2 = raw_event("core_power.lvl2_turbo_license", 0x28, 0x20)
+    assert (lvl2.type, lvl2.config, lvl2.hardware) == (perf.PERF_TYPE_RAW, 0x2028, True)
+    assert struct.unpack_from("IIQ", perf.attr_bytes(lvl2).raw, 0) == (4, 128, 0x2028)
 
 
 def test_parse_group():
@@ -78,6 +84,8 @@ def test_a_member_that_fails_leaves_nothing_open(monkeypatch):
     (PerfOpenError(errno.ENOENT, CYCLES), None, "no hardware PMU (cycles: ENOENT) — a VM without a virtual PMU?"),
     (PerfOpenError(errno.EOPNOTSUPP, INSTRUCTIONS), None, "no hardware PMU (instructions: EOPNOTSUPP) — "),
     (PerfOpenError(errno.ENODEV, CYCLES), None, "no hardware PMU (cycles: ENODEV)"),
+    (PerfOpenError(errno.ENOENT, raw_event("core_power.lvl1_turbo_license", 0x28, 0x18)), None,
+     "the PMU does not offer this event (core_power.lvl1_turbo_license: ENOENT) — another CPU model"),
     (PerfOpenError(errno.ENOENT, TASK_CLOCK), None,
      "cgroups of the v2 tree cannot be counted (task-clock: ENOENT) — perf_event bound to a v1 hierarchy?"),
     (PerfOpenError(errno.EACCES, CYCLES), "2", "not permitted (cycles: EACCES): kernel.perf_event_paranoid=2; "

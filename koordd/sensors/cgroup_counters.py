@@ -23,7 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
-from ..perf import CounterGroup, Event, GroupReading
+from ..cgroups import LayoutError, detect_layout
+from ..perf import (CONTEXT_SWITCHES, TASK_CLOCK, CounterGroup, Event, GroupReading, explain, online_cpus,
+                    probe_cgroup_mode)
+from .contract import SensorUnavailable
 
 log = logging.getLogger(__name__)
 OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
@@ -46,6 +49,7 @@ class Group(Protocol):
 
 
 OpenGroup = Callable[[Sequence[Event], int, int], Group]     # (events, fd of the cgroup's directory, cpu)
+PLUMBING = (TASK_CLOCK, CONTEXT_SWITCHES)   # any kernel with perf has them: tells the PMU from the rest
 
 
 @dataclass(frozen=True)
@@ -198,3 +202,34 @@ class CgroupCounters:
         if key not in self._said:
             self._said.add(key)
             log.warning(msg, *args)
+
+
+def start_counters(events: Sequence[Event], cgroup_root: Path, sys_root: Path, proc_root: Path,
+                   open_group: OpenGroup = CounterGroup.open_cgroup) -> CgroupCounters:
+    """CgroupCounters of `events` on every online CPU, in the v2 tree under `cgroup_root` (the unified tree
+    on hybrid hosts). First software events on the tree's root (does cgroup-mode counting work at all?),
+    then `events`: SensorUnavailable saying which failed and what that likely means (perf.explain)."""
+    try:
+        v2_root = detect_layout(cgroup_root).unified
+    except LayoutError as e:
+        raise SensorUnavailable(str(e)) from None
+    if v2_root is None:
+        raise SensorUnavailable(f"no cgroup v2 tree under {cgroup_root}: perf counts cgroups of the v2 tree")
+    try:
+        cpus = online_cpus(sys_root)
+    except (OSError, ValueError) as e:
+        raise SensorUnavailable(f"online CPUs unknown: {e}") from None
+    if not cpus:
+        raise SensorUnavailable(f"no online CPU in {sys_root}/devices/system/cpu/online")
+    for probe in (PLUMBING, events):
+        error = probe_cgroup_mode(probe, v2_root, cpus[0], open_group)
+        if error is not None:
+            raise SensorUnavailable(explain(error, _paranoid(proc_root)))
+    return CgroupCounters(events, v2_root, cpus, open_group, max_fds=fd_budget())
+
+
+def _paranoid(proc_root: Path) -> str | None:
+    try:
+        return (proc_root / "sys/kernel/perf_event_paranoid").read_text().strip()
+    except OSError:
+        return None

@@ -22,15 +22,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..cgroups import DEFAULT_ROOT, LayoutError, detect_layout
-from ..perf import (CONTEXT_SWITCHES, CYCLES, INSTRUCTIONS, TASK_CLOCK, CounterGroup, explain, online_cpus,
-                    probe_cgroup_mode)
+from ..cgroups import DEFAULT_ROOT
+from ..perf import CYCLES, INSTRUCTIONS, CounterGroup
 from ..snapshot import CPI, CpiSample
-from .cgroup_counters import CgroupCounters, OpenGroup, fd_budget
-from .contract import OptionalSensor, SensorContext, SensorUnavailable
+from .cgroup_counters import CgroupCounters, OpenGroup, start_counters
+from .contract import OptionalSensor, SensorContext
 
 EVENTS = (CYCLES, INSTRUCTIONS)
-PLUMBING = (TASK_CLOCK, CONTEXT_SWITCHES)   # any kernel with perf has them: tells the PMU from the rest
 
 
 class CpiSensor(OptionalSensor):
@@ -43,23 +41,7 @@ class CpiSensor(OptionalSensor):
         self._counters: CgroupCounters | None = None
 
     def start(self) -> None:
-        try:
-            v2_root = detect_layout(self.cgroup_root).unified
-        except LayoutError as e:
-            raise SensorUnavailable(str(e)) from None
-        if v2_root is None:
-            raise SensorUnavailable(f"no cgroup v2 tree under {self.cgroup_root}: perf counts cgroups of the v2 tree")
-        try:
-            cpus = online_cpus(self.sys_root)
-        except (OSError, ValueError) as e:
-            raise SensorUnavailable(f"online CPUs unknown: {e}") from None
-        if not cpus:
-            raise SensorUnavailable(f"no online CPU in {self.sys_root}/devices/system/cpu/online")
-        for events in (PLUMBING, EVENTS):
-            error = probe_cgroup_mode(events, v2_root, cpus[0], self._open_group)
-            if error is not None:
-                raise SensorUnavailable(explain(error, self._paranoid()))
-        self._counters = CgroupCounters(EVENTS, v2_root, cpus, self._open_group, max_fds=fd_budget())
+        self._counters = start_counters(EVENTS, self.cgroup_root, self.sys_root, self.proc_root, self._open_group)
 
     def sample(self, context: SensorContext) -> dict[str, CpiSample]:
         if self._counters is None:
@@ -73,9 +55,3 @@ class CpiSensor(OptionalSensor):
         if self._counters is not None:
             self._counters.close()
             self._counters = None
-
-    def _paranoid(self) -> str | None:
-        try:
-            return (self.proc_root / "sys/kernel/perf_event_paranoid").read_text().strip()
-        except OSError:
-            return None
