@@ -15,10 +15,10 @@ raising the `cpu.weight` of the victims by f_nominal / f_effective; this module 
   CPU actually ran at while busy; None where unreadable, and then the model is all there is.
 
 arch_status sees AVX-512 register state only: AVX2 (256-bit) use, which lowers the licence too, is
-invisible to it. The PMU tells them apart: CORE_POWER.LVL1_TURBO_LICENSE and LVL2_TURBO_LICENSE count the
-cycles a core spent at licence 1 (AVX2 heavy, AVX-512 light) and 2 (AVX-512 heavy); counted per cgroup the
-way sensors/cpi.py counts cycles, their share of the cycles would give each cgroup its level (AVX256 or
-AVX512 below) and how long it held it. That needs a PMU this code has not run on, so it is not here.
+invisible to it, and glibc's EVEX string functions leave AVX-512 state in ordinary threads. The PMU tells
+them apart where it has Intel's licence events: CORE_POWER.LVL1_TURBO_LICENSE and LVL2_TURBO_LICENSE count
+the cycles a core spent at licence 1 (AVX2 heavy, AVX-512 light) and 2 (AVX-512 heavy). Counted per cgroup
+with `cycles` (sensors/avx.py), their shares of its cycles give its level: licence_of() below.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from .cgroups import parse_cpulist
+from .perf import CYCLES, raw_event
 
 NEVER = -1                  # AVX512_elapsed_ms of a thread never seen using AVX-512
 
@@ -204,3 +205,78 @@ def measured_mhz(before: tuple[int, int], after: tuple[int, int], tsc_mhz: float
     was idle throughout."""
     d_aperf, d_mperf = after[0] - before[0], after[1] - before[1]
     return tsc_mhz * d_aperf / d_mperf if d_mperf > 0 and d_aperf >= 0 else None
+
+
+# --- the PMU's licence counters ---------------------------------------------------------------------------
+
+# Intel's CORE_POWER events: core cycles at each turbo licence, event select 0x28 with unit mask 0x07 for
+# licence 0 (scalar, SSE, AVX 128-bit, light AVX2; not counted here), 0x18 for licence 1 and 0x20 for
+# licence 2. Source: Linux's tools/perf/pmu-events/arch/x86/{skylakex,cascadelakex,icelakex,icelake}/
+# other.json, the same encodings in all four.
+LVL1_TURBO_LICENSE = raw_event("core_power.lvl1_turbo_license", 0x28, 0x18)
+LVL2_TURBO_LICENSE = raw_event("core_power.lvl2_turbo_license", 0x28, 0x20)
+LICENCE_EVENTS = (CYCLES, LVL1_TURBO_LICENSE, LVL2_TURBO_LICENSE)     # one group: the shares are of `cycles`
+# Intel family 6 models with those events, from the same tree's mapfile.csv (GenuineIntel-6-55-[01234]
+# skylakex, 6-55-[56789ABCDEF] cascadelakex, 6-6[AC] icelakex, 6-7[DE] icelake). Sapphire Rapids' list
+# (6-8F) has no CORE_POWER events; models not here are not tried.
+LICENCE_MODELS: Mapping[int, str] = {0x55: "Skylake-SP/X, Cascade Lake, Cooper Lake", 0x6A: "Ice Lake-SP",
+                                     0x6C: "Ice Lake-D", 0x7D: "Ice Lake", 0x7E: "Ice Lake"}
+# Ordinary code counts no licence cycles at all; a cgroup under a tenth of its cycles at a licence drops a
+# neighbour's frequency by under 1% on average (0.1 x 8% at AVX-512): not worth a weight change.
+LICENCE_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class CpuId:
+    vendor: str             # vendor_id: GenuineIntel, AuthenticAMD, ...
+    family: int
+    model: int
+
+    def __str__(self) -> str:
+        return f"{self.vendor} family {self.family} model {self.model:#x}"
+
+
+def parse_cpuinfo(text: str) -> CpuId | None:
+    """The first CPU's vendor, family and model from /proc/cpuinfo; None where it does not say (not x86)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip() and fields:
+            break                       # the first CPU's block ends at its blank line
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    try:
+        return CpuId(fields["vendor_id"], int(fields["cpu family"]), int(fields["model"]))
+    except (KeyError, ValueError):
+        return None
+
+
+def licence_events_missing(cpu: CpuId | None) -> str | None:
+    """Why this CPU has no licence events koordd knows; None when it has them."""
+    if cpu is None:
+        return "CPU model unknown (no vendor_id, cpu family and model in cpuinfo)"
+    if cpu.vendor == "GenuineIntel" and cpu.family == 6 and cpu.model in LICENCE_MODELS:
+        return None
+    known = ", ".join(f"{m:#x}" for m in LICENCE_MODELS)
+    return f"{cpu} has no CORE_POWER licence events koordd knows of (Intel family 6 models {known} have them)"
+
+
+@dataclass(frozen=True)
+class Licence:
+    """What the PMU counted for a cgroup over a round, and the level that makes it."""
+    cycles: float           # its tasks' cycles (unhalted, while they ran)
+    lvl1: float             # the share of them at licence 1: heavy AVX2, light AVX-512
+    lvl2: float             # the share at licence 2: heavy AVX-512
+    level: str              # SCALAR, AVX256 (licence 1) or AVX512 (licence 2)
+
+
+def licence_of(cycles: float, lvl1_cycles: float, lvl2_cycles: float, avx512_seen: bool,
+               share: float = LICENCE_SHARE) -> Licence:
+    """A cgroup's level from its cycles at licence 1 and 2: AVX512 when licence 2 held for `share` of its
+    cycles, AVX256 when licence 1 or 2 did, else SCALAR. The licence is the core's: a task next to wide code
+    (SMT sibling) or right after it on its CPU (~2 ms) counts those cycles too. Licence 2 needs AVX-512
+    instructions, so in a cgroup whose threads were never seen with AVX-512 state (`avx512_seen`, from
+    arch_status) its licence-2 cycles are a neighbour's and count for nothing."""
+    lvl1, lvl2 = (min(1.0, max(0.0, c / cycles)) if cycles > 0 else 0.0 for c in (lvl1_cycles, lvl2_cycles))
+    own2 = lvl2 if avx512_seen else 0.0
+    level = AVX512 if own2 >= share else AVX256 if lvl1 + own2 >= share else SCALAR
+    return Licence(cycles, lvl1, lvl2, level)

@@ -1,12 +1,15 @@
-"""koordd/avx.py: arch_status and stat parsing from literal kernel text (broken text included), SMT siblings
-from a fake sysfs, the frequency model's arithmetic, and the APERF/MPERF reader over a fake msr file."""
+"""koordd/avx.py: arch_status, stat and cpuinfo parsing from literal kernel text (broken text included), SMT
+siblings, the frequency model's arithmetic, the APERF/MPERF reader over a fake msr file, and the PMU's licence
+events: their encodings, the CPU models that have them, and the level their shares make."""
 from __future__ import annotations
 
 import pytest
 
-from koordd.avx import (AVX256, AVX512, DEFAULT_MHZ, NEVER, SCALAR, FrequencyModel, TaskStat, VectorUse,
-                        compensated_weight, measured_mhz, parse_arch_status, parse_stat, read_aperf_mperf,
-                        read_siblings, read_thread, recent, with_siblings)
+from koordd.avx import (AVX256, AVX512, DEFAULT_MHZ, LICENCE_EVENTS, NEVER, SCALAR, CpuId, FrequencyModel,
+                        Licence, TaskStat, VectorUse, compensated_weight, licence_events_missing, licence_of,
+                        measured_mhz, parse_arch_status, parse_cpuinfo, parse_stat, read_aperf_mperf, read_thread,
+                        read_siblings, recent, with_siblings)
+from koordd.perf import PERF_TYPE_RAW
 
 
 def stat_line(tid: int, comm: str = "worker", state: str = "S", utime: int = 0, stime: int = 0, cpu: int = 0) -> str:
@@ -149,3 +152,63 @@ def test_aperf_mperf_from_an_msr_file(tmp_path):
 def test_measured_frequency_is_the_tsc_rate_scaled_by_aperf_over_mperf():
     assert measured_mhz((100, 100), (100 + 2958, 100 + 3200), tsc_mhz=3200) == pytest.approx(2958)
     assert measured_mhz((5, 5), (5, 5), tsc_mhz=3200) is None           # idle throughout
+
+
+# --- the PMU's licence events ---------------------------------------------------------------------------
+
+def test_the_licence_events_are_counted_with_cycles_in_perfs_encodings():
+    # skylakex/other.json: EventCode 0x28, UMask 0x18 (LVL1) and 0x20 (LVL2); config = umask << 8 | event
+    assert [(e.name, e.type, e.config) for e in LICENCE_EVENTS[1:]] == [
+        ("core_power.lvl1_turbo_license", PERF_TYPE_RAW, 0x1828),
+        ("core_power.lvl2_turbo_license", PERF_TYPE_RAW, 0x2028)]
+    assert LICENCE_EVENTS[0].name == "cycles"
+
+
+XEON = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 85\n"
+        "model name\t: Intel(R) Xeon(R) Gold 6248 CPU @ 2.50GHz\nstepping\t: 7\n\n"
+        "processor\t: 1\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 106\n\n")
+
+
+@pytest.mark.parametrize("text, cpu", [
+    (XEON, CpuId("GenuineIntel", 6, 85)),                        # the first CPU's; "model name" is not "model"
+    ("vendor_id : AuthenticAMD\ncpu family : 25\nmodel : 17\n", CpuId("AuthenticAMD", 25, 17)),
+    ("processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\n", None),   # arm64 says none of it
+    ("vendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: x\n", None),
+    ("", None),
+])
+def test_parse_cpuinfo(text, cpu):
+    assert parse_cpuinfo(text) == cpu
+
+
+@pytest.mark.parametrize("cpu, has", [
+    *((CpuId("GenuineIntel", 6, m), True) for m in (0x55, 0x6A, 0x6C, 0x7D, 0x7E)),
+    (CpuId("GenuineIntel", 6, 0x8F), False),                     # Sapphire Rapids: no CORE_POWER events
+    (CpuId("GenuineIntel", 6, 0xA7), False),                     # Rocket Lake: not in perf's lists
+    (CpuId("AuthenticAMD", 25, 0x55), False),
+    (CpuId("GenuineIntel", 15, 0x55), False),
+])
+def test_the_models_with_licence_events(cpu, has):
+    assert (licence_events_missing(cpu) is None) == has
+    if not has:
+        assert licence_events_missing(cpu).startswith(f"{cpu} has no CORE_POWER licence events")
+    assert licence_events_missing(None) == "CPU model unknown (no vendor_id, cpu family and model in cpuinfo)"
+
+
+@pytest.mark.parametrize("lvl1, lvl2, seen, level", [
+    (0, 0, True, SCALAR),                                         # ordinary code
+    (0, 100, True, AVX512),                                       # a tenth of its cycles at licence 2
+    (0, 99, True, SCALAR),
+    (60, 50, True, AVX256),                                       # over a tenth at licence 1 or 2, under at 2
+    (100, 0, False, AVX256),
+    (0, 900, False, SCALAR),                                      # licence 2 without AVX-512 state: a neighbour's
+    (200, 700, False, AVX256),
+])
+def test_the_level_from_the_shares_of_cycles_at_licence_1_and_2(lvl1, lvl2, seen, level):
+    got = licence_of(1000, lvl1, lvl2, avx512_seen=seen)
+    assert got == Licence(1000, lvl1 / 1000, lvl2 / 1000, level)
+
+
+def test_licence_shares_are_of_cycles_clamped_and_zero_when_it_did_not_run():
+    assert licence_of(1000, 0, 1500, True) == Licence(1000, 0.0, 1.0, AVX512)      # counting noise
+    assert licence_of(0, 0, 0, True) == Licence(0, 0.0, 0.0, SCALAR)
+    assert licence_of(1000, 0, 300, True, share=0.5).level == SCALAR               # the threshold is an argument
