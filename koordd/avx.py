@@ -8,7 +8,7 @@ raising the `cpu.weight` of the victims by f_nominal / f_effective; this module 
 
 - the observation, from /proc: `arch_status`'s `AVX512_elapsed_ms` (ms since AVX-512 state was last seen
   in use at a context switch; -1 never; x86 kernels 5.3+ on CPUs with AVX-512 only) and the CPU a thread
-  last ran on (field 39 of `stat`); SMT siblings from sysfs.
+  last ran on (field 39 of `stat`).
 - the model: licence level -> MHz (DEFAULT_MHZ, the paper's measurements on one Intel host), the frequency a
   CPU runs at given what runs on it and on its siblings, and the compensation factor and weight.
 - the measurement where the host allows it: APERF/MPERF through /dev/cpu/<n>/msr, the average frequency a
@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from .cgroups import parse_cpulist
 from .perf import CYCLES, raw_event
 
 NEVER = -1                  # AVX512_elapsed_ms of a thread never seen using AVX-512
@@ -108,18 +107,6 @@ def read_thread(proc: Path | str, tid: int) -> ThreadAvx | None:
 def recent(elapsed_ms: int, within_ms: float) -> bool:
     """Seen using AVX-512 within the last `within_ms` (NEVER is negative)."""
     return 0 <= elapsed_ms <= within_ms
-
-
-def read_siblings(sys_root: Path | str = "/sys") -> dict[int, frozenset[int]]:
-    """CPU -> the CPUs of its core (itself included), from each CPU's thread_siblings_list ("0,16",
-    "0-1"); a CPU whose file is missing or garbled (offline) is left out."""
-    out = {}
-    for f in Path(sys_root, "devices/system/cpu").glob("cpu[0-9]*/topology/thread_siblings_list"):
-        try:
-            out[int(f.parent.parent.name[3:])] = parse_cpulist(f.read_text())
-        except (OSError, ValueError):
-            continue
-    return out
 
 
 def with_siblings(cpus: Iterable[int], siblings: Mapping[int, frozenset[int]]) -> frozenset[int]:

@@ -13,18 +13,24 @@ weights, on the class roots of the classes in `classes` (default LSE, LSR, LS):
   suffer (100 → 92 for AVX-512), leaving the others as they are.
 Weights stay within 1..10000.
 
-The evidence: the `avx` sensor's section (threads that used AVX-512 within 100 ms, where they ran,
-and the victims: cgroups whose other threads ran on those CPUs or their SMT siblings this round), and
-`avx_cgroups`, cgroups the config declares AVX-heavy (a known AVX-512 or AVX2 job): while one uses at
-least 0.1 core it counts, at `declared_level`, as sharing CPUs with every class root it is not part of
-(the sensor cannot see AVX2, nor where a declared job ran). A declared cgroup is matched among class
-roots and their children (pods, jobs), which the loop then samples for their CPU use. Without the
-sensor (no AVX-512 or no arch_status on this host) the loop works from `avx_cgroups` alone. A class
-root is never compensated for AVX use inside itself: raising it would not help its own threads.
+The evidence: the `avx` sensor's section and `avx_cgroups`. In the section an AVX cgroup is one the
+PMU's licence counters put at licence 1 (AVX2 heavy) or 2 (AVX-512 heavy) this round, slowing the CPUs
+its threads ran on; where the PMU does not count it (no PMU, another CPU model, not in the v2 tree),
+one with threads that used AVX-512 within 100 ms (arch_status), slowing the CPUs they last ran on. The
+PMU alone decides where it counts (no verdict yet in a cgroup's first round): it sees AVX2 and tells
+heavy AVX-512 use from glibc's EVEX string functions. A class root whose threads ran this round on a
+slowed CPU or its SMT sibling shares it. `avx_cgroups` are cgroups the config declares AVX-heavy (a
+known AVX-512 or AVX2 job): while one uses at least 0.1 core it counts, at `declared_level`, as sharing
+CPUs with every class root it is not part of (without the PMU nothing sees AVX2, nor where a declared
+job ran). A declared cgroup is matched among class roots and their children (pods, jobs), which the
+loop then samples for their CPU use. Without the sensor (no AVX-512 or no arch_status on this host) the
+loop works from `avx_cgroups` alone. A class root is never compensated for AVX use inside itself:
+raising it would not help its own threads.
 
 Base: the weight the cgroup had before this loop's first change (koordd's journaled original), else
 its weight now; a cgroup whose weight cannot be read is skipped. Every change is a decision naming
-the AVX cgroups (how many ms ago they used AVX-512, or "declared"), the shared CPUs, f_nominal,
+the AVX cgroups with their evidence ("pmu" and the shares of their cycles at licence 1 and 2;
+"arch_status", how many AVX-512 threads and how many ms ago; or "declared"), the shared CPUs, f_nominal,
 f_effective, the factor, the base and the new weight. The compensation stays `hold` after the last
 evidence, so a bursty AVX job does not make weights flap; then the original weight is put back.
 
@@ -60,6 +66,15 @@ class Compensation:
     seen: float                         # snapshot time of the latest evidence
     level: str                          # the widest vector use in force then
     evidence: dict                      # what showed it, for the decision record
+
+
+@dataclass(frozen=True)
+class Source:
+    """An AVX cgroup of the sensor's section: the level it holds its cores at, the CPUs that slows (where
+    its wide code ran, and their SMT siblings), and what showed it."""
+    level: str
+    cpus: frozenset[int]
+    evidence: dict
 
 
 @dataclass
@@ -117,10 +132,11 @@ class AvxWeight(Loop):
                                 AVX512: settings.mhz_avx512})
         evidence_of = _avx_evidence if settings.mode == "lower_avx" else _victim_evidence
         section, busy = snapshot.section(AVX), _busy_declared(snapshot, settings)
-        siblings = _siblings(snapshot)
+        uses = section.cgroups if section is not None else {}
+        sources = _sources(uses, _siblings(snapshot))
         actions, roots = [], snapshot.of_class(*settings.classes)
         for cg in roots:
-            found = evidence_of(cg.path, section, busy, siblings, DECLARED_LEVELS[settings.declared_level])
+            found = evidence_of(cg.path, uses, sources, busy, DECLARED_LEVELS[settings.declared_level])
             comp = state.by_cgroup.get(cg.path)
             if found is not None:
                 comp = state.by_cgroup[cg.path] = Compensation(snapshot.time, *found)
@@ -168,14 +184,34 @@ def _compensate(cg: CgroupSample, comp: Compensation, model: FrequencyModel, sna
     return Action(cg.path, "cpu.weight", str(weight), reason, message)
 
 
-def _victim_evidence(path, section, busy, siblings, declared) -> tuple[str, dict] | None:
+def _sources(uses, siblings) -> dict[str, Source]:
+    """The AVX cgroups of the section (cgroup -> AvxUse)."""
+    found = {cg: _source(use, siblings) for cg, use in sorted(uses.items())}
+    return {cg: source for cg, source in found.items() if source is not None}
+
+
+def _source(use, siblings) -> Source | None:
+    """The PMU's verdict where it counts the cgroup (none yet in its first round): it sees AVX2, and tells
+    heavy AVX-512 use from glibc's EVEX string functions. Elsewhere arch_status's recent AVX-512 state."""
+    licence = use.licence
+    if use.counted:
+        if licence is None or licence.level == SCALAR:
+            return None
+        return Source(licence.level, with_siblings(use.ran_cpus, siblings),
+                      {"evidence": "pmu", "lvl1_share": round(licence.lvl1, 3), "lvl2_share": round(licence.lvl2, 3)})
+    if use.avx512_threads:
+        return Source(AVX512, with_siblings(use.cpus, siblings), {"evidence": "arch_status",
+                      "avx512_threads": use.avx512_threads, "avx512_ms_ago": use.min_elapsed_ms})
+    return None
+
+
+def _victim_evidence(path, uses, sources, busy, declared) -> tuple[str, dict] | None:
     """raise_victims: the AVX cgroups outside `path` whose slowed CPUs its threads ran on."""
+    ran = uses[path].ran_cpus if path in uses else frozenset()
     avx, level, shared = {}, SCALAR, frozenset()
-    if section is not None:
-        sources = {cg: u for cg, u in section.cgroups.items() if u.avx512_threads and not _related(cg, path)}
-        shared = section.victims.get(path, frozenset()) & _slowed(sources.values(), siblings, section)
-        if shared:
-            avx, level = {cg: _seen(u) for cg, u in sorted(sources.items())}, AVX512
+    for cg, source in sources.items():
+        if ran & source.cpus and not _related(cg, path):
+            avx[cg], level, shared = source.evidence, _widest(level, source.level), shared | (ran & source.cpus)
     for cg, usage in sorted(busy.items()):
         if not _related(cg, path):
             avx[cg], level = {"declared": LEVEL_NAMES[declared], "cpu_usage": round(usage, 2)}, _widest(level, declared)
@@ -184,16 +220,15 @@ def _victim_evidence(path, section, busy, siblings, declared) -> tuple[str, dict
     return level, {"avx_cgroups": avx, "shared_cpus": format_cpulist(shared) if shared else "any (declared)"}
 
 
-def _avx_evidence(path, section, busy, siblings, declared) -> tuple[str, dict] | None:
+def _avx_evidence(path, uses, sources, busy, declared) -> tuple[str, dict] | None:
     """lower_avx: AVX use in `path` (or below), and who it slows."""
     avx, level, victims = {}, SCALAR, {}
-    use = section.cgroups.get(path) if section is not None else None
-    if use is not None and use.avx512_threads:
-        slowed = _slowed([use], siblings, section)
-        victims = {v: format_cpulist(c & slowed) for v, c in sorted(section.victims.items())
-                   if c & slowed and not _related(v, path)}
+    source = sources.get(path)
+    if source is not None:
+        victims = {v: format_cpulist(u.ran_cpus & source.cpus) for v, u in sorted(uses.items())
+                   if u.ran_cpus & source.cpus and not _related(v, path)}
         if victims:
-            avx, level = {path: _seen(use)}, AVX512
+            avx, level = {path: source.evidence}, source.level
     for cg, usage in sorted(busy.items()):
         if _related(cg, path):
             avx[cg], level = {"declared": LEVEL_NAMES[declared], "cpu_usage": round(usage, 2)}, _widest(level, declared)
@@ -202,13 +237,11 @@ def _avx_evidence(path, section, busy, siblings, declared) -> tuple[str, dict] |
     return level, {"avx_cgroups": avx, "victims": victims or "its neighbours (declared)"}
 
 
-def _seen(use) -> dict:
-    return {"avx512_threads": use.avx512_threads, "avx512_ms_ago": use.min_elapsed_ms}
-
-
 def _describe(use: Mapping) -> str:
     if "declared" in use:
         return f"declared {use['declared']}, {use['cpu_usage']:g} cores"
+    if use["evidence"] == "pmu":
+        return f"PMU: licence 1 for {use['lvl1_share']:.0%} and licence 2 for {use['lvl2_share']:.0%} of its cycles"
     n = use["avx512_threads"]
     return f"{n} AVX-512 thread{'s' if n > 1 else ''}, latest {use['avx512_ms_ago']} ms ago"
 
@@ -228,12 +261,6 @@ def _siblings(snapshot: Snapshot) -> dict[int, frozenset[int]]:
     for t in snapshot.node.topology:
         cores.setdefault(t.core, set()).add(t.cpu)
     return {t.cpu: frozenset(cores[t.core]) for t in snapshot.node.topology}
-
-
-def _slowed(uses, siblings, section) -> frozenset[int]:
-    """The CPUs these cgroups' AVX-512 threads slow; without the node's topology, all the sensor's."""
-    cpus = frozenset().union(*(u.cpus for u in uses))
-    return with_siblings(cpus, siblings) if siblings else (section.cpus if cpus else frozenset())
 
 
 def _widest(a: str, b: str) -> str:

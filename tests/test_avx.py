@@ -8,7 +8,7 @@ import pytest
 from koordd.avx import (AVX256, AVX512, DEFAULT_MHZ, LICENCE_EVENTS, NEVER, SCALAR, CpuId, FrequencyModel,
                         Licence, TaskStat, VectorUse, compensated_weight, licence_events_missing, licence_of,
                         measured_mhz, parse_arch_status, parse_cpuinfo, parse_stat, read_aperf_mperf, read_thread,
-                        read_siblings, recent, with_siblings)
+                        recent, with_siblings)
 from koordd.perf import PERF_TYPE_RAW
 
 
@@ -68,16 +68,9 @@ def test_read_thread_reads_the_threads_own_files_and_skips_what_is_gone(tmp_path
     assert read_thread(proc, 99) is None                            # exited before
 
 
-def test_siblings_from_sysfs_in_both_forms(tmp_path):
-    cpu = tmp_path / "sys/devices/system/cpu"
-    for n, text in {0: "0,2\n", 2: "0,2\n", 1: "1-1\n", 3: "3\n", 4: "garbled\n"}.items():
-        (cpu / f"cpu{n}/topology").mkdir(parents=True)
-        (cpu / f"cpu{n}/topology/thread_siblings_list").write_text(text)
-    (cpu / "cpu5").mkdir()                                          # offline: no topology
-    (cpu / "cpufreq").mkdir()
-    sib = read_siblings(tmp_path / "sys")
-    assert sib == {0: {0, 2}, 2: {0, 2}, 1: {1}, 3: {3}}
-    assert with_siblings({0, 5}, sib) == {0, 2, 5}                  # an unknown CPU stands for itself
+def test_with_siblings_adds_each_cpus_core_and_an_unknown_cpu_stands_for_itself():
+    assert with_siblings({0, 5}, {0: frozenset({0, 2}), 2: frozenset({0, 2}), 1: frozenset({1})}) == {0, 2, 5}
+    assert with_siblings({3}, {}) == {3}
 
 
 # --- the model -------------------------------------------------------------------------------------------

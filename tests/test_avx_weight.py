@@ -1,6 +1,7 @@
-"""avx_weight: the weights it asks for on hand-built snapshots (victims, AVX2, lower_avx, clamping, hold,
-declared cgroups without the sensor, the journaled base), the one-owner rule at config load, the
-cpu_weight the cgroup sensor reads (v1 shares converted), and a run through the actuator on fake trees."""
+"""avx_weight: the weights it asks for on hand-built snapshots (victims, the PMU's licence levels against
+arch_status, AVX2, lower_avx, clamping, hold, declared cgroups without the sensor, the journaled base), the
+one-owner rule at config load, the cpu_weight the cgroup sensor reads (v1 shares converted), and a run
+through the actuator on fake trees."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,6 +10,7 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.actuator import Actuator
+from koordd.avx import AVX256, AVX512, SCALAR, Licence
 from koordd.backend import Backends
 from koordd.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.decisions import DecisionLog
@@ -30,13 +32,16 @@ def settings(**kw):
     return make_settings(loop_options(AvxWeight), {"enabled": True, **kw})
 
 
-def avx(threads=1, ms=3, cpus=(0,)) -> AvxUse:
-    return AvxUse(threads=4, avx512_threads=threads, min_elapsed_ms=ms, cpus=frozenset(cpus))
+def avx(threads=1, ms=3, cpus=(0,), ran=None, licence=None, counted=None) -> AvxUse:
+    """A cgroup's AvxUse: `threads` AVX-512 threads on `cpus`, its threads that ran on `ran` (default
+    `cpus`), and the PMU's Licence; counted by the PMU when it has one, unless `counted` says."""
+    return AvxUse(threads=4, avx512_threads=threads, min_elapsed_ms=ms, cpus=frozenset(cpus),
+                  ran_cpus=frozenset(cpus if ran is None else ran),
+                  counted=licence is not None if counted is None else counted, licence=licence)
 
 
-def section(uses: dict, victims: dict) -> AvxSection:
-    cpus = frozenset(s for u in uses.values() if u.avx512_threads for c in u.cpus for s in (c - c % 2, c - c % 2 + 1))
-    return AvxSection(uses, cpus, {k: frozenset(v) for k, v in victims.items()})
+def pmu(level, lvl1=0.0, lvl2=0.0) -> Licence:
+    return Licence(1e9, lvl1, lvl2, level)
 
 
 def cg(path, cls, weight="100", usage=None):
@@ -49,7 +54,7 @@ def snap(t=1.0, cgroups=(), avx_section=None, held=None, members=None):
                     members=members or {}, held=held or {}, supported=SUPPORTED)
 
 
-LS_NEXT_TO_BE = section({"ls.slice": avx(0), "be.slice": avx(ms=3, cpus=(0,))}, {"ls.slice": {1}})
+LS_NEXT_TO_BE = AvxSection({"ls.slice": avx(0, ran=(1,)), "be.slice": avx(ms=3, cpus=(0,))})
 ROOTS = (cg("ls.slice", "LS"), cg("be.slice", "BE"))
 
 
@@ -63,7 +68,8 @@ def test_a_victim_next_to_avx512_gets_its_weight_times_nominal_over_effective():
     [a] = AvxWeight.decide(snap(cgroups=ROOTS, avx_section=LS_NEXT_TO_BE), settings(), AvxWeight.initial_state(None))
     assert asked([a]) == [("ls.slice", "cpu.weight", "108")]          # 100 × 3200 / 2958
     assert a.reason == {"class": "LS", "mode": "raise_victims",
-                        "avx_cgroups": {"be.slice": {"avx512_threads": 1, "avx512_ms_ago": 3}},
+                        "avx_cgroups": {"be.slice": {"evidence": "arch_status", "avx512_threads": 1,
+                                                     "avx512_ms_ago": 3}},
                         "shared_cpus": "1", "level": "avx512", "f_nominal_mhz": 3200.0, "f_effective_mhz": 2958.0,
                         "factor": 1.0818, "base_weight": 100, "base_from": "cgroup", "weight": 108}
     assert a.message == ("LS ls.slice shares CPUs 1 with be.slice (1 AVX-512 thread, latest 3 ms ago): "
@@ -72,9 +78,9 @@ def test_a_victim_next_to_avx512_gets_its_weight_times_nominal_over_effective():
 
 def test_cpus_not_slowed_by_another_cgroup_and_ones_own_avx_give_nothing():
     state = AvxWeight.initial_state(None)
-    far = section({"be.slice": avx(cpus=(0,))}, {"ls.slice": {3}})    # CPU 3: not a sibling of CPU 0
+    far = AvxSection({"be.slice": avx(cpus=(0,)), "ls.slice": avx(0, ran=(3,))})    # CPU 3: not 0's sibling
     assert AvxWeight.decide(snap(cgroups=ROOTS, avx_section=far), settings(), state) == []
-    own = section({"ls.slice": avx(cpus=(2,)), "ls.slice/app": avx(cpus=(2,))}, {"ls.slice": {3}})
+    own = AvxSection({"ls.slice": avx(cpus=(2,), ran=(2, 3)), "ls.slice/app": avx(cpus=(2,))})
     assert AvxWeight.decide(snap(cgroups=ROOTS, avx_section=own), settings(), state) == []
     assert state.by_cgroup == {}
 
@@ -113,6 +119,55 @@ def test_a_cgroup_whose_weight_is_unknown_is_skipped():
                             AvxWeight.initial_state(None)) == []
 
 
+# --- the PMU's licence levels ---------------------------------------------------------------------
+
+def test_the_pmus_licence_2_raises_by_the_avx512_factor_with_the_shares_as_evidence():
+    be = avx(threads=0, ms=None, cpus=(), ran=(0,), licence=pmu(AVX512, 0.05, 0.6))
+    [a] = AvxWeight.decide(snap(cgroups=ROOTS, avx_section=AvxSection({"ls.slice": avx(0, ran=(1,)), "be.slice": be})),
+                           settings(), AvxWeight.initial_state(None))
+    assert (a.value, a.reason["level"], a.reason["shared_cpus"]) == ("108", "avx512", "1")
+    assert a.reason["avx_cgroups"] == {"be.slice": {"evidence": "pmu", "lvl1_share": 0.05, "lvl2_share": 0.6}}
+    assert a.message == ("LS ls.slice shares CPUs 1 with be.slice (PMU: licence 1 for 5% and licence 2 for 60% of "
+                         "its cycles): cpu.weight 100 × 3200/2958 MHz = 108")
+
+
+def test_the_pmus_licence_1_makes_avx2_visible():
+    be = avx(threads=0, ms=None, cpus=(), ran=(0,), licence=pmu(AVX256, lvl1=0.7))
+    [a] = AvxWeight.decide(snap(cgroups=ROOTS, avx_section=AvxSection({"ls.slice": avx(0, ran=(1,)), "be.slice": be})),
+                           settings(), AvxWeight.initial_state(None))
+    assert (a.value, a.reason["level"], a.reason["f_effective_mhz"]) == ("102", "avx256", 3147.0)   # 100 × 3200/3147
+
+
+@pytest.mark.parametrize("be, raised", [
+    (dict(licence=pmu(SCALAR)), False),        # the PMU's verdict wins: AVX-512 state from glibc's string functions
+    (dict(counted=True), False),               # counted from this round on: no verdict yet, and no evidence
+    (dict(), True),                            # not counted (no PMU, past the fd budget): arch_status decides
+])
+def test_where_the_pmu_counts_a_cgroup_its_verdict_alone_decides(be, raised):
+    uses = {"ls.slice": avx(0, ran=(1,)), "be.slice": avx(threads=3, ms=1, cpus=(0,), **be)}   # AVX-512 state
+    got = AvxWeight.decide(snap(cgroups=ROOTS, avx_section=AvxSection(uses)), settings(), AvxWeight.initial_state(None))
+    assert [a.reason["avx_cgroups"]["be.slice"]["evidence"] for a in got] == (["arch_status"] if raised else [])
+
+
+def test_the_level_is_the_widest_of_the_sources_whose_cpus_the_root_shared():
+    roots = (*ROOTS, cg("batch.slice", "BE"))
+    uses = {"be.slice": avx(0, cpus=(), ran=(0,), licence=pmu(AVX256, lvl1=0.5)),
+            "batch.slice": avx(0, cpus=(), ran=(2,), licence=pmu(AVX512, lvl2=0.5))}
+    for ran, value, shared in (((1,), "102", "1"), ((1, 3), "108", "1,3")):
+        seen = AvxSection({**uses, "ls.slice": avx(0, ran=ran, licence=pmu(AVX256, lvl1=0.4))})
+        [a] = AvxWeight.decide(snap(cgroups=roots, avx_section=seen), settings(), AvxWeight.initial_state(None))
+        # ls.slice's own licence 1 (it shares cores with AVX code) does not keep it from being a victim
+        assert (a.target, a.value, a.reason["shared_cpus"]) == ("ls.slice", value, shared)
+
+
+def test_lower_avx_lowers_a_cgroup_the_pmu_puts_at_licence_1_by_the_avx2_factor():
+    s = settings(mode="lower_avx", classes=["BE"])
+    be = avx(threads=0, ms=None, cpus=(), ran=(0,), licence=pmu(AVX256, lvl1=0.9))
+    [a] = AvxWeight.decide(snap(cgroups=ROOTS, avx_section=AvxSection({"ls.slice": avx(0, ran=(1,)), "be.slice": be})),
+                           s, AvxWeight.initial_state(s))
+    assert (a.target, a.value, a.reason["victims"]) == ("be.slice", "98", {"ls.slice": "1"})   # 100 × 3147/3200
+
+
 # --- lower_avx -------------------------------------------------------------------------------------
 
 def test_lower_avx_divides_the_avx_cgroups_weight_and_leaves_the_victim():
@@ -149,7 +204,7 @@ def test_hold_keeps_the_weight_after_the_last_evidence_then_restores():
     s, state = settings(hold="10s"), AvxWeight.initial_state(None)
     held = {("ls.slice", "cpu.weight"): "100"}
     AvxWeight.decide(snap(t=1.0, cgroups=ROOTS, avx_section=LS_NEXT_TO_BE), s, state)
-    quiet = section({"be.slice": avx(0)}, {})
+    quiet = AvxSection({"be.slice": avx(0)})
     [kept] = AvxWeight.decide(snap(t=6.0, cgroups=ROOTS, avx_section=quiet, held=held), s, state)
     assert kept.value == "108" and kept.reason["evidence_age_s"] == 5.0
     assert kept.message.endswith("(held, last evidence 5.0 s ago)")
@@ -250,7 +305,7 @@ def test_through_the_actuator_the_weight_lands_and_is_restored(tmp_path, mode):
     assert raw() == ("108" if mode == "v2" else "1106")               # weight_to_shares(108)
     tick(2.0, LS_NEXT_TO_BE)                                          # no compounding
     assert raw() == ("108" if mode == "v2" else "1106")
-    tick(5.0, section({}, {}))                                        # hold (2 s) over: back
+    tick(5.0, AvxSection())                                           # hold (2 s) over: back
     assert raw() == ("100" if mode == "v2" else "1024") and journal.entries() == []
     tick(6.0, LS_NEXT_TO_BE)
     actuator.restore_all("koordd stopping")

@@ -126,6 +126,11 @@ class CgroupCounters:
                 out[cgroup] = counts
         return out
 
+    def counting(self, cgroup: str) -> bool:
+        """Whether `cgroup`'s counters are open (from the update() that first saw it): not when it is gone,
+        past the fd budget, or its open failed."""
+        return cgroup in self._counted
+
     def close(self) -> None:
         for cgroup in list(self._counted):
             self._close(cgroup)

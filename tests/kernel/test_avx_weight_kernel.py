@@ -94,7 +94,8 @@ def test_the_weight_lands_in_the_kernel_through_the_actuator_and_is_restored(cgr
     rig.set_weight_raw("ls", rig.raw_of(200))                 # LS's own weight before koordd: 200 (shares 2048)
     original = rig.weight_raw("ls")
     ls, be = cgroups.cgroup("ls"), cgroups.cgroup("be")
-    avx = AvxSection({be: AvxUse(1, 1, 2, frozenset({0}))}, frozenset({0}), {ls: frozenset({0})})
+    avx = AvxSection({be: AvxUse(1, 1, 2, frozenset({0}), frozenset({0})), ls: AvxUse(1, 0, None, frozenset(),
+                                                                                       frozenset({0}))})
     rig.tick(avx)
     raised = rig.raw_of(compensated_weight(200, FACTOR))      # 216 (shares 2212)
     assert rig.weight_raw("ls") == raised and rig.weight_raw("be") == rig.raw_of(100)
@@ -103,7 +104,7 @@ def test_the_weight_lands_in_the_kernel_through_the_actuator_and_is_restored(cgr
     [d] = rig.decisions()
     assert (d["outcome"], d["old"], d["new"]) == (APPLIED, "200", "216")
     assert (d["reason"]["avx_cgroups"], d["reason"]["shared_cpus"], d["reason"]["base_weight"]) == \
-        ({be: {"avx512_threads": 1, "avx512_ms_ago": 2}}, "0", 200)
+        ({be: {"evidence": "arch_status", "avx512_threads": 1, "avx512_ms_ago": 2}}, "0", 200)
     rig.tick(avx)                                             # from the journaled 200 again, not from 216
     assert rig.weight_raw("ls") == raised
     decisions = rig.actuator.restore_all("koordd stopping")
@@ -154,12 +155,18 @@ def test_a_matmul_next_to_a_scalar_loop_raises_the_scalar_cgroups_weight_then_gi
         return section
 
     try:
-        raised = rig.raw_of(compensated_weight(100, FACTOR))
-        assert wait_for(lambda: round_() and rig.weight_raw("ls") == raised, timeout=20, step=0.5), \
-            f"LS never raised; last sections: {seen[-3:]}"
+        # Where the PMU counts licences its verdict decides the level (a float32 matmul may hold licence 1 or
+        # 2); elsewhere arch_status's AVX-512.
+        assert wait_for(lambda: round_() and int(rig.weight_raw("ls")) > int(rig.raw_of(100)), timeout=20,
+                        step=0.5), f"LS never raised; last sections: {seen[-3:]}"
         last = seen[-1]
-        assert last.cgroups[be].avx512_threads >= 1 and last.cgroups[ls].avx512_threads == 0
-        assert last.victims[ls] == frozenset({cpu})
+        # LS's spin may show for its first ~100 ms the AVX-512 state its launcher (taskset, with libc) left:
+        # no matter, a root's own AVX state does not keep it from being a victim.
+        assert last.cgroups[be].avx512_threads >= 1 and last.cgroups[ls].ran_cpus == frozenset({cpu})
+        evidence = rig.decisions()[-1]["reason"]["avx_cgroups"][be]["evidence"]
+        assert evidence == ("arch_status" if last.cgroups[be].licence is None else "pmu")
+        if evidence == "arch_status":
+            assert rig.weight_raw("ls") == rig.raw_of(compensated_weight(100, FACTOR))
         [held] = rig.journal.entries()
         assert (held.target, held.original) == (ls, "100")
         matmul.kill()
