@@ -86,7 +86,7 @@ RUNQ_LATENCY = "runq_latency"   # section: cgroup path -> RunqLatency, for the r
 CPI = "cpi"                     # section: cgroup path -> CpiSample, for the round since the last
 RESCTRL = "resctrl"             # section: sensors.resctrl.ResctrlSection (info/ and every group's schemata)
 NET = "net"                     # section: device -> sensors.net.NetSample, on devices koordd shapes
-AVX = "avx"                     # section: sensors.avx.AvxSection (recent AVX-512 use, its CPUs, victims)
+AVX = "avx"                     # section: sensors.avx.AvxSection (per cgroup: AVX-512 use, where it ran, licence)
 SCHED_EXT = "sched_ext"         # section: sched_ext.SchedExtStatus (the kernel's sched_ext state)
 
 
