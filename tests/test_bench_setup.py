@@ -39,6 +39,20 @@ def test_shipped_config_on_the_benchmarks_cgroups(tmp_path):
         {k: v for k, v in shipped["daemon"].items() if k != "state_dir"}
 
 
+def test_the_scheduler_setup_changes_only_its_options(tmp_path):
+    [scx] = [s for s in SETUPS if s.name == "koordd-scx"]
+    text = shipped_config({"LS": ["q/ls"], "BE": ["q/be"]}, tmp_path / "state", changes=scx.config_changes)
+    config = parse_config(text, "bench.toml", shipped_loops())         # koordd accepts it
+    sched = config.loops["sched_ext"]
+    assert (sched.enabled, sched.ext_classes, sched.scheduler) == (True, ("LS", "BE"), "koordd")
+    assert config.loops["qos_baseline"].be_cpu_idle is False and scx.needs_sched_ext
+    shipped, ours = tomllib.loads(SHIPPED_CONFIG.read_text()), tomllib.loads(text)
+    changed = {(loop, k) for loop, table in ours["loops"].items() for k, v in table.items()
+               if shipped["loops"][loop].get(k) != v}
+    assert changed == {("sched_ext", "enabled"), ("sched_ext", "ext_classes"), ("sched_ext", "scheduler"),
+                       ("qos_baseline", "be_cpu_idle")}
+
+
 STATIC = {s.name: s.knobs(2) for s in SETUPS if s.knobs}
 
 

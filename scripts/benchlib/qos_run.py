@@ -45,6 +45,8 @@ class Setup:
     knobs: Callable[[int], dict[str, str]] | None = None     # static BE knobs, from the node's CPU count
     koordd: bool = False
     idle_threads: bool = False                                # BE workers run with the SCHED_IDLE policy
+    config_changes: tuple[tuple[str, object], ...] = ()      # koordd: ("loops.x.option", value) over the config
+    needs_sched_ext: bool = False                             # runs only on a kernel with sched_ext
 
 
 SETUPS = (
@@ -60,6 +62,11 @@ SETUPS = (
           knobs=lambda ncpu: {"cpu.max": f"{ncpu * PERIOD_US // 2} {PERIOD_US}"}),
     Setup("koordd", "koordd with config/koordd.toml as shipped, its LS and BE classes on the benchmark's cgroups",
           koordd=True),
+    Setup("koordd-scx", "the same, plus koordd's own sched_ext scheduler (loop sched_ext: LS and BE on SCHED_EXT, "
+          "scheduler = koordd; qos_baseline's be_cpu_idle off, as a thread has one policy)", koordd=True,
+          config_changes=(("loops.sched_ext.enabled", True), ("loops.sched_ext.ext_classes", ["LS", "BE"]),
+                          ("loops.sched_ext.scheduler", "koordd"), ("loops.qos_baseline.be_cpu_idle", False)),
+          needs_sched_ext=True),
 )
 SETUP_NAMES = tuple(s.name for s in SETUPS)
 
@@ -91,7 +98,7 @@ class Bench:
     warmup: float
     drain: float
     realtime_client: bool
-    koordd_config: Callable[[Path], str]
+    koordd_config: Callable[[Path, tuple], str]     # (state dir, a setup's config_changes) -> the config
     koordd_command: list[str]
     originals: dict[str, dict[str, str]] = field(default_factory=dict)   # cgroup -> knob -> value
 
@@ -137,8 +144,8 @@ def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: 
                         workers.append(bench.tree.spawn(BE, argv, env=env, stdout=log, stderr=log,
                                                         idle_policy=setup.idle_threads))
                 record["be_policy"] = sorted({_policy_name(w.pid) for w in workers})
-            koordd = KoorddProcess(bench.koordd_config(workdir / "koordd" / "state"), workdir / "koordd",
-                                   bench.koordd_command) if setup.koordd else None
+            koordd = KoorddProcess(bench.koordd_config(workdir / "koordd" / "state", setup.config_changes),
+                                   workdir / "koordd", bench.koordd_command) if setup.koordd else None
             if koordd:
                 # Before any request: the window measures koordd running, not its start (see wait_ready).
                 record["koordd_ready_s"] = round(koordd.start().wait_ready(), 2)
@@ -214,6 +221,12 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
         decisions = koordd.decisions()
         out["koordd_writes"] = sum(1 for d in decisions if d.get("outcome") == "applied")
         out["koordd_window"] = window_decisions(decisions, wall0, wall0 + bench.seconds)
+        if setup.needs_sched_ext:
+            out["sched_ext_ops"] = _sched_ext_ops()
+            if out["sched_ext_ops"] != "koordd":     # a comparison without the scheduler would say nothing
+                refused = [d.get("error") for d in decisions if d.get("knob") == "scheduler"]
+                raise RuntimeError(f"{setup.name}: koordd's scheduler was not running at the window's end "
+                                   f"(root/ops {out['sched_ext_ops']!r}; {refused or 'no scheduler decision'})")
     ls = None
     if client:
         rc = client.wait(timeout=bench.drain + 30)
@@ -279,3 +292,10 @@ def reclaim_scans() -> int:
         if key in RECLAIM_COUNTERS:
             total += int(value)
     return total
+
+
+def _sched_ext_ops() -> str:
+    try:
+        return Path("/sys/kernel/sched_ext/root/ops").read_text().strip()
+    except OSError:
+        return ""
