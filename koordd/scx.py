@@ -212,7 +212,8 @@ def _not_ours(status: SchedExtStatus | None, seq_before: int | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m koordd.scx --ls CGROUP --be CGROUP`: run koordd's scheduler until SIGTERM or
-    SIGINT, then unload it (for trying it out and for the VM tests; the daemon does not use this)."""
+    SIGINT, then unload it (for trying it out and for the VM tests; koordd itself loads it through the
+    sched_ext loop's `scheduler` option, koordd/scx_backend.py)."""
     import argparse
     import signal
 

@@ -48,7 +48,7 @@ class OwnScheduler:
     """What the two backends share: the classes koordd gives the scheduler, and the scheduler while it
     runs. `load` makes a Scheduler (tests give a fake)."""
 
-    def __init__(self, sys_root: Path | str = "/sys", load=Scheduler, timeout: float = 10.0):
+    def __init__(self, sys_root: Path | str = "/sys", load=Scheduler, timeout: float = 5.0):
         self.sys_root, self.load, self.timeout = sys_root, load, timeout
         self.classes: dict[str, tuple[int, str]] = {}      # cgroup -> (its v2 id, class)
         self.running: Scheduler | None = None
