@@ -22,8 +22,8 @@ from . import vm
 
 pytestmark = vm.only_in_vm
 
-SCHED_EXT = 7
-SCHED_EXT_DIR = "/sys/kernel/sched_ext"
+SCHED_EXT, SCHED_EXT_DIR = vm.SCHED_EXT, vm.SCHED_EXT_DIR
+read = vm.sched_ext_file
 CPU = 1                         # the busy loops and the sleeper share it; the VM has 2
 UNITS = {"schedls": vm.LS, "schedbe": vm.BE}
 
@@ -75,27 +75,8 @@ print(json.dumps({"policy": os.sched_getscheduler(0), "p50": q(0.5), "p90": q(0.
 """
 
 
-def read(name: str) -> str:
-    try:
-        with open(f"{SCHED_EXT_DIR}/{name}") as f:
-            return f.read().strip()
-    except FileNotFoundError:
-        return ""
-
-
-def cpu_ticks(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
 def busy_loop(unit: str) -> int:
-    vm.sh("systemd-run", f"--slice={UNITS[unit]}", f"--unit={unit}", "python3", "-c", "while True: pass")
-    cgroup = f"{UNITS[unit]}/{unit}.service"
-    vm.wait_tasks(cgroup, 1)
-    pid = int((vm.CGROUP / cgroup / "cgroup.procs").read_text().split()[0])
-    os.sched_setaffinity(pid, {CPU})
-    return pid
+    return vm.pinned_busy_loop(unit, UNITS[unit], CPU)
 
 
 def wakeups(ext: bool, n: int = 1000) -> dict:
@@ -148,9 +129,9 @@ def test_koordd_loads_its_scheduler_which_serves_ls_first_and_preempts_be_at_ls_
     classes = vm.journal(cursor, "KOORDD_KNOB=scheduler_class", "KOORDD_OUTCOME=applied")
     assert {(e["KOORDD_TARGET"], e["KOORDD_NEW"]) for e in classes} == {(vm.LS, "LS"), (vm.BE, "BE")}
 
-    before = {unit: cpu_ticks(pid) for unit, pid in pids.items()}
+    before = {unit: vm.cpu_ticks(pid) for unit, pid in pids.items()}
     ext = wakeups(ext=True)
-    ticks = {unit: cpu_ticks(pid) - before[unit] for unit, pid in pids.items()}
+    ticks = {unit: vm.cpu_ticks(pid) - before[unit] for unit, pid in pids.items()}
     print(f"LS wake-up delay after a 2 ms sleep next to BE's busy loop on CPU {CPU}, µs: fair {fair}, "
           f"BE SCHED_IDLE {idle}, koordd's scheduler {ext}; busy loops' CPU ticks meanwhile {ticks}")
     assert ext["policy"] == SCHED_EXT, ext

@@ -22,41 +22,20 @@ from . import vm
 
 pytestmark = vm.only_in_vm
 
-SCHED_EXT = 7
-SCHED_EXT_DIR = "/sys/kernel/sched_ext"
+SCHED_EXT, SCHED_EXT_DIR = vm.SCHED_EXT, vm.SCHED_EXT_DIR
+read = vm.sched_ext_file
 LOOPS = {"scxls": vm.LS, "scxbe": vm.BE}
 CPU = 1                         # both loops share it; the VM has 2
 
 
-def read(name: str) -> str:
-    try:
-        with open(f"{SCHED_EXT_DIR}/{name}") as f:
-            return f.read().strip()
-    except FileNotFoundError:
-        return ""
-
-
-def cpu_ticks(pid: int) -> int:
-    """utime + stime of `pid`, in clock ticks."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
 def busy_loop(unit: str) -> int:
-    """A Python busy loop as the transient service `unit` in its slice, pinned to CPU; its pid."""
-    vm.sh("systemd-run", f"--slice={LOOPS[unit]}", f"--unit={unit}", "python3", "-c", "while True: pass")
-    cgroup = f"{LOOPS[unit]}/{unit}.service"
-    vm.wait_tasks(cgroup, 1)
-    pid = int((vm.CGROUP / cgroup / "cgroup.procs").read_text().split()[0])
-    os.sched_setaffinity(pid, {CPU})
-    return pid
+    return vm.pinned_busy_loop(unit, LOOPS[unit], CPU)
 
 
 def shares(pids: dict[str, int], seconds: float) -> dict[str, int]:
-    before = {unit: cpu_ticks(pid) for unit, pid in pids.items()}
+    before = {unit: vm.cpu_ticks(pid) for unit, pid in pids.items()}
     time.sleep(seconds)
-    return {unit: cpu_ticks(pid) - before[unit] for unit, pid in pids.items()}
+    return {unit: vm.cpu_ticks(pid) - before[unit] for unit, pid in pids.items()}
 
 
 class Loader:

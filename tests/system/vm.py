@@ -270,3 +270,35 @@ def threshold_config() -> str:
 def without_qos_baseline(text: str) -> str:
     assert "[loops.qos_baseline]\nenabled = true" in text
     return text.replace("[loops.qos_baseline]\nenabled = true", "[loops.qos_baseline]\nenabled = false")
+
+
+# --- sched_ext ---------------------------------------------------------------------------------------------
+
+SCHED_EXT = 7                   # the policy; Python's os module has no name for it
+SCHED_EXT_DIR = "/sys/kernel/sched_ext"
+
+
+def sched_ext_file(name: str) -> str:
+    """A file of the kernel's sched_ext status (state, root/ops, enable_seq), "" where absent."""
+    try:
+        with open(f"{SCHED_EXT_DIR}/{name}") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def cpu_ticks(pid: int) -> int:
+    """utime + stime of `pid`, in clock ticks."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def pinned_busy_loop(unit: str, slice_: str, cpu: int) -> int:
+    """A Python busy loop as the transient service `unit` in `slice_`, pinned to `cpu`; its pid."""
+    sh("systemd-run", f"--slice={slice_}", f"--unit={unit}", "python3", "-c", "while True: pass")
+    cgroup = f"{slice_}/{unit}.service"
+    wait_tasks(cgroup, 1)
+    pid = int((CGROUP / cgroup / "cgroup.procs").read_text().split()[0])
+    os.sched_setaffinity(pid, {cpu})
+    return pid
