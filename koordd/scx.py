@@ -38,7 +38,7 @@ class ScxError(RuntimeError):
     pass
 
 
-def _libbpf() -> ctypes.CDLL:
+def load_libbpf() -> ctypes.CDLL:
     lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
     p, i, u = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32
     for name, restype, argtypes in (
@@ -76,7 +76,7 @@ class Scheduler:
     process) stops it."""
 
     def __init__(self, obj_path: Path | str = OBJECT):
-        self._lib = lib = _libbpf()
+        self._lib = lib = load_libbpf()
         self._obj = lib.bpf_object__open_file(str(obj_path).encode(), None)
         if not self._obj:
             raise _fail(f"opening {obj_path}")

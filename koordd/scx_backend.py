@@ -15,7 +15,6 @@
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 from .backend import Backend, InvalidValue, KnobSpec, TargetGone, Unsupported
 from .cgroups import CgroupFS
 from .sched_ext import missing_reason, read_sched_ext
-from .scx import CLASS_VALUES, OBJECT, OPS_NAME, Scheduler, ScxError, cgroup_id, switch_to, wait_state
+from .scx import CLASS_VALUES, OBJECT, OPS_NAME, Scheduler, ScxError, load_libbpf, cgroup_id, switch_to, wait_state
 
 log = logging.getLogger(__name__)
 TARGET = "sched_ext"            # the node-wide target of `scheduler`
@@ -57,8 +56,10 @@ class OwnScheduler:
         """Why koordd's scheduler cannot run on this host, or None."""
         if read_sched_ext(self.sys_root) is None:
             return missing_reason(self.sys_root)
-        if not _loadable("libbpf.so.1"):
-            return "no libbpf.so.1 (Debian: libbpf1) to load koordd's scheduler with"
+        try:
+            load_libbpf()           # the loader's own: the library and every function it calls
+        except (OSError, AttributeError) as e:
+            return f"no usable libbpf.so.1 (Debian: libbpf1) to load koordd's scheduler with: {e}"
         if not OBJECT.is_file():
             return f"{OBJECT} is missing (scripts/build-sched builds it)"
         return None
@@ -95,14 +96,6 @@ class OwnScheduler:
         if status is not None and status.state != "disabled":
             raise OSError(errno.EBUSY, f"koordd's scheduler did not stop within {self.timeout:g}s "
                                        f"({status.describe()})")
-
-
-def _loadable(name: str) -> bool:
-    try:
-        ctypes.CDLL(name)
-        return True
-    except OSError:
-        return False
 
 
 class SchedulerBackend(Backend):
