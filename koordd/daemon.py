@@ -10,7 +10,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +30,7 @@ from .sensors.registry import load_sensor_registry
 from .snapshot import Snapshot
 from .state import Held, RestoreJournal, write_atomic
 from .topfeed import TopFeed, document
+from .wakeup import Wakeup
 
 log = logging.getLogger("koordd")
 RELOAD_DEBOUNCE = 0.5        # editors write a file in several steps: reload once they are done
@@ -79,7 +79,7 @@ class Daemon:
                                health_of=config.health_of)
         self.runner = Runner(registry, self.actuator, sensors=self.sensors.optional.names)
         self.top = TopFeed(self.state_dir)          # what koordctl top asks for, while it asks
-        self.wake = threading.Event()
+        self.wake = Wakeup()                # set by signal handlers: no lock (koordd/wakeup.py)
         self.stopping = False
         self.reload_at: float | None = None
         self.started = time.time()
@@ -192,7 +192,6 @@ class Daemon:
                                        next_ping if watchdog else None) if t is not None]
                 timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
                 self.wake.wait(timeout)
-                self.wake.clear()
         finally:
             if watcher is not None:
                 watcher.stop()

@@ -5,6 +5,11 @@ import os
 import socket
 import time
 
+# systemd reads its socket at once; a full queue means the reader is stuck. Waiting for it would
+# stall every control loop (and SIGTERM, which the main loop handles), so a message waits this
+# long at most and is then dropped: a lost WATCHDOG=1 is what systemd's watchdog acts on anyway.
+SEND_TIMEOUT = 0.2
+
 
 def notify(*lines: str) -> bool:
     """Send "READY=1"-style lines; False when not run by systemd with Type=notify."""
@@ -15,6 +20,7 @@ def notify(*lines: str) -> bool:
         addr = "\0" + addr[1:]          # abstract namespace socket
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.settimeout(SEND_TIMEOUT)
             s.connect(addr)
             s.sendall("\n".join(lines).encode())
         return True
