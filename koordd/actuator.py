@@ -14,7 +14,7 @@ import time
 from typing import Callable, Iterable
 
 from .backend import Backend, Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
-from .cgroups import CgroupFS
+from .cgroups import CgroupFS, OutsideRoot
 from .decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, Decision, DecisionLog
 from .knobs import CgroupBackend
 from .loop import Action
@@ -116,7 +116,7 @@ class Actuator:
                 backend.write(a.target, a.knob, value)
         except TargetGone:
             return None
-        except (Unsupported, InvalidValue) as e:
+        except (Unsupported, InvalidValue, OutsideRoot) as e:
             return self._refuse(loop, a, backend.kind, None, str(e))
         except OSError as e:
             # EAGAIN from memory.reclaim means "reclaimed less than asked": still worth recording.
@@ -140,7 +140,7 @@ class Actuator:
             new = backend.validate(a.target, a.knob, a.value)
         except TargetGone:
             return None
-        except (Unsupported, InvalidValue) as e:
+        except (Unsupported, InvalidValue, OutsideRoot) as e:
             return self._refuse(loop, a, kind, None, str(e))
         except OSError as e:
             return self._refuse(loop, a, kind, None, f"cannot read current value: {kernel_error(e)}")
@@ -162,6 +162,10 @@ class Actuator:
         except TargetGone:
             self.journal.remove(a.target, a.knob, kind)
             return None
+        except OutsideRoot as e:          # a symlink out of the hierarchy: found only at the write
+            if held is None:
+                self.journal.remove(a.target, a.knob, kind)
+            return self._refuse(loop, a, kind, old, str(e), new)
         except OSError as e:
             if not isinstance(e, PartialWrite):
                 self._forget_if_unchanged(held, a.target, a.knob, old, backend)
@@ -240,6 +244,14 @@ class Actuator:
                 return None
             self.journal.remove(held.target, held.knob, held.kind)   # nothing left to restore
             return None
+        except OutsideRoot as e:
+            # koordd never journals such a target: the entry is forged or corrupt. Never written;
+            # dropped, so it is not retried forever, after a record that says what it named.
+            if not self.dry_run:
+                self.journal.remove(held.target, held.knob, held.kind)
+            return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, None,
+                                         held.original, REFUSED, message, reason or {},
+                                         f"{e}: journal entry dropped, nothing written", kind=held.kind))
         except (OSError, Unsupported, ValueError) as e:
             # Keep it in the journal: the next attempt (or the next start) tries again.
             err = kernel_error(e) if isinstance(e, OSError) else str(e)

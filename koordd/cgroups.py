@@ -24,6 +24,11 @@ class CgroupGone(TargetGone):
     """The cgroup disappeared (normal churn): callers skip it silently."""
 
 
+class OutsideRoot(ValueError):
+    """A cgroup name that leads out of its hierarchy ('..', a symlink): a forged or corrupt target,
+    never something koordd made. Refused before any read or write."""
+
+
 class LayoutError(Exception):
     """No cgroup hierarchy could be recognised under the root."""
 
@@ -127,7 +132,21 @@ class CgroupFS:
         base = self._base(controller)
         if base is None:
             raise FileNotFoundError(errno.ENOENT, f"no hierarchy for {controller}")
+        # A leading "/" stays below base in this join; only ".." leads out (checked cheaply: every
+        # file read of every tick comes through here).
+        if ".." in cgroup and ".." in cgroup.split("/"):
+            raise OutsideRoot(f"cgroup {cgroup!r} leads out of {base} ('..')")
         return f"{base}/{cgroup}" if cgroup else base
+
+    def _real_dir(self, controller: str | None, cgroup: str) -> str:
+        """The directory, refused if a symlink on the way leads out of the hierarchy. For writes only:
+        kernfs has no symlinks, but a tree koordd is pointed at by mistake (or by an attacker) may."""
+        d = self._dir(controller, cgroup)
+        base = os.path.realpath(self._base(controller))
+        real = os.path.realpath(d)
+        if real != base and not real.startswith(base + "/"):
+            raise OutsideRoot(f"cgroup {cgroup!r} leads out of {base} (to {real})")
+        return d
 
     def dir(self, controller: str | None, cgroup: str) -> Path | None:
         """Directory of `cgroup` in the hierarchy serving `controller` (None: the v2 tree)."""
@@ -173,10 +192,11 @@ class CgroupFS:
 
     def write(self, controller: str | None, cgroup: str, filename: str, text: str) -> None:
         """One write(2) of `text`; the kernel's error comes back as OSError.
-        O_TRUNC as `echo >` does: cgroupfs ignores it, a plain file (a test tree) needs it."""
-        d = self._dir(controller, cgroup)
+        O_TRUNC as `echo >` does: cgroupfs ignores it, a plain file (a test tree) needs it; O_NOFOLLOW:
+        the knob file itself is no symlink either."""
+        d = self._real_dir(controller, cgroup)
         try:
-            fd = os.open(f"{d}/{filename}", os.O_WRONLY | os.O_TRUNC)
+            fd = os.open(f"{d}/{filename}", os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
         except FileNotFoundError:
             if not os.path.isdir(d):
                 raise CgroupGone(cgroup) from None
