@@ -106,6 +106,8 @@ def perf_event_open(event: Event, pid: int, cpu: int, group_fd: int = -1, flags:
 
 def parse_group(data: bytes, count: int) -> GroupReading:
     """A GROUP_FORMAT read: nr, time_enabled, time_running, then nr values."""
+    if len(data) < 24:
+        raise ValueError(f"perf group read: {len(data)} bytes, short of its 24-byte header")
     nr, enabled, running = struct.unpack_from("QQQ", data)
     if nr != count or len(data) < 8 * (3 + nr):
         raise ValueError(f"perf group read: {nr} values in {len(data)} bytes, expected {count}")
