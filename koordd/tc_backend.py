@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import gzip
 import importlib.util
+import math
 import os
 import re
 from pathlib import Path
@@ -48,7 +49,10 @@ def parse_rate(text: str | int) -> int:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?bit)?\s*", str(text).lower())
         if not m:
             raise InvalidValue(f"not a rate: {text!r} (bit/s, or with kbit, mbit, gbit)")
-        rate = int(float(m[1]) * _UNITS[m[2] or ""])
+        rate = float(m[1]) * _UNITS[m[2] or ""]
+        if not math.isfinite(rate):         # "999...9" (hundreds of digits) is inf as a float
+            raise InvalidValue(f"not a rate: {str(text)[:40]!r}... is too large")
+        rate = int(rate)
     if rate < 8:
         raise InvalidValue(f"a rate of {rate} bit/s is too small")
     return rate
