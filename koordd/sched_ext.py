@@ -57,7 +57,8 @@ def read_sched_ext(sys_root: Path | str = "/sys") -> SchedExtStatus | None:
 
 def _text(path: Path) -> str | None:
     try:
-        return path.read_text().strip()
+        # Bytes that are not UTF-8 show as U+FFFD (in doctor's line) instead of failing the read.
+        return path.read_bytes().decode("utf-8", "replace").strip()
     except OSError:
         return None
 
