@@ -180,10 +180,10 @@ class SchedstatSource:
             for dirpath, dirnames, _ in os.walk(self.tree / top):
                 rel = os.path.relpath(dirpath, self.tree)
                 try:
-                    text = Path(dirpath, self.threads_file).read_text()
-                except OSError:
+                    tids = [int(t) for t in Path(dirpath, self.threads_file).read_text().split()]
+                except (OSError, ValueError):     # gone, or a listing that is not thread ids: left out
                     continue
-                out["" if rel == "." else rel] = [int(t) for t in text.split()]
+                out["" if rel == "." else rel] = tids
         return out
 
     def read(self, paths: Iterable[str]) -> dict[str, RunqLatency]:
