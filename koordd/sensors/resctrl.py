@@ -46,16 +46,19 @@ class ResctrlSensor(OptionalSensor):
         if self.info is None:
             try:
                 self.info = read_info(self.fs, cpu_vendor((self.proc / "cpuinfo").read_text()))
-            except ResctrlError as e:
+            except (ResctrlError, ValueError) as e:      # ValueError: a file that is not UTF-8
                 raise OSError(f"cannot read resctrl's info: {e}") from None
         groups = {}
         for name in ["", *self.fs.listdir()]:
             if name in RESERVED:
                 continue
+            rel = f"{name}/schemata" if name else "schemata"
             try:
-                groups[name or "default"] = parse_schemata(self.fs.read(f"{name}/schemata" if name else "schemata"))
+                groups[name or "default"] = parse_schemata(self.fs.read(rel))
             except (FileNotFoundError, NotADirectoryError):
                 continue            # removed meanwhile, or a file at the root
+            except (ResctrlError, ValueError) as e:     # the section is lost this round: say which file
+                raise ResctrlError(f"{self.fs.root / rel}: {e}") from None
         return ResctrlSection(self.info, groups)
 
     def stop(self) -> None:
