@@ -114,7 +114,8 @@ class NetSensor(OptionalSensor):
 
 def _bytes(msg) -> int:
     stats = msg.get_attr("TCA_STATS2")
-    return stats.get_attr("TCA_STATS_BASIC")["bytes"] if stats is not None else 0
+    basic = stats.get_attr("TCA_STATS_BASIC") if stats is not None else None
+    return basic["bytes"] if basic is not None else 0
 
 
 def _foreign(root) -> NetSample:
