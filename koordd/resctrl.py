@@ -130,7 +130,7 @@ def parse_schemata(text: str) -> dict[str, dict[int, str]]:
         domains: dict[int, str] = {}
         for part in rest.split(";"):
             key, eq, value = part.partition("=")
-            if not eq or not key.strip().isdigit():
+            if not eq or not (key.strip().isascii() and key.strip().isdigit()):     # not "²", which int() refuses
                 raise ResctrlError(f"schemata line {n}: {part!r} is not <domain id>=<value>")
             domains[int(key)] = value.strip()
         out[name.strip()] = domains
