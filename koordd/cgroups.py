@@ -289,8 +289,14 @@ def pattern_rank(cgroup: str, patterns) -> int:
     return len(patterns)
 
 
+# Far above any kernel's NR_CPUS (8192 at most on x86 and arm64): a CPU number beyond it is garbage, and
+# a range up to it ("0-4294967295") would be a set of billions before anything could refuse it.
+MAX_CPUS = 1 << 16
+
+
 def parse_cpulist(text: str) -> frozenset[int]:
-    """"0-3,8,10-11" -> {0,1,2,3,8,10,11}; "" -> empty."""
+    """"0-3,8,10-11" -> {0,1,2,3,8,10,11}; "" -> empty. ValueError for anything else, or a CPU at
+    MAX_CPUS or beyond."""
     cpus: set[int] = set()
     for part in text.strip().split(","):
         part = part.strip()
@@ -301,9 +307,13 @@ def parse_cpulist(text: str) -> frozenset[int]:
             a, b = int(lo), int(hi)
             if b < a:
                 raise ValueError(f"bad cpu range {part!r}")
+            if b >= MAX_CPUS:
+                raise ValueError(f"cpu {b} is beyond any machine's (at most {MAX_CPUS - 1})")
             cpus.update(range(a, b + 1))
         else:
             cpus.add(int(lo))
+            if int(lo) >= MAX_CPUS:
+                raise ValueError(f"cpu {int(lo)} is beyond any machine's (at most {MAX_CPUS - 1})")
     if any(c < 0 for c in cpus):
         raise ValueError(f"negative cpu in {text!r}")
     return frozenset(cpus)
