@@ -1,6 +1,8 @@
 """Pressure stall information: /proc/pressure/* and per-cgroup *.pressure files."""
 from __future__ import annotations
 
+import math
+
 from ..snapshot import Pressure, PressureStat
 
 
@@ -19,9 +21,13 @@ def parse_psi(text: str) -> PressureStat:
             raise ValueError(f"unexpected PSI line {line!r}")
         kv = dict(f.split("=", 1) for f in fields)
         try:
-            lines[kind] = Pressure(float(kv["avg10"]), float(kv["avg60"]), float(kv["avg300"]), int(kv["total"]))
+            avgs = [float(kv[k]) for k in ("avg10", "avg60", "avg300")]
+            lines[kind] = Pressure(*avgs, int(kv["total"]))
         except KeyError as e:
             raise ValueError(f"PSI line lacks {e.args[0]}: {line!r}") from None
+        # float() takes "nan" and "inf", which the kernel never writes and no threshold compares with.
+        if not all(math.isfinite(a) for a in avgs):
+            raise ValueError(f"PSI averages not finite: {line!r}")
     if not lines:
         raise ValueError("empty PSI file")
     return PressureStat(lines.get("some"), lines.get("full"))
