@@ -130,9 +130,13 @@ def parse_schemata(text: str) -> dict[str, dict[int, str]]:
         domains: dict[int, str] = {}
         for part in rest.split(";"):
             key, eq, value = part.partition("=")
-            if not eq or not (key.strip().isascii() and key.strip().isdigit()):     # not "²", which int() refuses
-                raise ResctrlError(f"schemata line {n}: {part!r} is not <domain id>=<value>")
-            domains[int(key)] = value.strip()
+            try:
+                # Digits only ("-1", "+1", " 1_0" are not ids); int() refuses "²" and 4300 digits or more.
+                if not eq or not key.strip().isdigit():
+                    raise ValueError
+                domains[int(key)] = value.strip()
+            except ValueError:
+                raise ResctrlError(f"schemata line {n}: {part[:80]!r} is not <domain id>=<value>") from None
         out[name.strip()] = domains
     return out
 
