@@ -6,6 +6,7 @@ undo every change.
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -160,11 +161,34 @@ class RestoreJournal:
                     old.unlink()
                     log.info("%s: converted to %s", old, self.path)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        os.write(self._fd, (json.dumps(record) + "\n").encode())
-        os.fsync(self._fd)
+        data = (json.dumps(record) + "\n").encode()
+        start = os.lseek(self._fd, 0, os.SEEK_END)
+        try:
+            written = os.write(self._fd, data)
+            if written != len(data):        # a full disk takes what fits: half a line
+                raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({written} of {len(data)} bytes written)")
+            os.fsync(self._fd)
+        except OSError as e:
+            self._cut_back(start)
+            # Named, for the loop's error: a bare "[Errno 28]" would not say which disk is full.
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
         self._lines += 1
         if self._lines > max(self.COMPACT_MIN, 4 * len(self._held)):
-            self._compact()
+            try:
+                self._compact()
+            except OSError as e:            # the record is safe already; compaction is tried again later
+                log.warning("%s: cannot compact the restore journal: %s", self.path, e)
+
+    def _cut_back(self, size: int) -> None:
+        """Take a record that failed half-way off the file: the next one must not land after half a line
+        (that would make the whole file unreadable at the next start). If even that fails, the next
+        change rewrites the file from what is held in memory."""
+        try:
+            os.ftruncate(self._fd, size)
+            os.fsync(self._fd)
+        except OSError:
+            self.close()
+            self._lines = 0
 
     def _compact(self) -> None:
         """Rewrite the file with only the live entries (atomically, durably)."""
@@ -182,12 +206,24 @@ class RestoreJournal:
         return self._held.get((kind, target, knob))
 
     def add(self, held: Held) -> None:
+        """Persist an original before its knob is written: OSError (the file named) when it cannot be,
+        and then the knob must not be written."""
         self._append({"hold": asdict(held)})
         self._held[(held.kind, held.target, held.knob)] = held
 
     def remove(self, target: str, knob: str, kind: str = "cgroup") -> None:
-        if self._held.pop((kind, target, knob), None) is not None:
+        """Forget a knob that was put back (or is gone). A release that cannot be written (a full disk)
+        leaves its hold on disk, which is safe: a fresh start finds the knob at its original and drops
+        it. So it does not fail the restore, nor cut the restores that follow it short."""
+        if self._held.pop((kind, target, knob), None) is None:
+            return
+        try:
             self._append({"release": {"kind": kind, "target": target, "knob": knob}})
+        except OSError as e:
+            log.error("%s: cannot record that %s %s is restored (%s); the entry stays on disk until the "
+                      "journal can be rewritten", self.path, target or "/", knob, e)
+            self.close()
+            self._lines = 0             # the next change that can be written rewrites the file without it
 
     def entries(self, owner: str | None = None) -> list[Held]:
         """Held knobs, oldest first, optionally of one owner."""

@@ -1,0 +1,322 @@
+"""Fault injection on fake trees (issue 14): each fault injected at its boundary (a cgroup write, the
+restore journal's and the decision log's file writes, a config read), and for each four properties:
+the runner (or daemon) keeps running, the affected loop says why, the other loop still acts in the
+same round, and no knob is left changed without a journal entry a fresh start would read.
+
+Faults already covered elsewhere are not repeated here: an unreadable knob, a missing controller and a
+vanished cgroup in tests/test_actuator.py; a torn journal line in tests/test_state.py; garbled PSI and
+proc files in tests/test_sensors.py; perf_event_open failing per CPU in tests/test_cgroup_counters.py;
+a BPF program that fails to load in tests/test_runq_sensor.py and tests/test_netclass_backend.py; a
+failing optional sensor in tests/test_sensor_lifecycle.py. The real-kernel forms are in
+tests/kernel/test_faults_kernel.py.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from fakecgroup import FakeCgroups
+from koordd import state as state_mod
+from koordd.actuator import Actuator
+from koordd.cgroups import CgroupFS
+from koordd.config import parse_config
+from koordd.decisions import APPLIED, REFUSED, DecisionLog, read_decisions
+from koordd.loop import Action, Loop
+from koordd.runner import Runner
+from koordd.snapshot import CgroupSample, NodeSample, Snapshot
+from koordd.state import Held, RestoreJournal, read_held
+
+VICTIM, BYSTANDER = "be.slice/job", "ls.slice"
+
+
+# --- the invariant: no knob changed without a journal entry ------------------------------------------
+
+def knob_values(actuator: Actuator, targets: list[tuple[str, str]]) -> dict[tuple[str, str, str], str]:
+    """Every restorable knob of each (kind, target) that reads now, through its backend."""
+    out = {}
+    for kind, target in targets:
+        backend = actuator.backends.of_kind(kind)
+        for name, spec in backend.knobs.items():
+            if spec.oneshot:
+                continue
+            try:
+                out[(kind, target, name)] = backend.read(target, name)
+            except Exception:  # noqa: BLE001 - not on this layout, or the target is gone: nothing to compare
+                continue
+    return out
+
+
+def assert_every_change_journaled(before: dict[tuple[str, str, str], str], actuator: Actuator,
+                                  state_dir) -> None:
+    """Each knob that reads differently from `before` has its original in the restore journal on disk,
+    as a fresh start would read it (an unreadable journal fails here)."""
+    got = read_held(state_dir)
+    held = {(h["kind"], h["target"], h["knob"]): h["original"] for h in (got[0] if got else [])}
+    now = knob_values(actuator, sorted({(kind, target) for kind, target, _ in before}))
+    changed = {key: (before[key], value) for key, value in now.items() if value != before.get(key, value)}
+    unjournaled = {key: was for key, was in changed.items() if held.get(key) != was[0]}
+    assert not unjournaled, f"changed with no journal entry holding the original: {unjournaled}"
+
+
+# --- a runner with two loops: one hit by the fault, one that must go on ---------------------------
+
+class Capper(Loop):
+    """Caps the BE job's quota."""
+    name = "capper"
+
+    @staticmethod
+    def writes(settings):
+        return frozenset({("BE", "cpu.max")})
+
+    @staticmethod
+    def initial_state(settings):
+        return {}
+
+    @staticmethod
+    def decide(snapshot, settings, state):
+        return [Action(VICTIM, "cpu.max", state.get("quota", "20000 100000"), {"be_usage": 1.2}, "cap BE")]
+
+
+class Burster(Loop):
+    """Gives LS a burst allowance; it never touches the victim."""
+    name = "burster"
+
+    @staticmethod
+    def writes(settings):
+        return frozenset({("LS", "cpu.max.burst")})
+
+    @staticmethod
+    def initial_state(settings):
+        return {}
+
+    @staticmethod
+    def decide(snapshot, settings, state):
+        return [Action(BYSTANDER, "cpu.max.burst", state.get("burst", "20000"), {}, "LS burst")]
+
+
+REGISTRY = {"capper": Capper, "burster": Burster}
+CONFIG = """
+[[classes]]
+name = "BE"
+cgroups = ["be.slice"]
+[[classes]]
+name = "LS"
+cgroups = ["ls.slice"]
+[loops.capper]
+enabled = true
+interval = "1s"
+[loops.burster]
+enabled = true
+interval = "1s"
+"""
+
+
+def snapshot(t: float) -> Snapshot:
+    return Snapshot(t, 0.0, NodeSample(2, 0.5), {"be.slice": CgroupSample("be.slice", "BE"),
+                                                 VICTIM: CgroupSample(VICTIM, "BE"),
+                                                 BYSTANDER: CgroupSample(BYSTANDER, "LS")})
+
+
+def make_rig(tmp_path, mode="v2"):
+    tree = FakeCgroups(tmp_path, mode).add(VICTIM).add(BYSTANDER)
+    tree.set(BYSTANDER, "cpu", "cpu.max" if mode == "v2" else "cpu.cfs_quota_us",
+             "50000 100000\n" if mode == "v2" else "50000\n")        # a burst needs a quota to be under
+    state = tmp_path / "state"
+    journal = RestoreJournal(state)
+    actuator = Actuator(tree.fs, journal, DecisionLog(state, send=lambda *a, **k: None))
+    runner = Runner(REGISTRY, actuator)
+    runner.configure(parse_config(CONFIG, "koordd.toml", REGISTRY), now=0.0)
+    before = knob_values(actuator, [("cgroup", VICTIM), ("cgroup", BYSTANDER)])
+    return SimpleNamespace(tree=tree, state=state, journal=journal, actuator=actuator, runner=runner,
+                           before=before, t=1.0)
+
+
+def tick(rig):
+    """One round of both loops; the runner must come back from it whatever the fault."""
+    rig.runner.tick(list(rig.runner.runs.values()), snapshot(rig.t))
+    rig.t += 1.0
+
+
+def decisions(rig, loop: str) -> list[dict]:
+    return [d for d in read_decisions(rig.state) if d["loop"] == loop]
+
+
+def bystander_acted(rig, burst="20000") -> bool:
+    return rig.actuator.backends.of_kind("cgroup").read(BYSTANDER, "cpu.max.burst") == burst
+
+
+def fail_writes_to(monkeypatch, cgroup: str, err: int, then=None):
+    """CgroupFS.write of `cgroup` raises `err` (after `then()`, if given); other cgroups are written."""
+    real = CgroupFS.write
+
+    def write(self, controller, cg, filename, text):
+        if cg == cgroup:
+            if then is not None:
+                then()
+            if err:
+                raise OSError(err, os.strerror(err))
+        real(self, controller, cg, filename, text)
+
+    monkeypatch.setattr(CgroupFS, "write", write)
+
+
+def fail_fd_writes(monkeypatch, which, err=errno.ENOSPC, short=False):
+    """os.write (and os.fsync) on the fds which() names fail with `err`, or write only half (short)."""
+    real_write, real_fsync = os.write, os.fsync
+
+    def write(fd, data):
+        if fd in which():
+            if short:
+                return real_write(fd, data[:len(data) // 2])
+            raise OSError(err, os.strerror(err))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    return real_write, real_fsync
+
+
+# --- kernel errors from a knob write ------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["v2", "v1"])
+@pytest.mark.parametrize("err", [errno.EINVAL, errno.EBUSY, errno.ENOSPC, errno.EACCES, errno.ENODEV],
+                         ids=lambda e: errno.errorcode[e])
+def test_a_write_error_refuses_that_knob_with_its_errno_and_the_rest_goes_on(tmp_path, monkeypatch, mode, err):
+    rig = make_rig(tmp_path, mode)
+    fail_writes_to(monkeypatch, VICTIM, err)
+    tick(rig)
+    [refusal] = decisions(rig, "capper")
+    assert refusal["outcome"] == REFUSED and refusal["error"].startswith(errno.errorcode[err] + ":")
+    assert bystander_acted(rig)
+    assert {name: r.failures for name, r in rig.runner.runs.items()} == {"capper": 0, "burster": 0}
+    assert rig.journal.get(VICTIM, "cpu.max") is None                     # the refused write is not held
+    assert_every_change_journaled(rig.before, rig.actuator, rig.state)
+
+    tick(rig)                                                             # the same refusal is said once
+    assert len(decisions(rig, "capper")) == 1
+    monkeypatch.undo()                                                    # the fault goes: the knob is set
+    tick(rig)
+    assert decisions(rig, "capper")[-1]["outcome"] == APPLIED
+    assert_every_change_journaled(rig.before, rig.actuator, rig.state)
+
+
+@pytest.mark.parametrize("mode", ["v2", "v1"])
+def test_a_cgroup_removed_between_read_and_write_is_skipped_and_not_held(tmp_path, monkeypatch, mode):
+    rig = make_rig(tmp_path, mode)
+    fail_writes_to(monkeypatch, VICTIM, 0, then=lambda: rig.tree.remove(VICTIM))
+    tick(rig)
+    assert decisions(rig, "capper") == []                 # normal churn: nothing to say
+    assert rig.journal.get(VICTIM, "cpu.max") is None and bystander_acted(rig)
+    assert all(r.failures == 0 for r in rig.runner.runs.values())
+    assert_every_change_journaled(rig.before, rig.actuator, rig.state)
+    assert [h["target"] for h in read_held(rig.state)[0]] == [BYSTANDER]
+
+
+def test_a_write_the_kernel_half_took_keeps_its_journal_entry(tmp_path, monkeypatch):
+    """v1 cpu.max is two files: the period lands, the quota is refused; the knob did change."""
+    rig = make_rig(tmp_path, "v1")
+    real = CgroupFS.write
+
+    def write(self, controller, cg, filename, text):
+        if cg == VICTIM and filename == "cpu.cfs_quota_us":
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real(self, controller, cg, filename, text)
+
+    monkeypatch.setattr(CgroupFS, "write", write)
+    rig.runner.runs["capper"].state["quota"] = "20000 50000"
+    tick(rig)
+    assert decisions(rig, "capper")[0]["outcome"] == REFUSED and bystander_acted(rig)
+    assert_every_change_journaled(rig.before, rig.actuator, rig.state)
+
+
+# --- the restore journal on a full disk ------------------------------------------------------------
+
+def hold_bystander_then_ask_both(rig):
+    """The bystander's knob is held before the disk fills; then the capper asks for a first change (a
+    new journal entry) and the bystander for another value of its held knob (no new entry needed)."""
+    rig.runner.runs["capper"].state["quota"] = "max 100000"          # equal to the original: no write
+    tick(rig)
+    assert bystander_acted(rig) and rig.journal.get(BYSTANDER, "cpu.max.burst") is not None
+    rig.runner.runs["capper"].state["quota"] = "20000 100000"
+    rig.runner.runs["burster"].state["burst"] = "30000"
+
+
+def journal_fd(rig):
+    return lambda: {rig.journal._fd}
+
+
+@pytest.mark.parametrize("fault", ["ENOSPC", "short write", "fsync EIO"])
+def test_a_knob_whose_original_cannot_be_saved_is_not_written(tmp_path, monkeypatch, fault):
+    rig = make_rig(tmp_path)
+    hold_bystander_then_ask_both(rig)
+    if fault == "fsync EIO":
+        real_fsync = os.fsync
+        monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error"))
+                            if fd == rig.journal._fd else real_fsync(fd))
+    else:
+        fail_fd_writes(monkeypatch, journal_fd(rig), short=fault == "short write")
+    tick(rig)
+    assert rig.tree.read(VICTIM, "cpu", "cpu.max").strip() == "max 100000"      # not written
+    [refusal] = decisions(rig, "capper")          # refused, not failed: its other actions still go on
+    assert refusal["outcome"] == REFUSED and rig.runner.runs["capper"].failures == 0
+    assert refusal["error"].startswith(f"cannot save the original in the restore journal {rig.journal.path}: "
+                                       f"{'EIO' if fault == 'fsync EIO' else 'ENOSPC'}: ")
+    assert bystander_acted(rig, "30000")
+    assert_every_change_journaled(rig.before, rig.actuator, rig.state)
+
+    monkeypatch.undo()                                  # space again: the change is made, and journaled
+    tick(rig)
+    assert rig.tree.read(VICTIM, "cpu", "cpu.max").strip() == "20000 100000"
+    assert_every_change_journaled(rig.before, rig.actuator, rig.state)
+    assert {h.target for h in RestoreJournal(rig.state).entries()} == {VICTIM, BYSTANDER}
+
+
+def test_restores_on_a_full_disk_all_happen_and_the_file_catches_up_later(tmp_path, monkeypatch, caplog):
+    """A release that cannot be written leaves its hold on disk: safe (a fresh start finds the knob at its
+    original), so a full disk at stop must not cut the restores short."""
+    rig = make_rig(tmp_path)
+    tick(rig)
+    assert {h.target for h in rig.journal.entries()} == {VICTIM, BYSTANDER}
+    fail_fd_writes(monkeypatch, journal_fd(rig))
+    rig.actuator.restore_all("koordd stopping")
+    assert rig.tree.read(VICTIM, "cpu", "cpu.max").strip() == "max 100000" and not bystander_acted(rig)
+    assert rig.journal.entries() == []
+    assert RestoreJournal.FILE in caplog.text and "No space left" in caplog.text
+    assert_every_change_journaled(rig.before, rig.actuator, rig.state)
+
+    monkeypatch.undo()
+    rig.journal.add(Held("be.slice", "cpu.weight", "100", "capper", 1.0))      # the next change rewrites it
+    assert [h.target for h in RestoreJournal(rig.state).entries()] == ["be.slice"]
+
+
+def test_a_side_effect_whose_original_cannot_be_saved_stops_the_write(tmp_path, monkeypatch):
+    """cpu.idle rewrites cpu.weight: when cpu.weight's original cannot be saved, cpu.idle is not written."""
+    rig = make_rig(tmp_path)
+    rig.tree.set(VICTIM, "cpu", "cpu.weight", "50\n")
+    before = knob_values(rig.actuator, [("cgroup", VICTIM)])
+    real = CgroupFS.write
+
+    def write(self, controller, cg, filename, text):        # the kernel: idle forces the weight
+        real(self, controller, cg, filename, text)
+        if filename == "cpu.idle" and text.strip() == "1":
+            real(self, controller, cg, "cpu.weight", "1")
+
+    monkeypatch.setattr(CgroupFS, "write", write)
+    real_write, attempts = os.write, []
+
+    def first_journal_write_fails(fd, data):
+        if fd == rig.journal._fd and not attempts:
+            attempts.append(data)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    rig.journal.add(Held("be.slice", "cpu.max", "max 100000", "capper", 1.0))   # the file is open
+    monkeypatch.setattr(os, "write", first_journal_write_fails)
+    [refusal] = rig.actuator.apply("qos", [Action(VICTIM, "cpu.idle", "1")])
+    assert attempts and b"cpu.weight" in attempts[0]
+    assert refusal.outcome == REFUSED and "ENOSPC" in refusal.error
+    assert_every_change_journaled(before, rig.actuator, rig.state)
