@@ -79,10 +79,23 @@ class DecisionLog:
                  send: Callable[..., None] | None = None):
         self.path = Path(state_dir) / self.FILE if state_dir is not None else None
         self.max_bytes, self.keep, self.send = max_bytes, keep, send
+        # Records a full disk or a busy journald refused since they last took one: the write a record
+        # tells of is done and journaled already, so a lost record costs one log line, not the loop.
+        self.dropped = self.unsent = 0
 
     def record(self, d: Decision) -> None:
         if self.send is not None:
-            self.send(d.text(), PRIORITY=str(_PRIORITY[d.outcome]), SYSLOG_IDENTIFIER="koordd", **d.fields())
+            try:
+                self.send(d.text(), PRIORITY=str(_PRIORITY[d.outcome]), SYSLOG_IDENTIFIER="koordd", **d.fields())
+            except OSError as e:
+                if not self.unsent:
+                    log.error("journald refused a decision record (%s); until it takes them again they are "
+                              "only in %s", e, self.path or "no file (no state_dir)")
+                self.unsent += 1
+            else:
+                if self.unsent:
+                    log.warning("journald takes decision records again; %d were not sent", self.unsent)
+                    self.unsent = 0
         else:
             log.log(logging.WARNING if d.outcome == REFUSED else logging.INFO, "%s reason=%s",
                     d.text(), d.fields()["KOORDD_REASON"])
@@ -102,7 +115,14 @@ class DecisionLog:
                         line = "\n" + line
                 f.write(line.encode())
         except OSError as e:
-            log.error("%s: cannot append decision: %s", self.path, e)
+            if not self.dropped:
+                log.error("%s: cannot append decisions (%s); records are dropped from the file until it can "
+                          "be written%s", self.path, e, "" if self.send is None else " (journald has them)")
+            self.dropped += 1
+            return
+        if self.dropped:
+            log.warning("%s: written again; %d records were dropped while it could not be", self.path, self.dropped)
+            self.dropped = 0
 
     def _rotate(self) -> None:
         """decisions.jsonl -> .1 -> .2 ...; the oldest beyond `keep` is dropped."""

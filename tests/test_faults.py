@@ -320,3 +320,58 @@ def test_a_side_effect_whose_original_cannot_be_saved_stops_the_write(tmp_path, 
     assert attempts and b"cpu.weight" in attempts[0]
     assert refusal.outcome == REFUSED and "ENOSPC" in refusal.error
     assert_every_change_journaled(before, rig.actuator, rig.state)
+
+
+# --- the decision log on a full disk -------------------------------------------------------------
+
+class FullDisk:
+    """open() of the decision log's module: files opened for writing fail at their first write."""
+
+    def __init__(self, err=errno.ENOSPC):
+        self.err, self.real = err, open
+
+    def __call__(self, path, mode="r", *args, **kwargs):
+        f = self.real(path, mode, *args, **kwargs)
+        if any(c in mode for c in "aw+"):
+            err = self.err
+
+            def write(data):
+                raise OSError(err, os.strerror(err))
+            f.write = write
+        return f
+
+
+def test_a_full_decision_log_drops_records_with_one_line_and_the_writes_go_on(tmp_path, monkeypatch, caplog):
+    from koordd import decisions as decisions_mod
+    rig = make_rig(tmp_path)
+    monkeypatch.setattr(decisions_mod, "open", FullDisk(), raising=False)
+    for quota in ("20000 100000", "30000 100000", "40000 100000"):
+        rig.runner.runs["capper"].state["quota"] = quota
+        tick(rig)
+    assert rig.tree.read(VICTIM, "cpu", "cpu.max").strip() == "40000 100000" and bystander_acted(rig)
+    assert all(r.failures == 0 for r in rig.runner.runs.values())
+    assert_every_change_journaled(rig.before, rig.actuator, rig.state)
+    said = [r.getMessage() for r in caplog.records if "decisions.jsonl" in r.getMessage()]
+    assert len(said) == 1 and "No space left" in said[0] and "dropped" in said[0]
+
+    monkeypatch.undo()
+    rig.runner.runs["capper"].state["quota"] = "50000 100000"
+    tick(rig)
+    assert [d["new"] for d in decisions(rig, "capper")] == ["50000 100000"]
+    said = [r.getMessage() for r in caplog.records if "decisions.jsonl" in r.getMessage()]
+    assert len(said) == 2 and "4 records" in said[1]           # 3 of the capper's, 1 of the burster's
+
+
+def test_journald_refusing_a_record_does_not_fail_the_loop(tmp_path, caplog):
+    tree = FakeCgroups(tmp_path, "v2").add(VICTIM)
+    state = tmp_path / "state"
+
+    def send(message, **fields):
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    actuator = Actuator(tree.fs, RestoreJournal(state), DecisionLog(state, send=send))
+    [d] = actuator.apply("capper", [Action(VICTIM, "cpu.max", "20000 100000")])
+    [d2] = actuator.apply("capper", [Action(VICTIM, "cpu.max", "30000 100000")])
+    assert d.outcome == d2.outcome == APPLIED
+    assert [r["new"] for r in read_decisions(state)] == ["20000 100000", "30000 100000"]   # kept on disk
+    assert len([r for r in caplog.records if "journald" in r.getMessage()]) == 1
