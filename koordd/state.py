@@ -63,11 +63,14 @@ def _held(e: dict) -> Held:
                 float(e["since"]), e.get("kind", "cgroup"))
 
 
-def _replay(path: Path) -> tuple[dict[tuple[str, str, str], Held], int, bool]:
-    """The journal's held knobs, its line count, and whether it must be rewritten before the next
-    append: its last line was torn (a crash mid-append; that line is dropped, its write never
-    completed, nor the knob write to follow it), or it is of an older version."""
+def _replay(path: Path) -> tuple[dict[tuple[str, str, str], Held], int, bool, list[int]]:
+    """The journal's held knobs, its line count, whether it must be rewritten before the next
+    append, and its damaged lines. Rewritten: its last line was torn (a crash mid-append; that line is
+    dropped, its write never completed, nor the knob write to follow it), a line before it is damaged
+    (skipped: the records around it still hold originals; a lost release only means a restore that
+    finds the knob already back), or it is of an older version."""
     held: dict[tuple[str, str, str], Held] = {}
+    damaged: list[int] = []
     lines = path.read_text().split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -89,9 +92,10 @@ def _replay(path: Path) -> tuple[dict[tuple[str, str, str], Held], int, bool]:
         except (ValueError, KeyError, TypeError) as e:
             if n == len(lines):
                 log.warning("%s:%d: torn last record dropped (%s)", path, n, e)
-                return held, n, True
-            raise JournalUnreadable(f"line {n}: {e}") from None
-    return held, len(lines), header["version"] != RestoreJournal.VERSION
+                return held, n, True, damaged
+            log.error("%s:%d: damaged record skipped (%s): %r", path, n, e, line[:120])
+            damaged.append(n)
+    return held, len(lines), bool(damaged) or header["version"] != RestoreJournal.VERSION, damaged
 
 
 def read_held(state_dir: Path | str) -> tuple[list[dict], Path] | None:
@@ -132,7 +136,9 @@ class RestoreJournal:
         old = self.dir / self.V1_FILE
         try:
             if self.path.exists():
-                self._held, self._lines, rewrite = _replay(self.path)
+                self._held, self._lines, rewrite, damaged = _replay(self.path)
+                if damaged:
+                    self._keep_aside(self.path, f"lines {', '.join(map(str, damaged))} damaged")
                 if rewrite:
                     self._lines = 0     # the next change compacts first (a torn line, an older format)
             elif old.exists():
@@ -151,6 +157,16 @@ class RestoreJournal:
                 pass
             self._held.clear()
             self._lines = 0
+
+    @staticmethod
+    def _keep_aside(path: Path, why: str) -> None:
+        """A copy of a journal read in part, for a human: the next change rewrites it without the damage."""
+        aside = path.with_suffix(f"{path.suffix}.corrupt.{int(time.time())}")
+        try:
+            aside.write_bytes(path.read_bytes())
+            log.error("%s: %s; the rest is kept, the file as it was is copied to %s", path, why, aside)
+        except OSError as e:
+            log.error("%s: %s; the rest is kept (no copy: %s)", path, why, e)
 
     def _append(self, record: dict) -> None:
         if self._fd is None:

@@ -60,16 +60,21 @@ def test_a_torn_last_line_is_dropped_and_the_rest_kept(tmp_path):
     assert [h.target for h in RestoreJournal(tmp_path).entries()] in (["a", "c"],)
 
 
-def test_a_damaged_line_before_the_end_moves_the_journal_aside(tmp_path, caplog):
+def test_a_damaged_line_before_the_end_loses_only_itself(tmp_path, caplog):
+    """Every other original still read: knobs they hold are not left changed with nobody to explain them."""
     j = RestoreJournal(tmp_path)
-    j.add(held("a"))
-    j.add(held("b"))
+    for name in ("a", "b", "c"):
+        j.add(held(name))
     j.close()
     text = (tmp_path / RestoreJournal.FILE).read_text().splitlines()
-    text[1] = "{damaged"
+    text[2] = "{damaged"                                    # b's hold
     (tmp_path / RestoreJournal.FILE).write_text("\n".join(text) + "\n")
-    assert RestoreJournal(tmp_path).entries() == []
-    assert list(tmp_path.glob("originals.jsonl.corrupt.*")) and "unreadable restore journal" in caplog.text
+    again = RestoreJournal(tmp_path)
+    assert again.entries() == [held("a"), held("c")]
+    [aside] = tmp_path.glob("originals.jsonl.corrupt.*")
+    assert "{damaged" in aside.read_text() and f"{RestoreJournal.FILE}:3: damaged record skipped" in caplog.text
+    again.add(held("d"))                                    # rewritten without the damage before appending
+    assert [line.get("hold", {}).get("target") for line in lines(tmp_path)] == [None, "a", "c", "d"]
 
 
 def test_a_0_1_journal_is_read_and_converted_at_the_first_change(tmp_path):
