@@ -18,6 +18,7 @@ from .cgroups import CgroupFS, OutsideRoot
 from .decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, Decision, DecisionLog
 from .knobs import CgroupBackend
 from .loop import Action
+from .protect import Protected, harm
 from .state import Held, RestoreJournal
 from .netclass_backend import ClassifierBackend, NetClassBackend, process_classifier
 from .resctrl_backend import ResctrlGroupBackend, ResctrlTasksBackend
@@ -46,6 +47,20 @@ class Actuator:
         self._refused: dict[Key, tuple] = {}              # last refusal per knob, to record it once
         self._would_restore: set[Key] = set()             # dry-run: restores already said once
         self.unsupported: dict[str, str] = {}             # knob -> why this host lacks it (Backends.probe)
+        self.processes: dict[str, str] = {}               # cgroup -> whose (PID 1, koordd): never harmed
+        self.protected = Protected.of({}, self.processes)
+
+    def protect(self, classes: dict[str, str | None]) -> None:
+        """This round's classes (cgroup -> class, from the snapshot): what evicting or throttling
+        writes may not reach (koordd/protect.py)."""
+        self.protected = Protected.of(classes, self.processes)
+
+    def _harms_protected(self, a: Action, backend: Backend, original: str | None) -> str | None:
+        if not backend.cgroup_targets or a.value is None:
+            return None
+        what = harm(a.knob, a.value, original)
+        why = self.protected.why(a.target) if what else None
+        return f"protected: would {what} {a.target or '/'}, which {why}" if why else None
 
     def apply(self, loop: str, actions: Iterable[Action]) -> list[Decision]:
         return self.apply_round([(loop, list(actions))])[loop]
@@ -110,6 +125,9 @@ class Actuator:
         """A write that is an act, not a state (memory.reclaim, cgroup.kill): nothing to compare or restore."""
         if a.knob in self.unsupported:
             return self._refuse(loop, a, backend.kind, None, self.unsupported[a.knob])
+        protected = self._harms_protected(a, backend, None)
+        if protected:
+            return self._refuse(loop, a, backend.kind, None, protected)
         try:
             value = backend.validate(a.target, a.knob, a.value)
             if not self.dry_run:
@@ -144,6 +162,9 @@ class Actuator:
             return self._refuse(loop, a, kind, None, str(e))
         except OSError as e:
             return self._refuse(loop, a, kind, None, f"cannot read current value: {kernel_error(e)}")
+        protected = self._harms_protected(Action(a.target, a.knob, new), backend, held.original if held else old)
+        if protected:
+            return self._refuse(loop, a, kind, old, protected, new)
         if self.dry_run:
             if backend.same(self._would_be.get(key, (loop, old))[1], new):
                 return None

@@ -22,6 +22,7 @@ from .config import DEFAULT_PATH, Config, ConfigError, load_config
 from .backend import load_backends
 from .knobs import KNOBS, kernel_lacks
 from .decisions import DecisionLog, journal_sender
+from .protect import process_cgroups
 from .registry import load_registry
 from .runner import Runner
 from .sensors.collect import Sensors
@@ -74,6 +75,7 @@ class Daemon:
         self.actuator = Actuator(self.backends, self.journal, DecisionLog(self.state_dir, send=journal_sender()),
                                  dry_run=self.dry_run)
         self.actuator.unsupported = self.backends.probe()
+        self.actuator.processes = process_cgroups()     # PID 1's and koordd's: never evicted or throttled
         self.sensors = Sensors(self.fs, config.classify, _patterns(config),
                                optional=SensorManager(load_sensor_registry()), supported=self._supported(),
                                health_of=config.health_of)

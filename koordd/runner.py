@@ -51,6 +51,14 @@ def class_of(cgroup: str, snapshot: Snapshot) -> str | None:
         path = path.rpartition("/")[0]
 
 
+def classes_of(snapshot: Snapshot) -> dict[str, str]:
+    """cgroup -> class of every cgroup the snapshot holds, members included."""
+    out = {path: c.cls for path, c in snapshot.cgroups.items()}
+    for members in snapshot.members.values():
+        out.update((m.path, m.cls) for m in members)
+    return out
+
+
 class Runner:
     def __init__(self, registry: Mapping[str, type[Loop]], actuator: Actuator, sensors: Collection[str] = ()):
         """`sensors`: the names of the registered optional sensors, which needs() may name."""
@@ -165,6 +173,7 @@ class Runner:
                 self._failed(run, e, snapshot)
                 continue
             decided.append((run, actions))
+        self.actuator.protect(classes_of(snapshot))
         try:
             applied = self.actuator.apply_round([(run.name, actions) for run, actions in decided])
         except Exception:  # noqa: BLE001 - one loop's odd action must not cost the others their round
