@@ -256,8 +256,21 @@ class Daemon:
 
     def reload(self) -> None:
         notify.reloading()
+        path = Path(self.config.path)
         try:
-            new = load_config(self.config.path, self.registry)
+            seen = _identity(path)
+            new = load_config(path, self.registry)
+            if _identity(path) != seen:
+                # Half of a file being written can parse (a config without its last loops): wait
+                # for the writer to finish, as after any change.
+                log.info("%s changed while it was read; reading it again", path)
+                self.request_reload(RELOAD_DEBOUNCE)
+                notify.notify("READY=1", "STATUS=running")
+                return
+            if seen[1] == 0:
+                # Truncated for an in-place write whose text has not come yet: an empty file would
+                # stop every loop. Disable loops with enabled = false.
+                raise ConfigError([f"{path}: empty (being written?)"])
         except ConfigError as e:
             log.error("reload refused, keeping the running config:\n%s", e)
             notify.notify("READY=1", "STATUS=running (reload refused, see log)")
@@ -265,12 +278,17 @@ class Daemon:
         for key in RESTART_KEYS:
             if getattr(new.daemon, key) != getattr(self.config.daemon, key):
                 log.warning("%s: daemon.%s changed; it takes effect when koordd restarts", new.path, key)
-        set_level(new.daemon.log_level)
-        self.config = new
-        self.sensors.set_classes(new.classify, _patterns(new), new.health_of)
-        self._probe_knobs()
-        self.sensors.reprobe()
-        self._configure(new)
+        try:
+            set_level(new.daemon.log_level)
+            self.config = new
+            self.sensors.set_classes(new.classify, _patterns(new), new.health_of)
+            self._probe_knobs()
+            self.sensors.reprobe()
+            self._configure(new)
+        except Exception:  # noqa: BLE001 - a bug met while applying a valid config must not stop koordd
+            log.exception("reload of %s failed midway; koordd runs on with what was applied", path)
+            notify.notify("READY=1", "STATUS=running (reload failed midway, see log)")
+            return
         log.info("reloaded %s", new.path)
         notify.notify("READY=1", "STATUS=running")
 
@@ -320,6 +338,15 @@ class Daemon:
             write_atomic(self.state_dir / STATUS_FILE, json.dumps(status, indent=1) + "\n", durable=False)
         except OSError as e:
             log.warning("cannot write status: %s", e)
+
+
+def _identity(path: Path) -> tuple[int, int, int]:
+    """What changes when a file is written or replaced: inode, size, modification time."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read: {e.strerror or e}"]) from None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _raise_open_files_limit(reserve: int = 256) -> int:

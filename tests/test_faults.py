@@ -375,3 +375,74 @@ def test_journald_refusing_a_record_does_not_fail_the_loop(tmp_path, caplog):
     assert d.outcome == d2.outcome == APPLIED
     assert [r["new"] for r in read_decisions(state)] == ["20000 100000", "30000 100000"]   # kept on disk
     assert len([r for r in caplog.records if "journald" in r.getMessage()]) == 1
+
+
+# --- the config deleted, emptied, half-written or replaced during a reload ------------------------
+
+@pytest.fixture
+def daemon(tmp_path):
+    """koordd in this process on test_daemon's fake node, started, with be_suppress capping BE."""
+    from test_daemon import Node
+    from koordd.config import load_config
+    from koordd.daemon import Daemon
+    from koordd.registry import load_registry
+    node = Node(tmp_path)
+    registry = load_registry()
+    d = Daemon(load_config(node.config, registry), registry)
+    d.start()
+    d.node = node
+    yield d
+    d.stop()
+
+
+@pytest.mark.parametrize("fault", ["deleted", "emptied", "cut mid-table", "unreadable bytes"])
+def test_a_config_broken_at_reload_keeps_the_running_one_and_says_why(daemon, caplog, fault):
+    config, loops = daemon.node.config, dict(daemon.runner.runs)
+    text = config.read_text()
+    if fault == "deleted":
+        config.unlink()
+    elif fault == "emptied":
+        config.write_text("")
+    elif fault == "cut mid-table":
+        config.write_text(text[:text.index("threshold_percent") + 5])
+    else:
+        config.write_bytes(text.encode()[:40] + b"\xff\xfe" + text.encode()[40:])
+    daemon.reload()
+    assert daemon.runner.runs == loops and daemon.config.loops["be_suppress"].enabled
+    said = [r.getMessage() for r in caplog.records if "reload refused" in r.getMessage()]
+    assert len(said) == 1 and str(config) in said[0]
+    assert {"emptied": "empty", "deleted": "No such file"}.get(fault, str(config)) in said[0]
+
+
+def test_a_config_written_while_it_is_read_is_read_again(daemon, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="koordd")
+    from koordd import daemon as daemon_mod
+    config, loops = daemon.node.config, dict(daemon.runner.runs)
+    text = config.read_text()
+    real = daemon_mod.load_config
+    reads = []
+
+    def load_config(path, registry):            # the editor has written half when koordd reads it
+        reads.append(path)
+        if len(reads) == 1:
+            config.write_text(text[:text.index("[loops.be_suppress]")])
+            got = real(path, registry)
+            config.write_text(text + "\n# saved\n")             # ...and finishes right after
+            return got
+        return real(path, registry)
+
+    monkeypatch.setattr(daemon_mod, "load_config", load_config)
+    daemon.reload()
+    assert daemon.runner.runs == loops                          # the half file was not applied
+    assert daemon.reload_at is not None and "changed while it was read" in caplog.text
+    daemon.reload()
+    assert daemon.runner.runs == loops and len(reads) == 2 and "reloaded" in caplog.text
+
+
+def test_a_reload_that_fails_midway_leaves_the_daemon_running(daemon, monkeypatch, caplog):
+    def reprobe():
+        raise RuntimeError("a sensor's bug")
+    monkeypatch.setattr(daemon.sensors, "reprobe", reprobe)
+    daemon.reload()                                             # raised out of run(): koordd stopped
+    assert "be_suppress" in daemon.runner.runs
+    assert "reload" in caplog.text and "a sensor's bug" in caplog.text
