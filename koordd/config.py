@@ -25,6 +25,7 @@ from .cgroups import match_pattern, normalize_cgroup
 from .health import HEALTH_OPTIONS, LATENCY_SENSITIVE, HealthTargets
 from .loop import NODE
 from .options import COMMON_LOOP_OPTIONS, Option
+from .trust import untrusted
 
 DEFAULT_PATH = Path("/etc/koordd/koordd.toml")
 CLASS_NAMES = ("SYSTEM", "LSE", "LSR", "LS", "BE")
@@ -145,6 +146,10 @@ class Config:
 
 def load_config(path: Path | str, registry: Mapping[str, type]) -> Config:
     path = Path(path)
+    why = untrusted(path)
+    if why:
+        raise ConfigError([f"{path}: refused: {why}; koordd runs as root and does what this file says, so "
+                           f"only root may change it (chown root, chmod go-w), as sshd's StrictModes ask"])
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
@@ -160,6 +165,11 @@ def parse_config(text: str, path: Path | str, registry: Mapping[str, type]) -> C
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError([_syntax_error(path, text, e)]) from None
+    except (ValueError, RecursionError) as e:
+        # tomllib's own limits, with no position: an integer of 4300 digits or more (int() refuses it),
+        # arrays or inline tables nested too deep for its recursion.
+        what = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
+        raise ConfigError([f"{path}:{_first_failing_line(text, type(e))}: {what}"]) from None
     c = _Checker(locate_keys(text))
     for key in data:
         if key not in TOP_LEVEL:
@@ -183,6 +193,31 @@ def _syntax_error(path: Path, text: str, e: Exception) -> str:
     if m:
         return f"{path}:{max(1, len(text.splitlines()))}: {msg[:m.start()]} (at end of file)"
     return f"{path}: {msg}"
+
+
+def _first_failing_line(text: str, error: type) -> int:
+    """The line where tomllib first raises `error`: the shortest run of whole lines that raises it (a
+    shorter one parses, or fails as a syntax error: TOML numbers and brackets up to that line are the
+    same in both)."""
+    lines = text.splitlines(keepends=True)
+
+    def fails(n: int) -> bool:
+        try:
+            tomllib.loads("".join(lines[:n]))
+        except error as e:
+            return not isinstance(e, tomllib.TOMLDecodeError)
+        except Exception:  # noqa: BLE001 - the syntax error of a cut-off document
+            return False
+        return False
+
+    lo, hi = 1, max(len(lines), 1)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fails(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 class _Checker:
@@ -413,7 +448,7 @@ def _parse_key(s: str, i: int) -> tuple[tuple[str, ...], int]:
             j = i + 1
             while j < len(s) and s[j] != '"':
                 j += 2 if s[j] == "\\" else 1
-            parts.append(s[i + 1:j])  # escapes left as written: no schema key needs one
+            parts.append(_unescape(s[i + 1:j]))
             i = j + 1
         elif s.startswith("'", i):
             j = s.find("'", i + 1)
@@ -431,6 +466,16 @@ def _parse_key(s: str, i: int) -> tuple[tuple[str, ...], int]:
         if not s.startswith(".", i):
             return tuple(parts), i
         i += 1
+
+
+def _unescape(inner: str) -> str:
+    """A "basic" key's text as TOML reads it ("\\u0065nabled" is enabled), so that its error finds its line."""
+    if "\\" not in inner:
+        return inner
+    try:
+        return tomllib.loads(f'k = "{inner}"')["k"]
+    except ValueError:
+        return inner
 
 
 def _scan_value(s: str, i: int, depth: int, ml: str | None) -> tuple[int, str | None]:
