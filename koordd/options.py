@@ -6,6 +6,7 @@ wrong type or an out-of-range number.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +52,7 @@ class Option:
         if t is Duration:
             if isinstance(value, bool) or not isinstance(value, (str, int, float)):
                 raise ValueError(f"expected a duration such as \"2s\", got {_tname(value)}")
-            out: Any = Duration(parse_duration(value) if isinstance(value, str) else float(value))
+            out: Any = Duration(parse_duration(value) if isinstance(value, str) else _float(value))
         elif t is bool:
             if not isinstance(value, bool):
                 raise ValueError(f"expected true or false, got {_tname(value)}")
@@ -63,13 +64,15 @@ class Option:
         elif t is float:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"expected a number, got {_tname(value)}")
-            out = float(value)
+            out = _float(value)
         elif t is str:
             if not isinstance(value, str):
                 raise ValueError(f"expected a string, got {_tname(value)}")
             out = value
         else:  # pragma: no cover - a programming error in a loop's declaration
             raise TypeError(f"unsupported option type {t!r}")
+        if isinstance(out, float) and math.isnan(out):       # NaN would pass every min and max below
+            raise ValueError("expected a number, got nan")
         if self.choices and out not in self.choices:
             raise ValueError(f"must be one of {', '.join(map(repr, self.choices))}, got {out!r}")
         if self.min is not None and out < self.min:
@@ -84,7 +87,16 @@ def _tname(value: Any) -> str:
             list: "an array", dict: "a table"}.get(type(value), type(value).__name__)
 
 
+def _float(value: int | float) -> float:
+    try:
+        return float(value)
+    except OverflowError:       # an integer beyond a float's range (TOML's integers have no bound)
+        raise ValueError(f"{_num(value)} is too large a number") from None
+
+
 def _num(x: float) -> str:
+    if isinstance(x, int) and len(digits := str(abs(x))) > 15:   # f"{x:g}" fails past a float's range
+        return f"{'-' if x < 0 else ''}{digits[0]}.{digits[1:4]}e+{len(digits) - 1}"
     return f"{x:g}"
 
 
