@@ -203,6 +203,10 @@ class CgroupFS:
             raise
         try:
             os.write(fd, text.encode())
+        except OSError as e:
+            if e.errno == errno.ENODEV and not os.path.isdir(d):
+                raise CgroupGone(cgroup) from None      # removed after the open: churn, as before it
+            raise
         finally:
             os.close(fd)
 
