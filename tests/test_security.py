@@ -1,12 +1,17 @@
-"""koordd cannot be turned against its host: targets never lead out of their root."""
+"""koordd cannot be turned against its host: targets never lead out of their root; a config file
+only root can change."""
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.cgroups import OutsideRoot
+from koordd.config import ConfigError, load_config
+from koordd.registry import load_registry
+from koordd.trust import SKIP_ENV, untrusted
 from koordd.decisions import APPLIED, REFUSED
 from koordd.loop import Action
 from koordd.state import Held
@@ -74,3 +79,80 @@ def test_reads_refuse_dot_dot_too(tmp_path):
     with pytest.raises(OutsideRoot):
         fs.read("cpu", "a/../..", "cpu.max")
     assert fs.read("cpu", "", "cgroup.controllers")       # a name merely containing dots is fine
+
+
+# --- the config file: trusted only if only root can change it (sshd's StrictModes) ------------------
+
+@pytest.fixture
+def strict(monkeypatch):
+    monkeypatch.delenv(SKIP_ENV, raising=False)
+
+
+@pytest.fixture
+def etc(tmp_path):
+    d = tmp_path / "etc"
+    d.mkdir(mode=0o755)
+    f = d / "koordd.toml"
+    f.write_text("[daemon]\n")
+    f.chmod(0o644)
+    return f
+
+
+def test_a_root_owned_file_nobody_else_can_write_loads(strict, etc):
+    assert untrusted(etc) is None and load_config(etc, load_registry())
+
+
+@pytest.mark.parametrize("what, mode, why", [("file", 0o664, "group-writable (mode 0664)"),
+                                             ("file", 0o646, "world-writable (mode 0646)"),
+                                             ("dir", 0o777, "group- and world-writable (mode 0777)")])
+def test_a_file_or_directory_others_can_write_is_refused(strict, etc, what, mode, why):
+    path = etc if what == "file" else etc.parent
+    path.chmod(mode)
+    with pytest.raises(ConfigError) as e:
+        load_config(etc, load_registry())
+    [line] = e.value.errors
+    assert line.startswith(f"{etc}: refused: {path} is {why}") and "chmod go-w" in line
+
+
+def test_a_file_owned_by_another_user_is_refused(strict, etc):
+    os.chown(etc, 1000, 0)
+    assert untrusted(etc) == f"{etc} is owned by uid 1000, not root"
+
+
+def test_a_sticky_world_writable_directory_is_fine(strict, etc):
+    etc.parent.chmod(0o1777)          # like /tmp: only an entry's owner may rename or remove it
+    assert untrusted(etc) is None
+
+
+def test_a_symlink_is_judged_by_what_it_leads_to(strict, etc, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    (shared / "real.toml").write_text("[daemon]\n")
+    link = etc.parent / "link.toml"
+    link.symlink_to(shared / "real.toml")
+    assert untrusted(link) == f"{shared} is group- and world-writable (mode 0777)"
+    safe = etc.parent / "safe.toml"
+    safe.symlink_to(etc)
+    assert untrusted(safe) is None
+
+
+def test_koordd_refuses_to_start_and_refuses_a_reload_on_an_untrusted_file(strict, tmp_path):
+    from test_daemon import Node, NotifySocket, wait_for
+    node = Node(tmp_path)
+    node.config.chmod(0o666)
+    assert node.run("--once").returncode == 78
+    assert f"{node.config}: refused: {node.config} is group- and world-writable" in node.log()
+    node.config.chmod(0o644)
+    notify = NotifySocket(tmp_path / "notify.sock")
+    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path)}, wait=False)
+    try:
+        notify.expect("READY=1")
+        wait_for(lambda: node.cpu_max() != "max 100000", what="BE capped")
+        node.config.parent.chmod(0o777)
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reload refused" in node.log() and "world-writable" in node.log(), what="refusal")
+        assert proc.poll() is None and node.cpu_max() != "max 100000"     # the running config stays
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, node.log()
