@@ -70,6 +70,7 @@ class Daemon:
         self.fs = CgroupFS(self.layout, keep_open=on_cgroupfs(self.layout), max_open=_raise_open_files_limit())
         self.state_dir = Path(config.daemon.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        _keep_private(self.state_dir)
         self.journal = RestoreJournal(self.state_dir)
         self.backends = load_backends(*builtin_backends(self.fs))
         self.actuator = Actuator(self.backends, self.journal, DecisionLog(self.state_dir, send=journal_sender()),
@@ -380,6 +381,15 @@ def _patterns(config: Config) -> list[str]:
     return [p for rule in config.classes for p in rule.patterns]
 
 
+def _keep_private(d: Path) -> None:
+    """The state dir holds the names of every cgroup and process koordd acted on, and the request
+    koordctl top leaves: for root (and root's group, as systemd's StateDirectoryMode=0750), nobody else."""
+    mode = d.stat().st_mode
+    if mode & 0o007:
+        os.chmod(d, mode & 0o7770)
+        log.warning("%s was open to every user (mode %04o): now %04o", d, mode & 0o7777, mode & 0o7770)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="koordd", description="Node-local QoS daemon for LS and BE workloads.")
     p.add_argument("--config", type=Path, default=DEFAULT_PATH, help=f"config file (default {DEFAULT_PATH})")
@@ -387,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--once", action="store_true", help="run every enabled loop one tick, then exit")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="overrides daemon.log_level")
     args = p.parse_args(argv)
+    # Every file koordd makes (journal, decisions, status, the top feed) is root's alone: 0600/0700.
+    os.umask(0o077)
     setup_logging(args.log_level or "info")
     registry = load_registry()
     try:

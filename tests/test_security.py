@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 
 import pytest
 
@@ -156,3 +157,37 @@ def test_koordd_refuses_to_start_and_refuses_a_reload_on_an_untrusted_file(stric
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, node.log()
+
+
+# --- local interfaces: root's alone ------------------------------------------------------------------
+
+def test_every_file_koordd_makes_is_root_only(tmp_path):
+    from test_daemon import Node
+    node = Node(tmp_path)
+    assert node.run("--once").returncode == 0, node.log()
+    assert stat.S_IMODE(node.state.stat().st_mode) == 0o700
+    files = list(node.state.iterdir())
+    assert {"status.json", "decisions.jsonl"} <= {f.name for f in files}
+    for f in files:
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+
+
+def test_a_state_dir_open_to_every_user_is_closed_with_a_warning(tmp_path):
+    from test_daemon import Node
+    node = Node(tmp_path)
+    node.state.mkdir(mode=0o755)
+    node.state.chmod(0o755)
+    assert node.run("--once").returncode == 0, node.log()
+    assert stat.S_IMODE(node.state.stat().st_mode) == 0o750
+    assert f"{node.state} was open to every user (mode 0755): now 0750" in node.log()
+
+
+def test_a_top_request_not_written_by_root_is_ignored(tmp_path):
+    from koordd.topfeed import REQUEST_FILE, TopFeed, TopRequest, write_request
+    write_request(tmp_path, TopRequest(interval=1.0))
+    feed = TopFeed(tmp_path)
+    assert feed.check(0.0) and feed.active
+    feed.withdraw()
+    os.chown(tmp_path / REQUEST_FILE, 1000, 1000)
+    fresh = TopFeed(tmp_path)
+    assert not fresh.check(0.0) and not fresh.active
