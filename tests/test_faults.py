@@ -418,3 +418,25 @@ def test_a_reload_that_fails_midway_leaves_the_daemon_running(daemon, monkeypatc
     daemon.reload()                                             # raised out of run(): koordd stopped
     assert "be_suppress" in daemon.runner.runs
     assert "reload" in caplog.text and "a sensor's bug" in caplog.text
+
+
+# --- kernel files truncated, emptied or garbled under a running daemon --------------------------------
+
+@pytest.mark.parametrize("text", ["", "usage_usec 12", "usage_usec 1\nnr_periods", "\xff\xfe garbage\n",
+                                  "some avg10=x total=1\n"], ids=["empty", "truncated", "cut-mid-key",
+                                                                  "garbled", "garbled-psi"])
+def test_a_round_survives_garbled_cgroup_files(daemon, text):
+    """Every counter and pressure file of BE garbled: the round completes and the loop runs without those
+    values (the sensors give None for them); LS is still read."""
+    tree = daemon.node.tree
+    before = knob_values(daemon.actuator, [("cgroup", "be.slice"), ("cgroup", "ls.slice")])
+    for name in ("cpu.stat", "cpu.pressure", "memory.pressure", "io.pressure", "memory.stat", "memory.current"):
+        (tree.dir("be.slice", None) / name).write_text(text)
+    daemon.round(list(daemon.runner.runs.values()))
+    status = json.loads((daemon.state_dir / "status.json").read_text())
+    assert status["loops"]["be_suppress"]["failures"] == 0 and status["loops"]["be_suppress"]["ticks"] == 1
+    fields = frozenset({"throttling", "cpu_pressure"})
+    be, ls = (daemon.sensors.snapshot(set(), fields=fields).cgroups[cg] for cg in ("be.slice", "ls.slice"))
+    assert (be.throttling, be.cpu_pressure) == (None, None)
+    assert None not in (ls.throttling, ls.cpu_pressure)
+    assert_every_change_journaled(before, daemon.actuator, daemon.state_dir)
