@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from .printable import printable
+
 log = logging.getLogger("koordd.decision")
 
 APPLIED, DRY_RUN, REFUSED, RESTORED = "applied", "dry-run", "refused", "restored"
@@ -33,7 +35,8 @@ class Decision:
     kind: str = "cgroup"
 
     def text(self) -> str:
-        """The journal's MESSAGE: what changed, and why in words."""
+        """The journal's MESSAGE: what changed, and why in words; one line whatever the target's name
+        (printable()), the exact name being in the fields."""
         what = {APPLIED: "set", DRY_RUN: "would set", RESTORED: "restored", REFUSED: "refused"}[self.outcome]
         where = (self.target or "/") if self.kind == "cgroup" else f"{self.kind} {self.target}"
         s = f"{self.loop}: {what} {where} {self.knob} {self.old!r} -> {self.new!r}"
@@ -41,7 +44,7 @@ class Decision:
             s += f": {self.message}"
         if self.error:
             s += f" ({self.error})"
-        return s
+        return printable(s)
 
     def record(self) -> dict:
         """The stored form (decisions.jsonl); a cgroup target is under "cgroup" too, where readers have always looked."""
@@ -59,6 +62,16 @@ class Decision:
                 "KOORDD_OUTCOME": self.outcome,
                 "KOORDD_REASON": json.dumps(dict(self.reason), sort_keys=True, default=str),
                 **({"KOORDD_ERROR": self.error} if self.error else {})}
+
+
+def _sendable(value: str) -> str | bytes:
+    """A field as python-systemd can send it: it encodes str as strict UTF-8, which refuses a cgroup name
+    that is not UTF-8 (surrogate escapes); journald's fields take any bytes, so that one goes as its own."""
+    try:
+        value.encode()
+        return value
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogateescape")
 
 
 def journal_sender() -> Callable[..., None] | None:
@@ -86,7 +99,8 @@ class DecisionLog:
     def record(self, d: Decision) -> None:
         if self.send is not None:
             try:
-                self.send(d.text(), PRIORITY=str(_PRIORITY[d.outcome]), SYSLOG_IDENTIFIER="koordd", **d.fields())
+                self.send(d.text(), PRIORITY=str(_PRIORITY[d.outcome]), SYSLOG_IDENTIFIER="koordd",
+                          **{k: _sendable(v) for k, v in d.fields().items()})
             except OSError as e:
                 if not self.unsent:
                     log.error("journald refused a decision record (%s); until it takes them again they are "
