@@ -33,6 +33,7 @@ from .daemon import STATUS_FILE
 from .decisions import read_decisions
 from .demo_cgroups import DemoError, hierarchy_roots
 from .options import parse_duration
+from .printable import printable
 from .registry import load_registry
 from .state import RestoreJournal, read_held
 from . import demo, top
@@ -72,9 +73,10 @@ def read_json(path: Path) -> Any:
 
 
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str] | None = None) -> str:
-    """Left-aligned columns as wide as their widest cell; None shows as "-"."""
+    """Left-aligned columns as wide as their widest cell; None shows as "-". Every cell goes through
+    printable(): a cgroup's name (the workload's choice) cannot add a line or reach the terminal."""
     cells = [[str(h) for h in headers]] if headers else []
-    cells += [["-" if c is None else str(c) for c in row] for row in rows]
+    cells += [["-" if c is None else printable(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))] if cells else []
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, TextIO
 
+from .printable import printable
 from .snapshot import CPI, RUNQ_LATENCY
 from .topfeed import TOP_FILE, TopRequest, touch_request
 
@@ -143,7 +144,9 @@ def columns_for(doc: dict) -> list[Column]:
 
 
 def table_lines(rows: Iterable[dict], columns: list[Column]) -> list[str]:
-    cells = [[c.title for c in columns]] + [["-" if (v := c.cell(r)) is None else v for c in columns] for r in rows]
+    # printable(): a cgroup's name, the workload's choice, cannot add a line or reach the terminal.
+    cells = [[c.title for c in columns]] + [["-" if (v := c.cell(r)) is None else printable(v) for c in columns]
+                                            for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     return ["  ".join(v.ljust(w) if c.left else v.rjust(w) for v, w, c in zip(row, widths, columns)).rstrip()
             for row in cells]
@@ -169,7 +172,7 @@ def header_lines(doc: dict, now: float) -> list[str]:
     for name, s in sorted((doc.get("sensors") or {}).items()):
         if s.get("state") != "running":
             lines.append(f"{name}: {s.get('state')}" + (f" ({s['reason']})" if s.get("reason") else ""))
-    return lines
+    return [printable(line) for line in lines]
 
 
 def _percent(value: float | None) -> str:
