@@ -17,6 +17,7 @@ from hypothesis import given, strategies as st
 
 from fakecgroup import FakeCgroups
 from fuzzing import PROFILE, counted
+from koordd.avx import TaskStat, parse_stat
 from koordd.cgroups import match_pattern
 from koordd.config import parse_config
 from koordd.ctl import main as koordctl
@@ -241,3 +242,20 @@ def test_koordd_caps_odd_be_cgroups_and_koordctl_shows_them(tmp_path):
     assert ctl.returncode == 0, ctl.stderr.decode(errors="replace")
     out = ctl.stdout.decode()
     assert without_unsafe(out) and len(out.splitlines()) == 1 + len(names)
+
+
+# --- process names ----------------------------------------------------------------------------------------
+
+COMM = st.binary(min_size=0, max_size=15).filter(lambda b: b"\x00" not in b).map(
+    lambda b: b.decode("ascii", "replace"))       # as avx._read_small decodes it
+
+
+@PROFILE
+@given(COMM, st.sampled_from("RSDZ"), st.integers(0, 2**40), st.integers(0, 2**40), st.integers(0, 8191))
+@counted
+def test_a_process_name_cannot_shift_the_fields_of_its_stat_line(comm, state, utime, stime, cpu):
+    # comm is the process's to choose, up to 15 bytes: ")", " R ", newlines and digits included.
+    fields = ["1"] * 49
+    fields[3 - 3], fields[14 - 3], fields[15 - 3], fields[39 - 3] = state, str(utime), str(stime), str(cpu)
+    stat = parse_stat(f"4242 ({comm}) {' '.join(fields)}\n")
+    assert stat == TaskStat(state, utime + stime, cpu)
