@@ -69,7 +69,7 @@ class Daemon:
         self.layout = detect_layout(root)
         self.fs = CgroupFS(self.layout, keep_open=on_cgroupfs(self.layout), max_open=_raise_open_files_limit())
         self.state_dir = Path(config.daemon.state_dir)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         _keep_private(self.state_dir)
         self.journal = RestoreJournal(self.state_dir)
         self.backends = load_backends(*builtin_backends(self.fs))
