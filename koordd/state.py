@@ -189,6 +189,11 @@ class RestoreJournal:
             # Named, for the loop's error: a bare "[Errno 28]" would not say which disk is full.
             raise OSError(e.errno, e.strerror, str(self.path)) from None
         self._lines += 1
+
+    def _compact_if_due(self) -> None:
+        """Compact once dead lines outnumber live ones. Called after a change is in memory too: a
+        compaction rewrites the file from what is held, and one set off by a hold's own append would
+        leave that hold out of the file (a kill -9 after its knob write: the knob changed, no entry)."""
         if self._lines > max(self.COMPACT_MIN, 4 * len(self._held)):
             try:
                 self._compact()
@@ -226,6 +231,7 @@ class RestoreJournal:
         and then the knob must not be written."""
         self._append({"hold": asdict(held)})
         self._held[(held.kind, held.target, held.knob)] = held
+        self._compact_if_due()
 
     def remove(self, target: str, knob: str, kind: str = "cgroup") -> None:
         """Forget a knob that was put back (or is gone). A release that cannot be written (a full disk)
@@ -240,6 +246,8 @@ class RestoreJournal:
                       "journal can be rewritten", self.path, target or "/", knob, e)
             self.close()
             self._lines = 0             # the next change that can be written rewrites the file without it
+            return
+        self._compact_if_due()
 
     def entries(self, owner: str | None = None) -> list[Held]:
         """Held knobs, oldest first, optionally of one owner."""

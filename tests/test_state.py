@@ -48,6 +48,18 @@ def test_compaction_keeps_only_the_live_entries(tmp_path):
     assert RestoreJournal(tmp_path).entries() == [held("keep")]
 
 
+def test_a_hold_whose_append_sets_off_a_compaction_is_in_the_compacted_file(tmp_path):
+    """What is on disk after each add is what a kill -9 right after the knob write leaves: the new hold
+    must be there also when its own append made the file due for compaction."""
+    j = RestoreJournal(tmp_path)
+    j.add(held("keep"))         # one live entry: the lines then come due on an add as well as on a remove
+    for i in range(3 * RestoreJournal.COMPACT_MIN):
+        j.add(held(f"x{i}"))
+        assert RestoreJournal(tmp_path).get(f"x{i}", "cpu.max") == held(f"x{i}"), f"hold {i} lost on disk"
+        j.remove(f"x{i}", "cpu.max")
+    assert len(lines(tmp_path)) <= RestoreJournal.COMPACT_MIN + 1
+
+
 def test_a_torn_last_line_is_dropped_and_the_rest_kept(tmp_path):
     j = RestoreJournal(tmp_path)
     j.add(held("a"))
