@@ -7,16 +7,19 @@ import signal
 import stat
 
 import pytest
+from hypothesis import given, settings as hsettings, strategies as st
 
 from fakecgroup import FakeCgroups
 from koordd.cgroups import OutsideRoot
 from koordd.config import ConfigError, load_config
 from koordd.registry import load_registry
 from koordd.trust import SKIP_ENV, untrusted
-from koordd.decisions import APPLIED, REFUSED
+from koordd.decisions import APPLIED, REFUSED, Decision
 from koordd.loop import Action
 from koordd.state import Held
+from plugins.memory_evict import MemoryEvict
 from test_actuator import make_rig, on_disk, records
+from test_memory_evict import cg, settings as evict_settings, snap
 
 
 @pytest.fixture
@@ -191,3 +194,30 @@ def test_a_top_request_not_written_by_root_is_ignored(tmp_path):
     os.chown(tmp_path / REQUEST_FILE, 1000, 1000)
     fresh = TopFeed(tmp_path)
     assert not fresh.check(0.0) and not fresh.active
+
+
+# --- kill rate limits under a flood of triggers --------------------------------------------------------
+
+@hsettings(max_examples=60, deadline=None)
+@given(max_kills=st.integers(1, 6), gaps=st.lists(st.floats(0.05, 5.0), min_size=50, max_size=300),
+       new_per_tick=st.integers(1, 8), refused_every=st.integers(2, 7))
+def test_kills_stay_under_the_limit_in_every_minute_of_a_flood(max_kills, gaps, new_per_tick, refused_every):
+    """Memory over the threshold and under full pressure every tick, fresh BE victims every tick, ticks
+    as close as 50 ms, some kills refused by the kernel: no 60 s window holds more than the limit."""
+    opts = evict_settings(max_kills_per_minute=max_kills, cooldown="0s", reclaim=False, pressure_full_percent=10,
+                    pressure_duration="0s")
+    state = MemoryEvict.initial_state(opts)
+    t, kills, n = 1000.0, [], 0
+    for i, gap in enumerate(gaps):
+        t += gap
+        victims = [cg(f"be/job{n + k}", anon=200) for k in range(new_per_tick)]
+        n += new_per_tick
+        actions = MemoryEvict.decide(snap(950, victims, t=t, pressure=90), opts, state)
+        decisions = [Decision(t, "memory_evict", a.target, a.knob, None, a.value,
+                              REFUSED if (i % refused_every == 0) else APPLIED, "", {}, kind="cgroup")
+                     for a in actions]
+        MemoryEvict.settle(actions, decisions, opts, state)
+        kills += [t for d in decisions if d.knob == "cgroup.kill" and d.outcome == APPLIED]
+    assert kills, "the flood never killed: the test shows nothing"
+    for start in kills:
+        assert sum(start <= k < start + 60 for k in kills) <= max_kills
