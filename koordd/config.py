@@ -191,15 +191,24 @@ def _syntax_error(path: Path, text: str, e: Exception) -> str:
         return f"{path}:{m[1]}: {msg[:m.start()]} (column {m[2]})"
     m = re.search(r"\s*\(at end of document\)$", msg)
     if m:
-        return f"{path}:{max(1, len(text.splitlines()))}: {msg[:m.start()]} (at end of file)"
+        return f"{path}:{max(1, len(_lines(text)))}: {msg[:m.start()]} (at end of file)"
     return f"{path}: {msg}"
+
+
+def _lines(text: str) -> list[str]:
+    """The lines as TOML counts them: ended by LF or CRLF only. str.splitlines() also ends one at \\x85,
+    \\u2028, \\x1c..., which may stand in a TOML string or quoted key: every line after would be miscounted."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def _first_failing_line(text: str, error: type) -> int:
     """The line where tomllib first raises `error`: the shortest run of whole lines that raises it (a
     shorter one parses, or fails as a syntax error: TOML numbers and brackets up to that line are the
     same in both)."""
-    lines = text.splitlines(keepends=True)
+    lines = [line + "\n" for line in _lines(text)]
 
     def fails(n: int) -> bool:
         try:
@@ -399,7 +408,7 @@ def locate_keys(text: str) -> dict[tuple, int]:
     table: tuple = ()
     arrays: dict[tuple, int] = {}  # header name path of an array of tables -> its current index
     depth, ml = 0, None  # open brackets and open multi-line string delimiter carried across lines
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(_lines(text), 1):
         if depth or ml:
             depth, ml = _scan_value(line, 0, depth, ml)
             continue

@@ -223,3 +223,10 @@ def test_an_escaped_key_is_located_at_its_line():
     e = load('[loops.be_suppress]\n\n"\\u0065nabled" = 3\n[loops."be\\u005fsuppress".x]\n')
     assert isinstance(e, ConfigError)
     assert e.errors[0].startswith(f"{PATH}:3: loops.be_suppress.enabled: "), e.errors
+
+
+def test_a_key_holding_a_line_separator_of_unicode_is_located_and_so_are_the_lines_after_it():
+    # str.splitlines() ends a line at \x85 and \u2028 too, TOML only at LF: the lines after drifted.
+    e = load('["\x85"]\n["a\u2028b"]\n[daemon]\nlog_levl = 1\n')
+    assert isinstance(e, ConfigError)
+    assert [line.split(": ")[0] for line in e.errors] == [f"{PATH}:1", f"{PATH}:2", f"{PATH}:4"], e.errors
