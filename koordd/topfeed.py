@@ -59,7 +59,7 @@ def parse_request(text: str) -> TopRequest:
     try:
         data = json.loads(text)
         interval, members = float(data.get("interval", DEFAULT_INTERVAL)), data.get("members", False) is True
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, OverflowError):     # OverflowError: an int past float's range
         return TopRequest()
     return TopRequest(min(max(interval, MIN_INTERVAL), MAX_INTERVAL) if math.isfinite(interval) else DEFAULT_INTERVAL,
                       members)

@@ -504,3 +504,8 @@ def test_psi_averages_that_are_not_numbers_are_malformed(avg):
     # float() takes them; a loop comparing NaN with its threshold would never act, and never say why.
     with pytest.raises(ValueError, match="not finite"):
         parse_psi(f"some avg10={avg} avg60=0.00 avg300=0.00 total=0\n")
+
+
+def test_a_top_request_with_an_interval_past_a_float_is_the_default_request():
+    # json.loads gives an int of any size; float() of it was an OverflowError in koordd's loop.
+    assert parse_request('{"interval": 1' + "0" * 400 + ', "members": true}') == TopRequest()
