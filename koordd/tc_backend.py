@@ -14,6 +14,9 @@ Kind "tc", a target is a device name. Everything goes through netlink (pyroute2)
   - "none": the kernel's own root qdisc (handle 0:, or none at all): restoring deletes koordd's
     qdisc and the kernel puts its default back.
   A root qdisc someone else created reads "foreign <kind> <handle>", and koordd refuses to replace it.
+  "partial htb": koordd's tree cut short (koordd killed while it built it: HTB `1:` whose unclassified
+  traffic goes to `1:30`, with only some of koordd's classes): setting any value takes it down first,
+  restoring it takes it down.
 - `tc.replace_root`, a command: "<kind> <handle>" deletes that root qdisc, someone else's, so that
   koordd's can take its place (net_shaping's `take_over`). The kernel's default comes back in its
   stead, and that is what koordd restores on stop: it cannot rebuild another's qdisc.
@@ -36,6 +39,8 @@ ROOT, LINK, LS_CLASS, BE_CLASS, OTHER_CLASS = 0x10000, 0x10001, 0x10010, 0x10020
 TC_ROOT_PARENT = 0xFFFFFFFF
 EDT_ROOT = 0xC0DD0000               # koordd's root qdisc under "edt": fq, or mq with an fq per tx queue
 EDT_ROOT_KINDS = ("fq", "mq")
+PARTIAL = "partial htb"             # koordd's HTB tree, some of its classes not made yet (a kill mid-build)
+KOORDD_CLASSES = frozenset({LINK, LS_CLASS, BE_CLASS, OTHER_CLASS})
 BE_GUARANTEE = 0.01                 # of the link: BE's rate, what it gets even when LS wants it all
 BURST_TIME, MIN_BURST = 0.005, 64 * 1024    # seconds of a class's rate it may send at once; bytes
 _UNITS = {"": 1, "bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
@@ -118,6 +123,13 @@ def _burst(rate: int) -> int:
     return max(int(rate / 8 * BURST_TIME), MIN_BURST)
 
 
+def _htb_default(root) -> int | None:
+    """The class an HTB root qdisc sends unclassified traffic to (full handle), from its netlink message."""
+    opts = root.get_attr("TCA_OPTIONS")
+    init = opts.get_attr("TCA_HTB_INIT") if opts is not None else None
+    return None if init is None else (root["handle"] & 0xFFFF0000) | init["defcls"]
+
+
 def _handle(h: int) -> str:
     return f"{h >> 16:x}:{h & 0xFFFF:x}" if h & 0xFFFF else f"{h >> 16:x}:"
 
@@ -187,8 +199,10 @@ class TcBackend(Backend):
         if kind in EDT_ROOT_KINDS and root["handle"] == EDT_ROOT:
             return "edt"
         classes = self._classes(index) if kind == "htb" else {}
-        if root["handle"] == ROOT and {LINK, LS_CLASS, BE_CLASS, OTHER_CLASS} <= classes.keys():
+        if root["handle"] == ROOT and KOORDD_CLASSES <= classes.keys():
             return f"htb {classes[LINK][0]}"
+        if root["handle"] == ROOT and kind == "htb" and classes.keys() < KOORDD_CLASSES and _htb_default(root) == OTHER_CLASS:
+            return PARTIAL
         return f"foreign {kind} {_handle(root['handle'])}"
 
     def _pacer(self):
@@ -253,12 +267,12 @@ class TcBackend(Backend):
                 rate, link = self._classes(index)[BE_CLASS][0], int(current.split()[1])
                 self._class("change-class", index, BE_CLASS, rate, link if value == "none" else int(value), 7)
                 return
-            ours = current == "edt" or current.startswith("htb ")
+            ours = current in ("edt", PARTIAL) or current.startswith("htb ")
             if ours and value.split()[0] != current.split()[0]:
-                self._remove(index, current)        # to "none", or from one enforcement to the other
+                self._remove(index, current)        # to "none", from one enforcement to the other, or a cut tree
             if value == "edt":
                 self._install_edt(index)
-            elif value != "none":
+            elif value not in ("none", PARTIAL):    # a cut tree as the original (no journal entry for it): gone
                 self._install(index, int(value.split()[1]))
         except OSError as e:
             if e.errno == errno.ENODEV:
