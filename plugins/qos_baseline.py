@@ -58,6 +58,7 @@ MIN_WEIGHT = 1              # cpu.weight's floor; also what the kernel shows for
 MAX_WEIGHT = 10000
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([KMGT])(?:I?B)?|B)?", re.IGNORECASE)
+MAX_BYTES = 2**63           # the kernel's memory knobs are signed 64-bit; float() of more overflows
 _PERCENT = re.compile(r"(\d+(?:\.\d+)?)\s*%")
 
 
@@ -71,6 +72,8 @@ def parse_memory_value(text: str | int) -> tuple[str, float] | None:
     if isinstance(text, int):
         if text < 0:
             raise ValueError(f"must be >= 0, got {text}")
+        if text >= MAX_BYTES:
+            raise ValueError(f"a size of {len(str(text))} digits is past any memory (at most 2^63 - 1 bytes)")
         return ("bytes", float(text)) if text else None
     s = text.strip()
     if s in ("", "0"):
@@ -88,6 +91,8 @@ def parse_memory_value(text: str | int) -> tuple[str, float] | None:
     m = _SIZE.fullmatch(s)
     if m:
         n = float(m.group(1)) * _UNITS[(m.group(2) or "").upper()]
+        if not n < MAX_BYTES:       # inf too: "999...9G" of hundreds of digits
+            raise ValueError(f"{s[:40]!r}{'...' if len(s) > 40 else ''} is past any memory (at most 2^63 - 1 bytes)")
         return ("bytes", n) if n >= 1 else None
     raise ValueError(f"not a memory size: {s!r} (use e.g. \"512M\", \"2G\", \"50%\", \"max\", or 0 to "
                      "leave the knob alone)")

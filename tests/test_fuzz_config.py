@@ -230,3 +230,10 @@ def test_a_key_holding_a_line_separator_of_unicode_is_located_and_so_are_the_lin
     e = load('["\x85"]\n["a\u2028b"]\n[daemon]\nlog_levl = 1\n')
     assert isinstance(e, ConfigError)
     assert [line.split(": ")[0] for line in e.errors] == [f"{PATH}:1", f"{PATH}:2", f"{PATH}:4"], e.errors
+
+
+@pytest.mark.parametrize("value", ["1" + "0" * 400, '"' + "9" * 400 + 'G"', '"9000000000T"'])
+def test_a_memory_size_past_any_memory_is_an_error_at_its_line(value):
+    # float() of the integer overflowed; the string was inf bytes, and int(inf) in the round after.
+    e = load(f"[loops.qos_baseline]\n\nls_memory_low = {value}\n")
+    assert isinstance(e, ConfigError) and e.errors[0].startswith(f"{PATH}:3: loops.qos_baseline.ls_memory_low: ")
