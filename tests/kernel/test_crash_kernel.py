@@ -11,8 +11,8 @@ unified tree (hybrid hosts), or in the v2 tree:
   mem      memory_evict's scope: the test moves its memory limit between 160 and 512 MiB every 0.8 s
   mem/be   BE: a process holding 100 MiB, frozen by memory_evict while the limit is low and thawed
            while it is high
-and, where pyroute2 and bcc are installed, a veth pair (kdc0 here, its peer in a network namespace of
-the test's own) shaped by net_shaping.
+and, where pyroute2 and bcc are installed, a veth pair (kdc<pid> here, its peer in a network namespace
+of the test's own) shaped by net_shaping.
 
 Each run's config enables a random subset of the loops, so a restart re-adopts some knobs (their loop
 is still on) and restores others (off now). A kill lands while a start's recovery runs (before its
@@ -58,7 +58,7 @@ CHILDREN = ("ls", "be", "mem", "mem/be")          # parents before their childre
 ACTING = 2.0          # a kill while acting lands up to this long after the run's first tick
 RECOVERY_SHARE = 0.25  # of the kills land during a start's recovery
 NET_SHARE = 0.3       # of the runs shape the veth (each such start compiles the classifier: seconds)
-HOST, PEER = "kdc0", "kdc1"
+HOST, PEER = f"kdc{os.getpid() % 100000}", f"kdcp{os.getpid() % 100000}"    # of its own: test runs may overlap
 NS = f"koordd-crash-{os.getpid()}"
 LINK = "50mbit"
 # Every file of a knob koordd may write on a cgroup, read raw (no koordd code) before and after.
@@ -352,6 +352,10 @@ def ticked(koordd: Koordd, proc: subprocess.Popen, loops: frozenset[str]) -> boo
     return status.get("pid") == proc.pid and all(runs.get(loop, {}).get("ticks", 0) >= 1 for loop in loops)
 
 
+def last_log(koordd: Koordd) -> str:
+    return koordd.logs[-1].read_text(errors="replace")[-5000:]
+
+
 def writes_since(koordd: Koordd, since: float) -> list[dict]:
     return [d for d in koordd.decisions() if d.get("time", 0) >= since and d.get("outcome") in ("applied", "restored")]
 
@@ -414,7 +418,7 @@ def test_kill_9_at_random_moments_leaves_no_orphan(tree, koordd, device, capsys)
                 recovery_s.append(time.monotonic() - started)
                 time.sleep(rng.uniform(0.0, ACTING))
                 kills["acting"] += 1
-            assert proc.poll() is None, f"run {n}: koordd exited {proc.returncode}\n{koordd.log_text()}"
+            assert proc.poll() is None, f"run {n}: koordd exited {proc.returncode}\n{last_log(koordd)}"
             proc.kill()
             killed_at = time.time()
             proc.wait(timeout=10)
