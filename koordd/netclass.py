@@ -17,6 +17,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from .tc_backend import device_index
+
 log = logging.getLogger(__name__)
 PROGRAM = Path(str(files("koordd.bpf") / "net_classify.c"))
 CLSACT = 0xFFFF0000                 # the clsact qdisc's handle (ffff:)
@@ -67,10 +69,10 @@ class EgressClassifier:
         self.ipr = IPRoute()
 
     def index_of(self, device: str) -> int:
-        found = self.ipr.link_lookup(ifname=device)
-        if not found:
+        found = device_index(self.ipr, device)
+        if found is None:
             raise DeviceGone(f"no network device {device}")
-        return found[0]
+        return found
 
     def has_clsact(self, index: int) -> bool:
         return any(m.get_attr("TCA_KIND") == "clsact" for m in self.ipr.get_qdiscs(index))

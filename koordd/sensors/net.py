@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..snapshot import NET
 from ..tc_backend import (BE_CLASS, EDT_ROOT, EDT_ROOT_KINDS, LINK, LS_CLASS, OTHER_CLASS, ROOT, TC_ROOT_PARENT,
-                          htb_rates)
+                          device_links, htb_rates)
 from .contract import OptionalSensor, SensorContext, SensorUnavailable
 
 
@@ -56,12 +56,12 @@ class NetSensor(OptionalSensor):
                   or (m["handle"] == EDT_ROOT and m.get_attr("TCA_KIND") in EDT_ROOT_KINDS)}
         for m in roots:
             # Someone else's root qdisc (the kernel's defaults have handle 0:): net_shaping's take_over needs it.
-            if m["index"] not in shaped and (links := self.ipr.get_links(m["index"])):
+            if m["index"] not in shaped and (links := device_links(self.ipr, m["index"])):
                 out[links[0].get_attr("IFLA_IFNAME")] = _foreign(m)
         classifier = self.classifier.opened_classifier() if self.classifier is not None else None
         counted: dict[tuple[int, int], int] | None = None      # the classifier's counters, read once a round
         for index, root in shaped.items():
-            links = self.ipr.get_links(index)
+            links = device_links(self.ipr, index)
             if not links:
                 continue            # gone meanwhile
             device = links[0].get_attr("IFLA_IFNAME")
