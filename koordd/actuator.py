@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from .backend import Backend, Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
 from .cgroups import CgroupFS, OutsideRoot
@@ -48,18 +48,24 @@ class Actuator:
         self._would_restore: set[Key] = set()             # dry-run: restores already said once
         self.unsupported: dict[str, str] = {}             # knob -> why this host lacks it (Backends.probe)
         self.processes: dict[str, str] = {}               # cgroup -> whose (PID 1, koordd): never harmed
-        self.protected = Protected.of({}, self.processes)
+        self._classes: Mapping[str, str | None] = {}
+        self._protected: Protected | None = None          # built from _classes at the first harmful write
 
-    def protect(self, classes: dict[str, str | None]) -> None:
+    def protect(self, classes: Mapping[str, str | None]) -> None:
         """This round's classes (cgroup -> class, from the snapshot): what evicting or throttling
-        writes may not reach (koordd/protect.py)."""
-        self.protected = Protected.of(classes, self.processes)
+        writes may not reach (koordd/protect.py). Most rounds write nothing harmful: the protected
+        set is built only when one does."""
+        self._classes, self._protected = classes, None
 
     def _harms_protected(self, a: Action, backend: Backend, original: str | None) -> str | None:
         if not backend.cgroup_targets or a.value is None:
             return None
         what = harm(a.knob, a.value, original)
-        why = self.protected.why(a.target) if what else None
+        if not what:
+            return None
+        if self._protected is None:
+            self._protected = Protected.of(self._classes, self.processes)
+        why = self._protected.why(a.target)
         return f"protected: would {what} {a.target or '/'}, which {why}" if why else None
 
     def apply(self, loop: str, actions: Iterable[Action]) -> list[Decision]:

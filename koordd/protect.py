@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from .cgroups import normalize_cgroup, parse_cpulist
+from .knobs import KNOBS
 
 PROTECTED_CLASSES = frozenset({"SYSTEM", "LSE", "LSR", "LS"})
 
@@ -34,27 +35,23 @@ def _lower(magnitude: Callable[[str], float]) -> Callable[[str, str], bool]:
     return lower
 
 
-def _cap(text: str) -> float:
-    quota, _, period = text.strip().partition(" ")
-    return float("inf") if quota == "max" else int(quota) / int(period or 100000)
-
-
 def _cpus(text: str) -> float:
     # An empty v2 cpuset.cpus is no restriction: the parent's CPUs apply.
     return float("inf") if not text.strip() else len(parse_cpulist(text))
 
 
-def _bytes(text: str) -> float:
-    return float("inf") if text.strip() == "max" else float(text)
+def _by_magnitude(knob: str) -> Callable[[str, str], bool]:
+    """Tighter by the knob table's own magnitude (koordd/knobs.py), the one the write order uses."""
+    return _lower(KNOBS[knob].magnitude)
 
 
 # knob -> (what the write does, whether `new` is a tighter cap than `original`)
 THROTTLING: dict[str, tuple[str, Callable[[str, str], bool]]] = {
-    "cpu.max": ("cap the CPU of", _lower(_cap)),
-    "cpu.max.burst": ("cut the CPU burst of", _lower(float)),
+    "cpu.max": ("cap the CPU of", _by_magnitude("cpu.max")),
+    "cpu.max.burst": ("cut the CPU burst of", _by_magnitude("cpu.max.burst")),
     "cpuset.cpus": ("shrink the CPUs of", _lower(_cpus)),
-    "memory.max": ("cap the memory of", _lower(_bytes)),
-    "memory.high": ("throttle the memory of", _lower(_bytes)),
+    "memory.max": ("cap the memory of", _by_magnitude("memory.max")),
+    "memory.high": ("throttle the memory of", _by_magnitude("memory.high")),
     "cpu.idle": ("make idle", lambda new, old: new.strip() == "1" and old.strip() != "1"),
     "sched_policy": ("demote the threads of", lambda new, old: new in ("idle", "batch") and new != old),
     "scheduler_class": ("put in the BE class", lambda new, old: new == "BE" and new != old),
