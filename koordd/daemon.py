@@ -22,6 +22,7 @@ from .config import DEFAULT_PATH, Config, ConfigError, load_config
 from .backend import load_backends
 from .knobs import KNOBS, kernel_lacks
 from .decisions import DecisionLog, journal_sender
+from .printable import PrintableFormatter
 from .protect import process_cgroups
 from .registry import load_registry
 from .runner import Runner
@@ -46,10 +47,10 @@ def setup_logging(level: str) -> None:
     if journal_sender() is not None:
         from systemd.journal import JournalHandler
         handler = JournalHandler(SYSLOG_IDENTIFIER="koordd")
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(PrintableFormatter("%(message)s"))
     else:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(PrintableFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
     set_level(level)
 

@@ -11,6 +11,7 @@ and they read as `ls` shows them. The stored records (the decision log, the rest
 """
 from __future__ import annotations
 
+import logging
 import re
 import unicodedata
 
@@ -38,3 +39,27 @@ def printable(text: object) -> str:
     if _PLAIN.fullmatch(s):
         return s
     return "".join(_escape(c) if unicodedata.category(c) in _UNSAFE_CATEGORIES else c for c in s)
+
+
+class PrintableFormatter(logging.Formatter):
+    """Log lines a workload cannot forge: the message (which often names a cgroup or a process) goes
+    through `printable`, and every line of a traceback is indented, so that nothing a name holds can
+    start a line of its own that reads as koordd's."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        message = record.message
+        record.message = printable(message)
+        try:
+            return super().formatMessage(record)
+        finally:
+            record.message = message        # other handlers format the record as it was
+
+    def formatException(self, ei) -> str:
+        return _indented(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return _indented(super().formatStack(stack_info))
+
+
+def _indented(text: str) -> str:
+    return "\n".join("  " + printable(line) for line in text.splitlines())

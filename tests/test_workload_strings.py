@@ -148,6 +148,32 @@ def test_without_journald_the_log_line_of_a_decision_is_one_line(tmp_path, caplo
     assert all("\n" not in r.getMessage() and without_unsafe(r.getMessage()) for r in caplog.records)
 
 
+def test_plain_log_lines_naming_a_cgroup_cannot_forge_a_line(monkeypatch, capsys):
+    # Not decisions: warnings such as "cannot read <cgroup>" print the name too. Through the daemon's own
+    # handler (stderr without journald), every name stays on its line, and a traceback's lines are
+    # indented, so an exception's message cannot start a line either.
+    import logging
+    from koordd import daemon
+    monkeypatch.setattr(daemon, "journal_sender", lambda: None)
+    daemon.setup_logging("info")
+    try:
+        log = logging.getLogger("koordd.test")
+        for n in NAMES:
+            log.warning("cannot read %s", f"pods.slice/{n}")
+        try:
+            raise OSError(f"pods.slice/{NAMES[0]} is gone")
+        except OSError:
+            log.exception("loop failed")
+    finally:
+        logging.getLogger().handlers.clear()
+    lines = capsys.readouterr().err.splitlines()
+    own = [line for line in lines if not line.startswith("  ")]
+    assert len(own) == len(NAMES) + 1 and all(" WARNING koordd.test: cannot read " in line for line in own[:-1])
+    assert own[-1].endswith("ERROR koordd.test: loop failed")
+    assert all(without_unsafe(line) for line in lines)
+    assert any("KOORDD_OUTCOME=refused is gone" in line for line in lines if line.startswith("  "))
+
+
 # --- koordctl -----------------------------------------------------------------------------------------------
 
 def state_with_odd_names(d: Path) -> list[str]:
