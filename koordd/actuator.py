@@ -145,6 +145,8 @@ class Actuator:
         except OSError as e:
             # EAGAIN from memory.reclaim means "reclaimed less than asked": still worth recording.
             return self._refuse(loop, a, backend.kind, None, kernel_error(e))
+        except ValueError as e:         # a kernel file the backend read on the way that does not parse
+            return self._refuse(loop, a, backend.kind, None, f"garbled kernel file: {e}")
         return self._record(Decision(time.time(), loop, a.target, a.knob, None, value,
                                      DRY_RUN if self.dry_run else APPLIED, a.message, dict(a.reason),
                                      kind=backend.kind))
@@ -168,6 +170,8 @@ class Actuator:
             return self._refuse(loop, a, kind, None, str(e))
         except OSError as e:
             return self._refuse(loop, a, kind, None, f"cannot read current value: {kernel_error(e)}")
+        except ValueError as e:         # the current value does not parse: nothing to compare or restore
+            return self._refuse(loop, a, kind, None, f"cannot read current value: {e}")
         protected = self._harms_protected(Action(a.target, a.knob, new), backend, held.original if held else old)
         if protected:
             return self._refuse(loop, a, kind, old, protected, new)

@@ -29,6 +29,24 @@ class OutsideRoot(ValueError):
     never something koordd made. Refused before any read or write."""
 
 
+class GarbledFile(OSError):
+    """A kernel file that does not read the way the kernel writes it. An OSError (EIO), so that every
+    caller already handling an unreadable file handles this one too: a refused decision, not a
+    traceback out of a loop."""
+
+
+def thread_ids(text: str, path: str) -> list[int]:
+    """The ids a `tasks`, `cgroup.threads` or `cgroup.procs` file lists, one decimal a line."""
+    ids = []
+    for token in text.split():
+        # ASCII digits only, and no more than a pid can have: int() takes "²" and "1_0", and 4300 digits
+        # or more raise a ValueError of their own.
+        if not (token.isascii() and token.isdigit() and len(token) <= 10):
+            raise GarbledFile(errno.EIO, f"{path} is not a list of thread ids (read {token[:20]!r})")
+        ids.append(int(token))
+    return ids
+
+
 class LayoutError(Exception):
     """No cgroup hierarchy could be recognised under the root."""
 
@@ -273,7 +291,7 @@ def _pread_all(fd: int, size: int = 65536) -> str:
         chunk = os.pread(fd, size, offset)
         chunks.append(chunk)
         if not chunk or len(chunk) < SEQ_PAGE // 2 and offset == 0:
-            return b"".join(chunks).decode()
+            return b"".join(chunks).decode(errors="replace")   # garbled bytes: the parsers refuse U+FFFD
         offset += len(chunk)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .backend import Backend, InvalidValue, Unsupported
-from .cgroups import CgroupFS, CgroupGone, format_cpulist, parent_of, parse_cpulist
+from .cgroups import CgroupFS, CgroupGone, format_cpulist, parent_of, parse_cpulist, thread_ids
 
 V1_MEMORY_UNLIMITED = 9223372036854771712   # PAGE_COUNTER_MAX * 4096, what v1 shows for "no limit"
 CFS_PERIOD_RANGE = (1000, 1_000_000)        # µs, kernel's min/max cfs period
@@ -264,8 +264,8 @@ def _kill_v1(fs: CgroupFS, cgroup: str) -> None:
         raise CgroupGone(cgroup)
     for procs in sorted(base.rglob("cgroup.procs")):
         try:
-            pids = [int(p) for p in procs.read_text().split()]
-        except OSError:
+            pids = thread_ids(procs.read_text(errors="replace"), str(procs))
+        except OSError:             # gone meanwhile, or garbled (GarbledFile): the other cgroups still die
             continue
         for pid in pids:
             try:

@@ -33,7 +33,7 @@ import os
 from pathlib import Path
 
 from .backend import Backend, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
-from .cgroups import CgroupFS, CgroupGone, Layout, parent_of
+from .cgroups import CgroupFS, CgroupGone, Layout, parent_of, thread_ids
 from .netclass import ClassifierError, DeviceGone, EgressClassifier
 from .tc_backend import BE_CLASS, LS_CLASS
 from .threads import cgroup_threads
@@ -163,7 +163,7 @@ class NetClsTree:
 
     def tasks(self, cgroup: str) -> list[int]:
         try:
-            return [int(t) for t in self.fs.read("net_cls", cgroup, "tasks").split()]
+            return thread_ids(self.fs.read("net_cls", cgroup, "tasks"), f"{cgroup}/tasks")
         except CgroupGone:
             return []
 

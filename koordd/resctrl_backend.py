@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 
 from .backend import Backend, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
-from .cgroups import CgroupFS
+from .cgroups import CgroupFS, thread_ids
 from .resctrl import (DEFAULT_MOUNT, ResctrlError, ResctrlFS, ResctrlInfo, cpu_vendor, parse_schemata,
                       read_info, refused)
 from .threads import cgroup_threads
@@ -255,7 +255,7 @@ class ResctrlTasksBackend(Backend):
         out = {}
         for g in self._groups():
             try:
-                out.update({int(t): g for t in self.fs.read(f"{g}/tasks").split()})
+                out.update({t: g for t in thread_ids(self.fs.read(f"{g}/tasks"), f"{g}/tasks")})
             except FileNotFoundError:
                 continue            # removed meanwhile
         return out

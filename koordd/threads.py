@@ -28,7 +28,7 @@ import errno
 import os
 
 from .backend import Backend, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
-from .cgroups import CgroupFS, CgroupGone, parent_of
+from .cgroups import CgroupFS, CgroupGone, parent_of, thread_ids
 from .sched_ext import has_sched_ext, missing_reason
 
 SCHED_EXT = 7       # include/uapi/linux/sched.h; Python's os module has no name for it
@@ -56,7 +56,7 @@ def cgroup_threads(fs: CgroupFS, target: str) -> list[int]:
     while stack:
         cg = stack.pop()
         try:
-            out += [int(t) for t in fs.read(controller, cg, filename).split()]
+            out += thread_ids(fs.read(controller, cg, filename), f"{cg}/{filename}")
         except (CgroupGone, FileNotFoundError):
             continue        # removed while we walked
         stack += fs.children(controller, cg)

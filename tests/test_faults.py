@@ -440,3 +440,41 @@ def test_a_round_survives_garbled_cgroup_files(daemon, text):
     assert (be.throttling, be.cpu_pressure) == (None, None)
     assert None not in (ls.throttling, ls.cpu_pressure)
     assert_every_change_journaled(before, daemon.actuator, daemon.state_dir)
+
+
+def test_a_garbled_cgroup_file_is_said_once_per_field_and_a_missing_one_not_at_all(tmp_path, caplog):
+    """Unknown and not offered read alike (None), but only the garbled file is a warning, once per field,
+    naming the cgroup and what did not parse: a kernel format koordd does not know is worth one line."""
+    from koordd.sensors.cgroup import CgroupSensor
+    tree = FakeCgroups(tmp_path, "v2").add("be.slice/a").add("be.slice/b").add("ls.slice")
+    for cg in ("be.slice/a", "be.slice/b"):
+        tree.set(cg, None, "cpu.pressure", "some avg10=x avg60=0 avg300=0 total=1\n")
+        tree.set(cg, "cpu", "cpu.stat", "usage_usec 12x\nnr_periods 1\nnr_throttled 0\nthrottled_usec 0\n")
+    (tree.dir("ls.slice", None) / "cpu.pressure").unlink()           # not there: no warning
+    sensor = CgroupSensor(tree.fs)
+    with caplog.at_level(logging.WARNING, logger="koordd.sensors"):
+        for t in (1.0, 2.0):
+            samples = [sensor.sample(cg, "BE", t) for cg in ("be.slice/a", "be.slice/b", "ls.slice")]
+    assert all(s.cpu_pressure is None for s in samples)
+    assert samples[0].throttling is not None and samples[1].cpu_usage is None
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2, warned
+    assert any("cpu_pressure of be.slice/a does not parse" in w and "'x'" in w for w in warned)
+    assert any("cpu_usage of be.slice/a does not parse" in w and "usage_usec" in w for w in warned)
+
+
+@pytest.mark.parametrize("listing", ["12\nabc\n", "1_0\n", "\xb2\n", "9" * 4400 + "\n", "\udcff\n"],
+                         ids=["word", "underscore", "superscript", "huge", "not-utf8"])
+def test_a_garbled_thread_list_refuses_the_knob_and_the_round_goes_on(tmp_path, listing):
+    """sched_policy reads and writes every thread the cgroup lists: a listing that is not thread ids is an
+    unreadable current value (a refused decision naming the file), not a ValueError out of the loop."""
+    tree = FakeCgroups(tmp_path, "v2").add(VICTIM)
+    (tree.dir(VICTIM, None) / "cgroup.threads").write_bytes(os.fsencode(listing))
+    state = tmp_path / "state"
+    actuator = Actuator(tree.fs, RestoreJournal(state), DecisionLog(state, send=lambda *a, **k: None))
+    [d] = actuator.apply("capper", [Action(VICTIM, "sched_policy", "idle", {}, "BE idle"),
+                                    Action(VICTIM, "cpu.max", "20000 100000", {}, "cap BE")])[:1]
+    assert d.outcome == REFUSED and d.knob == "sched_policy"
+    assert f"{VICTIM}/cgroup.threads is not a list of thread ids" in d.error
+    assert actuator.backends.of_kind("cgroup").read(VICTIM, "cpu.max") == "20000 100000"   # the rest went on
+    assert [h["knob"] for h in read_held(state)[0]] == ["cpu.max"]

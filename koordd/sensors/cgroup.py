@@ -2,14 +2,20 @@
 
 Rates are computed against the previous sample of the same cgroup, so the first
 sample of a cgroup has cpu_usage None. A file that is missing (controller not
-enabled, cgroup vanished, kernel too old) yields None, never an exception.
+enabled, cgroup vanished, kernel too old) yields None, never an exception. So does a file that is
+there but does not parse, with one warning per field saying which cgroup's file and why: a kernel
+whose format koordd does not know should not look like a cgroup that merely lacks a controller.
 """
 from __future__ import annotations
+
+import logging
 
 from ..cgroups import CgroupFS, CgroupGone
 from ..knobs import KNOBS
 from ..snapshot import CGROUP_FIELDS, CgroupSample, PressureStat, Throttling
 from .psi import parse_psi, with_growth
+
+log = logging.getLogger("koordd.sensors")
 
 
 # Sample fields that are a knob's current value, as the actuator reads it.
@@ -17,9 +23,10 @@ KNOB_FIELDS = (("cpu_max", "cpu.max"), ("cpu_max_burst", "cpu.max.burst"), ("cpu
                ("cpu_weight", "cpu.weight"), ("memory_max", "memory.max"))
 
 
-def flat_keyed(text: str, *keys: str) -> dict[str, int]:
+def flat_keyed(text: str, *keys: str, strict: bool = False) -> dict[str, int]:
     """The named keys of a flat-keyed file ("usage_usec 12\\nnr_periods 3"), found by search rather than
-    by parsing every line: memory.stat has some 40 lines of which a loop wants two."""
+    by parsing every line: memory.stat has some 40 lines of which a loop wants two. A key whose value is
+    not an integer is left out, or with `strict` a ValueError naming it."""
     out = {}
     for key in keys:
         needle = key + " "
@@ -34,7 +41,8 @@ def flat_keyed(text: str, *keys: str) -> dict[str, int]:
         try:
             out[key] = int(text[start:end] if end >= 0 else text[start:])
         except ValueError:
-            continue
+            if strict:
+                raise ValueError(f"{key} is not an integer: {text[start:end][:40]!r}") from None
     return out
 
 
@@ -42,6 +50,7 @@ class CgroupSensor:
     def __init__(self, fs: CgroupFS):
         self.fs = fs
         self._prev: dict[str, dict] = {}   # cgroup -> previous counters and their time
+        self._garbled: set[str] = set()     # fields already warned about: one warning each, not one a tick
 
     def sample(self, cgroup: str, cls: str, now: float, fields: frozenset[str] = CGROUP_FIELDS) -> CgroupSample:
         """The fields asked for; the others stay None (never read)."""
@@ -53,11 +62,11 @@ class CgroupSensor:
         out: dict = {}
         cpu_stat = _Once(lambda controller: self.fs.read(controller, cgroup, "cpu.stat"))   # v2: one file, two fields
         if "cpu_usage" in fields:
-            usage_ns = cur["usage_ns"] = self._try(lambda: self._usage_ns(cgroup, cpu_stat))
+            usage_ns = cur["usage_ns"] = self._try("cpu_usage", cgroup, lambda: self._usage_ns(cgroup, cpu_stat))
             if usage_ns is not None and prev.get("usage_ns") is not None and dt > 0 and usage_ns >= prev["usage_ns"]:
                 out["cpu_usage"] = (usage_ns - prev["usage_ns"]) / 1e9 / dt
         if "throttling" in fields:
-            thr = self._try(lambda: self._throttling(cgroup, cpu_stat))
+            thr = self._try("throttling", cgroup, lambda: self._throttling(cgroup, cpu_stat))
             p = prev.get("thr")
             if thr is not None and p is not None and thr.nr_periods >= p.nr_periods:   # else: re-created
                 thr = Throttling(thr.nr_periods, thr.nr_throttled, thr.throttled_us,
@@ -65,7 +74,8 @@ class CgroupSensor:
             out["throttling"] = cur["thr"] = thr
         for res in ("cpu", "memory", "io"):
             if f"{res}_pressure" in fields:
-                stat = self._try(lambda: parse_psi(self.fs.read(None, cgroup, f"{res}.pressure")))
+                stat = self._try(f"{res}_pressure", cgroup,
+                                 lambda: parse_psi(self.fs.read(None, cgroup, f"{res}.pressure")))
                 out[f"{res}_pressure"] = with_growth(stat, prev.get(res), dt) if stat is not None else None
                 cur[res] = stat
         for field, knob in KNOB_FIELDS:
@@ -74,11 +84,11 @@ class CgroupSensor:
         if "frozen" in fields:
             out["frozen"] = _flag(self._knob("cgroup.freeze", cgroup))
         if "memory_current" in fields:
-            out["memory_current"] = self._try(lambda: self._memory_current(cgroup))
+            out["memory_current"] = self._try("memory_current", cgroup, lambda: self._memory_current(cgroup))
         if "memory_anon" in fields:
-            out["memory_anon"] = self._try(lambda: self._memory_anon(cgroup))
+            out["memory_anon"] = self._try("memory_anon", cgroup, lambda: self._memory_anon(cgroup))
         if "oom_kills" in fields:
-            out["oom_kills"] = self._try(lambda: self._oom_kills(cgroup))
+            out["oom_kills"] = self._try("oom_kills", cgroup, lambda: self._oom_kills(cgroup))
         if len(cur) > 1:
             self._prev[cgroup] = cur    # a sample that read no counter keeps the last one that did
         return CgroupSample(path=cgroup, cls=cls, **out)
@@ -97,10 +107,12 @@ class CgroupSensor:
         if not self._v2("cpu") and "cpuacct" in self.fs.layout.v1:
             return int(self.fs.read("cpuacct", cgroup, "cpuacct.usage"))
         # v2's cpu.stat has usage_usec even without the cpu controller enabled.
-        return flat_keyed(cpu_stat(None if not self._v2("cpu") else "cpu"), "usage_usec")["usage_usec"] * 1000
+        stat = flat_keyed(cpu_stat(None if not self._v2("cpu") else "cpu"), "usage_usec", strict=True)
+        return stat["usage_usec"] * 1000
 
     def _throttling(self, cgroup: str, cpu_stat: "_Once") -> Throttling:
-        stat = flat_keyed(cpu_stat("cpu"), "nr_periods", "nr_throttled", "throttled_usec", "throttled_time")
+        stat = flat_keyed(cpu_stat("cpu"), "nr_periods", "nr_throttled", "throttled_usec", "throttled_time",
+                          strict=True)
         throttled_us = stat["throttled_usec"] if "throttled_usec" in stat else stat["throttled_time"] // 1000
         return Throttling(stat["nr_periods"], stat["nr_throttled"], throttled_us)
 
@@ -112,24 +124,29 @@ class CgroupSensor:
     def _memory_anon(self, cgroup: str) -> int:
         text = self.fs.read("memory", cgroup, "memory.stat")
         if self._v2("memory"):
-            stat = flat_keyed(text, "anon", "unevictable")
+            stat = flat_keyed(text, "anon", "unevictable", strict=True)
             return stat["anon"] + stat.get("unevictable", 0)
-        stat = flat_keyed(text, "total_rss", "total_unevictable")
+        stat = flat_keyed(text, "total_rss", "total_unevictable", strict=True)
         return stat["total_rss"] + stat.get("total_unevictable", 0)
 
     def _oom_kills(self, cgroup: str) -> int:
         name = "memory.events" if self._v2("memory") else "memory.oom_control"
-        return flat_keyed(self.fs.read("memory", cgroup, name), "oom_kill")["oom_kill"]
+        return flat_keyed(self.fs.read("memory", cgroup, name), "oom_kill", strict=True)["oom_kill"]
 
     def _knob(self, name: str, cgroup: str) -> str | None:
         knob = KNOBS[name]
-        return self._try(lambda: knob.read(self.fs, cgroup)) if knob.supported(self.fs) else None
+        return self._try(name, cgroup, lambda: knob.read(self.fs, cgroup)) if knob.supported(self.fs) else None
 
-    @staticmethod
-    def _try(fn):
+    def _try(self, field: str, cgroup: str, fn):
         try:
             return fn()
-        except (OSError, ValueError, KeyError, CgroupGone):
+        except (OSError, KeyError, CgroupGone):     # not there: no controller, no such key, gone
+            return None
+        except ValueError as e:                     # there, but not as the kernel writes it
+            if field not in self._garbled:
+                self._garbled.add(field)
+                log.warning("cgroup sensor: %s of %s does not parse (%s); it reads as unknown wherever it "
+                            "does not parse, without another warning", field, cgroup, e)
             return None
 
 

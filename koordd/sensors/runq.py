@@ -20,7 +20,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from ..cgroups import DEFAULT_ROOT, Layout, LayoutError, detect_layout
+from ..cgroups import DEFAULT_ROOT, Layout, LayoutError, detect_layout, thread_ids
 from ..histogram import quantile_us, slot_upper_us
 from ..snapshot import RUNQ_LATENCY, RunqLatency
 from .contract import OptionalSensor, SensorContext, SensorUnavailable
@@ -180,8 +180,8 @@ class SchedstatSource:
             for dirpath, dirnames, _ in os.walk(self.tree / top):
                 rel = os.path.relpath(dirpath, self.tree)
                 try:
-                    tids = [int(t) for t in Path(dirpath, self.threads_file).read_text().split()]
-                except (OSError, ValueError):     # gone, or a listing that is not thread ids: left out
+                    tids = thread_ids(Path(dirpath, self.threads_file).read_text(errors="replace"), dirpath)
+                except OSError:     # gone, or a listing that is not thread ids (GarbledFile): left out
                     continue
                 out["" if rel == "." else rel] = tids
         return out
