@@ -11,7 +11,7 @@ import difflib
 import json
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
@@ -23,13 +23,15 @@ else:  # pragma: no cover - the declared minimum is 3.11; tomli is the same pars
 
 from .cgroups import match_pattern, normalize_cgroup
 from .health import HEALTH_OPTIONS, LATENCY_SENSITIVE, HealthTargets
+from .listen import is_loopback, parse_listen
 from .loop import NODE
-from .options import COMMON_LOOP_OPTIONS, Option
+from .options import COMMON_LOOP_OPTIONS, ClassList, Option, PatternList
+from .reclaimable import RECLAIMABLE_OPTIONS
 from .trust import untrusted
 
 DEFAULT_PATH = Path("/etc/koordd/koordd.toml")
 CLASS_NAMES = ("SYSTEM", "LSE", "LSR", "LS", "BE")
-TOP_LEVEL = ("daemon", "classes", "loops")
+TOP_LEVEL = ("daemon", "classes", "loops", "metrics", "reclaimable")
 
 DAEMON_OPTIONS: tuple[Option, ...] = (
     Option("cgroup_root", str, "", 'cgroup hierarchy root; "" detects v2, v1 or hybrid under /sys/fs/cgroup '
@@ -38,6 +40,23 @@ DAEMON_OPTIONS: tuple[Option, ...] = (
                                                 "on restart)"),
     Option("dry_run", bool, False, "decide and log every write, but write nothing (takes effect on restart)"),
     Option("log_level", str, "info", "log verbosity", choices=("debug", "info", "warning", "error")),
+)
+
+# The Prometheus endpoint (koordd/metrics.py, docs/metrics.md). Workload-chosen cgroup names become label
+# values: the allow-list and the cap keep their number bounded whatever the workloads do.
+METRICS_OPTIONS: tuple[Option, ...] = (
+    Option("enable", bool, False, "serve Prometheus metrics (/metrics) and a liveness check (/healthz) over HTTP"),
+    Option("listen", str, "127.0.0.1:9316", '"address:port" to serve on: a loopback address (127.0.0.0/8, '
+                                           "[::1], localhost) unless allow_remote"),
+    Option("allow_remote", bool, False, "let listen be a non-loopback address: the metrics name cgroups and "
+                                        "knobs, and koordd's unit still allows localhost only (IPAddressAllow=)"),
+    Option("max_cgroups", int, 100, "per-cgroup series for at most this many cgroups (class roots first, then "
+                                    "by path), and as many held knobs; the rest are counted, not shown", min=0,
+           max=100_000),
+    ClassList("cgroup_classes", tuple, ("LSE", "LSR", "LS", "BE"), "classes whose cgroups (roots and the pods "
+              "a loop reads) get per-cgroup series", choices=CLASS_NAMES),
+    PatternList("cgroup_patterns", tuple, (), "cgroups (globs per path component) that get per-cgroup series "
+                                              "whatever their class, with the cgroups below them"),
 )
 
 
@@ -127,6 +146,8 @@ class Config:
     daemon: Settings
     classes: tuple[ClassRule, ...]
     loops: Mapping[str, Settings]  # every registered loop; absent sections hold the defaults
+    metrics: Settings = field(default_factory=lambda: make_settings(METRICS_OPTIONS, {}))
+    reclaimable: Settings = field(default_factory=lambda: make_settings(RECLAIMABLE_OPTIONS, {}))
 
     def rule_for(self, cgroup: str) -> ClassRule | None:
         """The first rule with a pattern matching `cgroup`, or None."""
@@ -177,11 +198,14 @@ def parse_config(text: str, path: Path | str, registry: Mapping[str, type]) -> C
     daemon = c.daemon(data.get("daemon", {}))
     classes = c.classes(data.get("classes", []))
     loops = c.loops(data.get("loops", {}), registry)
+    metrics = c.metrics(data.get("metrics", {}))
+    reclaimable, _ = c.section(RECLAIMABLE_OPTIONS, c.table(data.get("reclaimable", {}), ("reclaimable",)) or {},
+                               ("reclaimable",))
     if c.errors:
         # Stable sort: file order, with line-less errors (none today) first.
         raise ConfigError(f"{path}:{ln}: {msg}" if ln else f"{path}: {msg}"
                           for ln, msg in sorted(c.errors, key=lambda e: e[0] or 0))
-    return Config(path, daemon, classes, loops)
+    return Config(path, daemon, classes, loops, metrics, reclaimable)
 
 
 def _syntax_error(path: Path, text: str, e: Exception) -> str:
@@ -276,6 +300,19 @@ class _Checker:
             self.error(("daemon", "cgroup_root"), f'must be an absolute path or "", got {s.cgroup_root!r}')
         if not s.state_dir.startswith("/"):
             self.error(("daemon", "state_dir"), f"must be an absolute path, got {s.state_dir!r}")
+        return s
+
+    def metrics(self, value: Any) -> Settings:
+        s, _ = self.section(METRICS_OPTIONS, self.table(value, ("metrics",)) or {}, ("metrics",))
+        try:
+            host, _ = parse_listen(s.listen)
+        except ValueError as e:
+            self.error(("metrics", "listen"), str(e))
+            return s
+        if not is_loopback(host) and not s.allow_remote:
+            # The series name every cgroup and knob koordd sees: off the node only when asked for.
+            self.error(("metrics", "listen"), f"{host} is not a loopback address; the endpoint serves on the node "
+                                              "only unless allow_remote = true")
         return s
 
     def classes(self, value: Any) -> tuple[ClassRule, ...]:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .config import DAEMON_OPTIONS, loop_options
+from .config import DAEMON_OPTIONS, METRICS_OPTIONS, loop_options
 from .health import HEALTH_OPTIONS
 from .options import COMMON_LOOP_OPTIONS, Duration, Option
+from .reclaimable import RECLAIMABLE_OPTIONS
 
 BEGIN = "<!-- config reference: made by scripts/gen-docs from the options in the code; do not edit -->"
 END = "<!-- end of config reference -->"
@@ -49,10 +50,12 @@ def _row(key: str, option: Option) -> str:
 
 
 def reference_table(loops: Mapping[str, type]) -> str:
-    """The table of every key: [daemon], a class's [classes.health], the keys every loop has, then each
-    loop's own, by name."""
+    """The table of every key: [daemon], [metrics], [reclaimable], a class's [classes.health], the keys
+    every loop has, then each loop's own, by name."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
     rows += [_row(f"daemon.{o.name}", o) for o in DAEMON_OPTIONS]
+    rows += [_row(f"metrics.{o.name}", o) for o in METRICS_OPTIONS]
+    rows += [_row(f"reclaimable.{o.name}", o) for o in RECLAIMABLE_OPTIONS]
     rows += [_row(f"classes.health.{o.name}", o) for o in HEALTH_OPTIONS]
     rows += [_row(f"loops.<name>.{o.name}", o) for o in COMMON_LOOP_OPTIONS]
     common = {o.name for o in COMMON_LOOP_OPTIONS}

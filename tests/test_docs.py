@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from koordd.config import DAEMON_OPTIONS, loop_options
+from koordd.config import DAEMON_OPTIONS, METRICS_OPTIONS, loop_options
+from koordd.reclaimable import RECLAIMABLE_OPTIONS
 from koordd.health import HEALTH_OPTIONS
 from koordd.docs import BEGIN, END, format_duration, reference_table, shipped_loops, toml_text, with_reference
 from koordd.options import Duration, Option, parse_duration
@@ -73,7 +74,8 @@ def documented_keys(text: str) -> dict[str, dict[str, str]]:
 
 
 def shipped_sections() -> list[tuple[str, tuple[Option, ...]]]:
-    return [("daemon", DAEMON_OPTIONS), ("classes.health", HEALTH_OPTIONS)] + [(f"loops.{name}", loop_options(cls)) for name, cls in sorted(LOOPS.items())]
+    return [("daemon", DAEMON_OPTIONS), ("metrics", METRICS_OPTIONS), ("reclaimable", RECLAIMABLE_OPTIONS),
+            ("classes.health", HEALTH_OPTIONS)] + [(f"loops.{name}", loop_options(cls)) for name, cls in sorted(LOOPS.items())]
 
 
 @pytest.mark.parametrize("section, options", shipped_sections(), ids=lambda x: x if isinstance(x, str) else "")
@@ -82,7 +84,7 @@ def test_shipped_config_lists_every_option_with_its_default_under_a_comment(sect
     if section == "classes.health":       # the LS rule shows the targets every LS class defaults to
         [values] = [rule["health"] for rule in parsed["classes"] if rule["name"] == "LS"]
     else:
-        values = parsed["daemon"] if section == "daemon" else parsed["loops"][section.split(".", 1)[1]]
+        values = parsed["loops"][section.split(".", 1)[1]] if section.startswith("loops.") else parsed[section]
     docs = documented_keys(SHIPPED)[section]
     for o in options:
         assert o.name in values, f"config/koordd.toml [{section}] does not list {o.name}"
