@@ -17,6 +17,7 @@ from .backend import Backend, Backends, InvalidValue, PartialWrite, TargetGone, 
 from .cgroups import CgroupFS, OutsideRoot
 from .decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, Decision, DecisionLog
 from .knobs import CgroupBackend
+from .kubelet import KubeletRule
 from .loop import Action
 from .protect import Protected, harm
 from .state import Held, RestoreJournal
@@ -50,6 +51,8 @@ class Actuator:
         self.processes: dict[str, str] = {}               # cgroup -> whose (PID 1, koordd): never harmed
         self._classes: Mapping[str, str | None] = {}
         self._protected: Protected | None = None          # built from _classes at the first harmful write
+        # Knobs the kubelet owns (koordd/kubelet.py): None writes them all; the daemon sets it from [daemon].
+        self.kubelet: KubeletRule | None = None
 
     def protect(self, classes: Mapping[str, str | None]) -> None:
         """This round's classes (cgroup -> class, from the snapshot): what evicting or throttling
@@ -161,6 +164,9 @@ class Actuator:
             return self._refuse(loop, a, kind, None, f"knob is held by loop {held.owner}")
         if a.knob in self.unsupported:
             return self._refuse(loop, a, kind, None, self.unsupported[a.knob])
+        kubelet = self.kubelet.refusal(a.target, a.knob) if self.kubelet and backend.cgroup_targets else None
+        if kubelet:
+            return self._refuse(loop, a, kind, None, kubelet)
         try:
             old = backend.read(a.target, a.knob)
             new = backend.validate(a.target, a.knob, a.value)
