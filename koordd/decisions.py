@@ -95,8 +95,16 @@ class DecisionLog:
         # Records a full disk or a busy journald refused since they last took one: the write a record
         # tells of is done and journaled already, so a lost record costs one log line, not the loop.
         self.dropped = self.unsent = 0
+        # Records by (loop, outcome, knob) since start, and each target's latest value koordd set or put
+        # back, for the metrics endpoint (koordd/metrics.py); the daemon keeps the latter to what it holds.
+        self.counts: dict[tuple[str, str, str], int] = {}
+        self.latest: dict[tuple[str, str, str], str | None] = {}
 
     def record(self, d: Decision) -> None:
+        key = (d.loop, d.outcome, d.knob)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        if d.outcome == APPLIED:
+            self.latest[(d.kind, d.target, d.knob)] = d.new
         if self.send is not None:
             try:
                 self.send(d.text(), PRIORITY=str(_PRIORITY[d.outcome]), SYSLOG_IDENTIFIER="koordd",

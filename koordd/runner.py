@@ -37,6 +37,12 @@ class LoopRun:
     last_ok: float | None = None
     last_error: str | None = None
     last_changes: int = 0
+    errors: int = 0                      # failures since start (failures counts those in a row)
+    # This loop's own share of its rounds (decide and settle: the snapshot and the writes are the
+    # round's), wall and thread CPU seconds, for the metrics endpoint.
+    last_seconds: float = 0.0
+    seconds_total: float = 0.0
+    cpu_seconds_total: float = 0.0
 
 
 def class_of(cgroup: str, snapshot: Snapshot) -> str | None:
@@ -164,8 +170,10 @@ class Runner:
         for run in runs:
             run.last_tick = time.time()
             run.ticks += 1
+            run.last_seconds = 0.0
             try:
-                actions = list(run.impl.decide(snapshot, run.settings, run.state))
+                with _Timed(run):
+                    actions = list(run.impl.decide(snapshot, run.settings, run.state))
                 bad = [a for a in actions if not isinstance(a, Action)]
                 if bad:
                     raise TypeError(f"decide returned {bad[0]!r}, not an Action")
@@ -187,7 +195,8 @@ class Runner:
         for run, actions in decided:
             try:
                 changes = applied[run.name]
-                run.impl.settle(actions, changes, run.settings, run.state)
+                with _Timed(run):
+                    run.impl.settle(actions, changes, run.settings, run.state)
                 changes += self._release_strays(run, snapshot)
             except Exception as e:  # noqa: BLE001
                 self._failed(run, e, snapshot)
@@ -201,6 +210,7 @@ class Runner:
 
     def _failed(self, run: LoopRun, e: Exception, snapshot: Snapshot) -> None:
         run.failures += 1
+        run.errors += 1
         backoff = min(float(run.settings.interval) * 2 ** run.failures, MAX_BACKOFF)
         run.last_error = f"{type(e).__name__}: {e}"
         run.next_due = snapshot.time + backoff
@@ -229,5 +239,23 @@ class Runner:
     def status(self) -> dict:
         return {name: {"interval": float(r.settings.interval), "ticks": r.ticks, "failures": r.failures,
                        "last_tick": r.last_tick, "last_ok": r.last_ok, "last_error": r.last_error,
-                       "last_changes": r.last_changes}
+                       "last_changes": r.last_changes, "errors": r.errors, "last_seconds": r.last_seconds,
+                       "seconds_total": r.seconds_total, "cpu_seconds_total": r.cpu_seconds_total}
                 for name, r in sorted(self.runs.items())}
+
+
+class _Timed:
+    """Adds the wall and CPU time of its block to a loop's totals, also when the block raises. Thread
+    CPU time: the main thread's alone, not the metrics server's."""
+
+    def __init__(self, run: LoopRun):
+        self.run = run
+
+    def __enter__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.thread_time()
+
+    def __exit__(self, *exc) -> None:
+        wall, cpu = time.perf_counter() - self.wall, time.thread_time() - self.cpu
+        self.run.last_seconds += wall
+        self.run.seconds_total += wall
+        self.run.cpu_seconds_total += cpu
