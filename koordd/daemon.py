@@ -21,9 +21,11 @@ from .cgroups import DEFAULT_ROOT, CgroupFS, LayoutError, detect_layout, on_cgro
 from .config import DEFAULT_PATH, Config, ConfigError, load_config
 from .backend import load_backends
 from .knobs import KNOBS, kernel_lacks
+from .kubelet import KubeletRule
 from .decisions import DecisionLog, journal_sender
 from .printable import PrintableFormatter
 from .protect import process_cgroups
+from .reclaimable import FIELDS as RECLAIMABLE_FIELDS, Reclaimable, ReclaimableState, observe as observe_reclaimable
 from .registry import load_registry
 from .runner import Runner
 from .sensors.collect import Sensors
@@ -87,6 +89,13 @@ class Daemon:
         self.stopping = False
         self.reload_at: float | None = None
         self.started = time.time()
+        self.capabilities: tuple = ()
+        self.reclaim = ReclaimableState()               # its windows of LS peaks
+        self.reclaimable: Reclaimable | None = None
+        self.rounds = [0, 0.0, 0.0, 0.0]                # rounds, last wall s, wall s, CPU s: for the metrics
+        self.exporter = None                            # koordd/metrics.py, while [metrics] enable = true
+        self.metrics_server = None
+        self.metrics_fields: frozenset[str] = frozenset()
 
     # --- start ----------------------------------------------------------------
 
@@ -94,7 +103,8 @@ class Daemon:
         log.info("koordd starting: config %s, cgroups %s%s", self.config.path, self.layout.describe(),
                  ", dry-run: nothing will be written" if self.dry_run else "")
         # Not the optional sensors: they start when a loop needs them, and say so if they cannot.
-        for cap in probe_all(self.layout.root, skip=("sensors",)):
+        self.capabilities = tuple(probe_all(self.layout.root, skip=("sensors",)))
+        for cap in self.capabilities:
             if not cap.available:
                 log.info("capability %s unavailable: %s", cap.name, cap.detail)
         self._log_missing_knobs()
@@ -103,10 +113,16 @@ class Daemon:
         self._configure(self.config)
         # Baseline: rates need two samples.
         self.sensors.snapshot(self.runner.watched(), member_classes=self.runner.member_classes(),
-                              fields=self.runner.needs(), member_fields=self.runner.member_needs())
+                              fields=self.runner.needs() | self._extra_fields(), member_fields=self.runner.member_needs())
+
+    def _extra_fields(self) -> frozenset[str]:
+        """What is read of the class roots beyond the loops' needs: what the reclaimable figure reads,
+        and while the endpoint serves, what its per-class and per-cgroup series show."""
+        return RECLAIMABLE_FIELDS | (self.metrics_fields if self.exporter is not None else frozenset())
 
     def _configure(self, config: Config) -> None:
         """Run the loops `config` enables, and the optional sensors they need (and only those)."""
+        self.actuator.kubelet = KubeletRule.of(config.daemon)     # before the loops' first writes
         self.runner.configure(config)
         self._require_sensors()
 
@@ -163,6 +179,8 @@ class Daemon:
             # Before start(): a SIGTERM while it restores what a previous run left, or takes the first
             # snapshot, must stop koordd the orderly way, not kill it mid-write with the default action.
             self._install_signals()
+            # First: /healthz says "starting" while the journal is recovered and the first snapshot taken.
+            self._configure_metrics(self.config.metrics)
         self.start()
         if once:
             time.sleep(min([float(s.interval) for s in self.config.loops.values() if s.enabled] + [1.0]))
@@ -185,6 +203,8 @@ class Daemon:
                 due, for_view = self.runner.due(now), self.top.due(now)
                 if due or for_view:
                     self.round(due, for_view)
+                if self.exporter is not None:
+                    self.exporter.beat(time.monotonic(), self.runner.alive(time.monotonic()))
                 if not ready and (due or not self.runner.runs):
                     notify.notify("READY=1", "STATUS=running")     # after the first tick
                     ready = True
@@ -206,12 +226,14 @@ class Daemon:
         """One snapshot for the due loops; while koordctl top asks, with what it shows too, published
         when `for_view` (the view's interval is up)."""
         loop_members = self.runner.member_classes()
+        wall, cpu = time.perf_counter(), time.thread_time()
+        extra = self._extra_fields()
         try:
             # Members (pods) are listed first and read only as far as the due loops (and the view) need them now.
             snapshot = self.sensors.snapshot(self.runner.watched(),
                                              {(h.target, h.knob): h.original for h in self.journal.entries()},
                                              loop_members | self.top.member_classes(),
-                                             self.runner.needs() | self.top.needs(), frozenset())
+                                             self.runner.needs() | self.top.needs() | extra, frozenset())
             member_fields = self.runner.member_fields(due, only_members_of(snapshot, loop_members))
             snapshot = self.sensors.fill_members(snapshot, member_fields | self.top.member_needs())
         except Exception:  # noqa: BLE001 - sensors should never raise; if one does, skip this round
@@ -224,7 +246,15 @@ class Daemon:
         if self.top.settle(snapshot.time, for_view):
             self.top.publish(document(snapshot, self.top.request, self.journal.entries(), self._current_value,
                                       self.sensors.optional.status()))
-        self._write_status()
+        try:
+            self.reclaimable = observe_reclaimable(snapshot, self.config.reclaimable, self.reclaim)
+        except Exception:  # noqa: BLE001 - a figure koordd only publishes must not cost it the round
+            log.exception("computing the reclaimable capacity failed")
+            self.reclaimable = None
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+        self.rounds = [self.rounds[0] + 1, wall, self.rounds[2] + wall, self.rounds[3] + cpu]
+        status = self._write_status()
+        self._publish(snapshot, status)
 
     def poll_view(self, now: float | None = None) -> None:
         """Look for koordctl top's request; start or stop the sensors it shows when a view came or went."""
@@ -248,7 +278,55 @@ class Daemon:
         self.backends.close()
         self.journal.close()
         self._write_status()
+        self._stop_metrics()
         log.info("koordd stopped; %d knobs left held", len(self.journal.entries()))
+
+    # --- metrics ----------------------------------------------------------------
+
+    def _configure_metrics(self, settings) -> None:
+        """Start, stop or move the endpoint as [metrics] says; the allow-list and the cap need no restart
+        (each round publishes the settings with the state)."""
+        running = self.metrics_server.listen if self.metrics_server is not None else None
+        wanted = settings.listen if settings.enable else None
+        if wanted == running and (wanted is None or self.exporter is not None):
+            return
+        self._stop_metrics()
+        if wanted is None:
+            return
+        try:
+            from . import metrics
+        except ImportError as e:
+            log.error("metrics: prometheus-client is not installed (%s); koordd runs on without its metrics "
+                      "endpoint", e)
+            return
+        self.metrics_fields = metrics.FIELDS
+        self.exporter = metrics.Exporter()
+        self.metrics_server = metrics.MetricsServer.start(wanted, self.exporter)
+        if self.metrics_server is None:
+            self.exporter = None
+
+    def _stop_metrics(self) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+            log.info("metrics: stopped serving on %s", self.metrics_server.listen)
+        self.metrics_server = self.exporter = None
+
+    def _publish(self, snapshot: Snapshot, status: dict) -> None:
+        """Hand the endpoint this round's state: frozen things and copies, in one assignment."""
+        held = tuple(self.journal.entries())
+        latest = self.actuator.decisions.latest
+        keys = {(h.kind, h.target, h.knob) for h in held}
+        for key in [k for k in latest if k not in keys]:    # only the values of knobs still held
+            del latest[key]
+        if self.exporter is None:
+            return
+        from .metrics import Published, RoundStats
+        self.exporter.publish(Published(
+            settings=self.config.metrics, started=self.started,
+            info={"version": _version(), "cgroups": self.layout.describe(), "dry_run": str(self.dry_run).lower()},
+            snapshot=snapshot, rounds=RoundStats(*self.rounds), loops=status["loops"],
+            decisions=dict(self.actuator.decisions.counts), held=held, held_values=dict(latest),
+            capabilities=self.capabilities, sensors=status["sensors"], reclaimable=self.reclaimable))
 
     # --- reload ---------------------------------------------------------------
 
@@ -283,6 +361,7 @@ class Daemon:
         try:
             set_level(new.daemon.log_level)
             self.config = new
+            self._configure_metrics(new.metrics)
             self.sensors.set_classes(new.classify, _patterns(new), new.health_of)
             self._probe_knobs()
             self.sensors.reprobe()
@@ -331,15 +410,26 @@ class Daemon:
 
     # --- status for koordctl ----------------------------------------------------
 
-    def _write_status(self) -> None:
+    def _write_status(self) -> dict:
         status = {"pid": os.getpid(), "started": self.started, "updated": time.time(),
                   "config": str(self.config.path), "dry_run": self.dry_run, "cgroups": self.layout.describe(),
                   "loops": self.runner.status(), "sensors": self.sensors.optional.status(),
-                  "held": [h.__dict__ for h in self.journal.entries()]}
+                  "held": [h.__dict__ for h in self.journal.entries()],
+                  "reclaimable": self.reclaimable.as_dict() if self.reclaimable is not None else None,
+                  "metrics": self.metrics_server.listen if self.metrics_server is not None else None}
         try:
             write_atomic(self.state_dir / STATUS_FILE, json.dumps(status, indent=1) + "\n", durable=False)
         except OSError as e:
             log.warning("cannot write status: %s", e)
+        return status
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("koordd")
+    except Exception:  # noqa: BLE001 - run from a source tree without its metadata
+        return "unknown"
 
 
 def _identity(path: Path) -> tuple[int, int, int]:
