@@ -23,6 +23,7 @@ else:  # pragma: no cover - the declared minimum is 3.11; tomli is the same pars
 
 from .cgroups import match_pattern, normalize_cgroup
 from .health import HEALTH_OPTIONS, LATENCY_SENSITIVE, HealthTargets
+from .kubelet import KUBELET_OPTIONS
 from .listen import is_loopback, parse_listen
 from .loop import NODE
 from .options import COMMON_LOOP_OPTIONS, ClassList, Option, PatternList
@@ -40,7 +41,7 @@ DAEMON_OPTIONS: tuple[Option, ...] = (
                                                 "on restart)"),
     Option("dry_run", bool, False, "decide and log every write, but write nothing (takes effect on restart)"),
     Option("log_level", str, "info", "log verbosity", choices=("debug", "info", "warning", "error")),
-)
+) + KUBELET_OPTIONS          # which knobs of the kubelet's cgroups koordd leaves to it (koordd/kubelet.py)
 
 # The Prometheus endpoint (koordd/metrics.py, docs/metrics.md). Workload-chosen cgroup names become label
 # values: the allow-list and the cap keep their number bounded whatever the workloads do.

@@ -84,7 +84,8 @@ def test_valid_file_round_trip():
     c = parse(FULL)
     assert str(c.path) == "koordd.toml" and isinstance(c.daemon, Settings)
     assert c.daemon.as_dict() == {"cgroup_root": "", "state_dir": "/var/lib/koordd", "dry_run": True,
-                                  "log_level": "debug"}
+                                  "log_level": "debug", "kubelet_owned": "respect", "kubelet_override": (),
+                                  "kubelet_cgroups": ("kubepods.slice", "kubepods")}
     assert c.classes == (ClassRule("LS", ("kubepods.slice/*",)),
                          ClassRule("BE", ("be.slice", "kubepods.slice/kubepods-besteffort.slice")))
     s = c.loops["be_suppress"]
@@ -253,7 +254,8 @@ def test_all_errors_reported_together_in_file_order():
         "koordd.toml:2: loops.be_suppress.threshold_percent: must be >= 0, got -1",
         "koordd.toml:3: loops.be_suppress.polcy: unknown key (did you mean 'policy'?)",
         "koordd.toml:6: daemon.dry_run: expected true or false, got an integer",
-        "koordd.toml:7: daemon.colour: unknown key (known: cgroup_root, state_dir, dry_run, log_level)",
+        "koordd.toml:7: daemon.colour: unknown key (known: cgroup_root, state_dir, dry_run, log_level, "
+        "kubelet_owned, kubelet_override, kubelet_cgroups)",
         "koordd.toml:10: classes[0].name: must be one of SYSTEM, LSE, LSR, LS, BE, got 'XX'",
         "koordd.toml:11: classes[0].cgroups[0]: cgroup path may not contain '..': 'a/../b'",
     ]
