@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fakecgroup import FakeCgroups
 from koordd.capabilities import Capability
 from koordd.config import METRICS_OPTIONS, ConfigError, make_settings, parse_config
 from koordd.histogram import merged
@@ -28,6 +27,7 @@ from koordd.runner import Runner
 from koordd.snapshot import (CPI, RUNQ_LATENCY, CgroupSample, CpiSample, NodeSample, Pressure, PressureStat,
                              RunqLatency, Snapshot, Throttling)
 from koordd.state import Held
+from metricsnode import free_port, get, run_koordd, wait_for
 
 REGISTRY = load_registry()
 
@@ -249,20 +249,6 @@ def test_health():
 
 # --- the server ---------------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
 @pytest.fixture
 def server():
     exporter = Exporter()
@@ -362,47 +348,6 @@ def test_runner_counts_time_and_errors_per_loop():
 
 
 # --- koordd itself, on a fake tree -----------------------------------------------------------------------
-
-def run_koordd(tmp: Path, port: int, extra: str = "") -> tuple[subprocess.Popen, Path]:
-    tree = FakeCgroups(tmp, "v2").add("be.slice").add("ls.slice", usage_us=1000)
-    tree.set("ls.slice", "cpu", "cpu.max", "100000 100000\n")
-    config = tmp / "koordd.toml"
-    config.write_text(f"""
-[daemon]
-cgroup_root = "{tree.root}"
-state_dir = "{tmp / 'state'}"
-[metrics]
-enable = true
-listen = "127.0.0.1:{port}"
-[[classes]]
-name = "BE"
-cgroups = ["be.slice"]
-[[classes]]
-name = "LS"
-cgroups = ["ls.slice"]
-[loops.be_suppress]
-enabled = true
-interval = "200ms"
-rule = "threshold"
-{extra}""")
-    proc = subprocess.Popen([sys.executable, "-m", "koordd.daemon", "--config", str(config)],
-                            stderr=open(tmp / "stderr", "wb"))
-    return proc, tmp / "state"
-
-
-def wait_for(url: str, text: str, proc: subprocess.Popen, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "koordd exited"
-        try:
-            status, body = get(url)
-            if status == 200 and text in body:
-                return body
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{url} never showed {text!r}")
-
 
 def test_koordd_serves_its_state_and_status_has_reclaimable(tmp_path):
     port = free_port()
