@@ -164,6 +164,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         ("dry-run", "yes" if status.get("dry_run") else "no"),
         ("cgroups", status.get("cgroups")),
         ("state_dir", sd),
+        *((("metrics", f"http://{status['metrics']}/metrics"),) if status.get("metrics") else ()),
+        *((("reclaimable", reclaimable_text(status["reclaimable"])),) if status.get("reclaimable") else ()),
     ]))
     loops = status.get("loops") or {}
     print()
@@ -183,6 +185,15 @@ def cmd_status(args: argparse.Namespace) -> int:
                       f"{local_time(h.get('since'))} ({ago(h.get('since'), now)})") for h in held],
                     ("TARGET", "KNOB", "ORIGINAL", "OWNER", "SINCE")))
     return 0 if running else 1
+
+
+def reclaimable_text(r: dict) -> str:
+    """What LS was given but left unused (koordd/reclaimable.py): "1.25 CPUs, 3.0 GiB"; "?" for a resource
+    unknown in the last round."""
+    cpu, memory = r.get("cpu_cores"), r.get("memory_bytes")
+    cpus = f"{cpu['reclaimable']:.2f} CPUs" if cpu else "? CPUs"
+    mem = f"{memory['reclaimable'] / 2**30:.1f} GiB" if memory else "? GiB"
+    return f"{cpus}, {mem} (of {r.get('ls_cgroups', 0)} LS cgroups' limits, unused over the window)"
 
 
 def target_text(record: dict) -> str:

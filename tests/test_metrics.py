@@ -366,6 +366,9 @@ def test_koordd_serves_its_state_and_status_has_reclaimable(tmp_path):
         ctl = subprocess.run([sys.executable, "-m", "koordd.ctl", "status", "--json", "--state-dir", str(state)],
                              capture_output=True, text=True, timeout=60)
         assert json.loads(ctl.stdout)["reclaimable"]["cpu_cores"]["given"] == 1.0
+        text = subprocess.run([sys.executable, "-m", "koordd.ctl", "status", "--state-dir", str(state)],
+                              capture_output=True, text=True, timeout=60).stdout
+        assert f"http://127.0.0.1:{port}/metrics" in text and "of 1 LS cgroups' limits" in text
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
