@@ -64,7 +64,8 @@ def test_name_version_architecture_and_dependencies(deb):
     assert "python3 (>= 3.11)" in depends          # tomllib
     for name in ("python3-psutil", "python3-pyroute2", "python3-watchdog", "python3-systemd"):
         assert any(d.split()[0] == name for d in depends), depends
-    assert "python3-bpfcc" in field(deb, "Recommends")
+    recommends = field(deb, "Recommends")
+    assert "python3-bpfcc" in recommends and "python3-prometheus-client (>= 0.16)" in recommends, recommends
     assert int(field(deb, "Installed-Size")) > 100
     assert field(deb, "Maintainer")
     run("dpkg-deb", "-I", str(deb))                # the control archive reads
