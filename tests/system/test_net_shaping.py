@@ -24,20 +24,7 @@ MEASURED = 10                       # seconds iperf3 reports on, after 15 it omi
 WIRE_PER_PAYLOAD = 1514 / 1448      # a full TCP segment on the wire (Ethernet, IPv4, TCP with timestamps)
 UNITS = ("netls", "netbe")
 
-CONFIG = f"""\
-[daemon]
-cgroup_root = ""
-state_dir = "{vm.STATE_DIR}"
-log_level = "info"
-
-[[classes]]
-name = "BE"
-cgroups = ["be.slice"]
-
-[[classes]]
-name = "LS"
-cgroups = ["ls.slice"]
-
+CONFIG = vm.SLICES_CONFIG + f"""\
 [loops.be_suppress]
 enabled = false
 

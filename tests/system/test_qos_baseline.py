@@ -22,20 +22,7 @@ UNITS = {"qosls": (vm.LS, 1), "qosbe": (vm.BE, 2)}
 LS_WEIGHT = 200
 LS_LOW, LS_MIN = 256 << 20, 64 << 20
 
-CONFIG = f"""\
-[daemon]
-cgroup_root = ""
-state_dir = "{vm.STATE_DIR}"
-log_level = "info"
-
-[[classes]]
-name = "BE"
-cgroups = ["be.slice"]
-
-[[classes]]
-name = "LS"
-cgroups = ["ls.slice"]
-
+CONFIG = vm.SLICES_CONFIG + f"""\
 [[classes]]
 name = "SYSTEM"
 cgroups = ["system.slice"]

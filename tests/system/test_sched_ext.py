@@ -21,20 +21,7 @@ SCHED_EXT = 7
 UNITS = {"extls": vm.LS, "extbe": vm.BE, "extls2": vm.LS}
 SCHED_EXT_DIR = "/sys/kernel/sched_ext"
 
-CONFIG = f"""\
-[daemon]
-cgroup_root = ""
-state_dir = "{vm.STATE_DIR}"
-log_level = "info"
-
-[[classes]]
-name = "BE"
-cgroups = ["be.slice"]
-
-[[classes]]
-name = "LS"
-cgroups = ["ls.slice"]
-
+CONFIG = vm.SLICES_CONFIG + f"""\
 [loops.be_suppress]
 enabled = false
 

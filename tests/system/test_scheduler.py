@@ -27,20 +27,7 @@ read = vm.sched_ext_file
 CPU = 1                         # the busy loops and the sleeper share it; the VM has 2
 UNITS = {"schedls": vm.LS, "schedbe": vm.BE}
 
-CONFIG = f"""\
-[daemon]
-cgroup_root = ""
-state_dir = "{vm.STATE_DIR}"
-log_level = "info"
-
-[[classes]]
-name = "BE"
-cgroups = ["be.slice"]
-
-[[classes]]
-name = "LS"
-cgroups = ["ls.slice"]
-
+CONFIG = vm.SLICES_CONFIG + f"""\
 [loops.be_suppress]
 enabled = false
 

@@ -248,6 +248,24 @@ def held() -> list[dict]:
 
 # --- koordd's configuration ------------------------------------------------------------------------------
 
+# The start of most tests' configs: koordd's state where the unit keeps it, be.slice as BE, ls.slice as LS.
+SLICES_CONFIG = f"""\
+[daemon]
+cgroup_root = ""
+state_dir = "{STATE_DIR}"
+log_level = "info"
+
+[[classes]]
+name = "BE"
+cgroups = ["{BE}"]
+
+[[classes]]
+name = "LS"
+cgroups = ["{LS}"]
+
+"""
+
+
 def write_config(text: str) -> None:
     """Replace the config the way editors do (write a temporary file, rename it over)."""
     tmp = CONFIG.with_name(".koordd.toml.test")
