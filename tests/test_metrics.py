@@ -393,3 +393,30 @@ def test_koordd_runs_on_when_its_port_is_taken(tmp_path):
             assert proc.wait(timeout=30) == 0
     log = (tmp_path / "stderr").read_text()
     assert log.count(f"cannot listen on 127.0.0.1:{port}") == 1
+
+
+def test_docs_list_every_series():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    missing = [name for name in SERIES if f"`{name}`" not in doc]
+    assert not missing, f"docs/metrics.md does not list {missing}"
+
+
+def test_a_reload_moves_and_stops_the_endpoint(tmp_path):
+    first, second = free_port(), free_port()
+    proc, state = run_koordd(tmp_path, first)
+    config = tmp_path / "koordd.toml"
+    try:
+        wait_for(f"http://127.0.0.1:{first}/healthz", "ok", proc)
+        config.write_text(config.read_text().replace(f"127.0.0.1:{first}", f"127.0.0.1:{second}"))
+        wait_for(f"http://127.0.0.1:{second}/healthz", "ok", proc)
+        with pytest.raises(OSError):
+            get(f"http://127.0.0.1:{first}/healthz")
+        config.write_text(config.read_text().replace("enable = true", "enable = false"))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and json.loads((state / "status.json").read_text())["metrics"]:
+            time.sleep(0.2)
+        with pytest.raises(OSError):
+            get(f"http://127.0.0.1:{second}/healthz")
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
