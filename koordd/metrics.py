@@ -320,16 +320,24 @@ def _classes(out: _Series, s: Snapshot) -> None:
             out.add("koordd_class_cpi", [cls], sum(x.cycles for x in samples) / instructions)
 
 
+_SAMPLED = tuple(sorted(FIELDS))
+
+
 def selected(s: Snapshot, settings) -> tuple[list[CgroupSample], int]:
     """The cgroups that get per-cgroup series: those of the allowed classes or under an allowed
-    pattern, class roots first, then pods, each by path; at most max_cgroups. And how many were left out."""
+    pattern, class roots first, then pods, each by path; at most max_cgroups. And how many were left out.
+    A pod the loops only listed this round (nothing of it read) has no series to show and takes no place."""
     classes, patterns = set(settings.cgroup_classes), tuple(settings.cgroup_patterns)
+    sections = [s.section(RUNQ_LATENCY, {}), s.section(CPI, {})]
 
     def allowed(c: CgroupSample) -> bool:
         return c.cls in classes or (bool(patterns) and pattern_rank(c.path, patterns) < len(patterns))
 
+    def read(c: CgroupSample) -> bool:
+        return any(getattr(c, f) is not None for f in _SAMPLED) or any(c.path in x for x in sections)
+
     roots = sorted((c for c in s.cgroups.values() if allowed(c)), key=lambda c: c.path)
-    pods = sorted((m for ms in s.members.values() for m in ms if allowed(m)), key=lambda c: c.path)
+    pods = sorted((m for ms in s.members.values() for m in ms if allowed(m) and read(m)), key=lambda c: c.path)
     every = roots + pods
     cap = int(settings.max_cgroups)
     return every[:cap], max(0, len(every) - cap)

@@ -224,8 +224,19 @@ def test_the_cap_bounds_per_cgroup_series_and_counts_the_rest():
     assert samples(p, "koordd_class_cgroups")[(("class", "BE"),)] == 1.0
 
 
+def test_pods_only_listed_take_no_place_under_the_cap():
+    listed = tuple(CgroupSample(f"be.slice/a{i}", "BE") for i in range(10))       # nothing read of them
+    read = (CgroupSample("be.slice/z", "BE", memory_current=1),)
+    shown, dropped = selected(snapshot((BE,), members={"be.slice": listed + read}), metrics_settings(max_cgroups=2))
+    assert [c.path for c in shown] == ["be.slice", "be.slice/z"] and dropped == 0
+    runq_only = {RUNQ_LATENCY: {"be.slice/a3": RunqLatency("schedstat", 5, 10.0)}}
+    shown, _ = selected(snapshot((BE,), members={"be.slice": listed}, sections=runq_only), metrics_settings())
+    assert [c.path for c in shown] == ["be.slice", "be.slice/a3"]
+
+
 def test_the_allow_list_picks_classes_and_patterns():
-    members = {"be.slice": (CgroupSample("be.slice/batch-1", "BE"), CgroupSample("be.slice/other", "BE"))}
+    members = {"be.slice": (CgroupSample("be.slice/batch-1", "BE", cpu_usage=0.1),
+                            CgroupSample("be.slice/other", "BE", cpu_usage=0.1))}
     snap = snapshot((LS, BE, SYSTEM), members=members)
     shown, dropped = selected(snap, metrics_settings(cgroup_classes=["LS"], cgroup_patterns=["be.slice/batch-*"]))
     assert [c.path for c in shown] == ["ls.slice", "be.slice/batch-1"] and dropped == 0
