@@ -132,7 +132,10 @@ def test_without_a_view_nothing_more_is_read_nor_written(daemon):
     assert not (daemon.state_dir / TOP_FILE).exists()
     assert daemon.runner.needs() | daemon.top.needs() == {"cpu_usage"}
     be = seen(daemon).cgroups["be.slice"]
-    assert be.cpu_usage is not None and (be.memory_current, be.cpu_pressure, be.io_pressure) == (None, None, None)
+    # The loops' fields, and the class roots' few the reclaimable capacity reads every round (memory_current
+    # among them); nothing the view shows.
+    assert be.cpu_usage is not None and be.memory_current is not None
+    assert (be.cpu_pressure, be.io_pressure, be.throttling) == (None, None, None)
     assert seen(daemon).sections == {} and CALLS == []          # the view's sensors never start
 
 
