@@ -34,8 +34,8 @@ hold = "3s"
 RAISED = compensated_weight(100, 3200 / 2958)
 
 
-def weight(cgroup: str) -> str:
-    return (vm.CGROUP / cgroup / "cpu.weight").read_text().strip()
+def weight(cgroup: str) -> str | None:
+    return vm.knob(cgroup, "cpu.weight")
 
 
 def test_ls_weight_is_raised_while_declared_avx_work_runs_and_restored(cpu_controller, koordd_stopped):

@@ -40,20 +40,6 @@ OPERATOR_EDIT = ('be_memory_high = ""', 'be_memory_high = "50%"   # the operator
 NEW_DEFAULT = "\n# A line the next version's default config adds.\n"
 
 
-def read(knob: str, cgroup: str = vm.BE) -> str | None:
-    try:
-        return (vm.CGROUP / cgroup / knob).read_text().strip()
-    except OSError:
-        return None
-
-
-def node_memory() -> int:
-    for line in open("/proc/meminfo"):
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no MemTotal in /proc/meminfo")
-
-
 def dpkg_status() -> str:
     return vm.sh("dpkg-query", "-W", "-f=${Status} ${Version}", "koordd", check=False).stdout.strip()
 
@@ -87,7 +73,7 @@ def host_without_koordd(koordd_stopped, cpu_controller, tmp_path):
     vm.stop_units("pkgbe")
     vm.sh("systemd-run", f"--slice={vm.BE}", "--unit=pkgbe", "sleep", "infinity")
     vm.wait_tasks(f"{vm.BE}/pkgbe.service", 1)
-    assert vm.wait_for(lambda: read("cpu.idle") is not None, 30), "be.slice has no cpu.idle"
+    assert vm.wait_for(lambda: vm.knob(vm.BE, "cpu.idle") is not None, 30), "be.slice has no cpu.idle"
     yield tmp_path
     if dpkg_status():
         vm.sh("dpkg", "--purge", "koordd", check=False, timeout=600)
@@ -104,7 +90,7 @@ def host_without_koordd(koordd_stopped, cpu_controller, tmp_path):
 
 def test_install_upgrade_keeps_the_operators_config_and_purge_leaves_nothing(host_without_koordd):
     tmp = host_without_koordd
-    originals = {k: read(k) for k in BE_KNOBS}
+    originals = {k: vm.knob(vm.BE, k) for k in BE_KNOBS}
     assert originals["cpu.idle"] == "0" and originals["memory.high"] == "max", originals
     assert dpkg_status() == "" and not vm.CONFIG.exists() and not PKG_UNIT.exists()
 
@@ -130,7 +116,7 @@ def test_install_upgrade_keeps_the_operators_config_and_purge_leaves_nothing(hos
     pid1 = vm.main_pid()
     cmdline = Path(f"/proc/{pid1}/cmdline").read_bytes().split(b"\0")
     assert cmdline[1:4] == [b"/usr/sbin/koordd", b"--config", b"/etc/koordd/koordd.toml"], cmdline
-    assert vm.wait_for(lambda: read("cpu.idle") == "1", 60), vm.journal_text(cursor)
+    assert vm.wait_for(lambda: vm.knob(vm.BE, "cpu.idle") == "1", 60), vm.journal_text(cursor)
     assert vm.wait_journal(lambda: ("applied", "1") in knob_decisions(cursor, "cpu.idle")), \
         knob_decisions(cursor, "cpu.idle")
     status = vm.sh("/usr/bin/koordctl", "status").stdout
@@ -139,12 +125,12 @@ def test_install_upgrade_keeps_the_operators_config_and_purge_leaves_nothing(hos
         "postinst did not byte-compile koordd"
 
     # --- the operator edits the conffile; the running koordd reloads it by itself ---------------------------
-    high = node_memory() * 50 // 100 // 4096 * 4096
+    high = vm.node_memory() * 50 // 100 // 4096 * 4096
     assert OPERATOR_EDIT[0] in vm.shipped_config()
     edited = vm.shipped_config().replace(*OPERATOR_EDIT)
     vm.write_config(edited)
-    assert vm.wait_for(lambda: read("memory.high") == str(high), 60), \
-        f"memory.high {read('memory.high')} != {high}: {vm.journal_text(cursor)}"
+    assert vm.wait_for(lambda: vm.knob(vm.BE, "memory.high") == str(high), 60), \
+        f"memory.high {vm.knob(vm.BE, 'memory.high')} != {high}: {vm.journal_text(cursor)}"
 
     # --- upgrade: config kept, koordd restarted, knobs restored by the old and applied by the new one ---------
     cursor = vm.journal_cursor()
@@ -156,8 +142,9 @@ def test_install_upgrade_keeps_the_operators_config_and_purge_leaves_nothing(hos
     assert vm.is_active() == "active", vm.journal_text(cursor)
     pid2 = vm.main_pid()
     assert pid2 not in (0, pid1) and not vm.pid_alive(pid1)
-    assert vm.wait_for(lambda: read("cpu.idle") == "1" and read("memory.high") == str(high), 60), \
-        (read("cpu.idle"), read("memory.high"), vm.journal_text(cursor))
+    assert vm.wait_for(lambda: vm.knob(vm.BE, "cpu.idle") == "1" and vm.knob(vm.BE, "memory.high") == str(high),
+                       60), \
+        (vm.knob(vm.BE, "cpu.idle"), vm.knob(vm.BE, "memory.high"), vm.journal_text(cursor))
     for knob, original, value in (("cpu.idle", originals["cpu.idle"], "1"),
                                   ("memory.high", originals["memory.high"], str(high))):
         seen = vm.wait_journal(lambda: d if ("restored", original) in (d := knob_decisions(cursor, knob))
@@ -180,7 +167,7 @@ def test_install_upgrade_keeps_the_operators_config_and_purge_leaves_nothing(hos
                         Path("/usr/bin/koordctl"), Path("/usr/lib/python3/dist-packages/koordd"))
             if p.exists()]
     assert left == [], f"left after purge: {left}"
-    assert {k: read(k) for k in BE_KNOBS} == originals
+    assert {k: vm.knob(vm.BE, k) for k in BE_KNOBS} == originals
     assert not vm.koordd_pids()
     restored = knob_decisions(cursor, "cpu.idle")
     assert ("restored", originals["cpu.idle"]) in restored, restored

@@ -41,20 +41,6 @@ be_memory_high = "50%"
 """
 
 
-def read(cgroup: str, name: str) -> str | None:
-    try:
-        return (vm.CGROUP / cgroup / name).read_text().strip()
-    except OSError:
-        return None
-
-
-def node_memory() -> int:
-    for line in open("/proc/meminfo"):
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no MemTotal in /proc/meminfo")
-
-
 def share(m: dict) -> float:
     return m[vm.LS] / max(m[vm.LS] + m[vm.BE], 1e-6)
 
@@ -73,7 +59,7 @@ def pinned_hogs(cpu_controller, koordd_stopped):
     vm.stop_units(*UNITS)
     for unit, (slice_, n) in UNITS.items():
         vm.start_stress(unit, slice_, n, "CPUAffinity=1")
-    assert vm.wait_for(lambda: read(vm.BE, "cpu.idle") is not None, 30), \
+    assert vm.wait_for(lambda: vm.knob(vm.BE, "cpu.idle") is not None, 30), \
         f"{vm.BE}/cpu.idle did not appear: {(vm.CGROUP / 'cgroup.subtree_control').read_text()}"
     yield
     vm.stop_units(*UNITS)
@@ -83,7 +69,7 @@ def pinned_hogs(cpu_controller, koordd_stopped):
 
 
 def test_baseline_set_reconciled_and_restored(pinned_hogs):
-    originals = {(cg, knob): read(cg, knob) for cg, knob in (
+    originals = {(cg, knob): vm.knob(cg, knob) for cg, knob in (
         (vm.BE, "cpu.idle"), (vm.BE, "cpu.weight"), (vm.BE, "memory.high"),
         (vm.LS, "cpu.weight"), (vm.LS, "memory.low"), (vm.LS, "memory.min"))}
     assert originals[(vm.BE, "cpu.idle")] == "0" and originals[(vm.LS, "cpu.weight")] == "100", originals
@@ -95,13 +81,13 @@ def test_baseline_set_reconciled_and_restored(pinned_hogs):
     cursor = vm.journal_cursor()
     vm.systemctl("enable", "--now", vm.UNIT)
     assert vm.is_active() == "active"
-    assert vm.wait_for(lambda: read(vm.BE, "cpu.idle") == "1", 60), vm.journal_text(cursor)
-    high = node_memory() * 50 // 100 // 4096 * 4096
+    assert vm.wait_for(lambda: vm.knob(vm.BE, "cpu.idle") == "1", 60), vm.journal_text(cursor)
+    high = vm.node_memory() * 50 // 100 // 4096 * 4096
     want = {(vm.BE, "cpu.idle"): "1", (vm.BE, "cpu.weight"): "1", (vm.BE, "memory.high"): str(high),
             (vm.LS, "cpu.weight"): str(LS_WEIGHT), (vm.LS, "memory.low"): str(LS_LOW),
             (vm.LS, "memory.min"): str(LS_MIN)}
-    assert vm.wait_for(lambda: {k: read(*k) for k in want} == want, 30), \
-        f"{ {k: read(*k) for k in want} } != {want}\n{vm.journal_text(cursor)}"
+    assert vm.wait_for(lambda: {k: vm.knob(*k) for k in want} == want, 30), \
+        f"{ {k: vm.knob(*k) for k in want} } != {want}\n{vm.journal_text(cursor)}"
     vm.wait_ticks("qos_baseline", 3)
     after = vm.measure(6, vm.LS, vm.BE)
     summary = (f"uncontrolled LS {before[vm.LS]:.2f} BE {before[vm.BE]:.2f} CPUs (LS share {share(before):.2f}); "
@@ -114,8 +100,8 @@ def test_baseline_set_reconciled_and_restored(pinned_hogs):
     # systemd rewrites LS's weight and memory.low (an operator's set-property); a hand resets BE's idle.
     vm.systemctl("set-property", "--runtime", vm.LS, "CPUWeight=100", "MemoryLow=128M")
     (vm.CGROUP / vm.BE / "cpu.idle").write_text("0")
-    assert vm.wait_for(lambda: {k: read(*k) for k in want} == want, 30), \
-        f"not corrected: { {k: read(*k) for k in want} }\n{vm.journal_text(cursor)}"
+    assert vm.wait_for(lambda: {k: vm.knob(*k) for k in want} == want, 30), \
+        f"not corrected: { {k: vm.knob(*k) for k in want} }\n{vm.journal_text(cursor)}"
 
     def applied(cgroup, knob):
         return qos_decisions(cursor, f"KOORDD_CGROUP={cgroup}", f"KOORDD_KNOB={knob}", "KOORDD_OUTCOME=applied")
@@ -137,7 +123,7 @@ def test_baseline_set_reconciled_and_restored(pinned_hogs):
     # overrode, so memory.low goes back to what it was before koordd's first write (0).
     cursor = vm.journal_cursor()
     vm.systemctl("stop", vm.UNIT)
-    now = {k: read(*k) for k in originals}
+    now = {k: vm.knob(*k) for k in originals}
     assert now == originals, now
     assert vm.held() == []
     restored = vm.wait_journal(lambda: qos_decisions(cursor, "KOORDD_OUTCOME=restored"))
@@ -152,12 +138,12 @@ def test_the_shipped_config_makes_be_idle_sizes_it_by_ls_slack_and_restores(pinn
     # koordd as shipped: qos_baseline makes be.slice idle, be_suppress sizes BE by LS slack from the
     # run-queue latency sensor (eBPF here); both loops' knobs go back on stop.
     assert vm.CONFIG.read_text() == vm.shipped_config()
-    originals = {knob: read(vm.BE, knob) for knob in ("cpu.idle", "cpu.weight", "cpu.max")}
+    originals = {knob: vm.knob(vm.BE, knob) for knob in ("cpu.idle", "cpu.weight", "cpu.max")}
     assert originals["cpu.idle"] == "0" and originals["cpu.max"] == vm.MAX, originals
     before = vm.measure(6, vm.LS, vm.BE)
     cursor = vm.journal_cursor()
     vm.systemctl("start", vm.UNIT)
-    assert vm.wait_for(lambda: read(vm.BE, "cpu.idle") == "1", 60), vm.journal_text(cursor)
+    assert vm.wait_for(lambda: vm.knob(vm.BE, "cpu.idle") == "1", 60), vm.journal_text(cursor)
     vm.wait_ticks("be_suppress", 5)
     after = vm.measure(6, vm.LS, vm.BE)
     status = vm.koordd_status()
@@ -174,5 +160,5 @@ def test_the_shipped_config_makes_be_idle_sizes_it_by_ls_slack_and_restores(pinn
         assert json.loads(e["KOORDD_REASON"])["rule"] == "slack", e
 
     vm.systemctl("stop", vm.UNIT)
-    assert {knob: read(vm.BE, knob) for knob in originals} == originals
+    assert {knob: vm.knob(vm.BE, knob) for knob in originals} == originals
     assert vm.held() == []

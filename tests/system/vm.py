@@ -215,6 +215,21 @@ def cpu_max(cgroup: str = BE) -> str | None:
         return None
 
 
+def knob(cgroup: str, name: str) -> str | None:
+    """A cgroup file's value; None when it is not there."""
+    try:
+        return (CGROUP / cgroup / name).read_text().strip()
+    except OSError:
+        return None
+
+
+def node_memory() -> int:
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no MemTotal in /proc/meminfo")
+
+
 def quota(cgroup: str = BE) -> int | None:
     """cpu.max quota in µs, None for "max" or when the file is not there."""
     value = cpu_max(cgroup)
