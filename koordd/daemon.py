@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from . import notify
@@ -27,7 +27,7 @@ from .printable import PrintableFormatter
 from .protect import process_cgroups
 from .reclaimable import FIELDS as RECLAIMABLE_FIELDS, Reclaimable, ReclaimableState, observe as observe_reclaimable
 from .registry import load_registry
-from .runner import Runner
+from .runner import Runner, Timing
 from .sensors.collect import Sensors
 from .sensors.lifecycle import SensorManager
 from .sensors.registry import load_sensor_registry
@@ -92,7 +92,7 @@ class Daemon:
         self.capabilities: tuple = ()
         self.reclaim = ReclaimableState()               # its windows of LS peaks
         self.reclaimable: Reclaimable | None = None
-        self.rounds = [0, 0.0, 0.0, 0.0]                # rounds, last wall s, wall s, CPU s: for the metrics
+        self.rounds, self.round_time = 0, Timing()       # rounds done and their time: for the metrics
         self.exporter = None                            # koordd/metrics.py, while [metrics] enable = true
         self.metrics_server = None
         self.metrics_fields: frozenset[str] = frozenset()
@@ -226,7 +226,7 @@ class Daemon:
         """One snapshot for the due loops; while koordctl top asks, with what it shows too, published
         when `for_view` (the view's interval is up)."""
         loop_members = self.runner.member_classes()
-        wall, cpu = time.perf_counter(), time.thread_time()
+        since = Timing.now()
         extra = self._extra_fields()
         try:
             # Members (pods) are listed first and read only as far as the due loops (and the view) need them now.
@@ -251,8 +251,9 @@ class Daemon:
         except Exception:  # noqa: BLE001 - a figure koordd only publishes must not cost it the round
             log.exception("computing the reclaimable capacity failed")
             self.reclaimable = None
-        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
-        self.rounds = [self.rounds[0] + 1, wall, self.rounds[2] + wall, self.rounds[3] + cpu]
+        self.round_time.last_seconds = 0.0          # a round that failed above leaves the last one's
+        self.round_time.add_since(since)
+        self.rounds += 1
         status = self._write_status()
         self._publish(snapshot, status)
 
@@ -324,7 +325,7 @@ class Daemon:
         self.exporter.publish(Published(
             settings=self.config.metrics, started=self.started,
             info={"version": _version(), "cgroups": self.layout.describe(), "dry_run": str(self.dry_run).lower()},
-            snapshot=snapshot, rounds=RoundStats(*self.rounds), loops=status["loops"],
+            snapshot=snapshot, rounds=RoundStats(self.rounds, **asdict(self.round_time)), loops=status["loops"],
             decisions=dict(self.actuator.decisions.counts), held=held, held_values=dict(latest),
             capabilities=self.capabilities, sensors=status["sensors"], reclaimable=self.reclaimable))
 

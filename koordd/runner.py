@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from typing import Any, Collection, Mapping
 
 from .actuator import Actuator
@@ -22,6 +23,34 @@ from .state import Held
 log = logging.getLogger(__name__)
 MAX_BACKOFF = 60.0
 COALESCE = 0.05
+
+
+@dataclass
+class Timing:
+    """Wall and thread-CPU seconds of a piece of work: its last run (one or more blocks) and in total.
+    Thread CPU time: the main thread's alone, not the metrics server's."""
+    last_seconds: float = 0.0
+    seconds_total: float = 0.0
+    cpu_seconds_total: float = 0.0
+
+    @staticmethod
+    def now() -> tuple[float, float]:
+        return time.perf_counter(), time.thread_time()
+
+    def add_since(self, since: tuple[float, float]) -> None:
+        wall, cpu = (b - a for a, b in zip(since, self.now()))
+        self.last_seconds += wall
+        self.seconds_total += wall
+        self.cpu_seconds_total += cpu
+
+    @contextmanager
+    def measure(self):
+        """Adds the time of the block, also when it raises."""
+        since = self.now()
+        try:
+            yield
+        finally:
+            self.add_since(since)
 
 
 @dataclass
@@ -39,10 +68,8 @@ class LoopRun:
     last_changes: int = 0
     errors: int = 0                      # failures since start (failures counts those in a row)
     # This loop's own share of its rounds (decide and settle: the snapshot and the writes are the
-    # round's), wall and thread CPU seconds, for the metrics endpoint.
-    last_seconds: float = 0.0
-    seconds_total: float = 0.0
-    cpu_seconds_total: float = 0.0
+    # round's), for the metrics endpoint.
+    timing: Timing = field(default_factory=Timing)
 
 
 def class_of(cgroup: str, snapshot: Snapshot) -> str | None:
@@ -170,9 +197,9 @@ class Runner:
         for run in runs:
             run.last_tick = time.time()
             run.ticks += 1
-            run.last_seconds = 0.0
+            run.timing.last_seconds = 0.0
             try:
-                with _Timed(run):
+                with run.timing.measure():
                     actions = list(run.impl.decide(snapshot, run.settings, run.state))
                 bad = [a for a in actions if not isinstance(a, Action)]
                 if bad:
@@ -195,7 +222,7 @@ class Runner:
         for run, actions in decided:
             try:
                 changes = applied[run.name]
-                with _Timed(run):
+                with run.timing.measure():
                     run.impl.settle(actions, changes, run.settings, run.state)
                 changes += self._release_strays(run, snapshot)
             except Exception as e:  # noqa: BLE001
@@ -239,23 +266,6 @@ class Runner:
     def status(self) -> dict:
         return {name: {"interval": float(r.settings.interval), "ticks": r.ticks, "failures": r.failures,
                        "last_tick": r.last_tick, "last_ok": r.last_ok, "last_error": r.last_error,
-                       "last_changes": r.last_changes, "errors": r.errors, "last_seconds": r.last_seconds,
-                       "seconds_total": r.seconds_total, "cpu_seconds_total": r.cpu_seconds_total}
+                       "last_changes": r.last_changes, "errors": r.errors, **asdict(r.timing)}
                 for name, r in sorted(self.runs.items())}
 
-
-class _Timed:
-    """Adds the wall and CPU time of its block to a loop's totals, also when the block raises. Thread
-    CPU time: the main thread's alone, not the metrics server's."""
-
-    def __init__(self, run: LoopRun):
-        self.run = run
-
-    def __enter__(self) -> None:
-        self.wall, self.cpu = time.perf_counter(), time.thread_time()
-
-    def __exit__(self, *exc) -> None:
-        wall, cpu = time.perf_counter() - self.wall, time.thread_time() - self.cpu
-        self.run.last_seconds += wall
-        self.run.seconds_total += wall
-        self.run.cpu_seconds_total += cpu
