@@ -1,8 +1,10 @@
-"""scripts/vmtest-verdict: an emulator fault (guest oops/panic, a VM that did not come back) is told
-apart from a test result, so scripts/vmtest boots once more after a fault and never after a failed test.
+"""scripts/vmtest-verdict: a test that failed is a failure whatever happens after it (a kernel fault, the
+VM killed at its limit); only a boot in which no test failed and the emulator faulted (guest oops or
+panic, a VM that did not come back) is no result, and scripts/vmtest boots once more only then, for the
+tests with no outcome yet. Also scripts/vmtest-plan: the files dealt out to VMs by their budgets.
 
-The runs here are made up: a console log and the results a boot would leave, as scripts/vmtest lays
-them out in its run directory.
+The runs here are made up: a console log, the tests' report and the results a boot would leave, as
+scripts/vmtest lays them out in its run directory.
 """
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "vmtest-verdict"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPT = SCRIPTS / "vmtest-verdict"
 
 BOOT = """\
 [    0.000000] Linux version 7.2.13+deb14-cloud-amd64
@@ -36,18 +39,24 @@ TEST_PRINTS_OOPS = """\
 
 
 def junit(passed: int = 0, failed: int = 0, skipped: int = 0) -> str:
-    cases = ([f'<testcase name="p{i}"/>' for i in range(passed)]
-             + [f'<testcase name="f{i}"><failure message="boom"/></testcase>' for i in range(failed)]
-             + [f'<testcase name="s{i}"><skipped message="why"/></testcase>' for i in range(skipped)])
+    """Cases of tests/system/test_a.py, named as the consoles here name them: test_one passed,
+    test_two failed (TEST_PRINTS_OOPS)."""
+    case = '<testcase classname="tests.system.test_a" name="{}" time="12.5"'
+    cases = ([case.format(n) + "/>" for n in (["test_one"] + [f"test_p{i}" for i in range(passed)])[:passed]]
+             + [case.format(n) + '><failure message="boom"/></testcase>'
+                for n in (["test_two"] + [f"test_f{i}" for i in range(failed)])[:failed]]
+             + [case.format(f"test_s{i}") + '><skipped message="why"/></testcase>' for i in range(skipped)])
     return (f'<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="{passed + failed + skipped}" '
             f'failures="{failed}" errors="0" skipped="{skipped}">{"".join(cases)}</testsuite></testsuites>')
 
 
 def make_run(tmp_path: Path, console: str, status: str | None = None, junit_xml: str | None = None,
-             pytest_log: str | None = None) -> Path:
+             pytest_log: str | None = None, report: str | None = None) -> Path:
     run = tmp_path / "run"
     (run / "results").mkdir(parents=True)
     (run / "console.log").write_text(console)
+    if report is not None:
+        (run / "report.log").write_text(report)
     for name, text in (("status", status), ("junit.xml", junit_xml), ("pytest.log", pytest_log)):
         if text is not None:
             (run / "results" / name).write_text(text)
@@ -67,20 +76,28 @@ def test_a_green_boot_passes(tmp_path):
 
 
 def test_a_simulated_int3_oops_on_the_console_is_a_fault_and_says_which_lines(tmp_path):
-    # The VM panicked mid-run (panic=-1 and -no-reboot: qemu exits 0), pytest's log cut short.
-    log = "tests/system/test_a.py::test_one PASSED [ 33%]\n"
-    run = make_run(tmp_path, BOOT + INT3_OOPS, pytest_log=log)
+    # The VM panicked mid-run (panic=-1 and -no-reboot: qemu exits 0), no test had failed.
+    run = make_run(tmp_path, BOOT + INT3_OOPS)
     said, why = verdict(run)
     assert said == ["fault", "1", "0", "0"]
     assert "Oops: int3" in why and "RIP: 0010:__schedule" in why and "Kernel panic" in why, why
     assert "live code patching" in why, why
+    # What the next boot leaves out: the test that has its outcome.
+    assert (run / "outcomes.tsv").read_text().split("\t")[:2] == ["tests/system/test_a.py::test_one", "passed"]
 
 
-def test_an_oops_is_a_fault_even_when_the_tests_it_broke_failed(tmp_path):
-    # An oops in process context kills a task, not the VM: the run completes, its failures are tainted.
+def test_a_test_that_failed_before_an_oops_is_a_failure_not_a_fault(tmp_path):
+    run = make_run(tmp_path, BOOT + TEST_PRINTS_OOPS + INT3_OOPS)
+    said, why = verdict(run)
+    assert said == ["fail", "1", "1", "0"], why
+    assert "test_a.py::test_two" in why and "faulted" in why, why
+
+
+def test_a_test_that_failed_while_an_oops_left_the_vm_running_is_a_failure(tmp_path):
+    # An oops in process context kills a task, not the VM: the run completes, and its failure counts.
     oops = INT3_OOPS.replace("[   50.588784] Kernel panic - not syncing: Fatal exception in interrupt\n", "")
     run = make_run(tmp_path, BOOT + oops, status="1\n", junit_xml=junit(passed=2, failed=1))
-    assert verdict(run)[0][0] == "fault"
+    assert verdict(run)[0] == ["fail", "2", "1", "0"]
 
 
 def test_a_failed_test_is_never_a_fault_even_when_it_prints_oops(tmp_path):
@@ -90,11 +107,41 @@ def test_a_failed_test_is_never_a_fault_even_when_it_prints_oops(tmp_path):
     assert "1 test(s) failed" in why and "pytest inside the VM exited with status 1" in why
 
 
+REPORT = """\
+koordd-vmtest start tests/system/test_a.py::test_one\r
+koordd-vmtest result tests/system/test_a.py::test_one passed 40.2\r
+koordd-vmtest start tests/system/test_net.py::test_shaping[edt]\r
+koordd-vmtest result tests/system/test_net.py::test_shaping[edt] failed 300.0\r
+koordd-vmtest start tests/system/test_z.py::test_last\r
+"""
+
+
 @pytest.mark.parametrize("qemu_status", [124, 137], ids=["timeout", "timeout-kill"])
-def test_a_vm_killed_at_its_time_limit_is_a_fault(tmp_path, qemu_status):
-    run = make_run(tmp_path, BOOT, pytest_log="tests/system/test_a.py::test_one PASSED\n")
+def test_a_failure_before_the_time_limit_is_a_failure_and_the_test_cut_off_failed_too(tmp_path, qemu_status):
+    # The issue's run: edt FAILED at 51%, then the VM was killed at its limit. Never a fault.
+    run = make_run(tmp_path, BOOT, report=REPORT)
     said, why = verdict(run, qemu_status)
-    assert said[0] == "fault" and "did not come back" in why and "time limit" in why, why
+    assert said == ["fail", "1", "2", "0"], why
+    assert "test_shaping[edt]" in why and "test_z.py::test_last ran (counted as failed)" in why, why
+    assert "time limit" in why, why
+
+
+def test_a_vm_killed_at_its_limit_while_a_test_ran_failed_that_test(tmp_path):
+    report = "koordd-vmtest start tests/system/test_a.py::test_one\n"
+    said, why = verdict(make_run(tmp_path, BOOT.replace("PASSED", "RUNNING"), report=report), 124)
+    assert said == ["fail", "0", "1", "0"], why
+
+
+def test_a_vm_killed_at_its_limit_before_any_test_is_a_fault(tmp_path):
+    said, why = verdict(make_run(tmp_path, "[    0.000000] Linux version 7.2\n"), 124)
+    assert said[0] == "fault" and "time limit before any test ran" in why, why
+
+
+def test_the_report_channel_counts_without_console_or_results(tmp_path):
+    report = REPORT.replace("failed 300.0", "passed 300.0").rsplit("koordd-vmtest start", 1)[0]
+    run = make_run(tmp_path, "", status="0\n", junit_xml=junit(passed=1), report=report)
+    said, why = verdict(run)
+    assert said == ["pass", "2", "0", "0"], why      # test_a's junit case is test_one, the report's too
 
 
 def test_a_vm_that_never_finished_its_test_unit_is_a_fault(tmp_path):
@@ -106,7 +153,7 @@ def test_a_vm_that_never_finished_its_test_unit_is_a_fault(tmp_path):
 
 def test_skips_and_empty_runs_are_failures_not_faults(tmp_path):
     assert verdict(make_run(tmp_path / "a", BOOT, status="0\n", junit_xml=junit(passed=2, skipped=1)))[0][0] == "fail"
-    assert verdict(make_run(tmp_path / "b", BOOT, status="5\n", junit_xml=junit()))[0][0] == "fail"
+    assert verdict(make_run(tmp_path / "b", "", status="5\n", junit_xml=junit()))[0][0] == "fail"
     # pytest finished but left no junit: a broken run, not the emulator's doing.
     assert verdict(make_run(tmp_path / "c", BOOT, status="0\n"))[0][0] == "fail"
 
@@ -115,3 +162,40 @@ def test_cmd_mode_counts_only_the_exit_status(tmp_path):
     assert verdict(make_run(tmp_path / "a", BOOT, status="0\n"), 0, "--cmd")[0][0] == "pass"
     assert verdict(make_run(tmp_path / "b", BOOT, status="3\n"), 0, "--cmd")[0][0] == "fail"
     assert verdict(make_run(tmp_path / "c", BOOT + INT3_OOPS), 0, "--cmd")[0][0] == "fault"
+
+
+PACKAGE_TEST = "tests/system/test_package.py::test_install_upgrade_keeps_the_operators_config_and_purge_leaves_nothing"
+
+
+def test_the_summary_merges_boots_and_puts_the_slowest_test_first_against_its_budget(tmp_path):
+    first = make_run(tmp_path / "1", BOOT, report=REPORT)
+    verdict(first, 124)
+    second = make_run(tmp_path / "2", "", status="0\n", report=(
+        f"koordd-vmtest start {PACKAGE_TEST}\n"
+        f"koordd-vmtest result {PACKAGE_TEST} passed 9999.0\n"))
+    verdict(second, 0)
+    p = subprocess.run([sys.executable, str(SCRIPT), "summary", str(first), str(second)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.stdout.split() == ["2", "2", "0"], p.stderr
+    rows = [line for line in p.stderr.splitlines() if "::" in line]
+    assert PACKAGE_TEST in rows[0] and "OVER BUDGET" in rows[0], p.stderr
+    assert "test_shaping[edt] [failed]" in rows[1] and "(no budget)" in rows[1], p.stderr
+
+
+def plan(shards: int, *args: str) -> list[list[str]]:
+    p = subprocess.run([sys.executable, str(SCRIPTS / "vmtest-plan"), str(shards), *args],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "no budget" not in p.stderr, f"a system test file without a line in tests/system/budget.txt: {p.stderr}"
+    return [line.split() for line in p.stdout.splitlines()]
+
+
+def test_the_plan_runs_every_system_test_file_once_in_balanced_vms():
+    one, two = plan(1), plan(2)
+    files = sorted(f for line in one for f in line[2:])
+    assert "tests/system/test_service.py" in files and "tests/kernel/test_runq_kernel.py" in files
+    assert sorted(f for line in two for f in line[2:]) == files and len(two) == 2
+    limits = [int(line[1]) for line in two]
+    # Dealt longest first: each VM's share is within its biggest file of the other's.
+    assert max(limits) - min(limits) < int(one[0][1]) / 2, two
+    assert plan(2, "-k", "edt") == [["1", one[0][1], *one[0][2:]]]     # pytest selects: one VM, every file
