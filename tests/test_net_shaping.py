@@ -150,13 +150,23 @@ class FakeNetlink:
         pass
 
 
+class Clock:
+    """When the sensor reads its counters: set by the test."""
+    def __init__(self, now: float = 0.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_the_sensor_reports_rates_per_class_on_the_devices_koordd_shapes():
-    nl = FakeNetlink()
-    sensor = NetSensor(nl)
+    nl, clock = FakeNetlink(), Clock(10.0)
+    sensor = NetSensor(nl, clock=clock)
     sensor.start()
     first = sensor.sample(SensorContext(10.0, {}))
     assert first == {"eth0": NetSample("htb", G, 3 * 10**8, None, None, None)}   # lo is not shaped
     nl.sent.update({LS_CLASS: 25_000_000, BE_CLASS: 5_000_000, OTHER_CLASS: 1000})
+    clock.now = 12.0
     second = sensor.sample(SensorContext(12.0, {}))["eth0"]
     assert (second.ls_bps, second.be_bps, second.other_bps) == (100e6, 20e6, 4000.0)
     nl.root["eth0"] = (0x50000, "htb")                                         # someone else's tree
@@ -193,13 +203,33 @@ def test_under_edt_rates_come_from_the_classifier_and_the_rest_of_fq_is_other_tr
     sensor = NetSensor(nl, Opened(None))
     sensor.start()
     assert sensor.sample(SensorContext(10.0, {})) == {}
-    sensor = NetSensor(nl, Opened(classifier))
+    clock = Clock(10.0)
+    sensor = NetSensor(nl, Opened(classifier), clock=clock)
     assert sensor.sample(SensorContext(10.0, {})) == {"eth0": NetSample("edt", None, None, None, None, None)}
     classifier.counts = {(0, LS_CLASS): 2_500_000, (0, BE_CLASS): 500_000, (7, BE_CLASS): 99}   # 7: another device
     classifier.pace = {(0, BE_CLASS): 3 * 10**8}
     fq_bytes[0] = 3_000_100
+    clock.now = 11.0
     second = sensor.sample(SensorContext(11.0, {}))["eth0"]
     assert second == NetSample("edt", None, 3 * 10**8, 20e6, 4e6, 800.0)
+
+
+@pytest.mark.parametrize("mode", ["htb", "edt"])
+def test_rates_divide_by_the_time_between_reads_not_between_round_starts(mode):
+    # Rounds start 1 s apart, but the first round's read came 0.5 s late (a busy CPU): 1 MB sent
+    # between the reads is 16 Mbit/s over their 0.5 s, not 8 over the rounds' 1 s.
+    nl, classifier, clock = FakeNetlink(), FakeClassifier(), Clock(10.5)
+    if mode == "edt":
+        nl.root["eth0"] = (0xC0DD0000, "fq")
+    sensor = NetSensor(nl, Opened(classifier), clock=clock)
+    sensor.start()
+    sensor.sample(SensorContext(10.0, {}))
+    if mode == "edt":
+        classifier.counts = {(0, LS_CLASS): 1_000_000}
+    else:
+        nl.sent[LS_CLASS] = nl.sent.get(LS_CLASS, 0) + 1_000_000
+    clock.now = 11.0
+    assert sensor.sample(SensorContext(11.0, {}))["eth0"].ls_bps == 16e6
 
 
 def test_take_over_replaces_someone_elses_root_before_shaping_and_only_when_asked():

@@ -5,10 +5,17 @@ LS, BE and other traffic sent since the last round, as bit/s, and BE's ceiling a
 "htb" both come from the HTB classes; under "edt" from the egress classifier's counters and BE's
 pace (the classifier this process's tc backends opened; none opened, no sample) and the root qdisc's
 byte count. The qdiscs themselves say which devices these are: the sensor needs no configuration.
+
+A rate is bytes over the time between two reads of the counters, each timed when it is read, not
+when its round began: a round whose read comes late (a busy or emulated CPU) would otherwise divide
+more bytes by the nominal interval, and net_shaping lowers BE's ceiling at once on an LS rate that
+is too high but raises it only in steps, so that noise held BE below its ceiling.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 from ..snapshot import NET
 from ..tc_backend import (BE_CLASS, EDT_ROOT, EDT_ROOT_KINDS, LINK, LS_CLASS, OTHER_CLASS, ROOT, TC_ROOT_PARENT,
@@ -30,10 +37,11 @@ class NetSample:
 class NetSensor(OptionalSensor):
     name = NET
 
-    def __init__(self, ipr=None, classifier=None):
+    def __init__(self, ipr=None, classifier=None, clock: Callable[[], float] = time.monotonic):
         self.ipr = ipr
         self.classifier = classifier    # a SharedClassifier; the process's own by default
-        self.last: dict[str, tuple[float, dict[int, int]]] = {}    # device -> (time, bytes per class)
+        self.clock = clock              # when counters are read
+        self.last: dict[str, tuple[float, dict[int, int]]] = {}    # device -> (read at, bytes per class)
 
     def start(self) -> None:
         if self.ipr is None:
@@ -47,7 +55,6 @@ class NetSensor(OptionalSensor):
             self.classifier = process_classifier()
 
     def sample(self, context: SensorContext | None = None) -> dict[str, NetSample]:
-        now = context.now if context is not None else 0.0
         out, seen = {}, {}
         # One dump of every qdisc, then only the devices koordd shapes: a node with hundreds of pod
         # veths pays one netlink round trip, not one per device.
@@ -60,6 +67,7 @@ class NetSensor(OptionalSensor):
                 out[links[0].get_attr("IFLA_IFNAME")] = _foreign(m)
         classifier = self.classifier.opened_classifier() if self.classifier is not None else None
         counted: dict[tuple[int, int], int] | None = None      # the classifier's counters, read once a round
+        counted_at = 0.0
         for index, root in shaped.items():
             links = device_links(self.ipr, index)
             if not links:
@@ -67,18 +75,20 @@ class NetSensor(OptionalSensor):
             device = links[0].get_attr("IFLA_IFNAME")
             if root["handle"] == ROOT:
                 found = self._htb(index)        # an HTB 1: without koordd's classes is someone else's too
+                read_at = self.clock()
             elif classifier is not None:
-                counted = classifier.sent() if counted is None else counted
-                found = self._edt(index, root, classifier, counted)
+                if counted is None:
+                    counted, counted_at = classifier.sent(), self.clock()
+                found, read_at = self._edt(index, root, classifier, counted), counted_at
             else:
                 continue            # edt without this process's classifier: nothing to count
             if found is None:           # HTB 1: without koordd's classes
                 out[device] = _foreign(root)
                 continue
             mode, link, ceil, sent = found
-            seen[device] = (now, sent)
+            seen[device] = (read_at, sent)
             prev = self.last.get(device)
-            dt = now - prev[0] if prev else 0.0
+            dt = read_at - prev[0] if prev else 0.0
 
             def bps(handle: int) -> float | None:
                 if prev is None or dt <= 0 or handle not in sent or handle not in prev[1]:
