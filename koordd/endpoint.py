@@ -65,6 +65,7 @@ class HttpServer:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._stopping = False
+        self._accept_failed = False         # log a failing accept once, not once a loop
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.sock, selectors.EVENT_READ)
         self.sel.register(self._wake_r, selectors.EVENT_READ)
@@ -116,9 +117,19 @@ class HttpServer:
                 sock, _ = self.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as e:             # EMFILE and the like: the client waits in the backlog
-                log.warning("metrics: cannot accept a connection (%s)", e.strerror or e)
+            except OSError as e:
+                # EMFILE and the like: give up the oldest connection for it (the client waits in the
+                # backlog), or, holding none, pause so that a listen socket that stays readable does
+                # not spin this thread.
+                if not self._accept_failed:
+                    log.warning("metrics: cannot accept a connection (%s)", e.strerror or e)
+                self._accept_failed = True
+                if self.conns:
+                    self._close(self._oldest())
+                else:
+                    time.sleep(0.1)
                 return
+            self._accept_failed = False
             if len(self.conns) >= self.max_connections:
                 self._close(self._oldest())
             sock.setblocking(False)
