@@ -9,12 +9,12 @@ decisions, the restore journal and the logs all read the same on every host.
 from __future__ import annotations
 
 import os
-import signal
 from dataclasses import dataclass
 from typing import Callable
 
 from .backend import Backend, InvalidValue, Unsupported
-from .cgroups import CgroupFS, CgroupGone, format_cpulist, parent_of, parse_cpulist, thread_ids
+from .cgroups import CgroupFS, format_cpulist, parent_of, parse_cpulist
+from .v1_kill import kill_v1
 
 V1_MEMORY_UNLIMITED = 9223372036854771712   # PAGE_COUNTER_MAX * 4096, what v1 shows for "no limit"
 CFS_PERIOD_RANGE = (1000, 1_000_000)        # µs, kernel's min/max cfs period
@@ -257,21 +257,9 @@ def _memory_magnitude(value: str) -> float:
 
 
 def _kill_v1(fs: CgroupFS, cgroup: str) -> None:
-    """v1 has no cgroup.kill: SIGKILL each task of the memory cgroup and below. A task frozen by the
-    v1 freezer dies only once thawed: the loop that kills thaws it too, as a decision of its own."""
-    base = fs.dir("memory", cgroup)
-    if base is None or not base.is_dir():
-        raise CgroupGone(cgroup)
-    for procs in sorted(base.rglob("cgroup.procs")):
-        try:
-            pids = thread_ids(procs.read_text(errors="replace"), str(procs))
-        except OSError:             # gone meanwhile, or garbled (GarbledFile): the other cgroups still die
-            continue
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    """v1 has no cgroup.kill: freeze (v1 freezer), SIGKILL every task of the memory subtree through
+    pidfds, thaw; repeated passes where there is no freezer (koordd/v1_kill.py)."""
+    kill_v1(fs, cgroup)
 
 
 def _memory_from_v1(raw: str) -> str:
@@ -306,7 +294,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "cgroup.freeze", "freezer.state", _norm_uint("cgroup.freeze", 0, 1), v1_controller="freezer",
          to_v1=lambda v: "FROZEN" if v == "1" else "THAWED",
          from_v1=lambda raw: "0" if raw == "THAWED" else "1"),
-    Knob("cgroup.kill", None, "1 = SIGKILL every task of the subtree (5.14+; v1: each task in turn)",
+    Knob("cgroup.kill", None, "1 = SIGKILL every task of the subtree (5.14+; v1: freeze, kill, thaw)",
          "cgroup.kill", None, _norm_uint("cgroup.kill", 1, 1), v1_controller="memory",
          v1_write=lambda fs, cg, v: _kill_v1(fs, cg), oneshot=True),
 )}

@@ -3,7 +3,8 @@ does, for a fleet's monitoring, and /healthz for a liveness probe.
 
 The main loop never waits for a scrape. After each round it publishes one `Published`: references to
 frozen things (the snapshot, the held knobs, the reclaimable figure) and copies of small dicts, put
-in place by a single assignment. The HTTP server, in a daemon thread of its own, turns the latest one
+in place by a single assignment. The HTTP server (koordd/endpoint.py: one thread, bounded in connections,
+request size and time, whatever clients do), in a daemon thread of its own, turns the latest one
 into series when it is scraped (`families()`, a pure function): no lock, no file read, nothing the
 main loop could find half-changed. A scrape that fails costs that scrape (a 500 and one log line),
 not the server; a port already taken costs the endpoint (one log line), not koordd.
@@ -13,14 +14,11 @@ are, which escapes them; their number is bounded by the allow-list and `max_cgro
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import math
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -29,6 +27,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from .capabilities import Capability
 from .cgroups import parse_cpulist, pattern_rank
+from .endpoint import HttpServer
 from .histogram import merged, quantile_us
 from .knobs import KNOBS
 from .listen import parse_listen
@@ -434,55 +433,32 @@ class Exporter:
         return 200, "ok\n"
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server_version = "koordd"
-    timeout = 10                    # a client that stalls mid-request costs its thread this long at most
-
-    def do_GET(self) -> None:
-        exporter: Exporter = self.server.exporter      # type: ignore[attr-defined]
-        path = self.path.partition("?")[0]
-        if path == "/metrics":
-            try:
-                body, status, ctype = exporter.exposition(), 200, CONTENT_TYPE_LATEST
-            except Exception:  # noqa: BLE001 - a bug met in one scrape must not take the endpoint down
-                exporter.scrape_errors += 1
-                if exporter.scrape_errors == 1 or exporter.scrape_errors % 100 == 0:
-                    log.exception("metrics: a scrape failed (%d so far); the endpoint stays up", exporter.scrape_errors)
-                body, status, ctype = b"scrape failed, see koordd's log\n", 500, "text/plain; charset=utf-8"
-        elif path == "/healthz":
-            status, text = exporter.health()
-            body, ctype = text.encode(), "text/plain; charset=utf-8"
-        elif path == "/":
-            body, status, ctype = b"koordd: /metrics, /healthz\n", 200, "text/plain; charset=utf-8"
-        else:
-            body, status, ctype = b"not found\n", 404, "text/plain; charset=utf-8"
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args) -> None:
-        pass                        # a line per scrape would flood the journal
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True      # a restart binds again while the old socket is in TIME_WAIT
-
-    def __init__(self, host: str, port: int, exporter: Exporter):
-        self.address_family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
-        self.exporter = exporter
-        super().__init__((host, port), _Handler)
+def answer(exporter: Exporter, method: str, path: str) -> tuple[int, str, bytes]:
+    """(status, content type, body) for a GET or HEAD of `path`."""
+    text_plain = "text/plain; charset=utf-8"
+    if path == "/metrics":
+        try:
+            return 200, CONTENT_TYPE_LATEST, exporter.exposition()
+        except Exception:  # noqa: BLE001 - a bug met in one scrape must not take the endpoint down
+            exporter.scrape_errors += 1
+            if exporter.scrape_errors == 1 or exporter.scrape_errors % 100 == 0:
+                log.exception("metrics: a scrape failed (%d so far); the endpoint stays up", exporter.scrape_errors)
+            return 500, text_plain, b"scrape failed, see koordd's log\n"
+    if path == "/healthz":
+        status, text = exporter.health()
+        return status, text_plain, text.encode()
+    if path == "/":
+        return 200, text_plain, b"koordd: /metrics, /healthz\n"
+    return 404, text_plain, b"not found\n"
 
 
 class MetricsServer:
-    """The HTTP server in a daemon thread. start() returns None when it cannot listen (one log line)."""
+    """The HTTP server (koordd/endpoint.py: one thread, bounded connections, request size and time) in a
+    daemon thread. start() returns None when it cannot listen (one log line)."""
 
-    def __init__(self, server: _Server, listen: str):
+    def __init__(self, server: HttpServer, listen: str):
         self.server, self.listen = server, listen
-        self.thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                                       name="koordd-metrics", daemon=True)
+        self.thread = threading.Thread(target=server.serve_forever, name="koordd-metrics", daemon=True)
         self.thread.start()
 
     @property
@@ -490,10 +466,11 @@ class MetricsServer:
         return self.server.server_address[1]
 
     @classmethod
-    def start(cls, listen: str, exporter: Exporter) -> MetricsServer | None:
+    def start(cls, listen: str, exporter: Exporter, **limits) -> MetricsServer | None:
+        """`limits`: HttpServer's max_connections, max_head and deadline (tests make them small)."""
         host, port = parse_listen(listen)
         try:
-            server = _Server(host, port, exporter)
+            server = HttpServer(host, port, lambda method, path: answer(exporter, method, path), **limits)
         except OSError as e:
             log.error("metrics: cannot listen on %s (%s); koordd runs on without its metrics endpoint", listen,
                       e.strerror or e)
@@ -502,6 +479,5 @@ class MetricsServer:
         return cls(server, listen)
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.stop()
         self.thread.join(timeout=2)

@@ -2,7 +2,11 @@
 
 A loop declares its options as a tuple of `Option`; the config loader checks
 every value against them when the file is loaded, so a loop never sees a
-wrong type or an out-of-range number.
+wrong type or an out-of-range number. Every number option (int, float,
+Duration) declares a finite min and max, and non-finite values (nan, inf) are
+refused whatever the range: a value a loop multiplies, rounds or divides by
+must be one it can compute with (inf once stopped every be_suppress tick with
+an OverflowError).
 """
 from __future__ import annotations
 
@@ -35,6 +39,9 @@ class Duration(float):
     """Seconds, written in the config as "500ms", "2s", "1m"."""
 
 
+NUMBER_TYPES = (int, float, Duration)
+
+
 @dataclass(frozen=True)
 class Option:
     """One option of a loop (or of [daemon]): type, default, range and the doc line the shipped config shows."""
@@ -45,6 +52,16 @@ class Option:
     min: float | None = None
     max: float | None = None
     choices: tuple[str, ...] = field(default=())
+
+    def __post_init__(self):
+        # A number without both bounds would let inf or 1e308 (or 10**30) through to a loop's arithmetic:
+        # refused where it is declared, so a loop (koordd's or a third party's) cannot forget one.
+        if self.type in NUMBER_TYPES and type(self).convert is Option.convert:
+            for bound in ("min", "max"):
+                v = getattr(self, bound)
+                if v is None or isinstance(v, bool) or not math.isfinite(v):
+                    raise TypeError(f"option {self.name!r}: a number option declares a finite {bound} "
+                                    f"(got {v!r})")
 
     def convert(self, value: Any) -> Any:
         """The checked value, or ValueError saying what is wrong with it."""
@@ -71,8 +88,8 @@ class Option:
             out = value
         else:  # pragma: no cover - a programming error in a loop's declaration
             raise TypeError(f"unsupported option type {t!r}")
-        if isinstance(out, float) and math.isnan(out):       # NaN would pass every min and max below
-            raise ValueError("expected a number, got nan")
+        if isinstance(out, float) and not math.isfinite(out):   # NaN would pass every min and max below
+            raise ValueError(f"expected a finite number, got {out!r}")
         if self.choices and out not in self.choices:
             raise ValueError(f"must be one of {', '.join(map(repr, self.choices))}, got {out!r}")
         if self.min is not None and out < self.min:

@@ -61,7 +61,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from koordd.cgroups import format_cpulist, parse_cpulist
+from koordd.cgroups import MAX_CPUS, format_cpulist, parse_cpulist
 from koordd.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_slack
 from koordd.interference import Detector
 from koordd.knobs import CFS_QUOTA_MIN, format_cpu_max, parse_cpu_max
@@ -102,7 +102,8 @@ class BeSuppress(Loop):
                min=1, max=100),
         Option("policy", str, "cfs_quota", "how BE is capped: cfs_quota (cpu.max) or cpuset (cpuset.cpus)",
                choices=("cfs_quota", "cpuset")),
-        Option("reserved_cpus", float, 0.0, "CPUs always counted as used by the system", min=0),
+        Option("reserved_cpus", float, 0.0, "CPUs always counted as used by the system", min=0,
+               max=MAX_CPUS),
         Option("usage_window", Duration, Duration(3.0), "peak LS + system usage is taken over this window",
                min=0, max=600),
         Option("psi_guard_percent", float, 40.0,
@@ -121,8 +122,10 @@ class BeSuppress(Loop):
         Option("antagonist_window", Duration, Duration(300.0), "baseline and correlation window", min=10, max=3600),
         Option("antagonist_outliers", int, 3, "outliers within the window that make an LS cgroup a victim",
                min=1, max=1000),
-        Option("antagonist_min_cpus", float, 0.25, "an LS cgroup using less CPU is never a victim", min=0),
-        Option("antagonist_cap_cpus", float, 0.01, "the suspect's cpu.max while capped, in CPUs", min=0.01),
+        Option("antagonist_min_cpus", float, 0.25, "an LS cgroup using less CPU is never a victim", min=0,
+               max=MAX_CPUS),
+        Option("antagonist_cap_cpus", float, 0.01, "the suspect's cpu.max while capped, in CPUs", min=0.01,
+               max=MAX_CPUS),
         Option("antagonist_cap_duration", Duration, Duration(300.0), "how long a suspect stays capped",
                min=1, max=86400),
     )
@@ -218,7 +221,8 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     idle = max(capacity - others, 0.0)
     floor = len(be) * MIN_QUOTA_US / DEFAULT_PERIOD_US
     if state.allowance is None:
-        limits = [parse_cpu_max(c.cpu_max) for c in be if c.cpu_max]
+        # Under policy cpuset cpu.max is not sampled (needs()): BE starts from the whole node.
+        limits = [parse_cpu_max(c.cpu_max) for c in be if c.cpu_max] if settings.policy == "cfs_quota" else []
         quotas = [q / p for q, p in limits if q is not None]
         state.allowance = sum(quotas) if len(quotas) == len(be) else float(capacity)   # what BE has
     below = state.below_zero

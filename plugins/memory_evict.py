@@ -23,7 +23,7 @@ does not kill more than needed. Rounds are at least `cooldown` apart.
 Escalates per victim, across rounds: where the host has `memory.reclaim` (cgroup v2, 5.19+) and
 `reclaim` is on, a victim's first step is a proactive reclaim of its share of the bytes to free;
 if a later round still needs that victim, it is killed (`cgroup.kill`: the whole subtree on v2,
-each task in turn on v1) or, with `action = "freeze"`, frozen (`cgroup.freeze`, v1
+frozen, killed and thawed on v1) or, with `action = "freeze"`, frozen (`cgroup.freeze`, v1
 `freezer.state`). At most `max_kills_per_minute` kills: a victim beyond that is frozen instead.
 
 A victim frozen by this loop stays frozen while usage is above the lower mark or memory PSI is

@@ -35,6 +35,9 @@ from koordd.tc_backend import parse_rate
 
 HEADROOM_LINK, HEADROOM_LS = 0.05, 0.10        # Heracles: max(5% of the link, 10% of LC traffic)
 GROW_AT = 0.10                                 # Heracles: BE grows only at 10% LS slack or more
+# The fastest link rate taken: far above any NIC, and bounded so that a rate of hundreds of digits (finite
+# as a float) never reaches the tick's arithmetic or tc's 64-bit rate fields.
+MAX_LINK_RATE = 10 ** 13                       # bit/s: 10tbit
 
 
 class DeviceRates(Option):
@@ -49,9 +52,12 @@ class DeviceRates(Option):
             if not sep or not name or "/" in name or len(name) > 15:
                 raise ValueError(f"expected \"device:rate\", e.g. \"eth0:10gbit\", got {d!r}")
             try:
-                out.append(f"{name}:{parse_rate(rate)}")
+                bits = parse_rate(rate)
             except ValueError as e:
                 raise ValueError(f"{d!r}: {e}") from None
+            if bits > MAX_LINK_RATE:
+                raise ValueError(f"{d[:40]!r}{'...' if len(d) > 40 else ''}: a link rate is at most 10tbit")
+            out.append(f"{name}:{bits}")
         return tuple(out)
 
 

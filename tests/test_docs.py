@@ -112,4 +112,4 @@ def test_a_changed_option_shows_as_drift():
 def test_durations_are_written_the_way_the_config_reads_them(seconds, text):
     assert format_duration(seconds) == text
     assert parse_duration(text) == seconds
-    assert toml_text(Option("d", Duration, Duration(seconds), ""), Duration(seconds)) == f'"{text}"'
+    assert toml_text(Option("d", Duration, Duration(seconds), "", min=0, max=86400), Duration(seconds)) == f'"{text}"'
