@@ -17,7 +17,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from .tc_backend import device_index
+from .tc_backend import burst_bytes, device_index
 
 log = logging.getLogger(__name__)
 PROGRAM = Path(str(files("koordd.bpf") / "net_classify.c"))
@@ -139,7 +139,10 @@ class EgressClassifier:
             table.pop(key, None)
             return
         old = table.get(key)
-        table[key] = table.Leaf(max(rate // 8, 1), old.t_last if old is not None else 0)
+        per_second = max(rate // 8, 1)
+        # The burst HTB would give this rate, as time: what a class behind its pace may catch up on.
+        burst_ns = burst_bytes(rate) * 1_000_000_000 // per_second
+        table[key] = table.Leaf(per_second, old.t_last if old is not None else 0, burst_ns)
 
     def paces(self, index: int) -> dict[int, int]:
         """tc class id -> rate in bit/s of the classes paced on device `index`."""

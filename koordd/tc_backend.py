@@ -116,10 +116,10 @@ def _root_value(value: str) -> str:
     return f"{kind} {handle}"
 
 
-def _burst(rate: int) -> int:
-    """Bytes a class may send at once: BURST_TIME of its rate, at least MIN_BURST. tc's default (rate /
-    HZ + one MTU, about a millisecond) loses the tokens of every late timer, and a GSO packet on a
-    veth is up to 64 KB."""
+def burst_bytes(rate: int) -> int:
+    """Bytes a class of `rate` bit/s may send at once: BURST_TIME of its rate, at least MIN_BURST. tc's
+    default (rate / HZ + one MTU, about a millisecond) loses the tokens of every late timer, and a GSO
+    packet on a veth is up to 64 KB. EDT pacing gives a class behind its pace the same (netclass.py)."""
     return max(int(rate / 8 * BURST_TIME), MIN_BURST)
 
 
@@ -339,7 +339,7 @@ class TcBackend(Backend):
 
     def _class(self, command: str, index: int, handle: int, rate: int, ceil: int, prio: int) -> None:
         self.ipr.tc(command, "htb", index, handle, parent=ROOT if handle == LINK else LINK,
-                    rate=f"{rate}bit", ceil=f"{ceil}bit", prio=prio, burst=_burst(rate), cburst=_burst(ceil))
+                    rate=f"{rate}bit", ceil=f"{ceil}bit", prio=prio, burst=burst_bytes(rate), cburst=burst_bytes(ceil))
 
     def _install(self, index: int, link: int) -> None:
         """koordd's tree at `link` bit/s: made where the kernel's default is, re-rated where it is ours
