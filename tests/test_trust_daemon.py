@@ -353,3 +353,40 @@ def test_a_stop_under_systemd_asks_for_time_to_restore(tmp_path):
     terminate(proc, node)
     assert extensions(notify), notify.messages
     assert node.cpu_max() == MAX
+
+
+# --- where the lock lives: the unit makes it, the DaemonSet shares the host's -------------------------
+
+def test_the_unit_and_the_daemonset_give_every_koordd_the_same_lock_directory():
+    from pathlib import Path
+    yaml = pytest.importorskip("yaml")
+    root = Path(__file__).resolve().parents[1]
+    unit = (root / "systemd" / "koordd.service").read_text()
+    assert owner.PATH.parent == Path("/run/koordd")
+    # Made by systemd under ProtectSystem=strict, and not removed between runs.
+    assert "RuntimeDirectory=koordd\n" in unit and "RuntimeDirectoryPreserve=yes\n" in unit
+    pod = yaml.safe_load((root / "deploy" / "kubernetes" / "daemonset.yaml").read_text())["spec"]["template"]["spec"]
+    [container] = [c for c in pod["containers"] if c["name"] == "koordd"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == str(owner.PATH.parent)]
+    assert volumes[mount["name"]]["hostPath"]["path"] == str(owner.PATH.parent) and not mount.get("readOnly")
+
+
+# --- koordctl names the holder -------------------------------------------------------------------------
+
+def test_koordctl_status_names_the_host_owner_and_demo_refuses_beside_it(tmp_path, capsys):
+    from koordd.ctl import main
+    node = Node(tmp_path)
+    holder = Daemon(load_config(node.config, REGISTRY), REGISTRY)
+    try:
+        holder._write_status()
+        main(["status", "--state-dir", str(node.state)])
+        assert f"owner      koordd pid {os.getpid()}" in capsys.readouterr().out
+        main(["status", "--json", "--state-dir", str(node.state)])
+        assert json.loads(capsys.readouterr().out)["owner"]["pid"] == os.getpid()
+        assert main(["demo"]) == 2
+        assert f"demo: koordd pid {os.getpid()}" in capsys.readouterr().err
+    finally:
+        holder.stop()
+    main(["status", "--state-dir", str(node.state)])
+    assert "owner      none (no koordd writes this host's knobs)" in capsys.readouterr().out
