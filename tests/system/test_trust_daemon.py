@@ -69,7 +69,7 @@ def test_once_and_a_second_instance_beside_the_service_refuse_naming_it(service)
     assert (vm.BE, "cpu.max", vm.MAX, "be_suppress") in held, held
 
     # koordd --once beside the service, on its config.
-    once = subprocess.Popen([KOORDD, "--config", str(vm.CONFIG), "--once"], env=host_env(),
+    once = subprocess.Popen([KOORDD, "--config", str(vm.CONFIG), "--once"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out = once.communicate(timeout=120)[0]
     assert once.returncode == EX_TEMPFAIL, out
