@@ -139,11 +139,13 @@ def pid_alive(pid: Any) -> bool:
     return True
 
 
-def host_owner():
+def host_owner() -> tuple[Any, str]:
+    """The koordd holding the host lock (None when none does), and it in words."""
     try:
-        return current_holder()
-    except OSError:
-        return None
+        holder = current_holder()
+    except OSError as e:
+        return None, f"unknown ({e.filename}: {e.strerror})"
+    return holder, holder.describe() if holder is not None else "none (no koordd writes this host's knobs)"
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -161,7 +163,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise CtlError(f"{bad}: unreadable: {getattr(e, 'strerror', None) or e}") from None
     held, source = (journal[0], journal[1].name) if journal is not None else (status.get("held") or [], STATUS_FILE)
     running = pid_alive(status.get("pid"))
-    holder = host_owner()
+    holder, owner_text = host_owner()
     if args.json:
         print(json.dumps({**status, "state_dir": str(sd), "running": running, "held": held,
                           "held_source": source, "owner": None if holder is None else holder.__dict__},
@@ -177,7 +179,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         ("cgroups", status.get("cgroups")),
         ("state_dir", sd),
         # The koordd that writes this host's knobs, whatever its state_dir (koordd/owner.py).
-        ("owner", holder.describe() if holder is not None else "none (no koordd writes this host's knobs)"),
+        ("owner", owner_text),
         *((("metrics", f"http://{status['metrics']}/metrics"),) if status.get("metrics") else ()),
         *((("reclaimable", reclaimable_text(status["reclaimable"])),) if status.get("reclaimable") else ()),
     ]))
@@ -301,7 +303,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         hierarchy_roots(layout)          # a host without the hierarchies the demo needs says so now
     except (LayoutError, DemoError) as e:
         raise CtlError(f"demo: {e}") from None
-    holder = host_owner()
+    holder, _ = host_owner()
     if holder is not None:          # its koordd would refuse (one koordd per host owns the knobs)
         raise CtlError(f"demo: {holder.describe()} owns this host's knobs: stop it first (systemctl stop koordd)")
     settings = demo.Settings(phase=args.phase, period=args.period, loops=args.loops)

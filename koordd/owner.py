@@ -83,7 +83,9 @@ class OwnerLock:
         """Take the lock and write who holds it. HostOwned when another process holds it, UntrustedLock
         when it is not root's alone, OSError when it cannot be made at all."""
         path = lock_path() if path is None else Path(path)
-        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if not path.parent.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(path.parent, 0o755)        # koordctl status, as any user, may read who holds it
         why = untrusted_always(path.parent)
         if why:
             raise UntrustedLock(f"{path}: {why}")
@@ -107,6 +109,7 @@ class OwnerLock:
                           "state_dir": str(state_dir), "since": time.time()}
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+                os.fchmod(fd, 0o644)            # readable whatever koordd's umask (077)
                 return cls(fd, path)
             except BaseException:
                 os.close(fd)
