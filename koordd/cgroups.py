@@ -250,11 +250,13 @@ class CgroupFS:
             stack.extend(reversed(self.children(controller, cg)))
 
     def children(self, controller: str | None, cgroup: str) -> list[str]:
-        """Direct child cgroups, sorted; [] when the cgroup is gone."""
+        """Direct child cgroups, sorted; [] when the cgroup is gone. Any other error (EMFILE, ENOMEM,
+        EACCES) raises: a tree that could not be listed is not an empty one, and a round that took it for
+        one would find no classes and give back every knob koordd holds on them."""
         try:
             with os.scandir(self._dir(controller, cgroup)) as it:
                 names = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
-        except OSError:
+        except (FileNotFoundError, NotADirectoryError):
             return []
         return [f"{cgroup}/{n}" if cgroup else n for n in names]
 

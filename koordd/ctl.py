@@ -10,9 +10,11 @@
                                                 exit 0, 1 on a failure, 128+N when stopped by signal N
 
 status and decisions only read files under the daemon's state_dir (taken from the config unless
---state-dir is given); they never change anything there. top writes one file there, top.request, which
+--state-dir is given), and status the host lock's file (which koordd writes the host's knobs: koordd/owner.py);
+they never change anything there. top writes one file there, top.request, which
 asks the running koordd to publish what it samples (koordd/topfeed.py). demo runs LS and BE work and
-a koordd of its own in cgroups of its own, and removes them all (koordd/demo.py). Any other failure is
+a koordd of its own in cgroups of its own, and removes them all (koordd/demo.py); it refuses while another
+koordd owns the host. Any other failure is
 one line on stderr, exit 2.
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .daemon import STATUS_FILE
 from .decisions import read_decisions
 from .demo_cgroups import DemoError, hierarchy_roots
 from .options import parse_duration
+from .owner import current_holder
 from .printable import printable
 from .registry import load_registry
 from .state import RestoreJournal, read_held
@@ -136,6 +139,15 @@ def pid_alive(pid: Any) -> bool:
     return True
 
 
+def host_owner() -> tuple[Any, str]:
+    """The koordd holding the host lock (None when none does), and it in words."""
+    try:
+        holder = current_holder()
+    except OSError as e:
+        return None, f"unknown ({e.filename}: {e.strerror})"
+    return holder, holder.describe() if holder is not None else "none (no koordd writes this host's knobs)"
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     sd = state_dir(args)
     status = read_json(sd / STATUS_FILE)
@@ -151,9 +163,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise CtlError(f"{bad}: unreadable: {getattr(e, 'strerror', None) or e}") from None
     held, source = (journal[0], journal[1].name) if journal is not None else (status.get("held") or [], STATUS_FILE)
     running = pid_alive(status.get("pid"))
+    holder, owner_text = host_owner()
     if args.json:
         print(json.dumps({**status, "state_dir": str(sd), "running": running, "held": held,
-                          "held_source": source}, indent=1, sort_keys=True))
+                          "held_source": source, "owner": None if holder is None else holder.__dict__},
+                         indent=1, sort_keys=True))
         return 0 if running else 1
     now = time.time()
     state = "running" if running else "not running"
@@ -164,6 +178,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         ("dry-run", "yes" if status.get("dry_run") else "no"),
         ("cgroups", status.get("cgroups")),
         ("state_dir", sd),
+        # The koordd that writes this host's knobs, whatever its state_dir (koordd/owner.py).
+        ("owner", owner_text),
         *((("metrics", f"http://{status['metrics']}/metrics"),) if status.get("metrics") else ()),
         *((("reclaimable", reclaimable_text(status["reclaimable"])),) if status.get("reclaimable") else ()),
     ]))
@@ -287,6 +303,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         hierarchy_roots(layout)          # a host without the hierarchies the demo needs says so now
     except (LayoutError, DemoError) as e:
         raise CtlError(f"demo: {e}") from None
+    holder, _ = host_owner()
+    if holder is not None:          # its koordd would refuse (one koordd per host owns the knobs)
+        raise CtlError(f"demo: {holder.describe()} owns this host's knobs: stop it first (systemctl stop koordd)")
     settings = demo.Settings(phase=args.phase, period=args.period, loops=args.loops)
     return demo.run(settings, None if args.no_plot else args.plot, layout)
 

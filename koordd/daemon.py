@@ -19,10 +19,12 @@ from .actuator import Actuator, builtin_backends
 from .capabilities import probe_all
 from .cgroups import DEFAULT_ROOT, CgroupFS, LayoutError, detect_layout, on_cgroupfs
 from .config import DEFAULT_PATH, Config, ConfigError, load_config
+from .configwatch import ConfigWatcher
 from .backend import load_backends
 from .knobs import KNOBS, kernel_lacks
 from .kubelet import KubeletRule
 from .decisions import DecisionLog, journal_sender
+from .owner import HostOwned, OwnerLock, UntrustedLock, current_holder, lock_path
 from .printable import PrintableFormatter
 from .protect import process_cgroups
 from .reclaimable import FIELDS as RECLAIMABLE_FIELDS, Reclaimable, ReclaimableState, observe as observe_reclaimable
@@ -33,13 +35,21 @@ from .sensors.lifecycle import SensorManager
 from .sensors.registry import load_sensor_registry
 from .snapshot import Snapshot
 from .state import Held, RestoreJournal, write_atomic
-from .topfeed import TopFeed, document
+from .topfeed import REQUEST_FILE, TOP_FILE, TopFeed, document
+from .trust import untrusted_state_dir
 from .wakeup import Wakeup
 
 log = logging.getLogger("koordd")
 RELOAD_DEBOUNCE = 0.5        # editors write a file in several steps: reload once they are done
 RESTART_KEYS = ("cgroup_root", "state_dir", "dry_run")
 STATUS_FILE = "status.json"
+# What koordd reads, appends to or replaces in its state_dir: trusted only if root's alone.
+STATE_FILES = (RestoreJournal.FILE, RestoreJournal.V1_FILE, DecisionLog.FILE, STATUS_FILE, TOP_FILE, REQUEST_FILE)
+EX_CONFIG, EX_TEMPFAIL = 78, 75     # invalid config or untrusted files (restarting will not help); host owned
+
+
+class UntrustedState(Exception):
+    """The state_dir or a file in it could be changed by someone other than root."""
 
 
 def setup_logging(level: str) -> None:
@@ -70,11 +80,15 @@ class Daemon:
         self.dry_run = dry_run or config.daemon.dry_run
         root = Path(config.daemon.cgroup_root or DEFAULT_ROOT)
         self.layout = detect_layout(root)
-        self.fs = CgroupFS(self.layout, keep_open=on_cgroupfs(self.layout), max_open=_raise_open_files_limit())
         self.state_dir = Path(config.daemon.state_dir)
-        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _keep_private(self.state_dir)
-        self.journal = RestoreJournal(self.state_dir)
+        # Before anything is written, the state_dir made or the journal read: one koordd per host writes.
+        self.owner = self._own_host()
+        try:
+            self.journal = self._open_state_dir()
+        except BaseException:
+            self._release_host()
+            raise
+        self.fs = CgroupFS(self.layout, keep_open=on_cgroupfs(self.layout), max_open=_raise_open_files_limit())
         self.backends = load_backends(*builtin_backends(self.fs))
         self.actuator = Actuator(self.backends, self.journal, DecisionLog(self.state_dir, send=journal_sender()),
                                  dry_run=self.dry_run)
@@ -96,6 +110,40 @@ class Daemon:
         self.exporter = None                            # koordd/metrics.py, while [metrics] enable = true
         self.metrics_server = None
         self.metrics_fields: frozenset[str] = frozenset()
+        self.watcher: ConfigWatcher | None = None
+
+    # --- the host's knobs: one owner -------------------------------------------
+
+    def _own_host(self) -> OwnerLock | None:
+        """The host lock (koordd/owner.py), or HostOwned naming its holder. A dry-run takes none, but
+        refuses beside the holder on the holder's own state_dir: its status, decisions and top files
+        would overwrite the holder's, and its recovery would take the holder's live holds for leftovers."""
+        if not self.dry_run:
+            return OwnerLock.take(self.config.path, self.state_dir)
+        holder = current_holder()
+        if holder is not None and holder.state_dir is not None and \
+                os.path.realpath(holder.state_dir) == os.path.realpath(self.state_dir):
+            raise HostOwned(holder, lock_path(), f"{holder.describe()} owns this host's knobs and uses state_dir "
+                            f"{self.state_dir}: a dry-run there would overwrite its status and decision log; give "
+                            "the dry-run a config with another daemon.state_dir")
+        if holder is not None:
+            log.info("%s owns this host's knobs; this dry-run writes none", holder.describe())
+        return None
+
+    def _open_state_dir(self) -> RestoreJournal:
+        """The state_dir, made if missing, and its journal; UntrustedState if others could change them."""
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        why = untrusted_state_dir(self.state_dir, STATE_FILES)
+        if why:
+            raise UntrustedState(f"{why}: koordd undoes what its state_dir's journal says, so it trusts the "
+                                 f"directory only if root alone can change it (chown root, chmod go-w)")
+        _keep_private(self.state_dir)
+        return RestoreJournal(self.state_dir)
+
+    def _release_host(self) -> None:
+        if self.owner is not None:
+            self.owner.release()
+            self.owner = None
 
     # --- start ----------------------------------------------------------------
 
@@ -112,8 +160,12 @@ class Daemon:
         self.top.withdraw()                 # a top.json a previous run left: nobody asked this run
         self._configure(self.config)
         # Baseline: rates need two samples.
-        self.sensors.snapshot(self.runner.watched(), member_classes=self.runner.member_classes(),
-                              fields=self.runner.needs() | self._extra_fields(), member_fields=self.runner.member_needs())
+        try:
+            self.sensors.snapshot(self.runner.watched(), member_classes=self.runner.member_classes(),
+                                  fields=self.runner.needs() | self._extra_fields(),
+                                  member_fields=self.runner.member_needs())
+        except Exception:  # noqa: BLE001 - a tree that cannot be listed now (EMFILE): the first round tries again
+            log.exception("the first snapshot failed; the loops' first rounds will try again")
 
     def _extra_fields(self) -> frozenset[str]:
         """What is read of the class roots beyond the loops' needs: what the reclaimable figure reads,
@@ -187,8 +239,11 @@ class Daemon:
             self.round(list(self.runner.runs.values()))
             self._write_status()            # before the sensors stop: it says which ran and which could not
             self.sensors.close()
+            self._release_host()            # what it changed stays, in the journal, for the next owner
             return 0 if all(r.failures == 0 for r in self.runner.runs.values()) else 1
-        watcher = self._watch_config()
+        self.watcher = ConfigWatcher(str(self.config.path), lambda: self.request_reload(RELOAD_DEBOUNCE))
+        if not self.watcher.start():
+            self.watcher = None
         watchdog = notify.watchdog_period()
         next_ping = time.monotonic()
         ready = False
@@ -217,8 +272,8 @@ class Daemon:
                 timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
                 self.wake.wait(timeout)
         finally:
-            if watcher is not None:
-                watcher.stop()
+            if self.watcher is not None:
+                self.watcher.stop()
             self.stop()
         return 0
 
@@ -274,13 +329,27 @@ class Daemon:
     def stop(self) -> None:
         notify.notify("STOPPING=1")
         self.top.withdraw()
-        self.actuator.restore_all("koordd stopping")
+        with notify.StopExtender(self._restore_progress):
+            self.actuator.restore_all("koordd stopping")
         self.sensors.close()
         self.backends.close()
         self.journal.close()
         self._write_status()
         self._stop_metrics()
         log.info("koordd stopped; %d knobs left held", len(self.journal.entries()))
+        self._release_host()
+
+    def _restore_progress(self) -> tuple:
+        """What changes with every restore (a release in the journal, a decision record), read from the
+        files alone: the stop extender asks from its own thread."""
+        out = []
+        for path in (self.journal.path, self.state_dir / DecisionLog.FILE):
+            try:
+                st = os.stat(path)
+                out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+            except OSError:
+                out.append(None)
+        return tuple(out)
 
     # --- metrics ----------------------------------------------------------------
 
@@ -338,6 +407,8 @@ class Daemon:
     def reload(self) -> None:
         notify.reloading()
         path = Path(self.config.path)
+        if self.watcher is not None:
+            self.watcher.refresh()          # a repointed symlink: watch where it leads now
         try:
             seen = _identity(path)
             new = load_config(path, self.registry)
@@ -381,33 +452,6 @@ class Daemon:
         signal.signal(signal.SIGTERM, on_stop)
         signal.signal(signal.SIGINT, on_stop)
         signal.signal(signal.SIGHUP, lambda s, f: self.request_reload())
-
-    def _watch_config(self):
-        """Reload when the file changes. Editors replace it by rename, so watch its directory."""
-        try:
-            from watchdog.events import FileSystemEventHandler
-            from watchdog.observers import Observer
-        except ImportError:
-            log.info("watchdog not installed: config reloads on SIGHUP only")
-            return None
-        target = os.path.realpath(self.config.path)
-        daemon = self
-
-        class Handler(FileSystemEventHandler):
-            def on_any_event(self, event):
-                paths = {getattr(event, "src_path", ""), getattr(event, "dest_path", "")}
-                if target in {os.path.realpath(p) for p in paths if p}:
-                    daemon.request_reload(RELOAD_DEBOUNCE)
-
-        observer = Observer()
-        try:
-            observer.schedule(Handler(), os.path.dirname(target), recursive=False)
-            observer.daemon = True
-            observer.start()
-        except OSError as e:
-            log.warning("cannot watch %s (%s): config reloads on SIGHUP only", target, e)
-            return None
-        return observer
 
     # --- status for koordctl ----------------------------------------------------
 
@@ -497,10 +541,16 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config, registry)
     except ConfigError as e:
         log.error("refusing to start, invalid config:\n%s", e)
-        return 78      # EX_CONFIG: systemd shows it as "status=78/CONFIG"
+        return EX_CONFIG      # systemd shows it as "status=78/CONFIG"
     set_level(args.log_level or config.daemon.log_level)
     try:
         daemon = Daemon(config, registry, dry_run=args.dry_run)
+    except HostOwned as e:
+        log.error("refusing to start: %s", e)
+        return EX_TEMPFAIL          # the unit's Restart= tries again: the holder may be a --once, soon done
+    except (UntrustedState, UntrustedLock) as e:
+        log.error("refusing to start: %s", e)
+        return EX_CONFIG
     except (LayoutError, OSError) as e:
         log.error("cannot start: %s", e)
         return 1

@@ -1,9 +1,13 @@
 """sd_notify(3) without libsystemd: a datagram to $NOTIFY_SOCKET. A no-op outside systemd."""
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
 import time
+
+log = logging.getLogger("koordd")
 
 # systemd reads its socket at once; a full queue means the reader is stuck. Waiting for it would
 # stall every control loop (and SIGTERM, which the main loop handles), so a message waits this
@@ -43,3 +47,52 @@ def watchdog_period() -> float | None:
         return int(usec) / 2e6
     except ValueError:
         return None
+
+
+# A stop's restores (koordd/daemon.py): how often their progress is looked at, and how long without
+# progress systemd is left to its own TimeoutStopSec=. A single restore may take seconds (sched_ext's
+# safe unload waits up to 10 s); thousands of them take one journal fsync each.
+EXTEND_EVERY = 5.0
+STALL = 30.0
+
+
+class StopExtender:
+    """While a stop's restores make progress, ask systemd for more time (EXTEND_TIMEOUT_USEC): a stop
+    that restores thousands of knobs on a slow disk must not be SIGKILLed halfway (the rest would wait
+    for the next start), and one stuck on a single restore still ends, `stall` + `every` seconds after
+    its last progress. `progress()` returns anything that changes as restores are made; it runs in
+    another thread."""
+
+    def __init__(self, progress, every: float = EXTEND_EVERY, stall: float = STALL):
+        self.progress, self.every, self.stall = progress, every, stall
+        self.done, self.stalled = threading.Event(), threading.Event()
+        self.checks = 0
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "StopExtender":
+        if os.environ.get("NOTIFY_SOCKET"):
+            self._thread = threading.Thread(target=self._run, name="koordd-stop-extender", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        last, moved = self.progress(), time.monotonic()
+        while True:
+            left = self.stall + self.every - (time.monotonic() - moved)
+            if left > self.every:
+                # From now: systemd's deadline stays `stall` + `every` after the last progress.
+                notify(f"EXTEND_TIMEOUT_USEC={int(left * 1e6)}")
+            elif not self.stalled.is_set():
+                self.stalled.set()
+                log.warning("restoring made no progress for %.0fs: systemd's stop timeout runs on", self.stall)
+            if self.done.wait(self.every):
+                return
+            self.checks += 1
+            now = self.progress()
+            if now != last:
+                last, moved = now, time.monotonic()

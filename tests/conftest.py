@@ -113,3 +113,12 @@ def no_bpf_outside_kernel_tests(request, monkeypatch):
 # The config owner check (koordd/trust.py) is tested in tests/test_security.py; elsewhere tests load
 # configs from a checkout whose owner they do not choose. Inherited by the koordd processes they start.
 os.environ.setdefault("KOORDD_TEST_SKIP_CONFIG_OWNER_CHECK", "1")
+
+
+# One koordd per host (koordd/owner.py): each test's koordd, in-process or started as a process, locks a
+# file of the test's own, so tests running side by side (and a koordd service on the host) do not refuse
+# each other. The tests of the lock itself choose their file.
+@pytest.fixture(autouse=True)
+def owner_lock_of_the_test(tmp_path_factory, monkeypatch):
+    from koordd.owner import TEST_ENV
+    monkeypatch.setenv(TEST_ENV, str(tmp_path_factory.mktemp("owner") / "owner.lock"))
