@@ -4,8 +4,11 @@ A config can be wrong: a BE pattern that also matches `system.slice`, a class ro
 pods below it, a scope that is PID 1's. The actuator checks every evicting or throttling write
 against this list before it reads the knob, so no loop and no config can kill, freeze, reclaim or
 cap:
-- a cgroup of class SYSTEM, LSE, LSR or LS, or one below such a class root;
-- a cgroup that holds one (killing or capping a parent reaches its children);
+- a cgroup of class SYSTEM, LSE, LSR or LS, or one below such a class root (a BE root nested in
+  an LS one too: whatever runs inside LS work is not koordd's to cut);
+- a cgroup that holds one (killing or capping a parent reaches its children): a BE root with an LS
+  job below it is found as such because the snapshot lists every class root at any depth
+  (sensors/collect.py find_classified), not only the outermost.
 - the cgroup of PID 1 or of koordd itself, or one that holds them.
 Throttling means a lower cap than the knob's original value; weights are shares, not caps, and
 raising a limit (cpu_burst on LS) is what protection is for.
@@ -98,6 +101,12 @@ class Protected:
             for up in _ancestry(cg)[1:]:
                 holders.setdefault(up, f"holds {cg}, of class {cls}")
         return Protected(protected, holders)
+
+    @staticmethod
+    def of_snapshot(snapshot) -> "Protected":
+        """The classes' part of the guard for a snapshot's class roots, for loops choosing targets:
+        what they pick the actuator would not refuse (it adds the cgroups of PID 1 and koordd)."""
+        return Protected.of({path: c.cls for path, c in snapshot.cgroups.items()}, {})
 
     def why(self, target: str) -> str | None:
         target = target.strip("/")
