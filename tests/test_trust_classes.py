@@ -17,15 +17,23 @@ import pytest
 import yaml
 
 from fakecgroup import LAYOUTS, FakeCgroups
+from fakeresctrl import FakeResctrl
+from koordd.actuator import Actuator
+from koordd.backend import Backends
 from koordd.config import can_hold, loop_options, make_settings, parse_config
+from koordd.decisions import APPLIED, REFUSED, DecisionLog
+from koordd.knobs import CgroupBackend
+from koordd.loop import Action
 from koordd.plugins.be_suppress import BeSuppress
 from koordd.plugins.memory_evict import MemoryEvict
 from koordd.protect import Protected
 from koordd.registry import load_registry
+from koordd.resctrl_backend import ResctrlGroupBackend, ResctrlTasksBackend
 from koordd.reclaimable import RECLAIMABLE_OPTIONS, ReclaimableState, observe
 from koordd.runner import class_of
 from koordd.sensors.collect import Sensors, find_classified
 from koordd.snapshot import CgroupSample, NodeSample, Snapshot, own_usage
+from koordd.state import RestoreJournal
 from koordd.trust import SKIP_ENV
 from test_metrics import published, samples
 
@@ -294,3 +302,25 @@ def test_the_shipped_configs_have_no_nesting_warning():
 ])
 def test_can_hold(outer, inner, holds):
     assert can_hold(outer, inner) is holds
+
+
+def test_no_be_cache_partition_for_a_be_root_holding_ls(tmp_path):
+    """llc_partition moves every thread of a BE root and below into the BE resctrl group (a few cache
+    ways): for a BE root holding an LS job that would confine LS's cache too."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    cg = FakeCgroups(tmp_path / "cg", "v2").add("be.slice/ls-job").add("be.slice/batch")
+    cg.set("be.slice/ls-job", None, "cgroup.threads", "21\n")
+    cg.set("be.slice/batch", None, "cgroup.threads", "11\n")
+    rc = FakeResctrl(tmp_path / "resctrl", alive={1, 11, 21})
+    groups, tasks = ResctrlGroupBackend(rc, proc), ResctrlTasksBackend(cg.fs, rc, proc)
+    act = Actuator(Backends([CgroupBackend(cg.fs), groups, tasks]), RestoreJournal(tmp_path / "state"),
+                   DecisionLog(tmp_path / "state", send=lambda message, **fields: None))
+    act.protect({"be.slice": "BE", "be.slice/ls-job": "LS"})
+    made, root, batch = act.apply("llc_partition", [Action("koordd-BE", "resctrl.group", "present"),
+                                                    Action("be.slice", "resctrl_group", "koordd-BE"),
+                                                    Action("be.slice/batch", "resctrl_group", "koordd-BE")])
+    assert made.outcome == APPLIED and batch.outcome == APPLIED
+    assert root.outcome == REFUSED and root.error == \
+        "protected: would confine the cache of be.slice, which holds be.slice/ls-job, of class LS"
+    assert rc.tasks_of("koordd-BE") == [11]
