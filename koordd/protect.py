@@ -123,6 +123,21 @@ class Protected:
         return None
 
 
+def standing_harm(guard: Protected, target: str, knob: str, original: str, current: Callable[[], str]) -> str | None:
+    """Why a knob koordd holds changed on `target` (`original` its value before) must go back now, or
+    None: it still throttles or freezes a cgroup the guard protects since it was written (an LS job
+    started in be.slice, a nested class root the config now names). The guard refuses new writes
+    only; this lifts the standing ones. `current` reads the knob; unreadable: nothing to say."""
+    why = guard.why(target)
+    if why is None:
+        return None
+    try:
+        what = harm(knob, current(), original)
+    except Exception:  # noqa: BLE001 - gone or unreadable this round: the next one sees it
+        return None
+    return f"protected: would go on to {what} {target or '/'}, which {why}" if what else None
+
+
 def process_cgroups(proc: Path | str = "/proc", pids: Mapping[str, int] | None = None) -> dict[str, str]:
     """cgroup -> whose, for PID 1 and koordd: every path /proc/PID/cgroup names (v1 hierarchies
     and v2 alike; on a hybrid host they usually agree). An unreadable file protects nothing extra:

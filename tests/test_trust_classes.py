@@ -23,14 +23,14 @@ from koordd.backend import Backends
 from koordd.config import can_hold, loop_options, make_settings, parse_config
 from koordd.decisions import APPLIED, REFUSED, DecisionLog
 from koordd.knobs import CgroupBackend
-from koordd.loop import Action
+from koordd.loop import Action, Loop
 from koordd.plugins.be_suppress import BeSuppress
 from koordd.plugins.memory_evict import MemoryEvict
 from koordd.protect import Protected
 from koordd.registry import load_registry
 from koordd.resctrl_backend import ResctrlGroupBackend, ResctrlTasksBackend
 from koordd.reclaimable import RECLAIMABLE_OPTIONS, ReclaimableState, observe
-from koordd.runner import class_of
+from koordd.runner import Runner, class_of
 from koordd.sensors.collect import Sensors, find_classified
 from koordd.snapshot import CgroupSample, NodeSample, Snapshot, own_usage
 from koordd.state import RestoreJournal
@@ -324,3 +324,38 @@ def test_no_be_cache_partition_for_a_be_root_holding_ls(tmp_path):
     assert root.outcome == REFUSED and root.error == \
         "protected: would confine the cache of be.slice, which holds be.slice/ls-job, of class LS"
     assert rc.tasks_of("koordd-BE") == [11]
+
+
+# --- a throttle standing when its cgroup comes to hold LS work is lifted ------------------------------------
+
+class Idler(Loop):
+    """Makes every BE root idle (as qos_baseline does)."""
+    name = "idler"
+
+    @staticmethod
+    def writes(settings):
+        return frozenset({("BE", "cpu.idle")})
+
+    @staticmethod
+    def decide(snapshot, settings, state):
+        return [Action(c.path, "cpu.idle", "1", {}, "idle") for c in snapshot.of_class("BE")]
+
+
+def test_a_throttle_held_on_a_be_root_is_lifted_once_ls_work_starts_below_it(tmp_path):
+    tree = FakeCgroups(tmp_path, "v2").add("be.slice")
+    runner = Runner({"idler": Idler}, Actuator(tree.fs, RestoreJournal(tmp_path / "state"),
+                                               DecisionLog(tmp_path / "state")))
+    runner.configure(parse_config('[[classes]]\nname = "BE"\ncgroups = ["be.slice"]\n[[classes]]\nname = "LS"\n'
+                                  'cgroups = ["be.slice/ls-job"]\n[loops.idler]\nenabled = true\ninterval = "1s"\n',
+                                  "koordd.toml", {"idler": Idler}), now=0.0)
+    idler = runner.runs["idler"]
+
+    def tick(t, classes):
+        runner.tick([idler], Snapshot(t, 0.0, NodeSample(2, 0.5), {p: CgroupSample(p, c) for p, c in classes.items()}))
+        return tree.read("be.slice", "cpu", "cpu.idle").strip()
+
+    assert tick(1.0, {"be.slice": "BE"}) == "1"
+    tree.add("be.slice/ls-job")                                        # an LS job starts in the idle slice
+    assert tick(2.0, {"be.slice": "BE", "be.slice/ls-job": "LS"}) == "0"
+    assert tick(3.0, {"be.slice": "BE", "be.slice/ls-job": "LS"}) == "0"     # and the guard keeps it so
+    assert runner.actuator.journal.entries() == []
