@@ -74,11 +74,12 @@ class LoopRun:
 
 
 def class_of(cgroup: str, snapshot: Snapshot) -> str | None:
-    """Class of a cgroup: that of the class root it is, or lies below."""
+    """Class of a cgroup: that of the class root it is, or lies below (the nearest: the deepest match).
+    A cgroup sampled without a class (a scope a loop watches) gives none: the search goes on above it."""
     path = cgroup
     while True:
         sample = snapshot.cgroups.get(path)
-        if sample is not None:
+        if sample is not None and sample.cls:
             return sample.cls
         if "/" not in path:
             return None

@@ -34,6 +34,7 @@ from koordd.runner import Runner, class_of
 from koordd.sensors.collect import Sensors, find_classified
 from koordd.snapshot import CgroupSample, NodeSample, Snapshot, own_usage
 from koordd.state import RestoreJournal
+from koordd.topfeed import TopRequest, document
 from koordd.trust import SKIP_ENV
 from test_metrics import published, samples
 
@@ -359,3 +360,22 @@ def test_a_throttle_held_on_a_be_root_is_lifted_once_ls_work_starts_below_it(tmp
     assert tick(2.0, {"be.slice": "BE", "be.slice/ls-job": "LS"}) == "0"
     assert tick(3.0, {"be.slice": "BE", "be.slice/ls-job": "LS"}) == "0"     # and the guard keeps it so
     assert runner.actuator.journal.entries() == []
+
+
+def test_koordctl_top_shows_a_nested_root_with_its_own_class(tmp_path):
+    tree, config = nested_tree(tmp_path, "hybrid"), nested_config()
+    snapshot = sensors_of(tree, config).snapshot(member_classes={"BE", "LS"}, fields=frozenset())
+    doc = document(snapshot, TopRequest(members=True), [], lambda h: None, {})
+    rows = {r["path"]: (r["class"], r["member_of"]) for r in doc["cgroups"]}
+    assert rows["be.slice"] == ("BE", None) and rows["be.slice/ls-job"] == ("LS", None)
+    assert rows["be.slice/ls-job/agent"] == ("SYSTEM", None)
+    assert rows["be.slice/batch"] == ("BE", "be.slice") and rows["be.slice/ls-job/worker"] == ("LS", "be.slice/ls-job")
+
+
+def test_a_watched_scope_inside_a_class_root_leaves_its_cgroups_their_class():
+    """memory_evict's scope is sampled without a class: what lies below it is still of the root above
+    (else the runner takes the scope's cgroups for unclassified and puts back every freeze held there)."""
+    s = Snapshot(1.0, 0.0, NodeSample(2, 0.5), {"be.slice": CgroupSample("be.slice", "BE"),
+                                                "be.slice/jobs": CgroupSample("be.slice/jobs", "")})
+    assert class_of("be.slice/jobs/x", s) == "BE" and class_of("be.slice/jobs", s) == "BE"
+    assert class_of("other.slice", s) is None
