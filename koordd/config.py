@@ -8,6 +8,8 @@ once, so one edit fixes them all and a bad file never reaches a loop.
 from __future__ import annotations
 
 import difflib
+import fnmatch
+import itertools
 import json
 import re
 import sys
@@ -149,6 +151,9 @@ class Config:
     loops: Mapping[str, Settings]  # every registered loop; absent sections hold the defaults
     metrics: Settings = field(default_factory=lambda: make_settings(METRICS_OPTIONS, {}))
     reclaimable: Settings = field(default_factory=lambda: make_settings(RECLAIMABLE_OPTIONS, {}))
+    # "<file>:<line>: warning: ..." for what is valid but likely not meant (koordctl validate prints
+    # them, koordd logs them at start and reload): class roots nesting across BE (nested_classes).
+    warnings: tuple[str, ...] = ()
 
     def rule_for(self, cgroup: str) -> ClassRule | None:
         """The first rule with a pattern matching `cgroup`, or None."""
@@ -206,7 +211,70 @@ def parse_config(text: str, path: Path | str, registry: Mapping[str, type]) -> C
         # Stable sort: file order, with line-less errors (none today) first.
         raise ConfigError(f"{path}:{ln}: {msg}" if ln else f"{path}: {msg}"
                           for ln, msg in sorted(c.errors, key=lambda e: e[0] or 0))
-    return Config(path, daemon, classes, loops, metrics, reclaimable)
+    warnings = tuple(f"{path}:{_line_of(c.lines, ('classes', i, 'cgroups'))}: warning: {msg}"
+                     for i, msg in nested_classes(classes))
+    return Config(path, daemon, classes, loops, metrics, reclaimable, warnings)
+
+
+def nested_classes(rules: tuple[ClassRule, ...]) -> list[tuple[int, str]]:
+    """(index of the BE rule, message) for each BE pattern whose cgroups can hold a cgroup another
+    class's pattern matches, and each that can match inside one. A cgroup has the class of its deepest
+    match, and koordd never caps, freezes or kills a cgroup that holds an LS, LSR, LSE or SYSTEM one or
+    lies inside one: such a BE cgroup is BE in name only (be_suppress and memory_evict leave it alone)."""
+    out = []
+    for i, outer in enumerate(rules):
+        for j, inner in enumerate(rules):
+            if outer.name == inner.name or "BE" not in (outer.name, inner.name):
+                continue
+            for p, q in itertools.product(outer.patterns, inner.patterns):
+                if not can_hold(p, q):
+                    continue
+                if outer.name == "BE":
+                    out.append((i, f"BE pattern {p!r} can hold cgroups of {inner.name} pattern {q!r} "
+                                   f"(classes[{j}]): a BE cgroup holding one is never capped, frozen or killed"))
+                else:
+                    out.append((j, f"BE pattern {q!r} can match inside {outer.name} pattern {p!r} "
+                                   f"(classes[{i}]): a BE cgroup inside {outer.name} work is never capped, "
+                                   f"frozen or killed"))
+    return out
+
+
+def can_hold(outer: str, inner: str) -> bool:
+    """Whether a cgroup that pattern `inner` matches can lie below one that `outer` matches (globs per
+    component)."""
+    o, i = outer.split("/"), inner.split("/")
+    return len(i) > len(o) and all(_globs_meet(a, b) for a, b in zip(o, i))
+
+
+def _globs_meet(a: str, b: str) -> bool:
+    """Whether some name matches both fnmatch globs (one path component each). Two character
+    classes are taken to meet: a warning too many rather than one missed."""
+    x, y, memo = _glob_tokens(a), _glob_tokens(b), {}
+
+    def meet(i: int, j: int) -> bool:
+        if (i, j) not in memo:
+            if i < len(x) and x[i] == "*":         # the star matches nothing, or what y's next token does
+                memo[i, j] = meet(i + 1, j) or (j < len(y) and meet(i, j + 1))
+            elif j < len(y) and y[j] == "*":
+                memo[i, j] = meet(i, j + 1) or (i < len(x) and meet(i + 1, j))
+            elif i == len(x) or j == len(y):
+                memo[i, j] = i == len(x) and j == len(y)
+            else:
+                memo[i, j] = _chars_meet(x[i], y[j]) and meet(i + 1, j + 1)
+        return memo[i, j]
+    return meet(0, 0)
+
+
+def _chars_meet(a: str, b: str) -> bool:
+    """Whether one character matches both single-character tokens (a literal, "?" or "[...]")."""
+    if "?" in (a, b) and min(len(a), len(b)) == 1:
+        return True
+    if len(a) == 1 and len(b) == 1:
+        return a == b
+    if len(a) == 1 or len(b) == 1:
+        literal, cls = (a, b) if len(a) == 1 else (b, a)
+        return fnmatch.fnmatchcase(literal, cls)
+    return True
 
 
 def _syntax_error(path: Path, text: str, e: Exception) -> str:
@@ -558,3 +626,20 @@ def _scan_value(s: str, i: int, depth: int, ml: str | None) -> tuple[int, str | 
             depth -= 1
         i += 1
     return depth, ml
+
+
+def _glob_tokens(glob: str) -> list[str]:
+    """"*", "?", a "[...]" class (as fnmatch reads one) or one literal character each."""
+    out, i = [], 0
+    while i < len(glob):
+        if glob[i] == "[":
+            j = i + 1 + (glob[i + 1:i + 2] == "!")
+            j += glob[j:j + 1] == "]"               # a "]" right after "[" or "[!" is a member
+            end = glob.find("]", j)
+            if end >= 0:
+                out.append(glob[i:end + 1])
+                i = end + 1
+                continue
+        out.append(glob[i])
+        i += 1
+    return out

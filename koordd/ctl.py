@@ -113,10 +113,12 @@ def knob_value(v: str | None) -> str:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     try:
-        load_config(args.file, load_registry())
+        config = load_config(args.file, load_registry())
     except ConfigError as e:
         print("\n".join(e.errors))
         return 1
+    for warning in config.warnings:          # valid, but likely not what was meant
+        print(warning)
     print(f"{args.file}: ok")
     return 0
 

@@ -427,6 +427,8 @@ class Daemon:
             log.error("reload refused, keeping the running config:\n%s", e)
             notify.notify("READY=1", "STATUS=running (reload refused, see log)")
             return
+        for warning in new.warnings:
+            log.warning("%s", warning)
         for key in RESTART_KEYS:
             if getattr(new.daemon, key) != getattr(self.config.daemon, key):
                 log.warning("%s: daemon.%s changed; it takes effect when koordd restarts", new.path, key)
@@ -543,6 +545,8 @@ def main(argv: list[str] | None = None) -> int:
         log.error("refusing to start, invalid config:\n%s", e)
         return EX_CONFIG      # systemd shows it as "status=78/CONFIG"
     set_level(args.log_level or config.daemon.log_level)
+    for warning in config.warnings:
+        log.warning("%s", warning)
     try:
         daemon = Daemon(config, registry, dry_run=args.dry_run)
     except HostOwned as e:

@@ -32,7 +32,7 @@ from .histogram import merged, quantile_us
 from .knobs import KNOBS
 from .listen import parse_listen
 from .reclaimable import Reclaimable, cpu_given
-from .snapshot import CPI, RUNQ_LATENCY, CgroupSample, PressureStat, Snapshot
+from .snapshot import CPI, RUNQ_LATENCY, CgroupSample, PressureStat, Snapshot, own_usage
 from .state import Held
 
 log = logging.getLogger(__name__)
@@ -282,11 +282,6 @@ def _node(out: _Series, s: Snapshot) -> None:
     _pressures(out, "koordd_node_pressure", [], n)
 
 
-def _sum(values: Iterable[float | None]) -> float | None:
-    values = list(values)
-    return None if not values or any(v is None for v in values) else sum(values)
-
-
 def _classes(out: _Series, s: Snapshot) -> None:
     runq, cpi = s.section(RUNQ_LATENCY, {}), s.section(CPI, {})
     by_class: dict[str, list[CgroupSample]] = {}
@@ -295,10 +290,11 @@ def _classes(out: _Series, s: Snapshot) -> None:
             by_class.setdefault(c.cls, []).append(c)
     for cls, roots in sorted(by_class.items()):
         out.add("koordd_class_cgroups", [cls], len(roots))
-        out.add("koordd_class_cpu_usage_cores", [cls], _sum(c.cpu_usage for c in roots))
+        # Own usage: a class root nested in another (an LS job in be.slice) counts once, in its own class.
+        out.add("koordd_class_cpu_usage_cores", [cls], own_usage(s, roots))
         out.add("koordd_class_cpu_limit_cores", [cls],
                 min(float(s.node.cpu_count), sum(cpu_given(c, float(s.node.cpu_count)) for c in roots)))
-        out.add("koordd_class_memory_bytes", [cls], _sum(c.memory_current for c in roots))
+        out.add("koordd_class_memory_bytes", [cls], own_usage(s, roots, "memory_current"))
         for resource in ("cpu", "memory", "io"):
             for kind in ("some", "full"):
                 worst = [line.avg10 for c in roots if (st := getattr(c, f"{resource}_pressure")) is not None

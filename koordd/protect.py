@@ -4,8 +4,11 @@ A config can be wrong: a BE pattern that also matches `system.slice`, a class ro
 pods below it, a scope that is PID 1's. The actuator checks every evicting or throttling write
 against this list before it reads the knob, so no loop and no config can kill, freeze, reclaim or
 cap:
-- a cgroup of class SYSTEM, LSE, LSR or LS, or one below such a class root;
-- a cgroup that holds one (killing or capping a parent reaches its children);
+- a cgroup of class SYSTEM, LSE, LSR or LS, or one below such a class root (a BE root nested in
+  an LS one too: whatever runs inside LS work is not koordd's to cut);
+- a cgroup that holds one (killing or capping a parent reaches its children): a BE root with an LS
+  job below it is found as such because the snapshot lists every class root at any depth
+  (sensors/collect.py find_classified), not only the outermost.
 - the cgroup of PID 1 or of koordd itself, or one that holds them.
 Throttling means a lower cap than the knob's original value; weights are shares, not caps, and
 raising a limit (cpu_burst on LS) is what protection is for.
@@ -56,6 +59,9 @@ THROTTLING: dict[str, tuple[str, Callable[[str, str], bool]]] = {
     "sched_policy": ("demote the threads of", lambda new, old: new in ("idle", "batch") and new != old),
     "scheduler_class": ("put in the BE class", lambda new, old: new == "BE" and new != old),
     "net_class": ("shape the egress of", lambda new, old: new == "be" and new != old),
+    # llc_partition's BE group (plugins/llc_partition.py group_of): a few cache ways, a share of the
+    # memory bandwidth, for every thread of the cgroup and below it.
+    "resctrl_group": ("confine the cache of", lambda new, old: new == "koordd-BE" and new != old),
 }
 
 
@@ -99,6 +105,12 @@ class Protected:
                 holders.setdefault(up, f"holds {cg}, of class {cls}")
         return Protected(protected, holders)
 
+    @staticmethod
+    def of_snapshot(snapshot) -> "Protected":
+        """The classes' part of the guard for a snapshot's class roots, for loops choosing targets:
+        what they pick the actuator would not refuse (it adds the cgroups of PID 1 and koordd)."""
+        return Protected.of({path: c.cls for path, c in snapshot.cgroups.items()}, {})
+
     def why(self, target: str) -> str | None:
         target = target.strip("/")
         held = self.holders.get(target)
@@ -109,6 +121,21 @@ class Protected:
             if cls is not None:
                 return f"is of class {cls}" if up == target else f"lies below {up}, of class {cls}"
         return None
+
+
+def standing_harm(guard: Protected, target: str, knob: str, original: str, current: Callable[[], str]) -> str | None:
+    """Why a knob koordd holds changed on `target` (`original` its value before) must go back now, or
+    None: it still throttles or freezes a cgroup the guard protects since it was written (an LS job
+    started in be.slice, a nested class root the config now names). The guard refuses new writes
+    only; this lifts the standing ones. `current` reads the knob; unreadable: nothing to say."""
+    why = guard.why(target)
+    if why is None:
+        return None
+    try:
+        what = harm(knob, current(), original)
+    except Exception:  # noqa: BLE001 - gone or unreadable this round: the next one sees it
+        return None
+    return f"protected: would go on to {what} {target or '/'}, which {why}" if what else None
 
 
 def process_cgroups(proc: Path | str = "/proc", pids: Mapping[str, int] | None = None) -> dict[str, str]:

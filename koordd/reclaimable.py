@@ -8,7 +8,8 @@ Per LS, LSR or LSE class root, for CPU (cores) and memory (bytes):
     given     its limit: CPU min(cpu.max quota / period, the CPUs of its cpuset, the node's CPUs),
               memory min(memory.max, the node's memory); a root without a limit was given the node
     peak      its highest usage over the last `window` (CPU: cores used; memory: memory.current,
-              page cache included: a cache LS reads from is LS's too)
+              page cache included: a cache LS reads from is LS's too); a class root nested in it
+              (a BE job in an LS pod) uses its own, not the LS root's (Snapshot.own_usage)
     needs     min(given, peak x (1 + margin_percent / 100))
     system    the highest, over `window`, of what neither LS nor BE uses: node used - LS used -
               BE used (host daemons, SYSTEM, the kernel), at least 0
@@ -33,7 +34,7 @@ from .cgroups import parse_cpulist
 from .health import LATENCY_SENSITIVE
 from .knobs import parse_cpu_max
 from .options import Duration, Option
-from .snapshot import CgroupSample, Snapshot
+from .snapshot import CgroupSample, Snapshot, own_usage
 
 RECLAIMABLE_OPTIONS = (
     Option("window", Duration, Duration(600.0), "LS usage counts at its peak over this window: only what LS "
@@ -163,20 +164,24 @@ def observe(snapshot: Snapshot, settings, state: ReclaimableState) -> Reclaimabl
     be_roots = snapshot.of_class("BE")
     keys: set[tuple[str, str]] = set()
     cpu = memory = None
-    if node.cpu_used is not None and all(c.cpu_usage is not None for c in ls_roots + be_roots):
+    # Each root's own usage: a root nested in another (an LS job in be.slice) is inside its usage too.
+    ls_cpu = [own_usage(snapshot, (c,)) for c in ls_roots]
+    be_cpu = own_usage(snapshot, be_roots)
+    if node.cpu_used is not None and None not in ls_cpu and be_cpu is not None:
         cpus = float(node.cpu_count)
         cpu = _capacity(state, CPU, now, window, margin, cpus,
-                        [(c.path, cpu_given(c, cpus), c.cpu_usage) for c in ls_roots],
-                        sum(c.cpu_usage for c in be_roots), node.cpu_used, keys)
+                        [(c.path, cpu_given(c, cpus), used) for c, used in zip(ls_roots, ls_cpu)],
+                        be_cpu, node.cpu_used, keys)
     else:
         keys |= {k for k in state.peaks if k[0] == CPU}         # unknown this round: keep what was seen
-    if (node.memory_total is not None and node.memory_available is not None
-            and all(c.memory_current is not None for c in ls_roots + be_roots)):
+    ls_memory = [own_usage(snapshot, (c,), "memory_current") for c in ls_roots]
+    be_memory = own_usage(snapshot, be_roots, "memory_current")
+    if node.memory_total is not None and node.memory_available is not None \
+            and None not in ls_memory and be_memory is not None:
         total = float(node.memory_total)
         memory = _capacity(state, MEMORY, now, window, margin, total,
-                           [(c.path, memory_given(c, total), float(c.memory_current)) for c in ls_roots],
-                           float(sum(c.memory_current for c in be_roots)),
-                           float(node.memory_total - node.memory_available), keys)
+                           [(c.path, memory_given(c, total), float(used)) for c, used in zip(ls_roots, ls_memory)],
+                           float(be_memory), float(node.memory_total - node.memory_available), keys)
     else:
         keys |= {k for k in state.peaks if k[0] == MEMORY}
     state.forget_except(keys)       # roots that vanished take their peaks with them

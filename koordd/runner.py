@@ -17,6 +17,7 @@ from typing import Any, Collection, Mapping
 from .actuator import Actuator
 from .config import Config, Settings
 from .loop import Action, Loop
+from .protect import Protected, standing_harm
 from .snapshot import CGROUP_FIELDS, Snapshot
 from .state import Held
 
@@ -73,11 +74,12 @@ class LoopRun:
 
 
 def class_of(cgroup: str, snapshot: Snapshot) -> str | None:
-    """Class of a cgroup: that of the class root it is, or lies below."""
+    """Class of a cgroup: that of the class root it is, or lies below (the nearest: the deepest match).
+    A cgroup sampled without a class (a scope a loop watches) gives none: the search goes on above it."""
     path = cgroup
     while True:
         sample = snapshot.cgroups.get(path)
-        if sample is not None:
+        if sample is not None and sample.cls:
             return sample.cls
         if "/" not in path:
             return None
@@ -257,7 +259,20 @@ class Runner:
         def still_ours(h: Held) -> bool:
             return h.owner != run.name or not on_cgroup(h) or (class_of(h.target, snapshot), h.knob) in allowed
 
-        return self.actuator.restore_where(still_ours, f"cgroup is no longer managed by {run.name}")
+        changes = self.actuator.restore_where(still_ours, f"cgroup is no longer managed by {run.name}")
+        # A throttle or freeze this loop holds on a cgroup that is, holds or lies inside non-BE work now
+        # (an LS job started in be.slice): the guard refuses new ones only, so the standing ones go back.
+        guard: list[Protected] = []         # built once, and only when this loop holds a cgroup knob
+
+        def harmless(h: Held) -> bool:
+            if h.owner != run.name or not on_cgroup(h):
+                return True
+            guard[:] = guard or [Protected.of_snapshot(snapshot)]
+            backend = backends.of_kind(h.kind)
+            return standing_harm(guard[0], h.target, h.knob, h.original,
+                                 lambda: backend.read(h.target, h.knob)) is None
+        return changes + self.actuator.restore_where(
+            harmless, f"{run.name}'s throttle lifted: the cgroup is, holds or lies inside LS, LSR, LSE or SYSTEM work")
 
     def alive(self, now: float) -> bool:
         """True while no loop is overdue by much: the scheduler itself is not stuck."""

@@ -141,7 +141,8 @@ class Snapshot:
         return self.section(GPUS, ())
 
     def of_class(self, *classes: str) -> tuple[CgroupSample, ...]:
-        """The class roots: the cgroups a rule matched. Their usage sums to the class's usage."""
+        """The class roots: the cgroups a rule matched. A root may hold another of another class (an LS
+        job in be.slice): own_usage() sums their usage counting each cgroup once."""
         return tuple(c for c in self.cgroups.values() if c.cls and c.cls in classes)
 
     def units(self, *classes: str) -> tuple[CgroupSample, ...]:
@@ -156,8 +157,37 @@ class Snapshot:
     def find(self, path: str) -> CgroupSample | None:
         if path in self.cgroups:
             return self.cgroups[path]
-        root = next((r for r in self.members if path.startswith(r + "/")), None)
-        return next((m for m in self.members.get(root, ()) if m.path == path), None)
+        # A member is a root's child: its parent names the root (a prefix may name a root nested above it).
+        return next((m for m in self.members.get(path.rpartition("/")[0], ()) if m.path == path), None)
+
+    def nested(self) -> dict[str, list[str]]:
+        """Class root -> the class roots right inside it (none of them inside another inside it)."""
+        roots = {p for p, c in self.cgroups.items() if c.cls}
+        out: dict[str, list[str]] = {}
+        for path in sorted(roots):
+            up = path
+            while "/" in up:
+                up = up.rpartition("/")[0]
+                if up in roots:
+                    out.setdefault(up, []).append(path)
+                    break
+        return out
+
+
+def own_usage(snapshot: Snapshot, roots, field: str = "cpu_usage") -> float | None:
+    """Sum of `field` (cpu_usage, memory_current, memory_anon) over class roots `roots`, each less the
+    class roots nested right inside it: their usage lies inside its own and is theirs. So the sums of
+    every class count each cgroup once, and a class's sum is what its cgroups use. None when any part
+    is unknown."""
+    nested, total = snapshot.nested(), 0.0
+    for root in roots:
+        parts = [root] + [snapshot.cgroups[n] for n in nested.get(root.path, ())]
+        values = [getattr(p, field) for p in parts]
+        if any(v is None for v in values):
+            return None
+        # Two files read one after the other: a nested root may read a little more than its parent.
+        total += max(values[0] - sum(values[1:]), 0)
+    return total
 
 
 def total_usage(samples) -> float | None:

@@ -34,7 +34,9 @@ BE shrinks by `psi_guard_shrink_percent` of its current limit every tick,
 even if the usage rule would allow more. BE shrinks at once and grows by at
 most 10% of the node per tick.
 
-Writes, on the cgroups of class BE (each gets an equal share):
+Writes, on the cgroups of class BE (each gets an equal share), except those holding a cgroup of
+another class (an LS job in be.slice) or lying inside one: capping them would cap that work, so a
+cap this loop holds there is lifted, and their own usage counts as the system's:
 - policy "cfs_quota": `cpu.max` quota = share × period (at least 2000 µs);
   changes under 1% of the node are skipped.
 - policy "cpuset": `cpuset.cpus` = ceil(allowance) CPUs (at least 2), whole SMT
@@ -67,7 +69,8 @@ from koordd.interference import Detector
 from koordd.knobs import CFS_QUOTA_MIN, format_cpu_max, parse_cpu_max
 from koordd.loop import Action, Loop, restore
 from koordd.options import Duration, Option
-from koordd.snapshot import CPI, RUNQ_LATENCY, CgroupSample, CpuTopology, Snapshot, total_usage
+from koordd.protect import Protected
+from koordd.snapshot import CPI, RUNQ_LATENCY, CgroupSample, CpuTopology, Snapshot, own_usage
 
 MIN_QUOTA_US = 2000          # koordlet's floor: BE keeps a trickle so it can still make progress
 MIN_CPUSET_CPUS = 2
@@ -169,12 +172,32 @@ def _antagonists_on(settings) -> bool:
 
 
 def _allowance_actions(snapshot: Snapshot, settings, state: State) -> list[Action]:
-    be = snapshot.of_class("BE")
-    non_be = total_usage(snapshot.of_class(*NON_BE))
-    be_used = total_usage(be)
+    be, lifted = _cappable(snapshot)
+    non_be = own_usage(snapshot, snapshot.of_class(*NON_BE))
+    be_used = own_usage(snapshot, be)
     node_used = snapshot.node.cpu_used
     if not be or non_be is None or be_used is None or node_used is None:
-        return []       # first tick or a sensor is blind: hold the current limits
+        return lifted   # first tick or a sensor is blind: hold the current limits
+    return lifted + _sized_actions(snapshot, settings, state, be, non_be, be_used, node_used)
+
+
+def _cappable(snapshot: Snapshot) -> tuple[tuple[CgroupSample, ...], list[Action]]:
+    """The BE roots this loop may cap, and the lifting of any cap it holds on the others: those that
+    hold an LS, LSR, LSE or SYSTEM cgroup (an LS job in be.slice) or lie inside one. Capping them would
+    cap that work; their own usage counts as the system's, which BE's allowance leaves room for."""
+    guard, be, lifted = Protected.of_snapshot(snapshot), [], []
+    for c in snapshot.of_class("BE"):
+        why = guard.why(c.path)
+        if why is None:
+            be.append(c)
+            continue
+        lifted += [restore(c.path, knob, f"{c.path} {why}: not capped", step="protected")
+                   for knob in ("cpu.max", "cpuset.cpus")]
+    return tuple(be), lifted
+
+
+def _sized_actions(snapshot: Snapshot, settings, state: State, be, non_be: float, be_used: float,
+                   node_used: float) -> list[Action]:
     capacity = snapshot.node.cpu_count
     system = max(node_used - non_be - be_used, settings.reserved_cpus, 0.0)
     if settings.rule == "slack":
@@ -272,7 +295,9 @@ def _antagonist_actions(snapshot: Snapshot, settings, state: State) -> list[Acti
     section = snapshot.section(SIGNAL_SECTIONS[settings.antagonist_signal]) or {}
     ls = {c.path: (_signal(section.get(c.path), settings.antagonist_signal), c.cpu_usage)
           for c in snapshot.of_class(*LATENCY_SENSITIVE)}
-    suspects = {u.path: u.cpu_usage for u in snapshot.units("BE") if u.path not in snapshot.cgroups}
+    guard = Protected.of_snapshot(snapshot)
+    suspects = {u.path: u.cpu_usage for u in snapshot.units("BE")
+                if u.path not in snapshot.cgroups and not guard.why(u.path)}
     victims = detector.observe(now, ls, suspects)
 
     actions = []

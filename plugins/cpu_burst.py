@@ -48,7 +48,7 @@ from koordd.cgroups import parse_cpulist
 from koordd.knobs import InvalidValue, format_cpu_max, parse_cpu_max
 from koordd.loop import Action, Loop, restore
 from koordd.options import Duration, Option
-from koordd.snapshot import CgroupSample, Snapshot, total_usage
+from koordd.snapshot import CgroupSample, Snapshot, own_usage
 
 SCALE_UP = 1.2               # koordlet's steps
 SCALE_DOWN = 0.8
@@ -144,7 +144,7 @@ def share_pool(snapshot: Snapshot, settings) -> Pool:
             reserved |= own
     pool_cpus = len(cpus - reserved)
     excluded = reserved_cgroups + (snapshot.of_class("BE") if settings.pool_ignores_be else ())
-    excluded_usage = total_usage(excluded)
+    excluded_usage = own_usage(snapshot, excluded)       # a root nested in another counts once
     threshold = settings.pool_overload_percent
     reason = {"pool_cpus": pool_cpus, "reserved_cpus": len(cpus & reserved),
               "node_used": None if node.cpu_used is None else round(node.cpu_used, 3),

@@ -35,7 +35,8 @@ anyone else) is thawed right after the kill, as a decision of its own: on v1 a f
 Victims are the children of the BE class roots (the pods of kubepods-besteffort.slice, the jobs
 of be.slice), so one round takes out no more than it needs; a BE root without children is a
 victim of its own. Never acts on an LS, LSR, LSE or SYSTEM cgroup, nor on a BE cgroup that has
-one of those below it.
+one of those below it (an LS job in be.slice: not a victim, and neither is be.slice) or above it,
+the cgroups the actuator's guard refuses (koordd/protect.py).
 
 Writes, on BE cgroups: `memory.reclaim`, `cgroup.kill` (commands, nothing to restore) and
 `cgroup.freeze` (restored).
@@ -49,10 +50,10 @@ from dataclasses import dataclass, field
 from koordd.cgroups import normalize_cgroup, pattern_rank
 from koordd.loop import Action, Loop, carried_out, restore
 from koordd.options import Duration, Option, PatternList
+from koordd.protect import Protected
 from koordd.snapshot import CgroupSample, PressureStat, Snapshot
 
 MiB = 1 << 20
-NON_BE = ("SYSTEM", "LSE", "LSR", "LS")
 KILL_SETTLE = 15.0           # s a killed victim that is still present counts as freed (systemd-oomd waits 15 s)
 MIN_RECLAIM = MiB            # smaller shares go straight to the next step: reclaim would not help
 PRESSURE_RECLAIM_FRACTION = 0.25   # of its usage, for a victim of a pressure-only round
@@ -152,10 +153,10 @@ class MemoryEvict(Loop):
         if measured is None:
             return []          # scope gone or a sensor is blind: hold everything as it is
         capacity, usage, pressure_stat = measured
-        shelters = _shelters(snapshot)
-        be = [c for c in snapshot.units("BE") if _inside(c.path, settings.scope) and c.path not in shelters]
+        guard = Protected.of_snapshot(snapshot)
+        be = [c for c in snapshot.units("BE") if _inside(c.path, settings.scope) and not guard.why(c.path)]
         by_path = {c.path: c for c in be}
-        actions = _adopt_frozen(snapshot, settings.scope, shelters, state)
+        actions = _adopt_frozen(snapshot, settings.scope, guard, state)
         _forget(state, by_path, snapshot, now)
 
         pending = sum(_usage(by_path[p]) for p in state.killed)
@@ -250,32 +251,22 @@ def _inside(path: str, scope: str) -> bool:
     return not scope or path.startswith(scope + "/")
 
 
-def _shelters(snapshot: Snapshot) -> set[str]:
-    """Every ancestor of an LS/LSR/LSE/SYSTEM cgroup: killing or freezing one of them would reach it."""
-    out: set[str] = set()
-    for c in snapshot.cgroups.values():
-        if c.cls in NON_BE:
-            path = c.path
-            while "/" in path:
-                path = path.rpartition("/")[0]
-                out.add(path)
-    return out
-
-
 # --- state upkeep ----------------------------------------------------------------------------------
 
-def _adopt_frozen(snapshot: Snapshot, scope: str, shelters: set[str], state: State) -> list[Action]:
+def _adopt_frozen(snapshot: Snapshot, scope: str, guard: Protected, state: State) -> list[Action]:
     """Adopt the BE cgroups this loop holds frozen (after a reload or a restart state is fresh, the
-    journal is not); thaw those now outside the scope."""
+    journal is not); thaw those now outside the scope, or now holding (or inside) a cgroup of
+    another class: an LS job started in a frozen BE slice must not stay frozen."""
     actions = []
     held = {cg for (cg, knob) in snapshot.held if knob == "cgroup.freeze"}
     for cg in sorted(held):
         sample = snapshot.find(cg)
         if sample is None or sample.cls != "BE":
             continue             # gone or relabelled: the runner puts it back
-        if not _inside(cg, scope) or cg in shelters:
+        protected = guard.why(cg)
+        if not _inside(cg, scope) or protected:
             state.frozen.pop(cg, None)
-            why = f"outside the scope {scope!r}" if not _inside(cg, scope) else "above a latency-sensitive cgroup"
+            why = f"outside the scope {scope!r}" if not _inside(cg, scope) else f"protected: it {protected}"
             actions.append(restore(cg, "cgroup.freeze", f"{cg} is {why}: thawing", scope=scope or None, step="thaw"))
         elif cg not in state.frozen:
             state.frozen[cg] = snapshot.time

@@ -1,6 +1,7 @@
 """Builds the snapshot: finds the classified cgroups and asks each sensor for its part."""
 from __future__ import annotations
 
+import fnmatch
 import time
 from dataclasses import replace
 from typing import Callable, Iterable, Mapping, Sequence
@@ -18,20 +19,40 @@ Classify = Callable[[str], "str | None"]
 HealthOf = Callable[[str], "HealthTargets | None"]
 
 
-def find_classified(fs: CgroupFS, classify: Classify, max_depth: int) -> dict[str, str]:
-    """cgroup -> class for each cgroup a rule matches. A matched cgroup is a class root: the
-    cgroups below it belong to it and are not listed again, so usage is never counted twice."""
+def find_classified(fs: CgroupFS, classify: Classify, max_depth: int,
+                    patterns: Sequence[str] | None = None) -> dict[str, str]:
+    """cgroup -> class for each class root: a cgroup a rule matches whose class differs from the one
+    it lies in. The walk goes on below a match, so a root nested in another (an LS job in be.slice, a
+    BE job in an LS pod) is found at any depth: a cgroup has the class of its deepest match. A match of
+    the class it already lies in is no root of its own: it belongs to the root above, whose usage
+    holds its usage. `patterns` (the rules' patterns), when given, spare the walk the subtrees no
+    pattern reaches into."""
     found: dict[str, str] = {}
+    inherited: dict[str, str | None] = {"": None}     # cgroup -> the class it has (its own or its parent's)
+    reaches = _reach(patterns) if patterns is not None else None
 
-    def matched(cg: str) -> bool:
+    def seen(cg: str) -> bool:
+        above = inherited.get(cg.rpartition("/")[0])
         cls = classify(cg)
-        if cls is not None:
+        if cls is not None and cls != above:
             found[cg] = cls
-        return cls is not None
+        inherited[cg] = cls if cls is not None else above
+        return reaches is not None and not reaches(cg)        # True: nothing below can match
 
-    for _ in fs.walk(fs.walk_controller(), max_depth, prune=matched):
+    for _ in fs.walk(fs.walk_controller(), max_depth, prune=seen):
         pass
     return found
+
+
+def _reach(patterns: Sequence[str]) -> Callable[[str], bool]:
+    """Whether some pattern can match a cgroup below `cg` (it is longer, and its first parts match cg's)."""
+    split = [p.split("/") for p in patterns]
+
+    def reaches(cg: str) -> bool:
+        parts = cg.split("/")
+        return any(len(pp) > len(parts) and all(fnmatch.fnmatchcase(c, p) for p, c in zip(pp, parts))
+                   for pp in split)
+    return reaches
 
 
 class Sensors:
@@ -60,6 +81,7 @@ class Sensors:
         """`health_of`: a class root -> the health targets its rule declares (None: the defaults)."""
         self.classify = classify
         self.health_of = health_of or (lambda cg: None)
+        self.patterns = tuple(patterns)
         self.max_depth = max((p.count("/") + 1 for p in patterns), default=0)
 
     def snapshot(self, watch: Iterable[str] = (), held: Mapping[tuple[str, str], str] | None = None,
@@ -73,12 +95,15 @@ class Sensors:
         The optional sensors running (those the loops need) fill the snapshot's sections."""
         now = time.monotonic()
         walk = self.fs.walk_controller()
-        classes = find_classified(self.fs, self.classify, self.max_depth)
+        classes = find_classified(self.fs, self.classify, self.max_depth, self.patterns)
         for cg in watch:
             if cg not in classes and self.fs.exists(walk, cg):
                 classes[cg] = ""
         wanted = set(member_classes)
-        children = {root: self.fs.children(walk, root) for root, cls in classes.items() if cls and cls in wanted}
+        # A class root nested in another is sampled as a root, never as the other's member (a BE pod
+        # memory_evict could kill, or whose usage would count twice).
+        children = {root: [c for c in self.fs.children(walk, root) if not classes.get(c)]
+                    for root, cls in classes.items() if cls and cls in wanted}
         alive = set(classes) | {c for kids in children.values() for c in kids}
         self.cgroups.forget_except(alive)
         self.fs.close_except(alive)
