@@ -2,24 +2,27 @@
 
 Every action goes through one pipeline, the same for every backend (koordd.backend):
   owner check -> supported -> valid (kernel rules) -> target exists -> read current
-  -> skip if equal -> persist the original -> write (unless dry-run) -> decision record.
+  -> skip if equal -> persist the original (or the new value of a knob held) -> write
+  (unless dry-run) -> decision record.
 A refused write is recorded with the reason or the kernel's error; a target
-that vanished on the way is skipped silently (normal churn).
+that vanished on the way is skipped silently (normal churn). A restore takes the
+same way back: in the same order, through the same validation, kubelet rule and
+guard, and only onto a knob that still holds what koordd wrote on the same object.
 """
 from __future__ import annotations
 
 import errno
 import logging
 import time
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, TypeVar
 
 from .backend import Backend, Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
 from .cgroups import CgroupFS, OutsideRoot
-from .decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, Decision, DecisionLog
+from .decisions import APPLIED, DRY_RUN, LEFT, REFUSED, RESTORED, Decision, DecisionLog
 from .knobs import CgroupBackend
 from .kubelet import KubeletRule
 from .loop import Action
-from .protect import Protected, harm
+from .protect import EVICTING, Protected, harm
 from .state import Held, RestoreJournal
 from .netclass_backend import ClassifierBackend, NetClassBackend, process_classifier
 from .resctrl_backend import ResctrlGroupBackend, ResctrlTasksBackend
@@ -36,6 +39,7 @@ def kernel_error(e: OSError) -> str:
 
 
 Key = tuple[str, str, str]       # (kind, target, knob)
+T = TypeVar("T")
 
 
 class Actuator:
@@ -66,10 +70,13 @@ class Actuator:
         what = harm(a.knob, a.value, original)
         if not what:
             return None
+        why = self._guard().why(a.target)
+        return f"protected: would {what} {a.target or '/'}, which {why}" if why else None
+
+    def _guard(self) -> Protected:
         if self._protected is None:
             self._protected = Protected.of(self._classes, self.processes)
-        why = self._protected.why(a.target)
-        return f"protected: would {what} {a.target or '/'}, which {why}" if why else None
+        return self._protected
 
     def apply(self, loop: str, actions: Iterable[Action]) -> list[Decision]:
         return self.apply_round([(loop, list(actions))])[loop]
@@ -93,13 +100,14 @@ class Actuator:
                 out[loop].append(d)
         return out
 
-    def _ordered(self, pairs: list[tuple[str, Action]]) -> list[tuple[str, Action]]:
+    def _ordered(self, pairs: list[tuple[T, Action]]) -> list[tuple[T, Action]]:
         """Limits that go down are written child before parent, limits that go up parent before child,
-        so no child ever asks for more than its parent allows (v1 refuses that with EINVAL)."""
+        so no child ever asks for more than its parent allows (v1 refuses that with EINVAL). Restores
+        (value None, the journal's original) are ordered alike; otherwise the batch's order stays."""
         if not self._nested([a for _, a in pairs]):
             return pairs            # no parent and child in one batch: nothing to order, nothing to read
 
-        def key(pair: tuple[str, Action]) -> tuple[int, int]:
+        def key(pair: tuple[T, Action]) -> tuple[int, int]:
             a = pair[1]
             backend = self.backends.for_knob(a.knob)
             if backend is None:
@@ -190,30 +198,56 @@ class Actuator:
         if backend.same(old, new):
             self._refused.pop(key, None)
             return None
-        if held is None:
-            try:
+        try:
+            identity = self._identity(backend, a.target, a.knob)
+            if held is not None and None not in (held.identity, identity) and held.identity != identity:
+                # Another object of that name (a cgroup re-created): its original is what it reads now.
+                log.info("%s %s: the target was made anew (%s, was %s); its hold starts over from %r",
+                         a.target or "/", a.knob, identity, held.identity, old)
+                held = None
+            if held is None:
                 self._journal_side_effects(loop, a.target, a.knob, backend)
                 # Persist the original before touching the knob: a crash after this line is still undoable.
-                self.journal.add(Held(a.target, a.knob, old, loop, time.time(), kind))
-            except OSError as e:        # a full or failing state disk: an original not saved is a knob not written
-                return self._refuse(loop, a, kind, old, f"cannot save the original in the restore journal "
-                                                        f"{e.filename}: {kernel_error(e)}", new)
+                self.journal.add(Held(a.target, a.knob, old, loop, time.time(), kind, identity, (new,)))
+            elif held.written != (new,):
+                # And the value it is about to write: a restore puts the original back only over what
+                # koordd wrote (a crash before the write leaves `old`, which the record names too).
+                self.journal.wrote(a.target, a.knob, kind, old, new)
+        except TargetGone:
+            return None
+        except OSError as e:        # a full or failing state disk: an original not saved is a knob not written
+            return self._refuse(loop, a, kind, old, f"cannot save the original in the restore journal "
+                                                    f"{e.filename}: {kernel_error(e)}", new)
         try:
             backend.write(a.target, a.knob, new)
         except TargetGone:
             self.journal.remove(a.target, a.knob, kind)
             return None
         except OutsideRoot as e:          # a symlink out of the hierarchy: found only at the write
-            if held is None:
-                self.journal.remove(a.target, a.knob, kind)
+            self._after_failed_write(held, a.target, a.knob, old, backend, unchanged=True)
             return self._refuse(loop, a, kind, old, str(e), new)
         except OSError as e:
-            if not isinstance(e, PartialWrite):
-                self._forget_if_unchanged(held, a.target, a.knob, old, backend)
+            self._after_failed_write(held, a.target, a.knob, old, backend, partial=isinstance(e, PartialWrite))
             return self._refuse(loop, a, kind, old, kernel_error(e), new)
+        self.journal.settle(a.target, a.knob, kind, (new,))
         self._refused.pop(key, None)
         return self._record(Decision(time.time(), loop, a.target, a.knob, old, new, APPLIED, a.message,
                                      dict(a.reason), kind=kind))
+
+    def _identity(self, backend: Backend, target: str, knob: str) -> str | None:
+        """The target's identity (Backend.identity); for a backend of cgroup targets that has none, the
+        cgroup's own. TargetGone if it is gone; None when it cannot be told."""
+        try:
+            identity = backend.identity(target, knob)
+            if identity is None and backend.cgroup_targets and backend.kind != "cgroup":
+                cgroups = self.backends.of_kind("cgroup")
+                identity = cgroups.identity(target, "") if cgroups is not None else None
+            return identity
+        except TargetGone:
+            raise
+        except Exception as e:  # noqa: BLE001 - a third-party backend's bug costs the identity, not the write
+            log.debug("%s %s: no identity (%s)", target or "/", knob, e)
+            return None
 
     def _journal_side_effects(self, loop: str, target: str, knob: str, backend: Backend) -> None:
         """Knobs the kernel rewrites as a side effect of this write (cpu.idle rewrites cpu.weight) get
@@ -226,16 +260,26 @@ class Actuator:
                     continue
                 self.journal.add(Held(target, name, original, loop, time.time(), backend.kind))   # OSError: no write
 
-    def _forget_if_unchanged(self, held: Held | None, target: str, knob: str, old: str, backend: Backend) -> None:
-        """After a failed write, drop the journal entry we just made unless part of the write landed."""
-        if held is not None:
-            return
+    def _after_failed_write(self, held: Held | None, target: str, knob: str, old: str, backend: Backend,
+                            partial: bool = False, unchanged: bool = False) -> None:
+        """After a failed write: unless part of it landed, drop the journal entry just made (held None)
+        or take back the value recorded as about to be written. If part landed, what the knob reads now
+        is koordd's doing: journaled as written, so a restore puts the original back over it."""
+        kind = backend.kind
         try:
-            now = backend.read(target, knob)
+            now = old if unchanged else backend.read(target, knob)
         except (OSError, TargetGone, ValueError, Unsupported):
             now = old
-        if now == old:
-            self.journal.remove(target, knob, backend.kind)
+        if now == old and not partial:
+            if held is None:
+                self.journal.remove(target, knob, kind)
+            else:
+                self.journal.settle(target, knob, kind, held.written)
+            return
+        try:
+            self.journal.wrote(target, knob, kind, now, now)
+        except OSError as e:
+            log.error("%s %s: cannot record the value a failed write left (%r): %s", target or "/", knob, now, e)
 
     def _refuse(self, loop: str, a: Action, kind: str, old: str | None, error: str,
                 new: str | None = None) -> Decision | None:
@@ -262,32 +306,45 @@ class Actuator:
         return self.restore(held, a.message, dict(a.reason))
 
     def restore(self, held: Held, message: str, reason: dict | None = None, loop: str | None = None) -> Decision | None:
-        """Put one held knob back to its original value and forget it."""
-        key = (held.kind, held.target, held.knob)
+        """Put one held knob back to its original value and forget it: only where it still holds what
+        koordd wrote on the same object (else it is left, with a decision that says why), and through
+        the validation, kubelet rule and guard of any write. A hold of a journal of version 3 or older
+        knows neither: its knob is put back wherever it differs from the original, as those did."""
+        key = held.key
         backend = self.backends.of_kind(held.kind)
         try:
             if backend is None or held.knob not in backend.knobs:
                 raise Unsupported(f"no backend of kind {held.kind!r} serves {held.knob!r} (the package that "
                                   f"brought it is not installed?); kept in the restore journal")
             current = backend.read(held.target, held.knob)
+            unchanged = backend.same(current, held.original)
+            left = None if unchanged else self._not_koordds(held, backend, current)
+            if left is not None:
+                if self.dry_run:
+                    return None
+                self.journal.remove(held.target, held.knob, held.kind)
+                return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, current,
+                                             held.original, LEFT, message, reason or {},
+                                             f"{left}: left as it is, journal entry dropped", kind=held.kind))
+            value = None if unchanged else self._restorable(held, backend, current)
             if self.dry_run:
                 # Say what a real run would put back; the knob and its journal entry stay as they are.
-                if backend.same(current, held.original) or key in self._would_restore:
+                if unchanged or key in self._would_restore:
                     return None
                 self._would_restore.add(key)
                 return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, current,
                                              held.original, DRY_RUN, message, reason or {}, kind=held.kind))
-            unchanged = backend.same(current, held.original)
             if not unchanged:
-                backend.write(held.target, held.knob, held.original)
+                backend.write(held.target, held.knob, value)
         except TargetGone:
             if self.dry_run:
                 return None
             self.journal.remove(held.target, held.knob, held.kind)   # nothing left to restore
             return None
-        except OutsideRoot as e:
-            # koordd never journals such a target: the entry is forged or corrupt. Never written;
-            # dropped, so it is not retried forever, after a record that says what it named.
+        except (OutsideRoot, Forbidden) as e:
+            # koordd never journals such a target or value: the entry is forged, corrupt, or of a rule
+            # that forbids it now. Never written; dropped, so it is not retried forever, after a record
+            # that says what it named.
             if not self.dry_run:
                 self.journal.remove(held.target, held.knob, held.kind)
             return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, None,
@@ -308,14 +365,52 @@ class Actuator:
         return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, current,
                                      held.original, RESTORED, message, reason or {}, kind=held.kind))
 
+    def _not_koordds(self, held: Held, backend: Backend, current: str) -> str | None:
+        """Why a held knob that differs from its original is no longer koordd's to put back, or None:
+        its target was made anew since koordd wrote it, or someone else wrote it after koordd."""
+        if held.identity is not None:
+            identity = self._identity(backend, held.target, held.knob)
+            if identity is not None and identity != held.identity:
+                return (f"{held.target or '/'} was made anew since koordd wrote it ({identity}, was "
+                        f"{held.identity}): its {current!r} is not koordd's")
+        if held.written and not backend.still_koordds(held.target, held.knob, current,
+                                                      (held.original, *held.written)):
+            return f"changed by someone else since koordd wrote {held.written[-1]!r}: it reads {current!r}"
+        return None
+
+    def _restorable(self, held: Held, backend: Backend, current: str) -> str:
+        """The original as it is written back, checked as any write is: Forbidden (dropped) for a value the
+        knob never takes, a knob the kubelet owns, or a restore that would harm a protected cgroup;
+        InvalidValue (kept, tried again) for one the kernel would refuse now."""
+        try:
+            backend.knobs[held.knob].normalize(held.original)
+        except ValueError as e:
+            raise Forbidden(f"the original {held.original!r} is no value of {held.knob}: {e}") from None
+        value = backend.validate_original(held.target, held.knob, held.original)
+        if not backend.cgroup_targets:
+            return value
+        kubelet = self.kubelet.refusal(held.target, held.knob) if self.kubelet else None
+        if kubelet:
+            raise Forbidden(kubelet)
+        what = harm(held.knob, value, current)
+        why = self._guard().why(held.target) if what else None
+        # A protected class's own knob may go back below its current value (cpu_burst gives back the
+        # quota it raised); nothing is frozen, nor capped where PID 1, koordd or a protected class root
+        # lies below (a forged hold on system.slice).
+        if why and (held.knob in EVICTING or held.target.strip("/") in self._guard().holders):
+            raise Forbidden(f"protected: would {what} {held.target or '/'}, which {why}")
+        return value
+
     def restore_where(self, keep: Callable[[Held], bool], message: str) -> list[Decision]:
-        """Restore every held knob for which keep(held) is False, newest change first."""
+        """Restore every held knob for which keep(held) is False: newest change first, in the order
+        apply_round writes (parents first where limits go up), so v1 takes a child's quota back only
+        once its parent's allows it."""
+        chosen = [h for h in reversed(self.journal.entries()) if not keep(h)]
         out = []
-        for held in reversed(self.journal.entries()):
-            if not keep(held):
-                d = self.restore(held, message)
-                if d is not None:
-                    out.append(d)
+        for held, _ in self._ordered([(h, Action(h.target, h.knob, None, {}, message)) for h in chosen]):
+            d = self.restore(held, message)
+            if d is not None:
+                out.append(d)
         return out
 
     def restore_owner(self, loop: str, message: str) -> list[Decision]:
@@ -325,6 +420,10 @@ class Actuator:
     def restore_all(self, message: str) -> list[Decision]:
         self._would_be.clear()
         return self.restore_where(lambda h: False, message)
+
+
+class Forbidden(Exception):
+    """A restore that must never be written (a forged or stale journal entry): dropped with a decision."""
 
 
 def builtin_backends(fs: CgroupFS) -> list[Backend]:

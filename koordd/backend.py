@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Iterable, Mapping
+from typing import Callable, ClassVar, Iterable, Mapping, Sequence
 
 from .registry import load_named
 
@@ -74,6 +74,11 @@ class Backend:
     def write(self, target: str, knob: str, value: str) -> None:
         raise NotImplementedError
 
+    def validate_original(self, target: str, knob: str, value: str) -> str:
+        """validate() for a restore of `value`, an original this backend read: one whose knob reads values
+        it is never set to ("mixed") lets those through, for write() to put back as it does."""
+        return self.validate(target, knob, value)
+
     def same(self, current: str, wanted: str) -> bool:
         """Whether a knob reading `current` already is `wanted` (nothing to write)."""
         return current == wanted
@@ -81,6 +86,18 @@ class Backend:
     def parent(self, target: str) -> str | None:
         """The enclosing target of the same kind whose limit bounds this one's (write order), if any."""
         return None
+
+    def identity(self, target: str, knob: str) -> str | None:
+        """What tells this target from another of the same name made after it (a cgroup's inode, a
+        device's ifindex), journaled with a hold: a restore never lands on a target re-created since.
+        None: not known (then only the value is compared). TargetGone when the target is gone."""
+        return None
+
+    def still_koordds(self, target: str, knob: str, current: str, values: Sequence[str]) -> bool:
+        """Whether a knob reading `current` still holds what koordd left in it: `values` are the values
+        its writes went through, the original first and the newest last. A backend whose write takes
+        steps says here what a write cut short between two of them reads."""
+        return any(self.same(current, v) for v in values)
 
     def close(self) -> None:
         """Release what the backend holds open (file descriptors, sockets)."""

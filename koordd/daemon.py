@@ -34,7 +34,7 @@ from .sensors.collect import Sensors
 from .sensors.lifecycle import SensorManager
 from .sensors.registry import load_sensor_registry
 from .snapshot import Snapshot
-from .state import Held, RestoreJournal, write_atomic
+from .state import Held, JournalUnreadable, RestoreJournal, write_atomic
 from .topfeed import REQUEST_FILE, TOP_FILE, TopFeed, document
 from .trust import untrusted_state_dir
 from .wakeup import Wakeup
@@ -44,7 +44,8 @@ RELOAD_DEBOUNCE = 0.5        # editors write a file in several steps: reload onc
 RESTART_KEYS = ("cgroup_root", "state_dir", "dry_run")
 STATUS_FILE = "status.json"
 # What koordd reads, appends to or replaces in its state_dir: trusted only if root's alone.
-STATE_FILES = (RestoreJournal.FILE, RestoreJournal.V1_FILE, DecisionLog.FILE, STATUS_FILE, TOP_FILE, REQUEST_FILE)
+STATE_FILES = (RestoreJournal.FILE, RestoreJournal.V1_FILE, RestoreJournal.MOVED_FROM, DecisionLog.FILE, STATUS_FILE,
+               TOP_FILE, REQUEST_FILE)
 EX_CONFIG, EX_TEMPFAIL = 78, 75     # invalid config or untrusted files (restarting will not help); host owned
 
 
@@ -549,6 +550,11 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("%s", warning)
     try:
         daemon = Daemon(config, registry, dry_run=args.dry_run)
+    except JournalUnreadable as e:
+        # Its holds cannot be restored unread: a human must look (restarting will not fix it).
+        log.error("refusing to start: the restore journal %s; koordd keeps it as it is. Run the koordd that "
+                  "wrote it, or put its knobs back by hand and move the file away", e)
+        return EX_CONFIG
     except HostOwned as e:
         log.error("refusing to start: %s", e)
         return EX_TEMPFAIL          # the unit's Restart= tries again: the holder may be a --once, soon done

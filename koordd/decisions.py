@@ -17,7 +17,8 @@ from .printable import printable
 log = logging.getLogger("koordd.decision")
 
 APPLIED, DRY_RUN, REFUSED, RESTORED = "applied", "dry-run", "refused", "restored"
-_PRIORITY = {APPLIED: 5, DRY_RUN: 6, RESTORED: 5, REFUSED: 4}   # notice, info, notice, warning
+LEFT = "left"           # a held knob not restored: someone else's value now, or another object of that name
+_PRIORITY = {APPLIED: 5, DRY_RUN: 6, RESTORED: 5, REFUSED: 4, LEFT: 4}   # notice, info, notice, warning
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,8 @@ class Decision:
     def text(self) -> str:
         """The journal's MESSAGE: what changed, and why in words; one line whatever the target's name
         (printable()), the exact name being in the fields."""
-        what = {APPLIED: "set", DRY_RUN: "would set", RESTORED: "restored", REFUSED: "refused"}[self.outcome]
+        what = {APPLIED: "set", DRY_RUN: "would set", RESTORED: "restored", REFUSED: "refused",
+                LEFT: "left"}[self.outcome]
         where = (self.target or "/") if self.kind == "cgroup" else f"{self.kind} {self.target}"
         s = f"{self.loop}: {what} {where} {self.knob} {self.old!r} -> {self.new!r}"
         if self.message:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from .backend import Backend, InvalidValue, Unsupported
 from .cgroups import CgroupFS, format_cpulist, parent_of, parse_cpulist
@@ -365,6 +365,37 @@ class CgroupBackend(Backend):
 
     def parent(self, target: str) -> str | None:
         return parent_of(target) or None     # the root cgroup bounds nothing koordd writes
+
+    def identity(self, target: str, knob: str) -> str | None:
+        """The inode of the cgroup's directory in the knob's hierarchy (its cgroup id on kernfs, never
+        reused while the host runs); other backends whose targets are cgroups use the walked hierarchy's."""
+        k = KNOBS.get(knob)
+        if k is None:
+            controller = self.fs.walk_controller()
+        else:
+            controller = k.controller if k.uses_v2(self.fs) else k._v1_controller()
+        d = self.fs.dir(controller, target)
+        if d is None:
+            return None
+        try:
+            return f"inode {os.stat(d).st_ino}"
+        except FileNotFoundError:
+            raise CgroupGone(target) from None
+        except OSError:
+            return None
+
+    def still_koordds(self, target: str, knob: str, current: str, values: Sequence[str]) -> bool:
+        if super().still_koordds(target, knob, current, values):
+            return True
+        if knob != "cpu.max" or KNOBS[knob].uses_v2(self.fs):
+            return False
+        # v1 writes cfs_period_us, then cfs_quota_us: cut between, the old quota reads with the new period.
+        try:
+            quota, period = parse_cpu_max(current)
+            return any(quota == parse_cpu_max(a)[0] and period == parse_cpu_max(b)[1]
+                       for a, b in zip(values, values[1:]))
+        except InvalidValue:
+            return False
 
     def close(self) -> None:
         self.fs.close()

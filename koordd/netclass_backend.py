@@ -211,6 +211,13 @@ class NetClassBackend(Backend):
         except FileNotFoundError:
             raise TargetGone(target) from None
 
+    def still_koordds(self, target: str, knob: str, current: str, values) -> bool:
+        # net_cls: threads started since, or a move cut short, read "mixed": still koordd's to put back.
+        return current == MIXED or super().still_koordds(target, knob, current, values)
+
+    def validate_original(self, target: str, knob: str, value: str) -> str:
+        return value if value == MIXED else self.validate(target, knob, value)
+
     def read(self, target: str, knob: str) -> str:
         if self.net_cls is not None:
             return self._read_net_cls(target)

@@ -239,6 +239,18 @@ class TcBackend(Backend):
             raise Unsupported("no egress classifier to pace BE (edt)")
         return self.classifier.get()
 
+    def identity(self, target: str, knob: str) -> str | None:
+        """The device's ifindex: a device of the same name made since is another one."""
+        return f"ifindex {self._index(target)}"
+
+    def still_koordds(self, target: str, knob: str, current: str, values) -> bool:
+        # koordd's tree cut short by a kill mid-build reads "partial htb": koordd's to take down.
+        return current == PARTIAL or super().still_koordds(target, knob, current, values)
+
+    def validate_original(self, target: str, knob: str, value: str) -> str:
+        # A tree cut short as the original (no journal entry for it): write() takes it down.
+        return value if value == PARTIAL else self.validate(target, knob, value)
+
     def read(self, target: str, knob: str) -> str:
         index = self._index(target)
         shaping = self._shaping(index)

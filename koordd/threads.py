@@ -107,6 +107,13 @@ class ThreadPolicyBackend(Backend):
     def same(self, current: str, wanted: str) -> bool:
         return current == wanted or current == NONE
 
+    def still_koordds(self, target: str, knob: str, current: str, values) -> bool:
+        # Threads started since, or a write cut short, read "mixed": still koordd's to put back.
+        return current == MIXED or super().still_koordds(target, knob, current, values)
+
+    def validate_original(self, target: str, knob: str, value: str) -> str:
+        return value if value == MIXED else self.validate(target, knob, value)
+
     def validate(self, target: str, knob: str, value: str) -> str:
         v = _normalize(value)
         if v == MIXED:

@@ -12,7 +12,7 @@ from koordd.actuator import Actuator
 from koordd.decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, Decision, DecisionLog, read_decisions
 from koordd.knobs import KNOBS, Knob
 from koordd.loop import Action, restore
-from koordd.state import Held, RestoreJournal, read_held
+from koordd.state import Held, JournalUnreadable, RestoreJournal, read_held
 
 JOB = "be.slice/job"
 
@@ -203,16 +203,17 @@ def test_failed_restore_keeps_the_entry(rig, monkeypatch):
     assert rig.journal.get(JOB, "cpu.max") is not None
 
 
-def test_restore_all_newest_first(rig):
-    rig.tree.add("be.slice/other")
-    rig.act.apply("be_suppress", [quota(cgroup="be.slice")])
+def test_restore_all_newest_first_where_no_parent_and_child_meet(rig):
+    """Siblings: newest first. (A parent and its child go in apply_round's order: test_trust_journal.py.)"""
+    rig.tree.add("be.slice/other").add("be.slice/first")
+    rig.act.apply("be_suppress", [quota(cgroup="be.slice/first")])
     rig.act.apply("cpu_burst", [Action(JOB, "cpu.max.burst", "20000")])
     rig.act.apply("be_suppress", [quota(cgroup="be.slice/other")])
     done = rig.act.restore_all("koordd stopping")
     assert [(d.target, d.knob, d.outcome, d.message) for d in done] == [
         ("be.slice/other", "cpu.max", RESTORED, "koordd stopping"),
         (JOB, "cpu.max.burst", RESTORED, "koordd stopping"),
-        ("be.slice", "cpu.max", RESTORED, "koordd stopping")]
+        ("be.slice/first", "cpu.max", RESTORED, "koordd stopping")]
     assert rig.journal.entries() == []
 
 
@@ -231,19 +232,17 @@ def test_journal_survives_a_restart(rig, tmp_path):
     assert d.outcome == RESTORED and rig.tree.read(JOB, "cpu", "cpu.max") == "max 100000"
 
 
-@pytest.mark.parametrize("text", ["{not json", '{"held": [{"cgroup": "a"}]}', "[]", '{"held": 5}',
-                                  '{"held": [{"cgroup": "a", "knob": "k", "original": "1", "owner": "o", '
-                                  '"since": "soon"}]}'])
-def test_corrupt_journal_is_moved_aside(tmp_path, text):
+@pytest.mark.parametrize("text", ["{not json", '{"held": [{"cgroup": "a"}]}', "[]", '{"version": 99}\n'])
+def test_an_unreadable_journal_is_refused_and_kept_as_it_is(tmp_path, text):
+    """Its holds cannot be read, so they cannot be restored: koordd refuses to start (the daemon exits
+    78), naming the file, rather than start empty and leave their knobs changed for good."""
     state = tmp_path / "state"
     state.mkdir()
     (state / RestoreJournal.FILE).write_text(text)
-    journal = RestoreJournal(state)
-    assert journal.entries() == [] and not (state / RestoreJournal.FILE).exists()
-    [aside] = [p for p in state.iterdir() if ".corrupt." in p.name]
-    assert aside.read_text() == text
-    journal.add(Held("a", "cpu.max", "max 100000", "o", 1.0))
-    assert RestoreJournal(state).get("a", "cpu.max").owner == "o"
+    with pytest.raises(JournalUnreadable, match=str(state / RestoreJournal.FILE)):
+        RestoreJournal(state)
+    assert [p.name for p in state.iterdir()] == [RestoreJournal.FILE]
+    assert (state / RestoreJournal.FILE).read_text() == text
 
 
 # --- decision records ---------------------------------------------------------------

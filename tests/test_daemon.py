@@ -125,7 +125,9 @@ def test_once_caps_be_and_records_the_decision(node):
         ("be_suppress", "be.slice", "cpu.max", "max 100000", "applied")
     assert d["new"] == node.cpu_max() and "allowance" in d["reason"]
     assert node.held() == [{"target": "be.slice", "knob": "cpu.max", "original": "max 100000",
-                            "owner": "be_suppress", "since": pytest.approx(time.time(), abs=60), "kind": "cgroup"}]
+                            "owner": "be_suppress", "since": pytest.approx(time.time(), abs=60), "kind": "cgroup",
+                            "identity": f"inode {node.tree.dir('be.slice', 'cpu').stat().st_ino}",
+                            "written": (node.cpu_max(),)}]
 
 
 def test_dry_run_writes_nothing(node):
@@ -222,7 +224,7 @@ def test_dry_run_after_a_crash_writes_nothing_and_keeps_the_journal(node, enable
     assert node.run("--once", "--dry-run").returncode == 0, node.log()
     assert node.cpu_max() == "5000 100000"
     assert node.held() == [{"target": "be.slice", "knob": "cpu.max", "original": "max 100000",
-                            "owner": "be_suppress", "since": 1.0, "kind": "cgroup"}]
+                            "owner": "be_suppress", "since": 1.0, "kind": "cgroup", "identity": None, "written": ()}]
     assert (node.state / "originals.json").exists() and not (node.state / "originals.jsonl").exists()
     restores = [d for d in node.decisions() if d["knob"] == "cpu.max" and d["new"] == "max 100000"]
     assert all(d["outcome"] == "dry-run" for d in restores), restores

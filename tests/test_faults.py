@@ -209,7 +209,8 @@ def test_a_write_the_kernel_half_took_keeps_its_journal_entry(tmp_path, monkeypa
 
 def hold_bystander_then_ask_both(rig):
     """The bystander's knob is held before the disk fills; then the capper asks for a first change (a
-    new journal entry) and the bystander for another value of its held knob (no new entry needed)."""
+    new journal entry) and the bystander for another value of its held knob (a "wrote" record: a
+    restore puts the original back only over a value koordd wrote, so that one must be on disk too)."""
     rig.runner.runs["capper"].state["quota"] = "max 100000"          # equal to the original: no write
     tick(rig)
     assert bystander_acted(rig) and rig.journal.get(BYSTANDER, "cpu.max.burst") is not None
@@ -237,12 +238,14 @@ def test_a_knob_whose_original_cannot_be_saved_is_not_written(tmp_path, monkeypa
     assert refusal["outcome"] == REFUSED and rig.runner.runs["capper"].failures == 0
     assert refusal["error"].startswith(f"cannot save the original in the restore journal {rig.journal.path}: "
                                        f"{'EIO' if fault == 'fsync EIO' else 'ENOSPC'}: ")
-    assert bystander_acted(rig, "30000")
+    refusal = decisions(rig, "burster")[-1]     # nor another value of a held knob, that is not journaled
+    assert refusal["outcome"] == REFUSED and bystander_acted(rig, "20000")
     assert_every_change_journaled(rig.before, rig.actuator, rig.state)
 
     monkeypatch.undo()                                  # space again: the change is made, and journaled
     tick(rig)
-    assert rig.tree.read(VICTIM, "cpu", "cpu.max").strip() == "20000 100000"
+    assert rig.tree.read(VICTIM, "cpu", "cpu.max").strip() == "20000 100000" and bystander_acted(rig, "30000")
+    assert RestoreJournal(rig.state).get(BYSTANDER, "cpu.max.burst").written[-1] == "30000"
     assert_every_change_journaled(rig.before, rig.actuator, rig.state)
     assert {h.target for h in RestoreJournal(rig.state).entries()} == {VICTIM, BYSTANDER}
 

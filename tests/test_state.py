@@ -31,7 +31,8 @@ def test_each_change_appends_one_fsynced_line(tmp_path, monkeypatch):
     j.remove("a", "cpu.max")
     j.remove("a", "cpu.max")                        # not held: nothing written
     assert len(syncs) == 2
-    assert lines(tmp_path) == [{"version": 3}, {"hold": {**vars(held("a"))}}, {"hold": {**vars(held("b"))}},
+    assert lines(tmp_path) == [{"version": 4}, {"hold": {**vars(held("a")), "written": []}},
+                               {"hold": {**vars(held("b")), "written": []}},
                                {"release": {"kind": "cgroup", "target": "a", "knob": "cpu.max"}}]
     again = RestoreJournal(tmp_path)
     assert again.entries() == [held("b")]
@@ -84,7 +85,7 @@ def test_a_damaged_line_before_the_end_loses_only_itself(tmp_path, caplog):
     again = RestoreJournal(tmp_path)
     assert again.entries() == [held("a"), held("c")]
     [aside] = tmp_path.glob("originals.jsonl.corrupt.*")
-    assert "{damaged" in aside.read_text() and f"{RestoreJournal.FILE}:3: damaged record skipped" in caplog.text
+    assert "{damaged" in aside.read_text() and f"{RestoreJournal.FILE}:3: damaged record set aside" in caplog.text
     again.add(held("d"))                                    # rewritten without the damage before appending
     assert [line.get("hold", {}).get("target") for line in lines(tmp_path)] == [None, "a", "c", "d"]
 
