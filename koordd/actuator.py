@@ -211,8 +211,10 @@ class Actuator:
                 self.journal.add(Held(a.target, a.knob, old, loop, time.time(), kind, identity, (new,)))
             elif held.written != (new,):
                 # And the value it is about to write: a restore puts the original back only over what
-                # koordd wrote (a crash before the write leaves `old`, which the record names too).
-                self.journal.wrote(a.target, a.knob, kind, old, new)
+                # koordd wrote. A crash before the write leaves the value before it: koordd's, named
+                # too; someone else's (or one of a journal that did not say) is not koordd's to undo.
+                ours = not held.written or any(backend.same(old, w) for w in held.written)
+                self.journal.wrote(a.target, a.knob, kind, old if ours else held.written[-1], new)
         except TargetGone:
             return None
         except OSError as e:        # a full or failing state disk: an original not saved is a knob not written
