@@ -128,6 +128,16 @@ class ClassifierBackend(Backend):
             return "none"
         return "attached" if target in self.here and c.has_filter(index) else "detached"
 
+    def still_koordds(self, target: str, knob: str, current: str, values) -> bool:
+        # "attached" is this process's filter: the one a run before a kill attached reads "detached".
+        if current == "detached" and "attached" in values:
+            c = self.shared.get()
+            try:
+                return c.has_filter(c.index_of(target))
+            except DeviceGone:
+                raise TargetGone(target) from None
+        return super().still_koordds(target, knob, current, values)
+
     def write(self, target: str, knob: str, value: str) -> None:
         c = self.shared.get()
         try:
