@@ -400,7 +400,8 @@ class RestoreJournal:
         """Rewrite the file with only the live entries (atomically, durably); then move aside the journals
         whose holds it now carries, and remove what compactions a kill -9 cut short left behind."""
         self.close()
-        lines = [json.dumps({"version": self.VERSION})] + [json.dumps({"hold": _record(h)}) for h in self._held.values()]
+        lines = [json.dumps({"version": self.VERSION})]
+        lines += [json.dumps({"hold": _record(h)}) for h in self._held.values()]
         self._sweep_temporaries()
         write_atomic(self.path, "\n".join(lines) + "\n")
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)

@@ -12,7 +12,7 @@ from koordd.actuator import Actuator
 from koordd.decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, Decision, DecisionLog, read_decisions
 from koordd.knobs import KNOBS, Knob
 from koordd.loop import Action, restore
-from koordd.state import Held, JournalUnreadable, RestoreJournal, read_held
+from koordd.state import JournalUnreadable, RestoreJournal, read_held
 
 JOB = "be.slice/job"
 

@@ -101,7 +101,8 @@ class World:
             if self.label.get(key) != "koordd" and before not in self.wrote.get(key, ()):
                 self.bad.append(f"restore of {key} over {self.label.get(key)}'s {before!r}")
             elif text.strip() != self.chain.get(key):
-                self.bad.append(f"restore of {key} wrote {text!r}, not its value before koordd: {self.chain.get(key)!r}")
+                self.bad.append(f"restore of {key} wrote {text!r}, not its value before koordd: "
+                                f"{self.chain.get(key)!r}")
             self.label[key] = "restore"       # the stretch ends when the journal lets go (a kill may come first)
         else:
             self.origin[key] = self.chain[key]
