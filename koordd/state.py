@@ -358,7 +358,7 @@ class RestoreJournal:
         log.error("%s: replaced by someone else; rewritten with the %d knob(s) koordd holds and %d more it held",
                   self.path, len(self._held) - len(new), len(new))
 
-    def _append(self, record: dict) -> None:
+    def _append(self, record: dict, durable: bool = True) -> None:
         self._current()
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
@@ -368,7 +368,8 @@ class RestoreJournal:
             written = os.write(self._fd, data)
             if written != len(data):        # a full disk takes what fits: half a line
                 raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({written} of {len(data)} bytes written)")
-            os.fsync(self._fd)
+            if durable:
+                os.fsync(self._fd)
         except OSError as e:
             self._cut_back(start)
             # Named, for the loop's error: a bare "[Errno 28]" would not say which disk is full.
@@ -456,7 +457,10 @@ class RestoreJournal:
         holds (a crash between this line and the write leaves either). OSError: do not write."""
         key = (kind, target, knob)
         values = [before, value] if before != value else [value]
-        self._append({"wrote": {"kind": kind, "target": target, "knob": knob, "values": values}})
+        # Not fsynced: in the page cache it outlives a killed koordd, and what could lose the page cache
+        # (the host going down) takes the knob with it: cgroups, qdiscs and resctrl groups are made anew
+        # at boot (another identity), so no record of a value written there is wanted.
+        self._append({"wrote": {"kind": kind, "target": target, "knob": knob, "values": values}}, durable=False)
         self._held[key] = replace(self._held[key], written=tuple(values))
         self._compact_if_due()
 

@@ -109,9 +109,12 @@ def test_each_new_value_is_journaled_before_it_is_written_and_only_when_it_chang
     original_write = Knob.write
     monkeypatch.setattr(Knob, "write", lambda self, fs, cg, v: (seen.append(read_held(rig.state)[0][0]["written"]),
                                                                 original_write(self, fs, cg, v)))
+    syncs = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(state_mod.os, "fsync", lambda fd: syncs.append(fd) or real_fsync(fd))
     rig.act.apply("be_suppress", [cap("3000 100000")])
     assert seen == [("2000 100000", "3000 100000")]       # either may be what a crash right here leaves
-    assert len(records()) == n + 1
+    assert len(records()) == n + 1 and syncs == []        # in the page cache: it outlives a kill -9
     rig.tree.set(BE, "cpu", "cpu.max", "max 100000\n")    # someone else; koordd writes its value back
     rig.act.apply("be_suppress", [cap("3000 100000")])
     assert len(records()) == n + 1                        # the same value again: no record
