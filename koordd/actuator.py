@@ -209,16 +209,19 @@ class Actuator:
                 self._journal_side_effects(loop, a.target, a.knob, backend)
                 # Persist the original before touching the knob: a crash after this line is still undoable.
                 self.journal.add(Held(a.target, a.knob, old, loop, time.time(), kind, identity, (new,)))
-            elif held.written != (new,):
-                # And the value it is about to write: a restore puts the original back only over what
-                # koordd wrote. A crash before the write leaves the value before it: koordd's, named
-                # too; someone else's (or one of a journal that did not say) is not koordd's to undo.
-                ours = not held.written or any(backend.same(old, w) for w in held.written)
-                self.journal.wrote(a.target, a.knob, kind, old if ours else held.written[-1], new)
+            else:
+                self._unknown_after(a.target, a.knob, backend)
+                if held.written != (new,):
+                    # And the value it is about to write: a restore puts the original back only over what
+                    # koordd wrote. A crash before the write leaves the value before it: koordd's, named
+                    # too; someone else's (or one of a journal that did not say) is not koordd's to undo.
+                    ours = not held.written or any(backend.same(old, w) for w in held.written)
+                    self.journal.wrote(a.target, a.knob, kind, (old if ours else held.written[-1], new))
         except TargetGone:
             return None
         except OSError as e:        # a full or failing state disk: an original not saved is a knob not written
-            return self._refuse(loop, a, kind, old, f"cannot save the original in the restore journal "
+            what = "the original" if held is None else "the value to write"
+            return self._refuse(loop, a, kind, old, f"cannot save {what} in the restore journal "
                                                     f"{e.filename}: {kernel_error(e)}", new)
         try:
             backend.write(a.target, a.knob, new)
@@ -261,6 +264,16 @@ class Actuator:
                 except (OSError, TargetGone, ValueError, Unsupported):
                     continue
                 self.journal.add(Held(target, name, original, loop, time.time(), backend.kind))   # OSError: no write
+        self._unknown_after(target, knob, backend)
+
+    def _unknown_after(self, target: str, knob: str, backend: Backend) -> None:
+        """Before a write (or restore) of `knob`: the knobs the kernel rewrites with it, held already, no
+        longer read what koordd wrote, nor anything koordd can know beforehand. Journaled as not known
+        (restored wherever they differ from their original, as journals before version 4 were)."""
+        for name in backend.knobs[knob].resets:
+            h = self.journal.get(target, name, backend.kind)
+            if h is not None and h.written:
+                self.journal.wrote(target, name, backend.kind, ())      # OSError: no write
 
     def _after_failed_write(self, held: Held | None, target: str, knob: str, old: str, backend: Backend,
                             partial: bool = False, unchanged: bool = False) -> None:
@@ -279,7 +292,7 @@ class Actuator:
                 self.journal.settle(target, knob, kind, held.written)
             return
         try:
-            self.journal.wrote(target, knob, kind, now, now)
+            self.journal.wrote(target, knob, kind, (now,))
         except OSError as e:
             log.error("%s %s: cannot record the value a failed write left (%r): %s", target or "/", knob, now, e)
 
@@ -337,6 +350,7 @@ class Actuator:
                 return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, current,
                                              held.original, DRY_RUN, message, reason or {}, kind=held.kind))
             if not unchanged:
+                self._unknown_after(held.target, held.knob, backend)
                 backend.write(held.target, held.knob, value)
         except TargetGone:
             if self.dry_run:
@@ -382,8 +396,8 @@ class Actuator:
 
     def _restorable(self, held: Held, backend: Backend, current: str) -> str:
         """The original as it is written back, checked as any write is: Forbidden (dropped) for a value the
-        knob never takes, a knob the kubelet owns, or a restore that would harm a protected cgroup;
-        InvalidValue (kept, tried again) for one the kernel would refuse now."""
+        knob never takes or a restore that would harm a protected cgroup; InvalidValue (kept, tried
+        again) for one the kernel would refuse now; OutsideRoot (dropped) for a target out of its root."""
         try:
             backend.knobs[held.knob].normalize(held.original)
         except ValueError as e:
@@ -391,9 +405,8 @@ class Actuator:
         value = backend.validate_original(held.target, held.knob, held.original)
         if not backend.cgroup_targets:
             return value
-        kubelet = self.kubelet.refusal(held.target, held.knob) if self.kubelet else None
-        if kubelet:
-            raise Forbidden(kubelet)
+        # Not the kubelet rule: it keeps koordd from taking a knob from the kubelet; a restore gives back
+        # the kubelet's own value (test_kubelet.py::test_override_lets_the_write_through_and_restores_go_through_anyway).
         what = harm(held.knob, value, current)
         why = self._guard().why(held.target) if what else None
         # A protected class's own knob may go back below its current value (cpu_burst gives back the

@@ -52,7 +52,8 @@ class Held:
     `identity`: what the target was when koordd first wrote it (Backend.identity; None: not known, a
     journal of version 3 or older, or a backend without one). `written`: the values koordd may have
     left in the knob, newest last: one once a write is done, two between the record of a new value and
-    its write (a crash there leaves either); empty when not known (version 3 or older)."""
+    its write (a crash there leaves either); empty when not known (version 3 or older, or a knob the
+    kernel rewrites when koordd writes another: cpu.weight under cpu.idle)."""
     target: str                   # what its backend (kind) names: a cgroup path, a resctrl group, ...
     knob: str
     original: str
@@ -125,8 +126,8 @@ def _apply(held: dict[tuple[str, str, str], Held], record: object) -> None:
         held.pop(_key(body), None)
     elif what == "wrote":
         key, values = _key(body), body.get("values")
-        if not isinstance(values, list) or not 1 <= len(values) <= 2 or not all(isinstance(v, str) for v in values):
-            raise BadRecord(f"values is {values!r}, not a list of one or two strings")
+        if not isinstance(values, list) or len(values) > 2 or not all(isinstance(v, str) for v in values):
+            raise BadRecord(f"values is {values!r}, not a list of at most two strings")
         if key in held:
             held[key] = replace(held[key], written=tuple(values))
     else:
@@ -452,11 +453,12 @@ class RestoreJournal:
         self._held[held.key] = held
         self._compact_if_due()
 
-    def wrote(self, target: str, knob: str, kind: str, before: str, value: str) -> None:
-        """Persist, before the write, that koordd is about to write `value` over `before` in a knob it
-        holds (a crash between this line and the write leaves either). OSError: do not write."""
+    def wrote(self, target: str, knob: str, kind: str, values: tuple[str, ...]) -> None:
+        """Persist, before the write, the values koordd may leave in a knob it holds: the one before and
+        the one it is about to write (a crash between this line and the write leaves either); none when
+        it cannot know (the kernel is about to rewrite it as a side effect). OSError: do not write."""
         key = (kind, target, knob)
-        values = [before, value] if before != value else [value]
+        values = list(dict.fromkeys(values))
         # Not fsynced: in the page cache it outlives a killed koordd, and what could lose the page cache
         # (the host going down) takes the knob with it: cgroups, qdiscs and resctrl groups are made anew
         # at boot (another identity), so no record of a value written there is wanted.
