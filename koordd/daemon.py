@@ -34,7 +34,7 @@ from .sensors.collect import Sensors
 from .sensors.lifecycle import SensorManager
 from .sensors.registry import load_sensor_registry
 from .snapshot import Snapshot
-from .state import Held, JournalUnreadable, RestoreJournal, write_atomic
+from .state import Held, JournalUnreadable, RestoreJournal, note_move, write_atomic
 from .topfeed import REQUEST_FILE, TOP_FILE, TopFeed, document
 from .trust import untrusted_state_dir
 from .wakeup import Wakeup
@@ -139,7 +139,27 @@ class Daemon:
             raise UntrustedState(f"{why}: koordd undoes what its state_dir's journal says, so it trusts the "
                                  f"directory only if root alone can change it (chown root, chmod go-w)")
         _keep_private(self.state_dir)
+        self._carry_over_previous_state_dir()
         return RestoreJournal(self.state_dir)
+
+    def _carry_over_previous_state_dir(self) -> None:
+        """The koordd that held the host before used another state_dir (the config changed it, then that
+        koordd was killed before a clean stop restored its knobs): its journal's holds are carried over
+        here (state.note_move), not abandoned. A state_dir others could change is not read from."""
+        previous = self.owner.previous if self.owner is not None else None
+        if previous is None or not previous.state_dir:
+            return
+        old = Path(previous.state_dir)
+        if os.path.realpath(old) == os.path.realpath(self.state_dir) or not (old / RestoreJournal.FILE).exists():
+            return
+        why = untrusted_state_dir(old, STATE_FILES)
+        if why:
+            log.error("the koordd before this one (pid %s) kept its restore journal in %s, which is not trusted "
+                      "(%s): its holds are not carried over", previous.pid, old, why)
+            return
+        log.warning("the koordd before this one (pid %s) kept its restore journal in %s: its holds are carried "
+                    "over to %s", previous.pid, old, self.state_dir)
+        note_move(self.state_dir, old)
 
     def _release_host(self) -> None:
         if self.owner is not None:

@@ -74,9 +74,12 @@ class UntrustedLock(Exception):
 class OwnerLock:
     """The lock, held: released by release() or when this process ends, however it ends."""
 
-    def __init__(self, fd: int, path: Path):
+    def __init__(self, fd: int, path: Path, previous: Holder | None = None):
         self.fd: int | None = fd
         self.path = path
+        # Who held the host before, as the file still says: a koordd killed with holds in a state_dir
+        # other than this one's left them there (the daemon carries them over: state.note_move).
+        self.previous = previous
 
     @classmethod
     def take(cls, config: Path | str, state_dir: Path | str, path: Path | None = None) -> "OwnerLock":
@@ -105,12 +108,13 @@ class OwnerLock:
                 if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
                     os.close(fd)        # locked a file someone removed or replaced meanwhile: lock the new one
                     continue
+                previous = _holder(fd, st)
                 record = {"pid": os.getpid(), "command": " ".join(sys.argv), "config": str(config),
                           "state_dir": str(state_dir), "since": time.time()}
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
                 os.fchmod(fd, 0o644)            # readable whatever koordd's umask (077)
-                return cls(fd, path)
+                return cls(fd, path, previous if previous.pid is not None else None)
             except BaseException:
                 os.close(fd)
                 raise
