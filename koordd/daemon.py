@@ -235,6 +235,13 @@ class Daemon:
         """Knobs left changed by a previous run that crashed: re-adopt those whose loop runs again,
         restore the rest."""
         enabled = {n for n, s in self.config.loops.items() if s.enabled}
+        # Restores are writes like any other: the guard must know the classes before the first round does.
+        try:
+            self.actuator.protect(self.sensors.class_roots())
+        except OSError as e:
+            log.error("cannot list the cgroup tree to classify it (%s): what a previous run left is kept for the "
+                      "first round", e)
+            return
         for h in self.journal.entries():
             if self.dry_run:
                 log.info("%s %s changed by a previous run (original %r, loop %s) is left as it is (dry-run)",

@@ -20,7 +20,7 @@ from koordd.daemon import Daemon
 from koordd.notify import StopExtender
 from koordd.owner import HostOwned, OwnerLock, UntrustedLock, current_holder
 from koordd.registry import load_registry
-from koordd.state import RestoreJournal
+from koordd.state import Held, RestoreJournal
 from koordd.trust import SKIP_ENV, untrusted
 from test_daemon import CONFIG, Node, NotifySocket, wait_for
 
@@ -123,6 +123,19 @@ def test_a_state_dir_changed_then_a_kill_9_abandons_no_hold(tmp_path):
     terminate(again, node)
     assert node.cpu_max() == MAX, node.log()[-3000:]
     assert node.held() == []
+
+
+def test_restores_at_start_are_guarded_by_the_classes_too(tmp_path):
+    # Defect 7: a hold saying ls.slice was frozen, whose loop is not enabled now: the start's recovery
+    # would "restore" the freeze. The guard knew only PID 1's and koordd's cgroups there; the classes too now.
+    node = Node(tmp_path)
+    node.tree.set("ls.slice", "cgroup", "cgroup.freeze", "0\n")
+    journal = RestoreJournal(node.state)
+    journal.add(Held("ls.slice", "cgroup.freeze", "1", "memory_evict", 1.0))
+    journal.close()
+    node.run("--once")
+    assert node.tree.read("ls.slice", "cgroup", "cgroup.freeze").strip() == "0", node.log()[-3000:]
+    assert any(d["knob"] == "cgroup.freeze" and d["outcome"] == "refused" for d in node.decisions()), node.decisions()
 
 
 def test_a_killed_holder_leaves_no_lock(tmp_path):

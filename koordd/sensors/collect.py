@@ -84,6 +84,10 @@ class Sensors:
         self.patterns = tuple(patterns)
         self.max_depth = max((p.count("/") + 1 for p in patterns), default=0)
 
+    def class_roots(self) -> dict[str, str]:
+        """cgroup -> class of every class root as the tree is now (OSError if it cannot be listed)."""
+        return find_classified(self.fs, self.classify, self.max_depth, self.patterns)
+
     def snapshot(self, watch: Iterable[str] = (), held: Mapping[tuple[str, str], str] | None = None,
                  member_classes: Iterable[str] = (), fields: frozenset[str] = CGROUP_FIELDS,
                  member_fields: frozenset[str] | None = None) -> Snapshot:
@@ -95,7 +99,7 @@ class Sensors:
         The optional sensors running (those the loops need) fill the snapshot's sections."""
         now = time.monotonic()
         walk = self.fs.walk_controller()
-        classes = find_classified(self.fs, self.classify, self.max_depth, self.patterns)
+        classes = self.class_roots()
         for cg in watch:
             if cg not in classes and self.fs.exists(walk, cg):
                 classes[cg] = ""
