@@ -157,7 +157,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"koordd has not run with state_dir {sd}")
         return 1
     # The restore journal is written before every knob and survives a crash; status.json may be stale.
-    # Read with read_held rather than by RestoreJournal, which moves an unreadable file aside.
+    # Read with read_held rather than by RestoreJournal: a reader takes no part in the journal.
     try:
         journal = read_held(sd)
     except (OSError, ValueError) as e:
