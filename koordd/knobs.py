@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .backend import Backend, InvalidValue, Unsupported
-from .cgroups import CgroupFS, format_cpulist, parent_of, parse_cpulist
+from .cgroups import CgroupFS, CgroupGone, format_cpulist, parent_of, parse_cpulist
 from .v1_kill import kill_v1
 
 V1_MEMORY_UNLIMITED = 9223372036854771712   # PAGE_COUNTER_MAX * 4096, what v1 shows for "no limit"

@@ -493,3 +493,16 @@ def test_copies_kept_aside_in_one_second_do_not_overwrite_each_other(tmp_path, m
         RestoreJournal(tmp_path)
         texts.append(text)
     assert sorted(p.read_text() for p in tmp_path.glob(f"{RestoreJournal.FILE}.corrupt.*")) == sorted(texts)
+
+
+def test_a_cgroup_removed_while_its_identity_is_read_is_gone_not_a_crash(tmp_path, monkeypatch):
+    """Removed between finding its directory and stat()ing it: TargetGone (churn), never a NameError."""
+    from koordd.cgroups import CgroupGone
+    from koordd.knobs import CgroupBackend
+    tree = FakeCgroups(tmp_path, "v2").add(BE)
+    backend = CgroupBackend(tree.fs)
+    real_stat = os.stat
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: (_ for _ in ()).throw(FileNotFoundError(p))
+                        if str(p).endswith(BE) else real_stat(p, *a, **k))
+    with pytest.raises(CgroupGone):
+        backend.identity(BE, "cpu.max")
