@@ -118,8 +118,10 @@ def test_a_state_dir_changed_then_a_kill_9_abandons_no_hold(tmp_path):
     node.write_config()
     proc.kill()
     proc.wait(timeout=30)
-    again = node.run(wait=False)
-    wait_for(lambda: "carried over" in node.log(), what="the holds carried over")
+    again_ready = NotifySocket(tmp_path / "notify-again.sock")
+    again = node.run(env={"NOTIFY_SOCKET": str(again_ready.path)}, wait=False)
+    again_ready.expect("READY=1")           # its SIGTERM handler is in place: the stop restores
+    assert "carried over" in node.log(), node.log()[-3000:]
     terminate(again, node)
     assert node.cpu_max() == MAX, node.log()[-3000:]
     assert node.held() == []
