@@ -20,7 +20,7 @@ def tree(request, tmp_path) -> FakeCgroups:
 # --- every decide() reads only the sample fields and sections its loop's needs() names --------------
 
 def _spy_class():
-    from koordd.snapshot import CGROUP_FIELDS, CgroupSample
+    from koordd.core.snapshot import CGROUP_FIELDS, CgroupSample
 
     class Spied(CgroupSample):
         """A sample that notes which fields are read (into the `seen` set the test passes in)."""
@@ -94,7 +94,7 @@ def decide_reads_only_what_it_needs(monkeypatch):
     other section is absent), so a loop that reads one it does not name would see nothing on a real
     host. Every decide() in every test runs on a snapshot that notes what is read, and the test fails
     on a field or section needs() left out."""
-    from koordd.docs import shipped_loops
+    from koordd.runtime.docs import shipped_loops
     for cls in shipped_loops().values():
         monkeypatch.setattr(cls, "decide", reads_only_what_it_needs(cls))
 
@@ -110,15 +110,15 @@ def no_bpf_outside_kernel_tests(request, monkeypatch):
         monkeypatch.setattr(runq, "DEFAULT_SOURCES", (runq.SCHEDSTAT,))
 
 
-# The config owner check (koordd/trust.py) is tested in tests/test_security.py; elsewhere tests load
+# The config owner check (koordd/core/trust.py) is tested in tests/test_security.py; elsewhere tests load
 # configs from a checkout whose owner they do not choose. Inherited by the koordd processes they start.
 os.environ.setdefault("KOORDD_TEST_SKIP_CONFIG_OWNER_CHECK", "1")
 
 
-# One koordd per host (koordd/owner.py): each test's koordd, in-process or started as a process, locks a
+# One koordd per host (koordd/act/owner.py): each test's koordd, in-process or started as a process, locks a
 # file of the test's own, so tests running side by side (and a koordd service on the host) do not refuse
 # each other. The tests of the lock itself choose their file.
 @pytest.fixture(autouse=True)
 def owner_lock_of_the_test(tmp_path_factory, monkeypatch):
-    from koordd.owner import TEST_ENV
+    from koordd.act.owner import TEST_ENV
     monkeypatch.setenv(TEST_ENV, str(tmp_path_factory.mktemp("owner") / "owner.lock"))

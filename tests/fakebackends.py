@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-from koordd.backend import Backend, InvalidValue, KnobSpec, TargetGone, Unsupported
+from koordd.core.backend import Backend, InvalidValue, KnobSpec, TargetGone, Unsupported
 
 
 # --- resctrl ----------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from koordd.cgroups import CgroupFS, detect_layout
+from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 
 LAYOUTS = ("v2", "v1", "hybrid", "v1-comount")
 V2_CONTROLLERS = "cpuset cpu io memory pids"

@@ -1,4 +1,4 @@
-"""A fake of koordd.perf's CounterGroup.open_cgroup, over a temporary v2 tree of plain directories.
+"""A fake of koordd.kernel.perf's CounterGroup.open_cgroup, over a temporary v2 tree of plain directories.
 
 It finds the cgroup the way the kernel does, from the directory fd it is given;
 the test sets what each (cgroup, CPU) group reads, cumulative as the kernel's,
@@ -12,7 +12,7 @@ import errno
 import os
 from pathlib import Path
 
-from koordd.perf import GroupReading, PerfOpenError
+from koordd.kernel.perf import GroupReading, PerfOpenError
 
 
 class FakeGroup:

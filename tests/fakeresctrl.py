@@ -15,7 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
-from koordd.resctrl import ResctrlFS
+from koordd.kernel.resctrl import ResctrlFS
 
 NOT_GROUPS = {"info", "mon_groups", "mon_data"}
 

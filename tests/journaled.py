@@ -2,8 +2,8 @@
 start would read the journal (tests/test_faults.py, tests/kernel/test_faults_kernel.py)."""
 from __future__ import annotations
 
-from koordd.actuator import Actuator
-from koordd.state import read_held
+from koordd.act.actuator import Actuator
+from koordd.act.journal import read_held
 
 
 def knob_values(actuator: Actuator, targets: list[tuple[str, str]]) -> dict[tuple[str, str, str], str]:

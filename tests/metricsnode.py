@@ -52,7 +52,7 @@ interval = "200ms"
 rule = "threshold"
 {extra}""")
     with open(tmp / "stderr", "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "koordd.daemon", "--config", str(config)], stderr=err)
+        proc = subprocess.Popen([sys.executable, "-m", "koordd.runtime.daemon", "--config", str(config)], stderr=err)
     return proc, tmp / "state"
 
 

@@ -1,15 +1,14 @@
-"""koordd/avx.py: arch_status, stat and cpuinfo parsing from literal kernel text (broken text included), SMT
+"""koordd/kernel/avx.py: arch_status, stat and cpuinfo parsing from literal kernel text (broken text included), SMT
 siblings, the frequency model's arithmetic, the APERF/MPERF reader over a fake msr file, and the PMU's licence
 events: their encodings, the CPU models that have them, and the level their shares make."""
 from __future__ import annotations
 
 import pytest
 
-from koordd.avx import (AVX256, AVX512, DEFAULT_MHZ, LICENCE_EVENTS, NEVER, SCALAR, CpuId, FrequencyModel,
-                        Licence, TaskStat, VectorUse, compensated_weight, licence_events_missing, licence_of,
-                        measured_mhz, parse_arch_status, parse_cpuinfo, parse_stat, read_aperf_mperf, read_thread,
-                        recent, with_siblings)
-from koordd.perf import PERF_TYPE_RAW
+from koordd.kernel.avx import (AVX256, AVX512, DEFAULT_MHZ, LICENCE_EVENTS, NEVER, SCALAR, CpuId, FrequencyModel,
+    Licence, TaskStat, VectorUse, compensated_weight, licence_events_missing, licence_of, measured_mhz,
+    parse_arch_status, parse_cpuinfo, parse_stat, read_aperf_mperf, read_thread, recent, with_siblings)
+from koordd.kernel.perf import PERF_TYPE_RAW
 
 
 def stat_line(tid: int, comm: str = "worker", state: str = "S", utime: int = 0, stime: int = 0, cpu: int = 0) -> str:

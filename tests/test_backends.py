@@ -9,17 +9,17 @@ import pytest
 
 from fakebackends import FakeNetlink, FakeNetlinkKernel, FakeResctrl, FakeResctrlKernel
 from fakecgroup import FakeCgroups
-import koordd.registry as entry_point_loader
-from koordd import backend as backend_mod
-from koordd.actuator import Actuator
-from koordd.backend import Backends, KnobSpec, load_backends
-from koordd.config import parse_config
-from koordd.decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, DecisionLog
-from koordd.knobs import CgroupBackend
-from koordd.loop import NODE, Action, Loop, restore
-from koordd.runner import Runner
-from koordd.snapshot import CgroupSample, NodeSample, Snapshot
-from koordd.state import RestoreJournal
+import koordd.core.registry as entry_point_loader
+from koordd.core import backend as backend_mod
+from koordd.act.actuator import Actuator
+from koordd.core.backend import Backends, KnobSpec, load_backends
+from koordd.core.config import parse_config
+from koordd.core.decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, DecisionLog
+from koordd.backends.cgroup import CgroupBackend
+from koordd.core.loop import NODE, Action, Loop, restore
+from koordd.runtime.runner import Runner
+from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
+from koordd.act.journal import RestoreJournal
 
 FULL = "0=fff;1=fff"
 

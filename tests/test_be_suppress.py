@@ -1,9 +1,9 @@
 """Decision tests for be_suppress: hand-built snapshots in, actions out. No files, no kernel."""
 import pytest
 
-from koordd.config import make_settings, loop_options
-from koordd.snapshot import CgroupSample, CpuTopology, NodeSample, Pressure, PressureStat, Snapshot
-from koordd.plugins.be_suppress import BeSuppress, pick_cpus
+from koordd.core.config import make_settings, loop_options
+from koordd.core.snapshot import CgroupSample, CpuTopology, NodeSample, Pressure, PressureStat, Snapshot
+from koordd.loops.be_suppress import BeSuppress, pick_cpus
 
 PERIOD = 100_000
 
@@ -141,8 +141,8 @@ def test_a_be_cgroup_without_cpu_max_still_gets_an_action_so_the_refusal_is_reco
 
 # --- rule "slack": LS health sizes BE (Heracles) ---------------------------------------------------------
 
-from koordd.health import HealthTargets  # noqa: E402
-from koordd.snapshot import RUNQ_LATENCY, RunqLatency  # noqa: E402
+from koordd.core.health import HealthTargets  # noqa: E402
+from koordd.core.snapshot import RUNQ_LATENCY, RunqLatency  # noqa: E402
 
 
 def health(t, ls_usage, be_quota, p99_us=None, mean_us=None, psi=None, be_usage=0.5, cpus=4):

@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from benchlib.koordd_proc import SHIPPED_CONFIG, shipped_config, to_toml  # noqa: E402
 from benchlib.qos_run import SETUPS, run_order  # noqa: E402
 from benchlib.static_knobs import StaticKnobs, read_knobs  # noqa: E402
-from koordd.config import parse_config  # noqa: E402
-from koordd.docs import shipped_loops  # noqa: E402
+from koordd.core.config import parse_config  # noqa: E402
+from koordd.runtime.docs import shipped_loops  # noqa: E402
 
 
 def test_to_toml_round_trips():

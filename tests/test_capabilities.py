@@ -5,8 +5,9 @@ import types
 
 import pytest
 
-from koordd import capabilities, perf
-from koordd.capabilities import Capability, format_report, probe_all, report_json
+from koordd.runtime import capabilities
+from koordd.kernel import perf
+from koordd.runtime.capabilities import Capability, format_report, probe_all, report_json
 
 NAMES = ["cgroup", "cpu.max.burst", "cpu.idle", "knobs", "psi", "perf", "bpf", "resctrl", "sched_ext",
          "netlink", "nvml", "sensors", "journald", "systemd"]
@@ -219,7 +220,7 @@ def test_netlink_with_and_without_pyroute2_which_is_not_imported(host, monkeypat
     (host.proc / "config.gz").write_bytes(__import__("gzip").compress(b"# CONFIG_NET_SCH_FQ is not set\n"))
     assert "no fq qdisc (CONFIG_NET_SCH_FQ): net_shaping's enforce = \"edt\" is refused" in host.probe()["netlink"].detail
     # The daemon probes at every start: 16 MB of RSS not paid there (doctor's sensors line may import it).
-    from koordd import capabilities
+    from koordd.runtime import capabilities
     monkeypatch.delitem(sys.modules, "pyroute2", raising=False)
     assert capabilities._probe_netlink(types.SimpleNamespace(proc=host.proc))[0] and "pyroute2" not in sys.modules
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)

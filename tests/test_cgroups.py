@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from fakecgroup import FakeCgroups
-from koordd.cgroups import (CgroupFS, CgroupGone, LayoutError, depth, detect_layout, format_cpulist,
-                            match_pattern, normalize_cgroup, parent_of, parse_cpulist)
+from koordd.kernel.cgroupfs import (CgroupFS, CgroupGone, LayoutError, depth, detect_layout, format_cpulist,
+    match_pattern, normalize_cgroup, parent_of, parse_cpulist)
 
 
 @pytest.mark.parametrize("mode, want_mode, v2, v1", [
@@ -166,7 +166,7 @@ def test_kept_open_files_are_re_read_with_pread_and_reopened_after_enodev(tmp_pa
     import errno
     import os
 
-    from koordd import cgroups as mod
+    from koordd.kernel import cgroupfs as mod
     tree = FakeCgroups(tmp_path, "v2").add("a").add("b")
     fs = CgroupFS(tree.layout, keep_open=True)
     assert fs.read("cpu", "a", "cpu.max").strip() == "max 100000"
@@ -200,7 +200,7 @@ def test_kept_open_files_are_re_read_with_pread_and_reopened_after_enodev(tmp_pa
 
 
 def test_files_are_kept_open_only_up_to_the_limit_and_only_on_cgroupfs(tmp_path):
-    from koordd.cgroups import on_cgroupfs
+    from koordd.kernel.cgroupfs import on_cgroupfs
     tree = FakeCgroups(tmp_path, "v2").add("a")
     fs = CgroupFS(tree.layout, keep_open=True, max_open=1)
     fs.read("cpu", "a", "cpu.max")
@@ -216,7 +216,7 @@ def test_files_are_kept_open_only_up_to_the_limit_and_only_on_cgroupfs(tmp_path)
 def test_a_thread_list_longer_than_a_page_is_read_whole(tmp_path, monkeypatch, keep_open):
     import os
 
-    from koordd import cgroups as mod
+    from koordd.kernel import cgroupfs as mod
     tree = FakeCgroups(tmp_path, "v2").add("a")
     tids = [str(100000 + i) for i in range(2000)]               # 14 KB, as a JVM's cgroup.threads
     tree.set("a", None, "cgroup.threads", "".join(f"{t}\n" for t in tids))

@@ -7,10 +7,10 @@ import textwrap
 
 import pytest
 
-from koordd.config import (CLASS_NAMES, DAEMON_OPTIONS, ClassRule, ConfigError, Settings, load_config,
-                           locate_keys, make_settings, parse_config)
-from koordd.health import DEFAULT_HEALTH, HealthTargets
-from koordd.options import COMMON_LOOP_OPTIONS, Duration, Option
+from koordd.core.config import (CLASS_NAMES, DAEMON_OPTIONS, ClassRule, ConfigError, Settings, load_config,
+    locate_keys, make_settings, parse_config)
+from koordd.core.health import DEFAULT_HEALTH, HealthTargets
+from koordd.core.options import COMMON_LOOP_OPTIONS, Duration, Option
 
 
 # Fake loops: the real plugins are not imported here.
@@ -427,7 +427,7 @@ def test_load_config_unreadable(tmp_path):
 
 
 def test_durations_take_microseconds_too():
-    from koordd.docs import format_duration
-    from koordd.options import parse_duration
+    from koordd.runtime.docs import format_duration
+    from koordd.core.options import parse_duration
     assert parse_duration("500us") == pytest.approx(0.0005) and parse_duration("1ms500us") == pytest.approx(0.0015)
     assert format_duration(0.0005) == "500us" and format_duration(0.0015) == "1ms500us" and format_duration(2) == "2s"

@@ -9,7 +9,7 @@ from fakeperf import FakePerf
 from koordd.sensors import lifecycle, registry
 from koordd.sensors.contract import SensorContext, SensorUnavailable
 from koordd.sensors.cpi import CpiSensor
-from koordd.snapshot import CPI, CpiSample
+from koordd.core.snapshot import CPI, CpiSample
 
 
 @pytest.fixture

@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 
 from fakecgroup import FakeCgroups
-from koordd.actuator import Actuator
-from koordd.config import ConfigError, loop_options, make_settings, parse_config
-from koordd.decisions import REFUSED, DecisionLog
-from koordd.knobs import KNOBS
-from koordd.plugins.cpu_burst import CpuBurst, share_pool
-from koordd.snapshot import CgroupSample, CpuTopology, NodeSample, Snapshot, Throttling
-from koordd.state import RestoreJournal
+from koordd.act.actuator import Actuator
+from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
+from koordd.core.decisions import REFUSED, DecisionLog
+from koordd.backends.cgroup import KNOBS
+from koordd.loops.cpu_burst import CpuBurst, share_pool
+from koordd.core.snapshot import CgroupSample, CpuTopology, NodeSample, Snapshot, Throttling
+from koordd.act.journal import RestoreJournal
 
 LS = "ls.slice/app"
 BASE = "50000 100000"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from fakecgroup import FakeCgroups
-from koordd.state import read_held
-from koordd.topfeed import REQUEST_FILE, TOP_FILE, TopRequest, write_request
+from koordd.act.journal import read_held
+from koordd.runtime.topfeed import REQUEST_FILE, TOP_FILE, TopRequest, write_request
 
 CONFIG = """
 [daemon]
@@ -63,7 +63,7 @@ class Node:
         return self.tree.read("be.slice", "cpu", "cpu.max").strip()
 
     def run(self, *args, env=None, wait=True):
-        cmd = [sys.executable, "-m", "koordd.daemon", "--config", str(self.config), *args]
+        cmd = [sys.executable, "-m", "koordd.runtime.daemon", "--config", str(self.config), *args]
         with open(self.stderr, "ab") as err:
             proc = subprocess.Popen(cmd, stderr=err, env={**os.environ, **(env or {})})
         if wait:
@@ -253,9 +253,9 @@ def test_a_sigterm_while_starting_stops_koordd_in_order(node, monkeypatch):
     """The stop signal is handled from the first moment of run(): one that comes while start() restores
     or takes the first snapshot ends the run through stop() (exit 0, knobs restored), not by the
     signal's default action."""
-    from koordd.config import load_config
-    from koordd.daemon import Daemon
-    from koordd.registry import load_registry
+    from koordd.core.config import load_config
+    from koordd.runtime.daemon import Daemon
+    from koordd.core.registry import load_registry
     registry = load_registry()
     daemon = Daemon(load_config(node.config, registry), registry)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from fakecgroup import FakeCgroups
 
-from koordd import demo
-from koordd.config import load_config
-from koordd.ctl import main
-from koordd.demo import Stopped, koordd_config, signals_stop
-from koordd.demo_cgroups import DemoCgroups
-from koordd.registry import load_registry
+from koordctl import demo
+from koordd.core.config import load_config
+from koordctl.cli import main
+from koordctl.demo import Stopped, koordd_config, signals_stop
+from koordctl.demo_cgroups import DemoCgroups
+from koordd.core.registry import load_registry
 
 
 # --- koordd's config ----------------------------------------------------------------------------------------
@@ -68,8 +68,8 @@ def test_demo_loops_and_phase_parse(monkeypatch):
     got = {}
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(demo, "run", lambda settings, plot_path, layout: got.update(s=settings, p=plot_path) or 0)
-    monkeypatch.setattr("koordd.ctl.detect_layout", lambda root: None)
-    monkeypatch.setattr("koordd.ctl.hierarchy_roots", lambda layout: [])
+    monkeypatch.setattr("koordctl.cli.detect_layout", lambda root: None)
+    monkeypatch.setattr("koordctl.cli.hierarchy_roots", lambda layout: [])
     assert main(["demo", "--phase", "1m", "--period", "15s", "--loops", "qos_baseline,be_suppress,qos_baseline",
                  "--no-plot"]) == 0
     assert got["s"] == demo.Settings(phase=60.0, period=15.0, loops=("qos_baseline", "be_suppress"))

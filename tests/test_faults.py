@@ -22,15 +22,15 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from journaled import assert_every_change_journaled, knob_values
-from koordd import state as state_mod
-from koordd.actuator import Actuator
-from koordd.cgroups import CgroupFS
-from koordd.config import parse_config
-from koordd.decisions import APPLIED, REFUSED, DecisionLog, read_decisions
-from koordd.loop import Action, Loop
-from koordd.runner import Runner
-from koordd.snapshot import CgroupSample, NodeSample, Snapshot
-from koordd.state import Held, RestoreJournal, read_held
+from koordd.act import journal as state_mod
+from koordd.act.actuator import Actuator
+from koordd.kernel.cgroupfs import CgroupFS
+from koordd.core.config import parse_config
+from koordd.core.decisions import APPLIED, REFUSED, DecisionLog, read_decisions
+from koordd.core.loop import Action, Loop
+from koordd.runtime.runner import Runner
+from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
+from koordd.act.journal import Held, RestoreJournal, read_held
 
 VICTIM, BYSTANDER = "be.slice/job", "ls.slice"
 
@@ -322,7 +322,7 @@ class FullDisk:
 
 
 def test_a_full_decision_log_drops_records_with_one_line_and_the_writes_go_on(tmp_path, monkeypatch, caplog):
-    from koordd import decisions as decisions_mod
+    from koordd.core import decisions as decisions_mod
     rig = make_rig(tmp_path)
     monkeypatch.setattr(decisions_mod, "open", FullDisk(), raising=False)
     for quota in ("20000 100000", "30000 100000", "40000 100000"):
@@ -363,9 +363,9 @@ def test_journald_refusing_a_record_does_not_fail_the_loop(tmp_path, caplog):
 def daemon(tmp_path):
     """koordd in this process on test_daemon's fake node, started, with be_suppress capping BE."""
     from test_daemon import Node
-    from koordd.config import load_config
-    from koordd.daemon import Daemon
-    from koordd.registry import load_registry
+    from koordd.core.config import load_config
+    from koordd.runtime.daemon import Daemon
+    from koordd.core.registry import load_registry
     node = Node(tmp_path)
     registry = load_registry()
     d = Daemon(load_config(node.config, registry), registry)
@@ -396,7 +396,7 @@ def test_a_config_broken_at_reload_keeps_the_running_one_and_says_why(daemon, ca
 
 def test_a_config_written_while_it_is_read_is_read_again(daemon, monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="koordd")
-    from koordd import daemon as daemon_mod
+    from koordd.runtime import daemon as daemon_mod
     config, loops = daemon.node.config, dict(daemon.runner.runs)
     text = config.read_text()
     real = daemon_mod.load_config

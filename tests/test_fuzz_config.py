@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, strategies as st
 
 from fuzzing import PROFILE, counted
-from koordd.config import CLASS_NAMES, DAEMON_OPTIONS, Config, ConfigError, load_config, loop_options, parse_config
-from koordd.health import HEALTH_OPTIONS
-from koordd.options import Duration
-from koordd.registry import load_registry
+from koordd.core.config import CLASS_NAMES, DAEMON_OPTIONS, Config, ConfigError, load_config, loop_options, parse_config
+from koordd.core.health import HEALTH_OPTIONS
+from koordd.core.options import Duration
+from koordd.core.registry import load_registry
 
 REGISTRY = load_registry()
 PATH = "/etc/koordd/koordd.toml"

@@ -16,15 +16,15 @@ from fakecgroup import FakeCgroups
 from fakenetlink import Msg
 from fakeresctrl import FakeResctrl
 from fuzzing import ODD_NUMBERS, PROFILE, counted, kernel_text, text_from
-from koordd.avx import TaskStat, parse_arch_status, parse_cpuinfo, parse_stat, read_thread
-from koordd.backend import InvalidValue
-from koordd.cgroups import MAX_CPUS, parse_cpulist
-from koordd.knobs import KNOBS, parse_cpu_max
-from koordd.netclass import tc_handle
-from koordd.options import parse_duration
-from koordd.perf import GroupReading, parse_group
-from koordd.resctrl import ResctrlError, cpu_vendor, parse_schemata, read_info
-from koordd.sched_ext import SchedExtStatus, read_sched_ext
+from koordd.kernel.avx import TaskStat, parse_arch_status, parse_cpuinfo, parse_stat, read_thread
+from koordd.core.backend import InvalidValue
+from koordd.kernel.cgroupfs import MAX_CPUS, parse_cpulist
+from koordd.backends.cgroup import KNOBS, parse_cpu_max
+from koordd.kernel.netclass import tc_handle
+from koordd.core.options import parse_duration
+from koordd.kernel.perf import GroupReading, parse_group
+from koordd.kernel.resctrl import ResctrlError, cpu_vendor, parse_schemata, read_info
+from koordd.kernel.sched_ext import SchedExtStatus, read_sched_ext
 from koordd.sensors.cgroup import CgroupSensor, flat_keyed
 from koordd.sensors.contract import SensorContext
 from koordd.sensors.gpu import parse_proc_cgroup
@@ -33,9 +33,9 @@ from koordd.sensors.node import NodeSensor, parse_meminfo, parse_proc_stat_cpu
 from koordd.sensors.psi import parse_psi
 from koordd.sensors.resctrl import ResctrlSensor
 from koordd.sensors.runq import SchedstatSource, read_schedstat
-from koordd.snapshot import CgroupSample, NodeSample, PressureStat
-from koordd.tc_backend import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT, TC_ROOT_PARENT, htb_rates, parse_rate
-from koordd.topfeed import MAX_INTERVAL, MIN_INTERVAL, TopRequest, parse_request
+from koordd.core.snapshot import CgroupSample, NodeSample, PressureStat
+from koordd.backends.tc import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT, TC_ROOT_PARENT, htb_rates, parse_rate
+from koordd.runtime.topfeed import MAX_INTERVAL, MIN_INTERVAL, TopRequest, parse_request
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

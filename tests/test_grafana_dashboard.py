@@ -1,5 +1,5 @@
 """deploy/grafana/koordd-dashboard.json cannot drift from what koordd exports: every panel's PromQL
-names series koordd/metrics.py declares (or prometheus-client's process collector writes), with
+names series koordd/runtime/metrics.py declares (or prometheus-client's process collector writes), with
 labels those series have, and parses as PromQL (promtool, from Debian's prometheus package)."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from koordd.config import CLASS_NAMES
-from koordd.metrics import SERIES, Exporter
+from koordd.core.config import CLASS_NAMES
+from koordd.runtime.metrics import SERIES, Exporter
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "koordd-dashboard.json"
 TARGET_LABELS = {"instance", "job"}         # what Prometheus adds to every series it scrapes
@@ -70,7 +70,7 @@ def test_every_query_names_series_koordd_exports_with_their_labels(title, expr):
     names = set(NAME.findall(expr))
     assert names, f"{title}: {expr!r} names no koordd series"
     unknown = names - set(series)
-    assert not unknown, f"{title}: {sorted(unknown)} are not exported by koordd/metrics.py"
+    assert not unknown, f"{title}: {sorted(unknown)} are not exported by koordd/runtime/metrics.py"
     for name, matchers in SELECTOR.findall(expr):
         for label, _, value in MATCHER.findall(matchers):
             assert label in series[name] | TARGET_LABELS, f"{title}: {name} has no label {label!r}"

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from koordd.health import DEFAULT_HEALTH, RunqWindow, ls_signals, worst_slack
-from koordd.histogram import merged, quantile_us
-from koordd.snapshot import CgroupSample, NodeSample, RunqLatency, Snapshot
+from koordd.core.health import DEFAULT_HEALTH, RunqWindow, ls_signals, worst_slack
+from koordd.core.histogram import merged, quantile_us
+from koordd.core.snapshot import CgroupSample, NodeSample, RunqLatency, Snapshot
 
 
 def hist(**slots: int) -> tuple[int, ...]:

@@ -7,14 +7,14 @@ import random
 import pytest
 
 from fakecgroup import FakeCgroups
-from koordd.actuator import Actuator
-from koordd.config import loop_options, make_settings, parse_config
-from koordd.decisions import APPLIED, RESTORED, DecisionLog
-from koordd.interference import MIN_BASELINE, Detector, mean_sigma, pearson
-from koordd.plugins.be_suppress import BeSuppress
-from koordd.runner import Runner
-from koordd.snapshot import RUNQ_LATENCY, CgroupSample, CpiSample, NodeSample, RunqLatency, Snapshot
-from koordd.state import RestoreJournal
+from koordd.act.actuator import Actuator
+from koordd.core.config import loop_options, make_settings, parse_config
+from koordd.core.decisions import APPLIED, RESTORED, DecisionLog
+from koordd.core.interference import MIN_BASELINE, Detector, mean_sigma, pearson
+from koordd.loops.be_suppress import BeSuppress
+from koordd.runtime.runner import Runner
+from koordd.core.snapshot import RUNQ_LATENCY, CgroupSample, CpiSample, NodeSample, RunqLatency, Snapshot
+from koordd.act.journal import RestoreJournal
 
 
 def test_mean_sigma_and_pearson():

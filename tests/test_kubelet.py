@@ -1,4 +1,4 @@
-"""Knobs the kubelet owns (koordd/kubelet.py): the pure rule on both cgroup drivers, and the actuator
+"""Knobs the kubelet owns (koordd/core/kubelet.py): the pure rule on both cgroup drivers, and the actuator
 refusing such a write as a decision that names the rule and the option, unless the config overrides it."""
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from types import SimpleNamespace
 import pytest
 
 from fakecgroup import FakeCgroups
-from koordd.actuator import Actuator
-from koordd.config import ConfigError, parse_config
-from koordd.decisions import APPLIED, REFUSED, DecisionLog
-from koordd.kubelet import CONTAINER, POD, QOS, ROOT, KubeletRule, owner, place
-from koordd.loop import Action
-from koordd.registry import load_registry
-from koordd.state import RestoreJournal
+from koordd.act.actuator import Actuator
+from koordd.core.config import ConfigError, parse_config
+from koordd.core.decisions import APPLIED, REFUSED, DecisionLog
+from koordd.core.kubelet import CONTAINER, POD, QOS, ROOT, KubeletRule, owner, place
+from koordd.core.loop import Action
+from koordd.core.registry import load_registry
+from koordd.act.journal import RestoreJournal
 
 UID = "6a4f2e3b_1c9d_4a5e_8f7b_2d3e4f5a6b7c"
 UID_DASHED = UID.replace("_", "-")
@@ -237,9 +237,9 @@ ls_cpu_weight = 200
 @pytest.mark.parametrize("extra, weight", [("", REFUSED), ('kubelet_override = ["cpu.weight"]', APPLIED),
                                            ('kubelet_owned = "override"', APPLIED)])
 def test_koordd_once_on_a_kubelet_tree(tmp_path, extra, weight):
-    from koordd.config import load_config
-    from koordd.daemon import Daemon
-    from koordd.decisions import read_decisions
+    from koordd.core.config import load_config
+    from koordd.runtime.daemon import Daemon
+    from koordd.core.decisions import read_decisions
     tree = FakeCgroups(tmp_path, "v2").add(SYSTEMD["be_qos"]).add(SYSTEMD["bu_qos"])
     config = tmp_path / "koordd.toml"
     config.write_text(DAEMON_CONFIG.format(root=tree.root, state=tmp_path / "state", extra=extra))

@@ -12,9 +12,9 @@ import pytest
 yaml = pytest.importorskip("yaml")
 
 from fakecgroup import FakeCgroups
-from koordd.config import parse_config
-from koordd.kubelet import KubeletRule
-from koordd.registry import load_registry
+from koordd.core.config import parse_config
+from koordd.core.kubelet import KubeletRule
+from koordd.core.registry import load_registry
 from koordd.sensors.collect import find_classified
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
@@ -117,7 +117,7 @@ def test_no_host_proc_and_no_bpffs(koordd, pod):
 
 
 def test_the_config_reaches_koordd_through_a_root_only_directory(koordd, pod):
-    """koordd refuses a config in a world-writable directory (koordd/trust.py); a ConfigMap volume is one."""
+    """koordd refuses a config in a world-writable directory (koordd/core/trust.py); a ConfigMap volume is one."""
     assert koordd["args"] == ["--config", "/etc/koordd/koordd.toml"]
     mounts = mounts_by_path(koordd, pod)
     _, volume = mounts["/etc/koordd"]

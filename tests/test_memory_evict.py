@@ -6,14 +6,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from fakecgroup import FakeCgroups
-from koordd.actuator import Actuator
-from koordd.config import ConfigError, loop_options, make_settings, parse_config
-from koordd.decisions import DecisionLog, read_decisions
-from koordd.plugins.memory_evict import KILL_SETTLE, MemoryEvict
-from koordd.runner import Runner
+from koordd.act.actuator import Actuator
+from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
+from koordd.core.decisions import DecisionLog, read_decisions
+from koordd.loops.memory_evict import KILL_SETTLE, MemoryEvict
+from koordd.runtime.runner import Runner
 from koordd.sensors.collect import Sensors
-from koordd.snapshot import CgroupSample, NodeSample, Pressure, PressureStat, Snapshot
-from koordd.state import RestoreJournal
+from koordd.core.snapshot import CgroupSample, NodeSample, Pressure, PressureStat, Snapshot
+from koordd.act.journal import RestoreJournal
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -16,17 +16,17 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from koordd.capabilities import Capability
-from koordd.config import METRICS_OPTIONS, ConfigError, make_settings, parse_config
-from koordd.histogram import merged
-from koordd.metrics import (HEALTH_STALE, SERIES, Exporter, MetricsServer, Published, RoundStats, families,
-                            knob_number, label, selected)
-from koordd.reclaimable import Capacity, Reclaimable
-from koordd.registry import load_registry
-from koordd.runner import Runner
-from koordd.snapshot import (CPI, RUNQ_LATENCY, CgroupSample, CpiSample, NodeSample, Pressure, PressureStat,
-                             RunqLatency, Snapshot, Throttling)
-from koordd.state import Held
+from koordd.runtime.capabilities import Capability
+from koordd.core.config import METRICS_OPTIONS, ConfigError, make_settings, parse_config
+from koordd.core.histogram import merged
+from koordd.runtime.metrics import (HEALTH_STALE, SERIES, Exporter, MetricsServer, Published, RoundStats, families,
+    knob_number, label, selected)
+from koordd.core.reclaimable import Capacity, Reclaimable
+from koordd.core.registry import load_registry
+from koordd.runtime.runner import Runner
+from koordd.core.snapshot import (CPI, RUNQ_LATENCY, CgroupSample, CpiSample, NodeSample, Pressure, PressureStat,
+    RunqLatency, Snapshot, Throttling)
+from koordd.act.journal import Held
 from metricsnode import free_port, get, run_koordd, wait_for
 
 REGISTRY = load_registry()
@@ -320,8 +320,8 @@ def test_ipv6_loopback():
 # --- the runner's figures -------------------------------------------------------------------------------
 
 def test_runner_counts_time_and_errors_per_loop():
-    from koordd.config import loop_options
-    from koordd.loop import Loop
+    from koordd.core.config import loop_options
+    from koordd.core.loop import Loop
 
     class Flaky(Loop):
         name = "flaky"
@@ -374,10 +374,10 @@ def test_koordd_serves_its_state_and_status_has_reclaimable(tmp_path):
         assert status["metrics"] == f"127.0.0.1:{port}"
         r = status["reclaimable"]
         assert r["ls_cgroups"] == 1 and r["cpu_cores"]["given"] == 1.0 and r["cpu_cores"]["reclaimable"] >= 0
-        ctl = subprocess.run([sys.executable, "-m", "koordd.ctl", "status", "--json", "--state-dir", str(state)],
+        ctl = subprocess.run([sys.executable, "-m", "koordctl.cli", "status", "--json", "--state-dir", str(state)],
                              capture_output=True, text=True, timeout=60)
         assert json.loads(ctl.stdout)["reclaimable"]["cpu_cores"]["given"] == 1.0
-        text = subprocess.run([sys.executable, "-m", "koordd.ctl", "status", "--state-dir", str(state)],
+        text = subprocess.run([sys.executable, "-m", "koordctl.cli", "status", "--state-dir", str(state)],
                               capture_output=True, text=True, timeout=60).stdout
         assert f"http://127.0.0.1:{port}/metrics" in text and "of 1 LS cgroups' limits" in text
     finally:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from fakenetlink import Msg
-from koordd.config import ConfigError, loop_options, make_settings, parse_config
-from koordd.plugins.net_shaping import NetShaping
+from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
+from koordd.loops.net_shaping import NetShaping
 from koordd.sensors.contract import SensorContext
 from koordd.sensors.net import NetSample, NetSensor
-from koordd.snapshot import NET, RUNQ_LATENCY, CgroupSample, NodeSample, RunqLatency, Snapshot
-from koordd.tc_backend import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT
+from koordd.core.snapshot import NET, RUNQ_LATENCY, CgroupSample, NodeSample, RunqLatency, Snapshot
+from koordd.backends.tc import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT
 
 G = 10**9
 

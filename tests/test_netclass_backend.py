@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from fakecgroup import FakeCgroups
-from koordd.actuator import Actuator
-from koordd.backend import Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
-from koordd.netclass import ClassifierError, DeviceGone
-from koordd.decisions import APPLIED, DecisionLog
-from koordd.loop import Action
-from koordd.netclass_backend import ClassifierBackend, NetClassBackend, NetClsTree, SharedClassifier
-from koordd.state import RestoreJournal
-from koordd.tc_backend import BE_CLASS, LS_CLASS
+from koordd.act.actuator import Actuator
+from koordd.core.backend import Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
+from koordd.kernel.netclass import ClassifierError, DeviceGone
+from koordd.core.decisions import APPLIED, DecisionLog
+from koordd.core.loop import Action
+from koordd.backends.netclass import ClassifierBackend, NetClassBackend, NetClsTree, SharedClassifier
+from koordd.act.journal import RestoreJournal
+from koordd.backends.tc import BE_CLASS, LS_CLASS
 
 
 class FakeClassifier:

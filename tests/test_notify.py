@@ -4,7 +4,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from koordd import notify
+from koordd.runtime import notify
 
 
 def test_lines_reach_the_socket(tmp_path, monkeypatch):

@@ -78,24 +78,23 @@ def test_files_owner_and_modes(deb):
     for path, mode in (("/usr/sbin/koordd", "-rwxr-xr-x"), ("/usr/bin/koordctl", "-rwxr-xr-x"),
                        ("/lib/systemd/system/koordd.service", "-rw-r--r--"),
                        ("/etc/koordd/koordd.toml", "-rw-r--r--"),
-                       (f"/{SITE}/koordd/daemon.py", "-rw-r--r--"),
-                       (f"/{SITE}/koordd/plugins/be_suppress.py", "-rw-r--r--"),
+                       (f"/{SITE}/koordd/runtime/daemon.py", "-rw-r--r--"),
+                       (f"/{SITE}/koordctl/cli.py", "-rw-r--r--"),
+                       (f"/{SITE}/koordd/loops/be_suppress.py", "-rw-r--r--"),
                        (f"/{SITE}/koordd/bpf/koordd_sched.bpf.o", "-rw-r--r--"),
                        (f"/{SITE}/koordd/bpf/runq_latency.c", "-rw-r--r--"),
                        ("/usr/share/doc/koordd/copyright", "-rw-r--r--"),
                        ("/usr/share/doc/koordd/changelog.gz", "-rw-r--r--")):
         assert path in entries, f"{path} is not in the package"
         assert entries[path][0] == mode, (path, entries[path])
-    # Every plugin and sensor of the tree, and no byte code, tests or scripts of the tree.
-    for plugin in (ROOT / "plugins").glob("*.py"):
-        assert f"/{SITE}/koordd/plugins/{plugin.name}" in entries
-    for sensor in (ROOT / "koordd" / "sensors").glob("*.py"):
-        assert f"/{SITE}/koordd/sensors/{sensor.name}" in entries
+    # Every module of koordd and koordctl in the tree, and no byte code, tests or scripts of the tree.
+    for module in [*(ROOT / "koordd").rglob("*.py"), *(ROOT / "koordctl").rglob("*.py")]:
+        assert f"/{SITE}/{module.relative_to(ROOT)}" in entries, module
     assert not [p for p in entries if p.endswith(".pyc") or "/tests/" in p or "__pycache__" in p]
     tops = {p.split("/")[1] for p in entries if p.count("/") > 1}
     assert tops <= {"etc", "lib", "usr"}, tops
     assert {p.split("/")[5] for p in entries if p.startswith(f"/{SITE}/") and p.count("/") > 5} \
-        == {"koordd", f"koordd-{pyproject_version()}.dist-info"}
+        == {"koordd", "koordctl", f"koordd-{pyproject_version()}.dist-info"}
 
 
 def test_the_config_is_a_conffile_and_the_shipped_default(deb, tree):
@@ -132,15 +131,15 @@ def test_maintainer_scripts_parse_and_do_what_policy_asks(tree):
 
 
 def test_the_commands_and_entry_points(tree):
-    for path, module in (("usr/sbin/koordd", "koordd.daemon"), ("usr/bin/koordctl", "koordd.ctl")):
+    for path, module in (("usr/sbin/koordd", "koordd.runtime.daemon"), ("usr/bin/koordctl", "koordctl.cli")):
         text = (tree / path).read_text()
         assert text.startswith("#!/usr/bin/python3\n") and f"from {module} import main" in text, text
     dist_info = tree / SITE / f"koordd-{pyproject_version()}.dist-info"
     assert not (dist_info / "RECORD").exists()     # pip must not uninstall dpkg's files
     eps = (dist_info / "entry_points.txt").read_text()
-    for plugin in (ROOT / "plugins").glob("*.py"):
+    for plugin in (ROOT / "koordd" / "loops").glob("*.py"):
         if plugin.name != "__init__.py":
-            assert f"= koordd.plugins.{plugin.stem}:" in eps, (plugin.name, eps)
+            assert f"= koordd.loops.{plugin.stem}:" in eps, (plugin.name, eps)
     meta = email.parser.Parser().parsestr((dist_info / "METADATA").read_text())
     assert meta["Name"] == "koordd" and meta["Version"] == pyproject_version()
 
@@ -149,10 +148,10 @@ def test_the_unpacked_package_imports_and_finds_its_loops_and_bpf_files(tree):
     # The package's own tree alone on sys.path (-S: not this venv's editable koordd), as
     # /usr/lib/python3/dist-packages is on the target: the registry finds the loops through the
     # dist-info's entry points, the sensors and the sched_ext loader their BPF files.
-    code = ("import sys; from importlib.metadata import entry_points; import koordd.registry, koordd.scx, koordd.sensors.runq;"
-            "assert koordd.registry.__file__.startswith(sys.argv[1]), koordd.registry.__file__;"
+    code = ("import sys; from importlib.metadata import entry_points; import koordd.core.registry, koordd.kernel.scx, koordd.sensors.runq;"
+            "assert koordd.core.registry.__file__.startswith(sys.argv[1]), koordd.core.registry.__file__;"
             "names = sorted(e.name for e in entry_points(group='koordd.loops') if e.value.startswith('koordd.'));"
-            "assert koordd.scx.OBJECT.is_file() and koordd.sensors.runq.PROGRAM.is_file();"
+            "assert koordd.kernel.scx.OBJECT.is_file() and koordd.sensors.runq.PROGRAM.is_file();"
             "print(' '.join(names))")
     site = str(tree / SITE)
     env = {**os.environ, "PYTHONPATH": site, "PYTHONDONTWRITEBYTECODE": "1"}

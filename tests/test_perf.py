@@ -1,4 +1,4 @@
-"""koordd/perf.py: the perf_event_attr it builds, group reads as literal bytes, partial opens, and the reasons."""
+"""koordd/kernel/perf.py: the perf_event_attr it builds, group reads as literal bytes, partial opens, and the reasons."""
 from __future__ import annotations
 
 import errno
@@ -7,9 +7,9 @@ import struct
 
 import pytest
 
-from koordd import perf
-from koordd.perf import (CONTEXT_SWITCHES, CYCLES, GROUP_FORMAT, INSTRUCTIONS, TASK_CLOCK, CounterGroup,
-                         GroupReading, PerfOpenError, explain, raw_event)
+from koordd.kernel import perf
+from koordd.kernel.perf import (CONTEXT_SWITCHES, CYCLES, GROUP_FORMAT, INSTRUCTIONS, TASK_CLOCK, CounterGroup,
+    GroupReading, PerfOpenError, explain, raw_event)
 
 
 def test_attr_counts_user_and_kernel_from_the_start():

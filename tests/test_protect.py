@@ -1,5 +1,5 @@
 """Eviction and throttling never reach SYSTEM/LS/LSR/LSE cgroups, PID 1's or koordd's, whatever
-the loops ask: the actuator's guard (koordd/protect.py), unit- and property-tested."""
+the loops ask: the actuator's guard (koordd/act/protect.py), unit- and property-tested."""
 from __future__ import annotations
 
 import itertools
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fakecgroup import FakeCgroups
-from koordd.decisions import APPLIED, DRY_RUN, REFUSED
-from koordd.loop import Action
-from koordd.protect import EVICTING, PROTECTED_CLASSES, THROTTLING, Protected, harm, process_cgroups
+from koordd.core.decisions import APPLIED, DRY_RUN, REFUSED
+from koordd.core.loop import Action
+from koordd.act.protect import EVICTING, PROTECTED_CLASSES, THROTTLING, Protected, harm, process_cgroups
 from test_actuator import make_rig
 
 NAMES = ("a", "b", "c")
@@ -78,7 +78,7 @@ def test_restores_are_never_blocked(tmp_path):
 # --- the property ------------------------------------------------------------------------------------
 
 def protected_oracle(target: str, classes: dict[str, str | None], processes: set[str]) -> bool:
-    """Written apart from koordd/protect.py: on or below a protected class, or holding one or a process."""
+    """Written apart from koordd/act/protect.py: on or below a protected class, or holding one or a process."""
     def within(inner: str, outer: str) -> bool:
         return outer == "" or inner == outer or inner.startswith(outer + "/")
     return (any(cls in PROTECTED_CLASSES and within(target, cg) for cg, cls in classes.items())

@@ -7,16 +7,16 @@ from types import SimpleNamespace
 import pytest
 
 from fakecgroup import FakeCgroups
-from koordd.actuator import Actuator
-from koordd.config import ConfigError, loop_options, make_settings, parse_config
-from koordd.decisions import APPLIED, RESTORED, DecisionLog, read_decisions
-from koordd.knobs import KNOBS
-from koordd.loop import Action
+from koordd.act.actuator import Actuator
+from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
+from koordd.core.decisions import APPLIED, RESTORED, DecisionLog, read_decisions
+from koordd.backends.cgroup import KNOBS
+from koordd.core.loop import Action
 from koordd.sensors.collect import Sensors
-from koordd.plugins.be_suppress import BeSuppress
-from koordd.plugins.qos_baseline import QosBaseline, memory_target, parse_memory_value
-from koordd.snapshot import CgroupSample, NodeSample, Snapshot
-from koordd.state import RestoreJournal
+from koordd.loops.be_suppress import BeSuppress
+from koordd.loops.qos_baseline import QosBaseline, memory_target, parse_memory_value
+from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
+from koordd.act.journal import RestoreJournal
 
 GiB = 1 << 30
 V2 = frozenset(KNOBS)                                          # every knob

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from koordd.config import make_settings
-from koordd.reclaimable import (RECLAIMABLE_OPTIONS, ReclaimableState, WindowPeak, cpu_given, memory_given,
-                                observe)
-from koordd.snapshot import CgroupSample, NodeSample, Snapshot
+from koordd.core.config import make_settings
+from koordd.core.reclaimable import RECLAIMABLE_OPTIONS, ReclaimableState, WindowPeak, cpu_given, memory_given, observe
+from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
 
 GiB = 1 << 30
 

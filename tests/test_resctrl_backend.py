@@ -9,13 +9,13 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from fakeresctrl import FakeResctrl
-from koordd.actuator import Actuator
-from koordd.backend import Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
-from koordd.decisions import APPLIED, REFUSED, RESTORED, DecisionLog
-from koordd.knobs import CgroupBackend
-from koordd.loop import Action
-from koordd.resctrl_backend import ResctrlGroupBackend, ResctrlTasksBackend
-from koordd.state import RestoreJournal
+from koordd.act.actuator import Actuator
+from koordd.core.backend import Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
+from koordd.core.decisions import APPLIED, REFUSED, RESTORED, DecisionLog
+from koordd.backends.cgroup import CgroupBackend
+from koordd.core.loop import Action
+from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
+from koordd.act.journal import RestoreJournal
 
 FILESYSTEMS = "nodev\tsysfs\nnodev\tcgroup2\nnodev\tresctrl\n"
 CPUINFO = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 cat_l3 cdp_l3 mba rdt_a\n"
@@ -180,8 +180,8 @@ def test_through_the_actuator_koordd_removes_only_the_groups_it_made(rig, tmp_pa
 
 
 def test_the_daemon_says_in_one_line_which_knobs_a_missing_feature_takes(tmp_path, caplog):
-    from koordd.config import parse_config
-    from koordd.daemon import Daemon
+    from koordd.core.config import parse_config
+    from koordd.runtime.daemon import Daemon
     tree = FakeCgroups(tmp_path / "cg", "v2").add("be.slice")
     path = tmp_path / "koordd.toml"
     path.write_text(f'[daemon]\ncgroup_root = "{tree.root}"\nstate_dir = "{tmp_path / "state"}"\n')

@@ -6,13 +6,13 @@ import logging
 import pytest
 
 from fakecgroup import FakeCgroups
-from koordd.actuator import Actuator
-from koordd.config import parse_config
-from koordd.decisions import DecisionLog
-from koordd.loop import Action, Loop
-from koordd.runner import MAX_BACKOFF, Runner
-from koordd.snapshot import CgroupSample, NodeSample, Snapshot
-from koordd.state import RestoreJournal
+from koordd.act.actuator import Actuator
+from koordd.core.config import parse_config
+from koordd.core.decisions import DecisionLog
+from koordd.core.loop import Action, Loop
+from koordd.runtime.runner import MAX_BACKOFF, Runner
+from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
+from koordd.act.journal import RestoreJournal
 
 
 class Capper(Loop):

@@ -12,10 +12,10 @@ import pytest
 
 from koordd.sensors import runq
 from koordd.sensors.contract import SensorContext, SensorUnavailable
-from koordd.histogram import quantile_us
+from koordd.core.histogram import quantile_us
 from koordd.sensors.runq import (EBPF, SCHEDSTAT, SLOTS, EbpfSource, RunqLatencySensor, SchedstatSource,
                                  enclosing, summarize)
-from koordd.snapshot import RunqLatency
+from koordd.core.snapshot import RunqLatency
 
 
 def slots(**counts) -> list[int]:

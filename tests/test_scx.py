@@ -1,4 +1,4 @@
-"""koordd.scx's safe switch against a fake /sys/kernel/sched_ext and a fake scheduler: the steps, and
+"""koordd.kernel.scx's safe switch against a fake /sys/kernel/sched_ext and a fake scheduler: the steps, and
 the fall back to the kernel's scheduler whenever the kernel does not confirm ours. (Loading the real
 object needs a sched_ext kernel: tests/system/test_scx.py, in the VM.)"""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from koordd.scx import OBJECT, ScxError, switch_to
+from koordd.kernel.scx import OBJECT, ScxError, switch_to
 
 
 def write_status(sys_root: Path, state: str, ops: str = "", enable_seq: int = 3) -> None:

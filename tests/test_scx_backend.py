@@ -1,4 +1,4 @@
-"""koordd's scheduler as knobs (koordd/scx_backend.py) and the sched_ext loop that asks for it, on a fake
+"""koordd's scheduler as knobs (koordd/backends/scx.py) and the sched_ext loop that asks for it, on a fake
 /sys/kernel/sched_ext, a fake cgroup tree and a fake scheduler: loading with the classes already in
 its map, the classes kept in line while it runs, another program's scheduler left alone, the kernel
 ejecting ours, restore, and when the loop wants it. (The real object: tests/system/, in the VM.)"""
@@ -9,16 +9,16 @@ import errno
 import pytest
 
 from fakecgroup import FakeCgroups
-from koordd.actuator import Actuator
-from koordd.backend import Backends, TargetGone
-from koordd.config import ConfigError, loop_options, make_settings, parse_config
-from koordd.decisions import APPLIED, REFUSED, RESTORED, DecisionLog
-from koordd.health import DEFAULT_HEALTH
-from koordd.loop import Action
-from koordd.plugins.sched_ext import SchedExt
-from koordd.scx_backend import TARGET, OwnScheduler, SchedulerBackend, SchedulerClassBackend
-from koordd.snapshot import SCHED_EXT, CgroupSample, NodeSample, Pressure, PressureStat, Snapshot
-from koordd.state import RestoreJournal
+from koordd.act.actuator import Actuator
+from koordd.core.backend import Backends, TargetGone
+from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
+from koordd.core.decisions import APPLIED, REFUSED, RESTORED, DecisionLog
+from koordd.core.health import DEFAULT_HEALTH
+from koordd.core.loop import Action
+from koordd.loops.sched_ext import SchedExt
+from koordd.backends.scx import TARGET, OwnScheduler, SchedulerBackend, SchedulerClassBackend
+from koordd.core.snapshot import SCHED_EXT, CgroupSample, NodeSample, Pressure, PressureStat, Snapshot
+from koordd.act.journal import RestoreJournal
 from test_scx import FakeScheduler, write_status
 
 

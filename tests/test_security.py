@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from fakecgroup import FakeCgroups
-from koordd.cgroups import OutsideRoot
-from koordd.config import ConfigError, load_config
-from koordd.registry import load_registry
-from koordd.trust import SKIP_ENV, untrusted
-from koordd.decisions import APPLIED, REFUSED, Decision
-from koordd.loop import Action
-from koordd.state import Held
-from plugins.memory_evict import MemoryEvict
+from koordd.kernel.cgroupfs import OutsideRoot
+from koordd.core.config import ConfigError, load_config
+from koordd.core.registry import load_registry
+from koordd.core.trust import SKIP_ENV, untrusted
+from koordd.core.decisions import APPLIED, REFUSED, Decision
+from koordd.core.loop import Action
+from koordd.act.journal import Held
+from koordd.loops.memory_evict import MemoryEvict
 from test_actuator import make_rig, on_disk, records
 from test_memory_evict import cg, settings as evict_settings, snap
 
@@ -186,7 +186,7 @@ def test_a_state_dir_open_to_every_user_is_closed_with_a_warning(tmp_path):
 
 
 def test_a_top_request_not_written_by_root_is_ignored(tmp_path):
-    from koordd.topfeed import REQUEST_FILE, TopFeed, TopRequest, write_request
+    from koordd.runtime.topfeed import REQUEST_FILE, TopFeed, TopRequest, write_request
     write_request(tmp_path, TopRequest(interval=1.0))
     feed = TopFeed(tmp_path)
     assert feed.check(0.0) and feed.active

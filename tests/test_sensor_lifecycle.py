@@ -8,10 +8,10 @@ from importlib.metadata import EntryPoint
 import pytest
 
 from fakecgroup import FakeCgroups
-import koordd.registry as entry_point_loader
-from koordd.config import parse_config
-from koordd.daemon import STATUS_FILE, Daemon
-from koordd.loop import Loop
+import koordd.core.registry as entry_point_loader
+from koordd.core.config import parse_config
+from koordd.runtime.daemon import STATUS_FILE, Daemon
+from koordd.core.loop import Loop
 from koordd.sensors import lifecycle, registry
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 from koordd.sensors.cpi import CpiSensor
@@ -245,7 +245,7 @@ interval = "1s"
 def daemon(tmp_path, monkeypatch):
     tree = FakeCgroups(tmp_path, "v2").add("be.slice")
     # The doctor's probe sees the widget too: the daemon must not start it that way.
-    for where in ("koordd.daemon", "koordd.capabilities"):
+    for where in ("koordd.runtime.daemon", "koordd.runtime.capabilities"):
         monkeypatch.setattr(f"{where}.load_sensor_registry", lambda: {"widget": Widget})
     loops = {"widget_loop": WidgetLoop}
     path = tmp_path / "koordd.toml"

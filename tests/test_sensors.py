@@ -8,10 +8,10 @@ import pytest
 
 from conftest import reads_only_what_it_needs
 from fakecgroup import FakeCgroups, psi
-from koordd.cgroups import match_pattern
-from koordd.config import parse_config
-from koordd.health import DEFAULT_HEALTH
-from koordd.loop import Action, Loop
+from koordd.kernel.cgroupfs import match_pattern
+from koordd.core.config import parse_config
+from koordd.core.health import DEFAULT_HEALTH
+from koordd.core.loop import Action, Loop
 from koordd.sensors import collect
 from koordd.sensors.cgroup import CgroupSensor, flat_keyed
 from koordd.sensors.collect import Sensors, find_classified
@@ -19,7 +19,7 @@ from koordd.sensors.contract import OptionalSensor
 from koordd.sensors.lifecycle import SensorManager
 from koordd.sensors.node import NodeSensor, parse_meminfo, parse_proc_stat_cpu
 from koordd.sensors.psi import parse_psi, with_growth
-from koordd.snapshot import CpuTopology, NodeSample, Pressure, PressureStat, Snapshot, Throttling
+from koordd.core.snapshot import CpuTopology, NodeSample, Pressure, PressureStat, Snapshot, Throttling
 
 JOB = "be.slice/job"
 

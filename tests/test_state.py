@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from koordd import state as state_mod
-from koordd.ctl import main as koordctl
-from koordd.state import Held, RestoreJournal, read_held
+from koordd.act import journal as state_mod
+from koordctl.cli import main as koordctl
+from koordd.act.journal import Held, RestoreJournal, read_held
 
 
 def held(cgroup: str, knob: str = "cpu.max", original: str = "max 100000") -> Held:

@@ -9,13 +9,13 @@ import os
 import pytest
 
 from fakecgroup import FakeCgroups
-from koordd.actuator import Actuator
-from koordd.backend import Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
-from koordd.decisions import APPLIED, REFUSED, RESTORED, DecisionLog
-from koordd.knobs import CgroupBackend
-from koordd.loop import Action
-from koordd.state import RestoreJournal
-from koordd.threads import ThreadPolicyBackend
+from koordd.act.actuator import Actuator
+from koordd.core.backend import Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
+from koordd.core.decisions import APPLIED, REFUSED, RESTORED, DecisionLog
+from koordd.backends.cgroup import CgroupBackend
+from koordd.core.loop import Action
+from koordd.act.journal import RestoreJournal
+from koordd.backends.threads import ThreadPolicyBackend
 
 OTHER, BATCH, IDLE, FIFO, EXT = os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE, os.SCHED_FIFO, 7
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from koordd import top
-from koordd.ctl import main
-from koordd.top import Terminal, human_bytes, human_us, render, select_rows, target_name, watch
-from koordd.topfeed import REQUEST_FILE, TOP_FILE, TopRequest, parse_request
+from koordctl import top
+from koordctl.cli import main
+from koordctl.top import Terminal, human_bytes, human_us, render, select_rows, target_name, watch
+from koordd.runtime.topfeed import REQUEST_FILE, TOP_FILE, TopRequest, parse_request
 
 NOW = 1_800_000_000.0
 

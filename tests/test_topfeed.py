@@ -9,14 +9,14 @@ import time
 import pytest
 
 from fakecgroup import FakeCgroups, psi
-from koordd.config import parse_config
-from koordd.daemon import Daemon
-from koordd.loop import Loop
+from koordd.core.config import parse_config
+from koordd.runtime.daemon import Daemon
+from koordd.core.loop import Loop
 from koordd.sensors.contract import OptionalSensor, SensorUnavailable
-from koordd.snapshot import CPI, RUNQ_LATENCY, CpiSample, RunqLatency
-from koordd.state import Held
-from koordd.topfeed import (FRESH_AT_LEAST, REQUEST_FILE, TOP_FILE, VIEW_FIELDS, TopFeed, TopRequest,
-                            parse_request, write_request)
+from koordd.core.snapshot import CPI, RUNQ_LATENCY, CpiSample, RunqLatency
+from koordd.act.journal import Held
+from koordd.runtime.topfeed import (FRESH_AT_LEAST, REQUEST_FILE, TOP_FILE, VIEW_FIELDS, TopFeed, TopRequest,
+    parse_request, write_request)
 
 CALLS: list[str] = []       # what the fake sensors were asked, in order ("start runq_latency", ...)
 
@@ -91,7 +91,7 @@ def tree(tmp_path):
 def daemon(tree, tmp_path, monkeypatch):
     CALLS.clear()
     monkeypatch.setattr(FakeRunq, "unavailable", None)
-    for where in ("koordd.daemon", "koordd.capabilities"):
+    for where in ("koordd.runtime.daemon", "koordd.runtime.capabilities"):
         monkeypatch.setattr(f"{where}.load_sensor_registry", lambda: {RUNQ_LATENCY: FakeRunq, CPI: FakeCpi})
     path = tmp_path / "koordd.toml"
     path.write_text(CONFIG.format(root=tree.root, state=tmp_path / "state"))

@@ -18,24 +18,24 @@ import yaml
 
 from fakecgroup import LAYOUTS, FakeCgroups
 from fakeresctrl import FakeResctrl
-from koordd.actuator import Actuator
-from koordd.backend import Backends
-from koordd.config import can_hold, loop_options, make_settings, parse_config
-from koordd.decisions import APPLIED, REFUSED, DecisionLog
-from koordd.knobs import CgroupBackend
-from koordd.loop import Action, Loop
-from koordd.plugins.be_suppress import BeSuppress
-from koordd.plugins.memory_evict import MemoryEvict
-from koordd.protect import Protected
-from koordd.registry import load_registry
-from koordd.resctrl_backend import ResctrlGroupBackend, ResctrlTasksBackend
-from koordd.reclaimable import RECLAIMABLE_OPTIONS, ReclaimableState, observe
-from koordd.runner import Runner, class_of
+from koordd.act.actuator import Actuator
+from koordd.core.backend import Backends
+from koordd.core.config import can_hold, loop_options, make_settings, parse_config
+from koordd.core.decisions import APPLIED, REFUSED, DecisionLog
+from koordd.backends.cgroup import CgroupBackend
+from koordd.core.loop import Action, Loop
+from koordd.loops.be_suppress import BeSuppress
+from koordd.loops.memory_evict import MemoryEvict
+from koordd.act.protect import Protected
+from koordd.core.registry import load_registry
+from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
+from koordd.core.reclaimable import RECLAIMABLE_OPTIONS, ReclaimableState, observe
+from koordd.runtime.runner import Runner, class_of
 from koordd.sensors.collect import Sensors, find_classified
-from koordd.snapshot import CgroupSample, NodeSample, Snapshot, own_usage
-from koordd.state import RestoreJournal
-from koordd.topfeed import TopRequest, document
-from koordd.trust import SKIP_ENV
+from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot, own_usage
+from koordd.act.journal import RestoreJournal
+from koordd.runtime.topfeed import TopRequest, document
+from koordd.core.trust import SKIP_ENV
 from test_metrics import published, samples
 
 MiB = 1 << 20
@@ -75,7 +75,7 @@ def run_once(tmp: Path, tree: FakeCgroups, be: list[str], ls: list[str], scope: 
     state, config = tmp / "state", tmp / "etc" / "koordd.toml"
     config.parent.mkdir()
     config.write_text(CONFIG.format(root=tree.root, state=state, be=json.dumps(be), ls=json.dumps(ls), scope=scope))
-    done = subprocess.run([sys.executable, "-m", "koordd.daemon", "--config", str(config), "--once"],
+    done = subprocess.run([sys.executable, "-m", "koordd.runtime.daemon", "--config", str(config), "--once"],
                           capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert done.returncode == 0, done.stderr
     path = state / "decisions.jsonl"
@@ -276,7 +276,7 @@ def test_validate_warns_where_a_be_pattern_can_hold_or_lie_inside_another_class(
     assert any("BE pattern 'ls.slice/*/batch' can match inside LS pattern 'ls.slice'" in w for w in warnings)
     path = tmp_path / "koordd.toml"
     path.write_text(NESTED)
-    out = subprocess.run([sys.executable, "-m", "koordd.ctl", "validate", str(path)], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "koordctl.cli", "validate", str(path)], capture_output=True,
                          text=True, env={**os.environ, SKIP_ENV: "1"})
     assert out.returncode == 0 and f"{path}:4: warning: BE pattern 'be.slice'" in out.stdout, out
 

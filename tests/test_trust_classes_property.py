@@ -20,11 +20,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from fakecgroup import FakeCgroups
-from koordd.config import CLASS_NAMES, parse_config
-from koordd.decisions import APPLIED
-from koordd.loop import Action
-from koordd.protect import PROTECTED_CLASSES
-from koordd.runner import class_of, classes_of
+from koordd.core.config import CLASS_NAMES, parse_config
+from koordd.core.decisions import APPLIED
+from koordd.core.loop import Action
+from koordd.act.protect import PROTECTED_CLASSES
+from koordd.runtime.runner import class_of, classes_of
 from koordd.sensors.collect import Sensors, find_classified
 from test_actuator import make_rig
 

@@ -1,4 +1,4 @@
-"""Issue 25, the daemon's part: one koordd per host (koordd/owner.py), no reload loop, a repointed
+"""Issue 25, the daemon's part: one koordd per host (koordd/act/owner.py), no reload loop, a repointed
 config symlink followed, a state_dir trusted only if root's alone, a tree that cannot be listed
 releases nothing, and a long stop asks systemd for time."""
 from __future__ import annotations
@@ -14,14 +14,14 @@ import time
 
 import pytest
 
-from koordd import owner
-from koordd.config import load_config
-from koordd.daemon import Daemon
-from koordd.notify import StopExtender
-from koordd.owner import HostOwned, OwnerLock, UntrustedLock, current_holder
-from koordd.registry import load_registry
-from koordd.state import Held, RestoreJournal
-from koordd.trust import SKIP_ENV, untrusted
+from koordd.act import owner
+from koordd.core.config import load_config
+from koordd.runtime.daemon import Daemon
+from koordd.runtime.notify import StopExtender
+from koordd.act.owner import HostOwned, OwnerLock, UntrustedLock, current_holder
+from koordd.core.registry import load_registry
+from koordd.act.journal import Held, RestoreJournal
+from koordd.core.trust import SKIP_ENV, untrusted
 from test_daemon import CONFIG, Node, NotifySocket, wait_for
 
 REGISTRY = load_registry()
@@ -49,7 +49,7 @@ def other_config(node: Node, tmp_path, name="other") -> "os.PathLike":
 
 
 def run(config, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "koordd.daemon", "--config", str(config), *args],
+    return subprocess.run([sys.executable, "-m", "koordd.runtime.daemon", "--config", str(config), *args],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -416,7 +416,7 @@ def test_the_unit_and_the_daemonset_give_every_koordd_the_same_lock_directory():
 # --- koordctl names the holder -------------------------------------------------------------------------
 
 def test_koordctl_status_names_the_host_owner_and_demo_refuses_beside_it(tmp_path, capsys):
-    from koordd.ctl import main
+    from koordctl.cli import main
     node = Node(tmp_path)
     holder = Daemon(load_config(node.config, REGISTRY), REGISTRY)
     try:

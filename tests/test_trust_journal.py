@@ -15,13 +15,13 @@ from types import SimpleNamespace
 import pytest
 
 from fakecgroup import FakeCgroups
-from koordd import state as state_mod
-from koordd.actuator import Actuator
-from koordd.cgroups import CgroupFS
-from koordd.decisions import APPLIED, LEFT, REFUSED, RESTORED, DecisionLog, read_decisions
-from koordd.knobs import KNOBS, Knob
-from koordd.loop import Action, restore
-from koordd.state import Held, JournalUnreadable, RestoreJournal, note_move, read_held
+from koordd.act import journal as state_mod
+from koordd.act.actuator import Actuator
+from koordd.kernel.cgroupfs import CgroupFS
+from koordd.core.decisions import APPLIED, LEFT, REFUSED, RESTORED, DecisionLog, read_decisions
+from koordd.backends.cgroup import KNOBS, Knob
+from koordd.core.loop import Action, restore
+from koordd.act.journal import Held, JournalUnreadable, RestoreJournal, note_move, read_held
 
 BE, JOB = "be.slice", "be.slice/job"
 _graves = itertools.count()
@@ -401,7 +401,7 @@ def test_an_unreadable_journal_refuses_the_daemon_start_with_78(tmp_path):
     (state / RestoreJournal.FILE).write_text(text)
     config = tmp_path / "koordd.toml"
     config.write_text(f'[daemon]\ncgroup_root = "{tree.root}"\nstate_dir = "{state}"\n')
-    done = subprocess.run([sys.executable, "-m", "koordd.daemon", "--config", str(config), "--once"],
+    done = subprocess.run([sys.executable, "-m", "koordd.runtime.daemon", "--config", str(config), "--once"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 78, done.stderr
     assert f"refusing to start: the restore journal {state / RestoreJournal.FILE}" in done.stderr

@@ -1,4 +1,4 @@
-"""Issue 25, defect 9: cgroup.kill on cgroup v1 (koordd/v1_kill.py) on fake trees, with real processes
+"""Issue 25, defect 9: cgroup.kill on cgroup v1 (koordd/kernel/v1_kill.py) on fake trees, with real processes
 (`sleep`) standing for a cgroup's tasks: frozen before any SIGKILL and thawed after, a cgroup someone
 else froze left frozen, passes until no task is left where there is no freezer, and a PID that no longer
 names a task of the cgroup when it would be signalled is not signalled. The real kernel with a process
@@ -13,9 +13,9 @@ import subprocess
 
 import pytest
 
-import koordd.v1_kill as v1_kill
+import koordd.kernel.v1_kill as v1_kill
 from fakecgroup import FakeCgroups
-from koordd.knobs import KNOBS
+from koordd.backends.cgroup import KNOBS
 
 CG = "be.slice"
 
@@ -153,6 +153,6 @@ def test_tasks_that_keep_appearing_without_a_freezer_end_in_a_refusal_not_a_hang
 
 
 def test_a_missing_cgroup_is_gone(v1):
-    from koordd.cgroups import CgroupGone
+    from koordd.kernel.cgroupfs import CgroupGone
     with pytest.raises(CgroupGone):
         KNOBS["cgroup.kill"].write(v1.fs, "nope", "1")

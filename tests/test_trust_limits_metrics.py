@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from koordd.endpoint import DEADLINE, MAX_HEAD
-from koordd.metrics import Exporter, MetricsServer
+from koordd.runtime.endpoint import DEADLINE, MAX_HEAD
+from koordd.runtime.metrics import Exporter, MetricsServer
 
 PROBE_TIMEOUT = 5.0        # deploy/kubernetes/daemonset.yaml: the liveness probe's timeoutSeconds
 

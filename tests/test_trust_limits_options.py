@@ -11,21 +11,20 @@ import re
 
 import pytest
 
-from koordd.backend import InvalidValue
-from koordd.config import (DAEMON_OPTIONS, METRICS_OPTIONS, ConfigError, loop_options, make_settings,
-                           parse_config)
-from koordd.health import HEALTH_OPTIONS
-from koordd.knobs import KNOBS
-from koordd.options import Duration, Option
-from koordd.reclaimable import RECLAIMABLE_OPTIONS
-from koordd.registry import load_registry
-from koordd.resctrl import L3Info, MBInfo, ResctrlInfo
-from koordd.sched_ext import SchedExtStatus
+from koordd.core.backend import InvalidValue
+from koordd.core.config import DAEMON_OPTIONS, METRICS_OPTIONS, ConfigError, loop_options, make_settings, parse_config
+from koordd.core.health import HEALTH_OPTIONS
+from koordd.backends.cgroup import KNOBS
+from koordd.core.options import Duration, Option
+from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
+from koordd.core.registry import load_registry
+from koordd.kernel.resctrl import L3Info, MBInfo, ResctrlInfo
+from koordd.kernel.sched_ext import SchedExtStatus
 from koordd.sensors.avx import AvxSection, AvxUse
 from koordd.sensors.net import NetSample
 from koordd.sensors.resctrl import ResctrlSection
-from koordd.snapshot import (AVX, CPI, NET, RESCTRL, RUNQ_LATENCY, SCHED_EXT, CgroupSample, CpiSample,
-                             CpuTopology, NodeSample, Pressure, PressureStat, RunqLatency, Snapshot, Throttling)
+from koordd.core.snapshot import (AVX, CPI, NET, RESCTRL, RUNQ_LATENCY, SCHED_EXT, CgroupSample, CpiSample,
+    CpuTopology, NodeSample, Pressure, PressureStat, RunqLatency, Snapshot, Throttling)
 
 NUMBER_TYPES = (int, float, Duration)
 REGISTRY = load_registry()

@@ -2,7 +2,7 @@
 backslashes, escape sequences, bidi overrides, bytes that are not UTF-8, 255-byte components and deep
 paths. The classifier matches them as the literal names they are, the restore journal and the decision
 log give them back exactly, one record a line, and what koordctl prints stays one line per row with no
-control character reaching the terminal (koordd/printable.py)."""
+control character reaching the terminal (koordd/core/printable.py)."""
 from __future__ import annotations
 
 import json
@@ -17,15 +17,15 @@ from hypothesis import given, strategies as st
 
 from fakecgroup import FakeCgroups
 from fuzzing import PROFILE, counted
-from koordd.avx import TaskStat, parse_stat
-from koordd.cgroups import match_pattern
-from koordd.config import parse_config
-from koordd.ctl import main as koordctl
-from koordd.decisions import APPLIED, Decision, DecisionLog, read_decisions
-from koordd.printable import printable
+from koordd.kernel.avx import TaskStat, parse_stat
+from koordd.kernel.cgroupfs import match_pattern
+from koordd.core.config import parse_config
+from koordctl.cli import main as koordctl
+from koordd.core.decisions import APPLIED, Decision, DecisionLog, read_decisions
+from koordd.core.printable import printable
 from koordd.sensors.collect import find_classified
-from koordd.state import Held, RestoreJournal, read_held
-from koordd.top import render
+from koordd.act.journal import Held, RestoreJournal, read_held
+from koordctl.top import render
 
 # Each a single path component, as a workload could name its cgroup (anything but "/" and NUL).
 NAMES = (
@@ -153,7 +153,7 @@ def test_plain_log_lines_naming_a_cgroup_cannot_forge_a_line(monkeypatch, capsys
     # handler (stderr without journald), every name stays on its line, and a traceback's lines are
     # indented, so an exception's message cannot start a line either.
     import logging
-    from koordd import daemon
+    from koordd.runtime import daemon
     monkeypatch.setattr(daemon, "journal_sender", lambda: None)
     daemon.setup_logging("info")
     try:
@@ -255,7 +255,7 @@ def test_koordd_caps_odd_be_cgroups_and_koordctl_shows_them(tmp_path):
     state = tmp_path / "state"
     config = tmp_path / "koordd.toml"
     config.write_text(DAEMON_CONFIG.format(root=tree.root, state=state))
-    run = subprocess.run([sys.executable, "-m", "koordd.daemon", "--config", str(config), "--once"],
+    run = subprocess.run([sys.executable, "-m", "koordd.runtime.daemon", "--config", str(config), "--once"],
                          capture_output=True, timeout=120)
     assert run.returncode == 0, run.stderr.decode(errors="replace")
     capped = {r["target"] for r in read_decisions(state) if r["outcome"] == APPLIED}
@@ -263,7 +263,7 @@ def test_koordd_caps_odd_be_cgroups_and_koordctl_shows_them(tmp_path):
     for n in names:
         assert tree.read(f"be.slice/{n}", "cpu", "cpu.max").strip() != "max 100000"
     # koordctl as the user runs it: its own process, its stdout a pipe (strict UTF-8).
-    ctl = subprocess.run([sys.executable, "-m", "koordd.ctl", "decisions", "--state-dir", str(state)],
+    ctl = subprocess.run([sys.executable, "-m", "koordctl.cli", "decisions", "--state-dir", str(state)],
                          capture_output=True, timeout=60)
     assert ctl.returncode == 0, ctl.stderr.decode(errors="replace")
     out = ctl.stdout.decode()

@@ -4,13 +4,13 @@ An optional sensor (sensors/contract.py), the snapshot's "avx" section: an AvxSe
 sampled cgroup. Two sources:
 
 - arch_status, always: each round it lists the threads of every sampled cgroup and below
-  (threads.cgroup_threads) and reads two small files of each, `arch_status` and `stat` (koordd/avx.py),
+  (threads.cgroup_threads) and reads two small files of each, `arch_status` and `stat` (koordd/kernel/avx.py),
   each thread once however many sampled cgroups hold it. A thread counts as an AVX-512 thread when the
   kernel saw its AVX-512 state in use within `recent_ms` (100 ms); `cpus` are where such threads last
   ran, `ran_cpus` where any of the cgroup's threads that ran this round last ran. A thread "ran" when it
   is runnable now or its CPU time grew since the previous round (in the first round: runnable only), so
   a thread asleep for an hour is not counted on the CPU it last used.
-- the PMU's licence counters, where the CPU is a model known to have them (koordd/avx.py's
+- the PMU's licence counters, where the CPU is a model known to have them (koordd/kernel/avx.py's
   LICENCE_MODELS) and they open: cycles, CORE_POWER.LVL1_TURBO_LICENSE and LVL2_TURBO_LICENSE counted per
   cgroup of the v2 tree as sensors/cpi.py counts cycles (sensors/cgroup_counters.py). A counted cgroup's
   `licence` holds the shares of its cycles at licence 1 and 2 over the round and the level they make
@@ -32,15 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from ..avx import (LICENCE_EVENTS, LICENCE_SHARE, LVL1_TURBO_LICENSE, LVL2_TURBO_LICENSE, Licence, ThreadAvx,
-                   licence_events_missing, licence_of, parse_arch_status, parse_cpuinfo, read_thread, recent)
-from ..backend import TargetGone
-from ..cgroups import DEFAULT_ROOT, CgroupFS, LayoutError, detect_layout
-from ..perf import CYCLES, CounterGroup
-from ..snapshot import AVX
-from ..threads import cgroup_threads
-from .cgroup_counters import CgroupCounters, Counts, OpenGroup, start_counters
-from .contract import OptionalSensor, SensorContext, SensorUnavailable
+from koordd.kernel.avx import (LICENCE_EVENTS, LICENCE_SHARE, LVL1_TURBO_LICENSE, LVL2_TURBO_LICENSE, Licence,
+    ThreadAvx, licence_events_missing, licence_of, parse_arch_status, parse_cpuinfo, read_thread, recent)
+from koordd.core.backend import TargetGone
+from koordd.kernel.cgroupfs import DEFAULT_ROOT, CgroupFS, LayoutError, detect_layout
+from koordd.kernel.perf import CYCLES, CounterGroup
+from koordd.core.snapshot import AVX
+from koordd.backends.threads import cgroup_threads
+from koordd.sensors.cgroup_counters import CgroupCounters, Counts, OpenGroup, start_counters
+from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 log = logging.getLogger(__name__)
 RECENT_MS = 100

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 
-from ..cgroups import CgroupFS, CgroupGone
-from ..knobs import KNOBS
-from ..snapshot import CGROUP_FIELDS, CgroupSample, PressureStat, Throttling
-from .psi import parse_psi, with_growth
+from koordd.kernel.cgroupfs import CgroupFS, CgroupGone
+from koordd.backends.cgroup import KNOBS
+from koordd.core.snapshot import CGROUP_FIELDS, CgroupSample, PressureStat, Throttling
+from koordd.sensors.psi import parse_psi, with_growth
 
 log = logging.getLogger("koordd.sensors")
 

@@ -1,7 +1,7 @@
 """Perf counters per cgroup, kept open between rounds: what each cgroup counted since the last round.
 
 For every cgroup it is asked about, `CgroupCounters` opens one group of its
-events per online CPU in cgroup mode (koordd/perf.py), keeps the fds, and at
+events per online CPU in cgroup mode (koordd/kernel/perf.py), keeps the fds, and at
 each update() reads them: per CPU the growth since the previous read, scaled by
 Δenabled / Δrunning (the share of the time the group was really on the PMU),
 summed over the CPUs. A cgroup costs CPUs × events fds.
@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
-from ..cgroups import LayoutError, detect_layout
-from ..perf import (CONTEXT_SWITCHES, TASK_CLOCK, CounterGroup, Event, GroupReading, explain, online_cpus,
-                    probe_cgroup_mode)
-from .contract import SensorUnavailable
+from koordd.kernel.cgroupfs import LayoutError, detect_layout
+from koordd.kernel.perf import (CONTEXT_SWITCHES, TASK_CLOCK, CounterGroup, Event, GroupReading, explain, online_cpus,
+    probe_cgroup_mode)
+from koordd.sensors.contract import SensorUnavailable
 
 log = logging.getLogger(__name__)
 OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)

@@ -6,14 +6,14 @@ import time
 from dataclasses import replace
 from typing import Callable, Iterable, Mapping, Sequence
 
-from ..cgroups import CgroupFS
-from ..health import HealthTargets
-from ..knobs import KNOBS, unsupported_knobs
-from ..snapshot import CGROUP_FIELDS, Snapshot
-from .cgroup import CgroupSensor
-from .contract import SensorContext
-from .lifecycle import SensorManager
-from .node import NodeSensor
+from koordd.kernel.cgroupfs import CgroupFS
+from koordd.core.health import HealthTargets
+from koordd.backends.cgroup import KNOBS, unsupported_knobs
+from koordd.core.snapshot import CGROUP_FIELDS, Snapshot
+from koordd.sensors.cgroup import CgroupSensor
+from koordd.sensors.contract import SensorContext
+from koordd.sensors.lifecycle import SensorManager
+from koordd.sensors.node import NodeSensor
 
 Classify = Callable[[str], "str | None"]
 HealthOf = Callable[[str], "HealthTargets | None"]

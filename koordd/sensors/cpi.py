@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..cgroups import DEFAULT_ROOT
-from ..perf import CYCLES, INSTRUCTIONS, CounterGroup
-from ..snapshot import CPI, CpiSample
-from .cgroup_counters import CgroupCounters, OpenGroup, start_counters
-from .contract import OptionalSensor, SensorContext
+from koordd.kernel.cgroupfs import DEFAULT_ROOT
+from koordd.kernel.perf import CYCLES, INSTRUCTIONS, CounterGroup
+from koordd.core.snapshot import CPI, CpiSample
+from koordd.sensors.cgroup_counters import CgroupCounters, OpenGroup, start_counters
+from koordd.sensors.contract import OptionalSensor, SensorContext
 
 EVENTS = (CYCLES, INSTRUCTIONS)
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..snapshot import GPUS
-from .contract import OptionalSensor, SensorContext, SensorUnavailable
+from koordd.core.snapshot import GPUS
+from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from .contract import OptionalSensor, SensorContext, SensorUnavailable
-from .registry import SensorFactory
+from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
+from koordd.sensors.registry import SensorFactory
 
 log = logging.getLogger(__name__)
 RUNNING, UNAVAILABLE, STOPPED = "running", "unavailable", "stopped"

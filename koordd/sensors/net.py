@@ -1,6 +1,6 @@
 """Egress rates per class on each device koordd shapes: the "net" section.
 
-A device is shaped when its root qdisc is koordd's (koordd/tc_backend.py): for each, the bytes its
+A device is shaped when its root qdisc is koordd's (koordd/backends/tc.py): for each, the bytes its
 LS, BE and other traffic sent since the last round, as bit/s, and BE's ceiling as it is. Under
 "htb" both come from the HTB classes; under "edt" from the egress classifier's counters and BE's
 pace (the classifier this process's tc backends opened; none opened, no sample) and the root qdisc's
@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..snapshot import NET
-from ..tc_backend import (BE_CLASS, EDT_ROOT, EDT_ROOT_KINDS, LINK, LS_CLASS, OTHER_CLASS, ROOT, TC_ROOT_PARENT,
-                          device_links, htb_rates)
-from .contract import OptionalSensor, SensorContext, SensorUnavailable
+from koordd.core.snapshot import NET
+from koordd.backends.tc import (BE_CLASS, EDT_ROOT, EDT_ROOT_KINDS, LINK, LS_CLASS, OTHER_CLASS, ROOT, TC_ROOT_PARENT,
+    device_links, htb_rates)
+from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class NetSensor(OptionalSensor):
                 raise SensorUnavailable("pyroute2 is not installed") from None
             self.ipr = IPRoute()
         if self.classifier is None:
-            from ..netclass_backend import process_classifier
+            from koordd.backends.netclass import process_classifier
             self.classifier = process_classifier()
 
     def sample(self, context: SensorContext | None = None) -> dict[str, NetSample]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..cgroups import parse_cpulist
-from ..snapshot import CpuTopology, NodeSample, PressureStat
-from .psi import parse_psi, with_growth
+from koordd.kernel.cgroupfs import parse_cpulist
+from koordd.core.snapshot import CpuTopology, NodeSample, PressureStat
+from koordd.sensors.psi import parse_psi, with_growth
 
 
 def parse_proc_stat_cpu(text: str) -> tuple[int, int]:

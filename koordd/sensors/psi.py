@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from ..snapshot import Pressure, PressureStat
+from koordd.core.snapshot import Pressure, PressureStat
 
 
 def parse_psi(text: str) -> PressureStat:

@@ -3,16 +3,16 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..registry import load_named
-from ..snapshot import CGROUP_FIELDS
-from .avx import AvxSensor
-from .contract import OptionalSensor
-from .cpi import CpiSensor
-from .gpu import GpuSensor
-from .net import NetSensor
-from .resctrl import ResctrlSensor
-from .runq import RunqLatencySensor
-from .sched_ext import SchedExtSensor
+from koordd.core.registry import load_named
+from koordd.core.snapshot import CGROUP_FIELDS
+from koordd.sensors.avx import AvxSensor
+from koordd.sensors.contract import OptionalSensor
+from koordd.sensors.cpi import CpiSensor
+from koordd.sensors.gpu import GpuSensor
+from koordd.sensors.net import NetSensor
+from koordd.sensors.resctrl import ResctrlSensor
+from koordd.sensors.runq import RunqLatencySensor
+from koordd.sensors.sched_ext import SchedExtSensor
 
 GROUP = "koordd.sensors"
 BUILTIN: dict[str, type[OptionalSensor]] = {s.name: s for s in (GpuSensor, RunqLatencySensor, CpiSensor,

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from ..resctrl import DEFAULT_MOUNT, ResctrlError, ResctrlFS, ResctrlInfo, cpu_vendor, parse_schemata, read_info
-from ..resctrl_backend import RESERVED, cpu_support
-from ..snapshot import RESCTRL
-from .contract import OptionalSensor, SensorContext, SensorUnavailable
+from koordd.kernel.resctrl import (DEFAULT_MOUNT, ResctrlError, ResctrlFS, ResctrlInfo, cpu_vendor, parse_schemata,
+    read_info)
+from koordd.backends.resctrl import RESERVED, cpu_support
+from koordd.core.snapshot import RESCTRL
+from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Run-queue latency per cgroup: how long its threads waited runnable before they ran.
 
 Two sources, the better one the host allows, chosen at start():
-- "ebpf": bpf/runq_latency.c loaded with bcc; every wait goes into a log2 histogram of the
+- "ebpf": koordd/bpf/runq_latency.c loaded with bcc; every wait goes into a log2 histogram of the
   deepest sampled cgroup at or above the thread's own, so a round has p50/p99/max and an exact mean.
   Needs bcc (python3-bpfcc), kernel headers at /lib/modules/$(uname -r)/build and tracefs.
 - "schedstat": Δrun_delay / Δtimeslices from /proc/<tid>/schedstat of every thread of the cgroup and
@@ -20,10 +20,10 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from ..cgroups import DEFAULT_ROOT, Layout, LayoutError, detect_layout, thread_ids
-from ..histogram import quantile_us, slot_upper_us
-from ..snapshot import RUNQ_LATENCY, RunqLatency
-from .contract import OptionalSensor, SensorContext, SensorUnavailable
+from koordd.kernel.cgroupfs import DEFAULT_ROOT, Layout, LayoutError, detect_layout, thread_ids
+from koordd.core.histogram import quantile_us, slot_upper_us
+from koordd.core.snapshot import RUNQ_LATENCY, RunqLatency
+from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 log = logging.getLogger(__name__)
 PROGRAM = Path(str(files("koordd.bpf") / "runq_latency.c"))

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..sched_ext import SchedExtStatus, has_sched_ext, missing_reason, read_sched_ext
-from ..snapshot import SCHED_EXT
-from .contract import OptionalSensor, SensorContext, SensorUnavailable
+from koordd.kernel.sched_ext import SchedExtStatus, has_sched_ext, missing_reason, read_sched_ext
+from koordd.core.snapshot import SCHED_EXT
+from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 
 class SchedExtSensor(OptionalSensor):

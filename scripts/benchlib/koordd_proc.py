@@ -27,8 +27,8 @@ def koordd_command(koordd: str | None = None, profile: Path | None = None) -> li
         koordd = str(script) if script.exists() else None
     python = str(Path(koordd).parent / "python") if koordd else sys.executable
     if profile is not None:
-        return [python, "-m", "cProfile", "-o", str(profile), "-m", "koordd.daemon"]
-    return [koordd] if koordd else [sys.executable, "-m", "koordd.daemon"]
+        return [python, "-m", "cProfile", "-o", str(profile), "-m", "koordd.runtime.daemon"]
+    return [koordd] if koordd else [sys.executable, "-m", "koordd.runtime.daemon"]
 
 
 class KoorddProcess:

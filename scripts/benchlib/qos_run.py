@@ -25,7 +25,7 @@ from benchlib.cgroup_tree import CgroupTree, die_with_parent
 from benchlib.koordd_proc import KoorddProcess
 from benchlib.ls_servers import python_module, wait_accepting, worker_env
 from benchlib.static_knobs import StaticKnobs, read_knobs
-from koordd.cgroups import CgroupFS
+from koordd.kernel.cgroupfs import CgroupFS
 from koordd.sensors.cgroup import CgroupSensor
 from koordd.sensors.node import parse_proc_stat_cpu
 
@@ -218,7 +218,7 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
         failures = {n: r["failures"] for n, r in koordd.status()["loops"].items() if r["failures"]}
         if failures:
             raise RuntimeError(f"koordd loops failed during the run: {failures}\n{koordd.log_tail()}")
-        decisions = koordd.decisions()
+        decisions = koordd.core.decisions()
         out["koordd_writes"] = sum(1 for d in decisions if d.get("outcome") == "applied")
         out["koordd_window"] = window_decisions(decisions, wall0, wall0 + bench.seconds)
         if setup.needs_sched_ext:

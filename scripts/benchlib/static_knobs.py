@@ -1,11 +1,11 @@
-"""Static knob settings of a benchmark setup, written through koordd's own knob table (koordd.knobs on
+"""Static knob settings of a benchmark setup, written through koordd's own knob table (koordd.backends.cgroup on
 the detected layout, so `cpu.weight` lands in v1 `cpu.shares` on hybrid hosts and `cpu.max` in
 `cpu.cfs_quota_us`), checked by the same kernel rules koordd checks, and put back afterwards.
 """
 from __future__ import annotations
 
-from koordd.cgroups import CgroupFS
-from koordd.knobs import KNOBS, validate
+from koordd.kernel.cgroupfs import CgroupFS
+from koordd.backends.cgroup import KNOBS, validate
 
 
 def read_knobs(fs: CgroupFS, cgroup: str, names: list[str]) -> dict[str, str]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from koordd.state import read_held
+from koordd.act.journal import read_held
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CHILDREN = ("ls", "be")
@@ -308,7 +308,7 @@ def koordd_command() -> list[str]:
     if script.exists():
         return [str(script)]
     found = shutil.which("koordd")
-    return [found] if found else [sys.executable, "-m", "koordd.daemon"]
+    return [found] if found else [sys.executable, "-m", "koordd.runtime.daemon"]
 
 
 @dataclass

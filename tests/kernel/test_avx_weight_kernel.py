@@ -19,20 +19,20 @@ import time
 
 import pytest
 
-from koordd.actuator import Actuator
-from koordd.avx import compensated_weight
-from koordd.backend import Backends
-from koordd.cgroups import CgroupFS, detect_layout
-from koordd.config import parse_config
-from koordd.decisions import APPLIED, DecisionLog, read_decisions
-from koordd.knobs import KNOBS, CgroupBackend, weight_to_shares
-from koordd.plugins.avx_weight import AvxWeight
-from koordd.runner import Runner
+from koordd.act.actuator import Actuator
+from koordd.kernel.avx import compensated_weight
+from koordd.core.backend import Backends
+from koordd.kernel.cgroupfs import CgroupFS, detect_layout
+from koordd.core.config import parse_config
+from koordd.core.decisions import APPLIED, DecisionLog, read_decisions
+from koordd.backends.cgroup import KNOBS, CgroupBackend, weight_to_shares
+from koordd.loops.avx_weight import AvxWeight
+from koordd.runtime.runner import Runner
 from koordd.sensors.avx import AvxSection, AvxSensor, AvxUse
 from koordd.sensors.cgroup import CgroupSensor
 from koordd.sensors.contract import SensorContext, SensorUnavailable
-from koordd.snapshot import AVX, NodeSample, Snapshot
-from koordd.state import RestoreJournal
+from koordd.core.snapshot import AVX, NodeSample, Snapshot
+from koordd.act.journal import RestoreJournal
 
 from .conftest import CGROUP_ROOT, wait_for
 

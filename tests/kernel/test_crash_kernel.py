@@ -37,11 +37,11 @@ from pathlib import Path
 
 import pytest
 
-from koordd.backend import TargetGone, Unsupported
-from koordd.cgroups import CgroupFS, detect_layout
-from koordd.knobs import KNOBS, CgroupBackend
-from koordd.state import read_held
-from koordd.threads import ThreadPolicyBackend
+from koordd.core.backend import TargetGone, Unsupported
+from koordd.kernel.cgroupfs import CgroupFS, detect_layout
+from koordd.backends.cgroup import KNOBS, CgroupBackend
+from koordd.act.journal import read_held
+from koordd.backends.threads import ThreadPolicyBackend
 
 from .conftest import CGROUP_ROOT, CgroupEnv, Koordd, created, detect_host, stop_all, wait_for
 from .test_cpu_burst_kernel import set_quota
@@ -145,7 +145,7 @@ def koordd(tmp_path, tree):
 @pytest.fixture
 def device():
     """HOST, a veth whose peer is in namespace NS; None where net_shaping cannot run (no pyroute2 or bcc)."""
-    from koordd.netclass_backend import SharedClassifier
+    from koordd.backends.netclass import SharedClassifier
     if SharedClassifier().missing() is not None:
         yield None
         return
@@ -207,7 +207,7 @@ class KnobReader:
         self.tc = self.ipr = None
         if device is not None:
             from pyroute2 import IPRoute
-            from koordd.tc_backend import TcBackend
+            from koordd.backends.tc import TcBackend
             self.ipr = IPRoute()
             self.tc = TcBackend(ipr=self.ipr)
 
@@ -229,7 +229,7 @@ class KnobReader:
 
     def _classifier(self) -> str:
         """What a koordd that never attached it reads (a killed run's filter counts as "detached")."""
-        from koordd.netclass import EGRESS, FILTER_PRIO
+        from koordd.kernel.netclass import EGRESS, FILTER_PRIO
         index = self.ipr.link_lookup(ifname=self.device)[0]
         if not any(m.get_attr("TCA_KIND") == "clsact" for m in self.ipr.get_qdiscs(index)):
             return "none"
@@ -265,7 +265,7 @@ def raw_state(tree: CrashTree, device: str | None) -> dict[str, str]:
                     pass
     if device is not None:
         from pyroute2 import IPRoute
-        from koordd.netclass import EGRESS
+        from koordd.kernel.netclass import EGRESS
         with IPRoute() as ipr:
             index = ipr.link_lookup(ifname=device)[0]
             out["qdiscs"] = " ".join(sorted(f"{m.get_attr('TCA_KIND')}:{m['handle']:x}" for m in ipr.get_qdiscs(index)))
@@ -357,7 +357,7 @@ def last_log(koordd: Koordd) -> str:
 
 
 def writes_since(koordd: Koordd, since: float) -> list[dict]:
-    return [d for d in koordd.decisions() if d.get("time", 0) >= since and d.get("outcome") in ("applied", "restored")]
+    return [d for d in koordd.core.decisions() if d.get("time", 0) >= since and d.get("outcome") in ("applied", "restored")]
 
 
 def report(capsys, text: str) -> None:
@@ -468,7 +468,7 @@ def test_an_htb_tree_cut_short_by_a_kill_is_koordds_to_take_down_or_finish(devic
     if device is None:
         pytest.skip("needs pyroute2 and bcc")
     from pyroute2 import IPRoute
-    from koordd.tc_backend import LINK, OTHER_CLASS, PARTIAL, ROOT, TcBackend
+    from koordd.backends.tc import LINK, OTHER_CLASS, PARTIAL, ROOT, TcBackend
     with IPRoute() as ipr:
         index = ipr.link_lookup(ifname=device)[0]
         tc = TcBackend(ipr=ipr)

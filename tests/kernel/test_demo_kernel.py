@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from koordd.cgroups import detect_layout
-from koordd.demo_cgroups import hierarchy_roots
+from koordd.kernel.cgroupfs import detect_layout
+from koordctl.demo_cgroups import hierarchy_roots
 
 from .conftest import CGROUP_ROOT, detect_host, wait_for
 
@@ -36,7 +36,7 @@ class DemoRun:
         detect_host()
         # SIGINT back to its default: a shell's background job (CI under `&`) starts with it ignored, and
         # Python then leaves it ignored, where a terminal's Ctrl-C reaches the demo.
-        self.proc = subprocess.Popen([sys.executable, "-m", "koordd.ctl", "demo", *args], stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen([sys.executable, "-m", "koordctl.cli", "demo", *args], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.name = f"koordd-demo-{self.proc.pid}"
@@ -98,7 +98,7 @@ class DemoRun:
                     cmdline = (entry / "cmdline").read_bytes()
                 except OSError:
                     continue
-                if b"koordd.daemon" in cmdline and f"/{self.name}-".encode() in cmdline:
+                if b"koordd.runtime.daemon" in cmdline and f"/{self.name}-".encode() in cmdline:
                     pids.append(int(entry.name))
         return pids
 

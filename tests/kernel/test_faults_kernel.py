@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from koordd.actuator import Actuator
-from koordd.cgroups import CgroupFS, detect_layout
-from koordd.decisions import APPLIED, REFUSED, DecisionLog, read_decisions
-from koordd.loop import Action
-from koordd.state import Held, RestoreJournal, read_held
+from koordd.act.actuator import Actuator
+from koordd.kernel.cgroupfs import CgroupFS, detect_layout
+from koordd.core.decisions import APPLIED, REFUSED, DecisionLog, read_decisions
+from koordd.core.loop import Action
+from koordd.act.journal import Held, RestoreJournal, read_held
 from journaled import assert_every_change_journaled, knob_values
 
 from .conftest import CGROUP_ROOT

@@ -21,19 +21,19 @@ import time
 
 import pytest
 
-from koordd.actuator import Actuator
-from koordd.backend import Backends
-from koordd.cgroups import CgroupFS, detect_layout
-from koordd.config import loop_options, make_settings
-from koordd.decisions import DecisionLog
-from koordd.netclass import FILTER_PRIO
-from koordd.netclass_backend import ClassifierBackend, NetClassBackend
-from koordd.plugins.net_shaping import NetShaping
+from koordd.act.actuator import Actuator
+from koordd.core.backend import Backends
+from koordd.kernel.cgroupfs import CgroupFS, detect_layout
+from koordd.core.config import loop_options, make_settings
+from koordd.core.decisions import DecisionLog
+from koordd.kernel.netclass import FILTER_PRIO
+from koordd.backends.netclass import ClassifierBackend, NetClassBackend
+from koordd.loops.net_shaping import NetShaping
 from koordd.sensors.contract import SensorContext
 from koordd.sensors.net import NetSensor
-from koordd.snapshot import NET, CgroupSample, NodeSample, Snapshot
-from koordd.state import RestoreJournal
-from koordd.tc_backend import TcBackend, kernel_has_qdisc
+from koordd.core.snapshot import NET, CgroupSample, NodeSample, Snapshot
+from koordd.act.journal import RestoreJournal
+from koordd.backends.tc import TcBackend, kernel_has_qdisc
 
 from .conftest import CGROUP_ROOT, wait_for
 from .test_netclass_kernel import HOST, NS, cgroup_dirs, opened_classifier, veth  # noqa: F401 - fixtures
@@ -165,7 +165,7 @@ def test_after_kill_9_the_next_koordd_removes_what_the_first_put_on_the_device(v
         return f'[loops.net_shaping]\nenabled = {"true" if enabled else "false"}\ninterval = "500ms"\n' \
                f'devices = ["{HOST}:50mbit"]\n'
     first = koordd.start(koordd.write_config(enabled=False, extra=shaping(True)))
-    assert wait_for(lambda: {(d["knob"], d["target"]) for d in koordd.decisions()} >=
+    assert wait_for(lambda: {(d["knob"], d["target"]) for d in koordd.core.decisions()} >=
                     {("tc.shaping", HOST), ("tc.classifier", HOST), ("net_class", koordd.env.cgroup("be"))}, 30), \
         koordd.log_text()
     assert wait_for(lambda: installed() == (["clsact", "htb"], True), 10), (installed(), koordd.log_text())

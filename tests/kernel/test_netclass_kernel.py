@@ -1,4 +1,4 @@
-"""Egress classification by cgroup on the real kernel: bpf/net_classify.c on a veth whose peer sits
+"""Egress classification by cgroup on the real kernel: koordd/bpf/net_classify.c on a veth whose peer sits
 in a network namespace of the test's own, HTB classes on it, UDP senders in cgroups of the test's
 own (unified tree). Checks which HTB class each sender's packets were queued in, that a cgroup below
 a class root counts as the root, and that closing removes the filter and only the qdisc it added.
@@ -13,8 +13,8 @@ import socket
 
 import pytest
 
-from koordd.cgroups import detect_layout
-from koordd.netclass import ClassifierError, EgressClassifier, tc_handle
+from koordd.kernel.cgroupfs import detect_layout
+from koordd.kernel.netclass import ClassifierError, EgressClassifier, tc_handle
 
 from .conftest import CGROUP_ROOT
 
@@ -95,7 +95,7 @@ def classifier():
 
 def opened_classifier():
     """A SharedClassifier with its program loaded, or skip (fail where scripts/bpf-env set the host up)."""
-    from koordd.netclass_backend import SharedClassifier
+    from koordd.backends.netclass import SharedClassifier
     shared = SharedClassifier()
     try:
         shared.get()
@@ -171,14 +171,14 @@ def test_closing_removes_the_filter_and_only_the_qdisc_it_added(link, classifier
 def test_the_knobs_shape_classify_and_restore_through_the_actuator(veth, cgroup_dirs, tmp_path):
     """tc.shaping, tc.classifier and net_class together, as the net_shaping loop will ask for them;
     then a second koordd (after kill -9 of the first) replaces the classifier it finds."""
-    from koordd.actuator import Actuator
-    from koordd.backend import Backends
-    from koordd.cgroups import CgroupFS
-    from koordd.decisions import APPLIED, DecisionLog
-    from koordd.loop import Action
-    from koordd.netclass_backend import ClassifierBackend, NetClassBackend
-    from koordd.state import RestoreJournal
-    from koordd.tc_backend import TcBackend
+    from koordd.act.actuator import Actuator
+    from koordd.core.backend import Backends
+    from koordd.kernel.cgroupfs import CgroupFS
+    from koordd.core.decisions import APPLIED, DecisionLog
+    from koordd.core.loop import Action
+    from koordd.backends.netclass import ClassifierBackend, NetClassBackend
+    from koordd.act.journal import RestoreJournal
+    from koordd.backends.tc import TcBackend
     ipr, index = veth
     fs = CgroupFS(detect_layout(CGROUP_ROOT))
     be = str(cgroup_dirs["be"].relative_to(fs.layout.unified))

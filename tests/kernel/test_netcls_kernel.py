@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from koordd.cgroups import CgroupFS, detect_layout
+from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 
 from .conftest import CGROUP_ROOT
 from .test_netclass_kernel import BE, HOST, OTHER, class_bytes, link, opened_classifier, veth  # noqa: F401 - fixtures
@@ -102,7 +102,7 @@ class Sender:
 
 
 def test_a_v1_cgroups_datagrams_go_to_its_net_cls_class_and_back(link, net_cls_mount, cpu_cgroup):
-    from koordd.netclass_backend import ClassifierBackend, NetClassBackend
+    from koordd.backends.netclass import ClassifierBackend, NetClassBackend
     ipr, index = link
     shared = opened_classifier()
     fs = CgroupFS(detect_layout(CGROUP_ROOT))

@@ -1,5 +1,5 @@
 """On the real kernel: perf counters in cgroup mode on cgroups of the v2 tree (the unified tree on
-hybrid hosts), through koordd/perf.py and the CPI sensor's CgroupCounters.
+hybrid hosts), through koordd/kernel/perf.py and the CPI sensor's CgroupCounters.
 
 Software events need no PMU, so they prove the plumbing anywhere: a busy loop in `ls` is counted
 (task-clock = the CPU time the kernel accounts to the cgroup over the same window) while a sleeping
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from koordd import perf
-from koordd.perf import CONTEXT_SWITCHES, CYCLES, TASK_CLOCK, CounterGroup, PerfOpenError
+from koordd.kernel import perf
+from koordd.kernel.perf import CONTEXT_SWITCHES, CYCLES, TASK_CLOCK, CounterGroup, PerfOpenError
 from koordd.sensors.cgroup_counters import CgroupCounters
 from koordd.sensors.contract import SensorContext, SensorUnavailable
 from koordd.sensors.cpi import CpiSensor

@@ -7,12 +7,12 @@ import os
 
 import pytest
 
-from koordd.actuator import Actuator
-from koordd.backend import Backends, InvalidValue, TargetGone, Unsupported
-from koordd.decisions import APPLIED, RESTORED, DecisionLog
-from koordd.loop import Action
-from koordd.state import RestoreJournal
-from koordd.tc_backend import TcBackend
+from koordd.act.actuator import Actuator
+from koordd.core.backend import Backends, InvalidValue, TargetGone, Unsupported
+from koordd.core.decisions import APPLIED, RESTORED, DecisionLog
+from koordd.core.loop import Action
+from koordd.act.journal import RestoreJournal
+from koordd.backends.tc import TcBackend
 
 pytestmark = pytest.mark.kernel
 pytest.importorskip("pyroute2")

@@ -4,7 +4,7 @@ own. Both refuse, naming the running one, with a non-zero exit, and write nothin
 The running one keeps its knob and journal. Then a kill -9 of the holder frees the host: the next
 --once re-adopts what it left, and one with the loop off restores it.
 
-The lock file is the test's own (tests/conftest.py sets koordd/owner.py's TEST_ENV for every test, and
+The lock file is the test's own (tests/conftest.py sets koordd/act/owner.py's TEST_ENV for every test, and
 the koordd processes inherit it): the same flock(2) on the same kernel as /run/koordd/owner.lock, without
 taking the host's own lock from a koordd someone runs beside the tests. Needs root; skipped elsewhere.
 """
@@ -47,7 +47,7 @@ def test_once_and_a_second_instance_beside_a_running_koordd_refuse_naming_it(cgr
     assert not other_state.exists()                           # refused before it made its state_dir
     assert holds() == held
     value = cgroups.cpu_max("be")           # its decision is recorded just after the write: waited for
-    assert wait_for(lambda: value in {d["new"] for d in koordd.decisions()
+    assert wait_for(lambda: value in {d["new"] for d in koordd.core.decisions()
                                       if d["knob"] == "cpu.max" and d["outcome"] == "applied"}, 30), value
     assert first.poll() is None
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from koordd.actuator import Actuator
-from koordd.cgroups import CgroupFS, detect_layout
-from koordd.decisions import DecisionLog
-from koordd.loop import Action
-from koordd.state import RestoreJournal
+from koordd.act.actuator import Actuator
+from koordd.kernel.cgroupfs import CgroupFS, detect_layout
+from koordd.core.decisions import DecisionLog
+from koordd.core.loop import Action
+from koordd.act.journal import RestoreJournal
 
 from .conftest import CGROUP_ROOT
 
@@ -56,7 +56,7 @@ def test_a_cgroup_made_again_after_a_crash_keeps_its_new_quota(koordd, cgroups):
     done = koordd.run_once(koordd.write_config(enabled=False))      # its loop off: the start restores
     assert done.returncode == 0, done.stderr
     assert quota(cgroups, "be") == "50000"
-    [left] = [r for r in koordd.decisions() if r["outcome"] == "left"]
+    [left] = [r for r in koordd.core.decisions() if r["outcome"] == "left"]
     assert (left["target"], left["knob"], left["old"], left["new"]) == (be, "cpu.max", "50000 100000", "max 100000")
     assert "made anew" in left["error"], left
     assert koordd.held() == []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from koordd.avx import compensated_weight
+from koordd.kernel.avx import compensated_weight
 
 from . import vm
 

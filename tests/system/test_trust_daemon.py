@@ -44,7 +44,7 @@ def decisions_since(cursor: int) -> list[dict]:
 def service(hogs, monkeypatch):
     # Not the test-only lock file tests/conftest.py gives every test: current_holder() here and the
     # koordd started here use the host's own.
-    from koordd.owner import TEST_ENV
+    from koordd.act.owner import TEST_ENV
     monkeypatch.delenv(TEST_ENV)
     vm.write_config(vm.threshold_config())
     yield
@@ -55,7 +55,7 @@ def service(hogs, monkeypatch):
 
 
 def test_once_and_a_second_instance_beside_the_service_refuse_naming_it(service):
-    from koordd.owner import current_holder
+    from koordd.act.owner import current_holder
     vm.systemctl("start", vm.UNIT)
     assert vm.wait_for(vm.quota, 60), f"koordd did not cap {vm.BE}: {vm.journal_text()}"
     pid = vm.main_pid()

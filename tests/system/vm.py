@@ -256,7 +256,7 @@ def measure(seconds: float, *cgroups: str) -> dict[str, float]:
 
 def held() -> list[dict]:
     """Entries of koordd's restore journal (<state_dir>/originals.jsonl), as koordd reads it."""
-    from koordd.state import read_held       # the installed koordd (/opt/koordd) runs these tests
+    from koordd.act.journal import read_held       # the installed koordd (/opt/koordd) runs these tests
     got = read_held(STATE_DIR)
     return got[0] if got else []
 

@@ -1,1 +1,0 @@
-"""BPF programs koordd loads with bcc (C sources, shipped as package data)."""

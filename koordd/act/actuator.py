@@ -1,0 +1,458 @@
+"""The only writer of knobs, whatever their target.
+
+Every action goes through one pipeline, the same for every backend (koordd.core.backend):
+  owner check -> supported -> valid (kernel rules) -> target exists -> read current
+  -> skip if equal -> persist the original (or the new value of a knob held) -> write
+  (unless dry-run) -> decision record.
+A refused write is recorded with the reason or the kernel's error; a target
+that vanished on the way is skipped silently (normal churn). A restore takes the
+same way back: in the same order, through the same validation, kubelet rule and
+guard, and only onto a knob that still holds what koordd wrote on the same object.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from typing import Callable, Iterable, Mapping, TypeVar
+
+from koordd.core.backend import Backend, Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
+from koordd.kernel.cgroupfs import CgroupFS, OutsideRoot
+from koordd.core.decisions import APPLIED, DRY_RUN, LEFT, REFUSED, RESTORED, Decision, DecisionLog
+from koordd.backends.cgroup import CgroupBackend
+from koordd.core.kubelet import KubeletRule
+from koordd.core.loop import Action
+from koordd.act.protect import EVICTING, Protected, harm
+from koordd.act.journal import Held, RestoreJournal
+from koordd.backends.netclass import ClassifierBackend, NetClassBackend, process_classifier
+from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
+from koordd.backends.scx import scheduler_backends
+from koordd.backends.tc import TcBackend
+from koordd.backends.threads import ThreadPolicyBackend
+
+log = logging.getLogger("koordd.actuator")     # its name before the move: log lines unchanged
+
+
+def kernel_error(e: OSError) -> str:
+    name = errno.errorcode.get(e.errno, str(e.errno)) if e.errno else "error"
+    return f"{name}: {e.strerror or e}"
+
+
+Key = tuple[str, str, str]       # (kind, target, knob)
+T = TypeVar("T")
+
+
+class Actuator:
+    def __init__(self, backends: Backends | CgroupFS, journal: RestoreJournal, decisions: DecisionLog,
+                 dry_run: bool = False):
+        # A CgroupFS alone: an actuator of koordd's own cgroup knobs (tests, tools).
+        self.backends = backends if isinstance(backends, Backends) else Backends(builtin_backends(backends))
+        self.journal, self.decisions, self.dry_run = journal, decisions, dry_run
+        self._would_be: dict[Key, tuple[str, str]] = {}   # dry-run: (loop, value) we pretend to have written
+        self._refused: dict[Key, tuple] = {}              # last refusal per knob, to record it once
+        self._would_restore: set[Key] = set()             # dry-run: restores already said once
+        self.unsupported: dict[str, str] = {}             # knob -> why this host lacks it (Backends.probe)
+        self.processes: dict[str, str] = {}               # cgroup -> whose (PID 1, koordd): never harmed
+        self._classes: Mapping[str, str | None] = {}
+        self._protected: Protected | None = None          # built from _classes at the first harmful write
+        # Knobs the kubelet owns (koordd/core/kubelet.py): None writes them all; the daemon sets it from [daemon].
+        self.kubelet: KubeletRule | None = None
+
+    def protect(self, classes: Mapping[str, str | None]) -> None:
+        """This round's classes (cgroup -> class, from the snapshot): what evicting or throttling
+        writes may not reach (koordd/act/protect.py). Most rounds write nothing harmful: the protected
+        set is built only when one does."""
+        self._classes, self._protected = classes, None
+
+    def _harms_protected(self, a: Action, backend: Backend, original: str | None) -> str | None:
+        if not backend.cgroup_targets or a.value is None:
+            return None
+        what = harm(a.knob, a.value, original)
+        if not what:
+            return None
+        why = self._guard().why(a.target)
+        return f"protected: would {what} {a.target or '/'}, which {why}" if why else None
+
+    def _guard(self) -> Protected:
+        if self._protected is None:
+            self._protected = Protected.of(self._classes, self.processes)
+        return self._protected
+
+    def apply(self, loop: str, actions: Iterable[Action]) -> list[Decision]:
+        return self.apply_round([(loop, list(actions))])[loop]
+
+    def apply_round(self, batches: list[tuple[str, list[Action]]]) -> dict[str, list[Decision]]:
+        """The actions of every loop due in one round, written in one order (see _ordered), so a
+        parent's limit written by one loop and a child's written by another never cross; each
+        loop gets its own decisions back."""
+        out: dict[str, list[Decision]] = {loop: [] for loop, _ in batches}
+        for loop, a in self._ordered([(loop, a) for loop, actions in batches for a in actions]):
+            backend = self.backends.for_knob(a.knob)
+            if backend is None:
+                d = self._refuse(loop, a, "", None, f"unknown knob {a.knob!r} (no backend serves it)")
+            elif a.value is None:
+                d = self._restore_action(loop, a, backend)
+            elif backend.knobs[a.knob].oneshot:
+                d = self._command(loop, a, backend)
+            else:
+                d = self._set(loop, a, backend)
+            if d is not None:
+                out[loop].append(d)
+        return out
+
+    def _ordered(self, pairs: list[tuple[T, Action]]) -> list[tuple[T, Action]]:
+        """Limits that go down are written child before parent, limits that go up parent before child,
+        so no child ever asks for more than its parent allows (v1 refuses that with EINVAL). Restores
+        (value None, the journal's original) are ordered alike; otherwise the batch's order stays."""
+        if not self._nested([a for _, a in pairs]):
+            return pairs            # no parent and child in one batch: nothing to order, nothing to read
+
+        def key(pair: tuple[T, Action]) -> tuple[int, int]:
+            a = pair[1]
+            backend = self.backends.for_knob(a.knob)
+            if backend is None:
+                return (1, 0)
+            depth = _depth(backend, a.target)
+            magnitude = backend.knobs[a.knob].magnitude
+            if magnitude is None:
+                return (1, depth)
+            held = self.journal.get(a.target, a.knob, backend.kind)
+            target = a.value if a.value is not None else (held.original if held else None)
+            try:
+                lowering = target is not None and magnitude(target) < magnitude(backend.read(a.target, a.knob))
+            except (OSError, TargetGone, ValueError, Unsupported):
+                lowering = False
+            return (0, -depth) if lowering else (1, depth)
+
+        return sorted(pairs, key=key)
+
+    def _nested(self, actions: list[Action]) -> bool:
+        """True when one target of the batch lies below another of the same backend."""
+        targets = {(b.kind, a.target) for a in actions if (b := self.backends.for_knob(a.knob)) is not None}
+        for kind, target in targets:
+            backend = self.backends.of_kind(kind)
+            parent = backend.parent(target)
+            while parent is not None:
+                if (kind, parent) in targets:
+                    return True
+                parent = backend.parent(parent)
+        return False
+
+    def _command(self, loop: str, a: Action, backend: Backend) -> Decision | None:
+        """A write that is an act, not a state (memory.reclaim, cgroup.kill): nothing to compare or restore."""
+        if a.knob in self.unsupported:
+            return self._refuse(loop, a, backend.kind, None, self.unsupported[a.knob])
+        protected = self._harms_protected(a, backend, None)
+        if protected:
+            return self._refuse(loop, a, backend.kind, None, protected)
+        try:
+            value = backend.validate(a.target, a.knob, a.value)
+            if not self.dry_run:
+                backend.write(a.target, a.knob, value)
+        except TargetGone:
+            return None
+        except (Unsupported, InvalidValue, OutsideRoot) as e:
+            return self._refuse(loop, a, backend.kind, None, str(e))
+        except OSError as e:
+            # EAGAIN from memory.reclaim means "reclaimed less than asked": still worth recording.
+            return self._refuse(loop, a, backend.kind, None, kernel_error(e))
+        except ValueError as e:         # a kernel file the backend read on the way that does not parse
+            return self._refuse(loop, a, backend.kind, None, f"garbled kernel file: {e}")
+        return self._record(Decision(time.time(), loop, a.target, a.knob, None, value,
+                                     DRY_RUN if self.dry_run else APPLIED, a.message, dict(a.reason),
+                                     kind=backend.kind))
+
+    # --- setting ------------------------------------------------------------
+
+    def _set(self, loop: str, a: Action, backend: Backend) -> Decision | None:
+        kind = backend.kind
+        key = (kind, a.target, a.knob)
+        held = self.journal.get(a.target, a.knob, kind)
+        if held is not None and held.owner != loop:
+            return self._refuse(loop, a, kind, None, f"knob is held by loop {held.owner}")
+        if a.knob in self.unsupported:
+            return self._refuse(loop, a, kind, None, self.unsupported[a.knob])
+        kubelet = self.kubelet.refusal(a.target, a.knob) if self.kubelet and backend.cgroup_targets else None
+        if kubelet:
+            return self._refuse(loop, a, kind, None, kubelet)
+        try:
+            old = backend.read(a.target, a.knob)
+            new = backend.validate(a.target, a.knob, a.value)
+        except TargetGone:
+            return None
+        except (Unsupported, InvalidValue, OutsideRoot) as e:
+            return self._refuse(loop, a, kind, None, str(e))
+        except OSError as e:
+            return self._refuse(loop, a, kind, None, f"cannot read current value: {kernel_error(e)}")
+        except ValueError as e:         # the current value does not parse: nothing to compare or restore
+            return self._refuse(loop, a, kind, None, f"cannot read current value: {e}")
+        protected = self._harms_protected(Action(a.target, a.knob, new), backend, held.original if held else old)
+        if protected:
+            return self._refuse(loop, a, kind, old, protected, new)
+        if self.dry_run:
+            if backend.same(self._would_be.get(key, (loop, old))[1], new):
+                return None
+            self._would_be[key] = (loop, new)
+            return self._record(Decision(time.time(), loop, a.target, a.knob, old, new, DRY_RUN, a.message,
+                                         dict(a.reason), kind=kind))
+        if backend.same(old, new):
+            self._refused.pop(key, None)
+            return None
+        try:
+            identity = self._identity(backend, a.target, a.knob)
+            if held is not None and None not in (held.identity, identity) and held.identity != identity:
+                # Another object of that name (a cgroup re-created): its original is what it reads now.
+                log.info("%s %s: the target was made anew (%s, was %s); its hold starts over from %r",
+                         a.target or "/", a.knob, identity, held.identity, old)
+                held = None
+            if held is None:
+                self._journal_side_effects(loop, a.target, a.knob, backend)
+                # Persist the original before touching the knob: a crash after this line is still undoable.
+                self.journal.add(Held(a.target, a.knob, old, loop, time.time(), kind, identity, (new,)))
+            else:
+                self._unknown_after(a.target, a.knob, backend)
+                if held.written != (new,):
+                    # And the value it is about to write: a restore puts the original back only over what
+                    # koordd wrote. A crash before the write leaves the value before it: koordd's, named
+                    # too; someone else's (or one of a journal that did not say) is not koordd's to undo.
+                    ours = not held.written or any(backend.same(old, w) for w in held.written)
+                    self.journal.wrote(a.target, a.knob, kind, (old if ours else held.written[-1], new))
+        except TargetGone:
+            return None
+        except OSError as e:        # a full or failing state disk: an original not saved is a knob not written
+            what = "the original" if held is None else "the value to write"
+            return self._refuse(loop, a, kind, old, f"cannot save {what} in the restore journal "
+                                                    f"{e.filename}: {kernel_error(e)}", new)
+        try:
+            backend.write(a.target, a.knob, new)
+        except TargetGone:
+            self.journal.remove(a.target, a.knob, kind)
+            return None
+        except OutsideRoot as e:          # a symlink out of the hierarchy: found only at the write
+            self._after_failed_write(held, a.target, a.knob, old, backend, unchanged=True)
+            return self._refuse(loop, a, kind, old, str(e), new)
+        except OSError as e:
+            self._after_failed_write(held, a.target, a.knob, old, backend, partial=isinstance(e, PartialWrite))
+            return self._refuse(loop, a, kind, old, kernel_error(e), new)
+        self.journal.settle(a.target, a.knob, kind, (new,))
+        self._refused.pop(key, None)
+        return self._record(Decision(time.time(), loop, a.target, a.knob, old, new, APPLIED, a.message,
+                                     dict(a.reason), kind=kind))
+
+    def _identity(self, backend: Backend, target: str, knob: str) -> str | None:
+        """The target's identity (Backend.identity); for a backend of cgroup targets that has none, the
+        cgroup's own. TargetGone if it is gone; None when it cannot be told."""
+        try:
+            identity = backend.identity(target, knob)
+            if identity is None and backend.cgroup_targets and backend.kind != "cgroup":
+                cgroups = self.backends.of_kind("cgroup")
+                identity = cgroups.identity(target, "") if cgroups is not None else None
+            return identity
+        except TargetGone:
+            raise
+        except Exception as e:  # noqa: BLE001 - a third-party backend's bug costs the identity, not the write
+            log.debug("%s %s: no identity (%s)", target or "/", knob, e)
+            return None
+
+    def _journal_side_effects(self, loop: str, target: str, knob: str, backend: Backend) -> None:
+        """Knobs the kernel rewrites as a side effect of this write (cpu.idle rewrites cpu.weight) get
+        their originals saved first, so newest-first restore puts this knob back, then them."""
+        for name in backend.knobs[knob].resets:
+            if self.journal.get(target, name, backend.kind) is None and name not in self.unsupported:
+                try:
+                    original = backend.read(target, name)
+                except (OSError, TargetGone, ValueError, Unsupported):
+                    continue
+                self.journal.add(Held(target, name, original, loop, time.time(), backend.kind))   # OSError: no write
+        self._unknown_after(target, knob, backend)
+
+    def _unknown_after(self, target: str, knob: str, backend: Backend) -> None:
+        """Before a write (or restore) of `knob`: the knobs the kernel rewrites with it, held already, no
+        longer read what koordd wrote, nor anything koordd can know beforehand. Journaled as not known
+        (restored wherever they differ from their original, as journals before version 4 were)."""
+        for name in backend.knobs[knob].resets:
+            h = self.journal.get(target, name, backend.kind)
+            if h is not None and h.written:
+                self.journal.wrote(target, name, backend.kind, ())      # OSError: no write
+
+    def _after_failed_write(self, held: Held | None, target: str, knob: str, old: str, backend: Backend,
+                            partial: bool = False, unchanged: bool = False) -> None:
+        """After a failed write: unless part of it landed, drop the journal entry just made (held None)
+        or take back the value recorded as about to be written. If part landed, what the knob reads now
+        is koordd's doing: journaled as written, so a restore puts the original back over it."""
+        kind = backend.kind
+        try:
+            now = old if unchanged else backend.read(target, knob)
+        except (OSError, TargetGone, ValueError, Unsupported):
+            now = old
+        if now == old and not partial:
+            if held is None:
+                self.journal.remove(target, knob, kind)
+            else:
+                self.journal.settle(target, knob, kind, held.written)
+            return
+        try:
+            self.journal.wrote(target, knob, kind, (now,))
+        except OSError as e:
+            log.error("%s %s: cannot record the value a failed write left (%r): %s", target or "/", knob, now, e)
+
+    def _refuse(self, loop: str, a: Action, kind: str, old: str | None, error: str,
+                new: str | None = None) -> Decision | None:
+        key, sig = (kind, a.target, a.knob), (a.value, error)
+        if self._refused.get(key) == sig:
+            return None        # the same refusal every tick would drown the journal: record it once
+        self._refused[key] = sig
+        return self._record(Decision(time.time(), loop, a.target, a.knob, old, new or a.value, REFUSED,
+                                     a.message, dict(a.reason), error, kind=kind or "unknown"))
+
+    def _record(self, d: Decision) -> Decision:
+        self.decisions.record(d)
+        return d
+
+    # --- restoring ------------------------------------------------------------
+
+    def _restore_action(self, loop: str, a: Action, backend: Backend) -> Decision | None:
+        self._would_be.pop((backend.kind, a.target, a.knob), None)
+        held = self.journal.get(a.target, a.knob, backend.kind)
+        if held is None:
+            return None
+        if held.owner != loop:
+            return None        # not ours: another loop's change stays
+        return self.restore(held, a.message, dict(a.reason))
+
+    def restore(self, held: Held, message: str, reason: dict | None = None, loop: str | None = None) -> Decision | None:
+        """Put one held knob back to its original value and forget it: only where it still holds what
+        koordd wrote on the same object (else it is left, with a decision that says why), and through
+        the validation, kubelet rule and guard of any write. A hold of a journal of version 3 or older
+        knows neither: its knob is put back wherever it differs from the original, as those did."""
+        key = held.key
+        backend = self.backends.of_kind(held.kind)
+        try:
+            if backend is None or held.knob not in backend.knobs:
+                raise Unsupported(f"no backend of kind {held.kind!r} serves {held.knob!r} (the package that "
+                                  f"brought it is not installed?); kept in the restore journal")
+            current = backend.read(held.target, held.knob)
+            unchanged = backend.same(current, held.original)
+            left = None if unchanged else self._not_koordds(held, backend, current)
+            if left is not None:
+                if self.dry_run:
+                    return None
+                self.journal.remove(held.target, held.knob, held.kind)
+                return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, current,
+                                             held.original, LEFT, message, reason or {},
+                                             f"{left}: left as it is, journal entry dropped", kind=held.kind))
+            value = None if unchanged else self._restorable(held, backend, current)
+            if self.dry_run:
+                # Say what a real run would put back; the knob and its journal entry stay as they are.
+                if unchanged or key in self._would_restore:
+                    return None
+                self._would_restore.add(key)
+                return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, current,
+                                             held.original, DRY_RUN, message, reason or {}, kind=held.kind))
+            if not unchanged:
+                self._unknown_after(held.target, held.knob, backend)
+                backend.write(held.target, held.knob, value)
+        except TargetGone:
+            if self.dry_run:
+                return None
+            self.journal.remove(held.target, held.knob, held.kind)   # nothing left to restore
+            return None
+        except (OutsideRoot, Forbidden) as e:
+            # koordd never journals such a target or value: the entry is forged, corrupt, or of a rule
+            # that forbids it now. Never written; dropped, so it is not retried forever, after a record
+            # that says what it named.
+            if not self.dry_run:
+                self.journal.remove(held.target, held.knob, held.kind)
+            return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, None,
+                                         held.original, REFUSED, message, reason or {},
+                                         f"{e}: journal entry dropped, nothing written", kind=held.kind))
+        except (OSError, Unsupported, ValueError) as e:
+            # Keep it in the journal: the next attempt (or the next start) tries again.
+            err = kernel_error(e) if isinstance(e, OSError) else str(e)
+            if self._refused.get(key) == (None, err):
+                return None    # retried every tick: recorded once
+            self._refused[key] = (None, err)
+            return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, None,
+                                         held.original, REFUSED, message, reason or {}, err, kind=held.kind))
+        self.journal.remove(held.target, held.knob, held.kind)
+        self._refused.pop(key, None)
+        if unchanged:
+            return None
+        return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, current,
+                                     held.original, RESTORED, message, reason or {}, kind=held.kind))
+
+    def _not_koordds(self, held: Held, backend: Backend, current: str) -> str | None:
+        """Why a held knob that differs from its original is no longer koordd's to put back, or None:
+        its target was made anew since koordd wrote it, or someone else wrote it after koordd."""
+        if held.identity is not None:
+            identity = self._identity(backend, held.target, held.knob)
+            if identity is not None and identity != held.identity:
+                return (f"{held.target or '/'} was made anew since koordd wrote it ({identity}, was "
+                        f"{held.identity}): its {current!r} is not koordd's")
+        if held.written and not backend.still_koordds(held.target, held.knob, current,
+                                                      (held.original, *held.written)):
+            return f"changed by someone else since koordd wrote {held.written[-1]!r}: it reads {current!r}"
+        return None
+
+    def _restorable(self, held: Held, backend: Backend, current: str) -> str:
+        """The original as it is written back, checked as any write is: Forbidden (dropped) for a value the
+        knob never takes or a restore that would harm a protected cgroup; InvalidValue (kept, tried
+        again) for one the kernel would refuse now; OutsideRoot (dropped) for a target out of its root."""
+        try:
+            backend.knobs[held.knob].normalize(held.original)
+        except ValueError as e:
+            raise Forbidden(f"the original {held.original!r} is no value of {held.knob}: {e}") from None
+        value = backend.validate_original(held.target, held.knob, held.original)
+        if not backend.cgroup_targets:
+            return value
+        # Not the kubelet rule: it keeps koordd from taking a knob from the kubelet; a restore gives back
+        # the kubelet's own value (test_kubelet.py::test_override_lets_the_write_through_and_restores_go_through_anyway).
+        what = harm(held.knob, value, current)
+        why = self._guard().why(held.target) if what else None
+        # A protected class's own knob may go back below its current value (cpu_burst gives back the
+        # quota it raised); nothing is frozen, nor capped where PID 1, koordd or a protected class root
+        # lies below (a forged hold on system.slice).
+        if why and (held.knob in EVICTING or held.target.strip("/") in self._guard().holders):
+            raise Forbidden(f"protected: would {what} {held.target or '/'}, which {why}")
+        return value
+
+    def restore_where(self, keep: Callable[[Held], bool], message: str) -> list[Decision]:
+        """Restore every held knob for which keep(held) is False: newest change first, in the order
+        apply_round writes (parents first where limits go up), so v1 takes a child's quota back only
+        once its parent's allows it."""
+        chosen = [h for h in reversed(self.journal.entries()) if not keep(h)]
+        out = []
+        for held, _ in self._ordered([(h, Action(h.target, h.knob, None, {}, message)) for h in chosen]):
+            d = self.restore(held, message)
+            if d is not None:
+                out.append(d)
+        return out
+
+    def restore_owner(self, loop: str, message: str) -> list[Decision]:
+        self._would_be = {k: v for k, v in self._would_be.items() if v[0] != loop}
+        return self.restore_where(lambda h: h.owner != loop, message)
+
+    def restore_all(self, message: str) -> list[Decision]:
+        self._would_be.clear()
+        return self.restore_where(lambda h: False, message)
+
+
+class Forbidden(Exception):
+    """A restore that must never be written (a forged or stale journal entry): dropped with a decision."""
+
+
+def builtin_backends(fs: CgroupFS) -> list[Backend]:
+    """koordd's own backends on a cgroup layout: the cgroup knobs, the policy of cgroups' threads, and
+    resctrl (its groups, and which group a cgroup's threads are in), tc (a device's HTB tree), the
+    egress classifier (where it is attached, which class a cgroup's packets get) and koordd's sched_ext
+    scheduler (whether it runs, which class a cgroup's threads have in it)."""
+    shared = process_classifier()
+    return [CgroupBackend(fs), ThreadPolicyBackend(fs), ResctrlGroupBackend(), ResctrlTasksBackend(fs), TcBackend(shared),
+            ClassifierBackend(shared), NetClassBackend(fs, shared), *scheduler_backends(fs)]
+
+
+def _depth(backend: Backend, target: str) -> int:
+    n, parent = 0, backend.parent(target)
+    while parent is not None:
+        n, parent = n + 1, backend.parent(parent)
+    return n

@@ -1,0 +1,401 @@
+"""The table of knobs: one logical name (as in the kernel's cgroup-v2 docs) per knob.
+
+Each knob knows the file(s) it lives in on v2 and on v1, how to read the
+current value in canonical v2 text, how to write a canonical value, and which
+kernel rules a value must satisfy before it is written. Values travel through
+koordd as that canonical text ("50000 100000", "max 100000", "0-3"), so
+decisions, the restore journal and the logs all read the same on every host.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from koordd.core.backend import Backend, InvalidValue, Unsupported
+from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, format_cpulist, parent_of, parse_cpulist
+from koordd.kernel.v1_kill import kill_v1
+
+V1_MEMORY_UNLIMITED = 9223372036854771712   # PAGE_COUNTER_MAX * 4096, what v1 shows for "no limit"
+CFS_PERIOD_RANGE = (1000, 1_000_000)        # µs, kernel's min/max cfs period
+CFS_QUOTA_MIN = 1000                        # µs
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+# --- canonical values ------------------------------------------------------
+
+def parse_cpu_max(text: str) -> tuple[int | None, int]:
+    """"max 100000" -> (None, 100000); "50000 100000" -> (50000, 100000)."""
+    parts = text.split()
+    if len(parts) != 2:
+        raise InvalidValue(f"cpu.max wants \"<quota|max> <period>\", got {text!r}")
+    quota = None if parts[0] == "max" else _int(parts[0], "cpu.max quota")
+    period = _int(parts[1], "cpu.max period")
+    return quota, period
+
+
+def format_cpu_max(quota: int | None, period: int) -> str:
+    return f"{'max' if quota is None else int(quota)} {int(period)}"
+
+
+def _int(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidValue(f"{what} must be an integer, got {text!r}") from None
+
+
+def shares_to_weight(shares: int) -> int:
+    """v1 cpu.shares (2..262144) -> v2 cpu.weight (1..10000), the kernel's/systemd's mapping:
+    weight = shares * 100 / 1024 rounded, so the defaults 1024 and 100 meet."""
+    return max(1, min(10000, (shares * 100 + 512) // 1024))
+
+
+def weight_to_shares(weight: int) -> int:
+    """The inverse (rounded), exact on the way back: shares_to_weight(weight_to_shares(w)) == w."""
+    return max(2, min(262144, (weight * 1024 + 50) // 100))
+
+
+# --- the table -------------------------------------------------------------
+
+Reader = Callable[[str], str]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A logical knob. `read`/`write` take the CgroupFS and cgroup; v1/v2 is chosen from the layout."""
+    name: str
+    controller: str | None                    # v2 controller; None: a core file of every v2 cgroup
+    doc: str
+    v2_file: str | None
+    v1_file: str | None
+    normalize: Callable[[str], str]           # canonical text or InvalidValue
+    v1_controller: str | None = None          # the v1 hierarchy, when it differs from `controller`
+    to_v1: Callable[[str], str] = lambda v: v
+    from_v1: Callable[[str], str] = lambda v: v
+    v1_read: Callable[[CgroupFS, str], str] | None = None          # v1 forms spread over files
+    v1_write: Callable[[CgroupFS, str, str], None] | None = None
+    check: Callable[[str, "KnobContext"], None] = lambda v, ctx: None
+    oneshot: bool = False                     # a command (memory.reclaim, cgroup.kill): never read or restored
+    magnitude: Callable[[str], float] | None = None   # for write order: parents first when raising
+    resets: tuple[str, ...] = ()              # knobs the kernel rewrites when this one changes
+
+    def uses_v2(self, fs: CgroupFS) -> bool:
+        if self.controller is None:
+            # Core v2 files (cgroup.freeze, cgroup.kill) exist on hybrid hosts too, but workloads there
+            # are placed by their v1 hierarchies: use the v1 form unless the host is pure v2.
+            return fs.layout.mode == "v2"
+        return self.controller in fs.layout.v2_controllers
+
+    def _v1_controller(self) -> str | None:
+        return self.v1_controller or self.controller
+
+    def supported(self, fs: CgroupFS) -> bool:
+        if self.uses_v2(fs):
+            return self.v2_file is not None
+        return self._v1_controller() in fs.layout.v1 and (self.v1_file is not None or self.v1_write is not None)
+
+    def present(self, fs: CgroupFS) -> bool | None:
+        """Whether this kernel has the knob's file: looked up in the cgroups right below the root that
+        would carry it. None when none can tell (no such cgroup yet, or on v2 the controller is not
+        enabled below the root yet): then the layout's word stands."""
+        if not self.supported(fs):
+            return False
+        v2 = self.uses_v2(fs)
+        filename = self.v2_file if v2 else self.v1_file
+        base = fs.dir(self.controller if v2 else self._v1_controller(), "")
+        if filename is None or base is None:
+            return None           # a v1 form spread over several files (cpu.max): nothing single to look for
+        if v2 and self.controller is not None:
+            try:
+                if self.controller not in (base / "cgroup.subtree_control").read_text().split():
+                    return None
+            except OSError:
+                return None
+        try:
+            children = [d for d in base.iterdir() if d.is_dir()]
+        except OSError:
+            return None
+        if not children:
+            return None
+        return any((d / filename).exists() for d in children)
+
+    def _require(self, fs: CgroupFS) -> None:
+        if not self.supported(fs):
+            raise Unsupported(f"{self.name} is not available on this host ({fs.layout.describe()})")
+
+    def read(self, fs: CgroupFS, cgroup: str) -> str:
+        self._require(fs)
+        if self.uses_v2(fs):
+            return self.normalize(fs.read(self.controller, cgroup, self.v2_file).strip())
+        if self.v1_read is not None:
+            return self.v1_read(fs, cgroup)
+        return self.normalize(self.from_v1(fs.read(self._v1_controller(), cgroup, self.v1_file).strip()))
+
+    def write(self, fs: CgroupFS, cgroup: str, value: str) -> None:
+        self._require(fs)
+        if self.uses_v2(fs):
+            fs.write(self.controller, cgroup, self.v2_file, value)
+        elif self.v1_write is not None:
+            self.v1_write(fs, cgroup, value)
+        else:
+            fs.write(self._v1_controller(), cgroup, self.v1_file, self.to_v1(value))
+
+
+class KnobContext:
+    """What a kernel-rule check may look at: other knobs of the same cgroup and of its parent."""
+
+    def __init__(self, fs: CgroupFS, cgroup: str):
+        self.fs, self.cgroup = fs, cgroup
+
+    def current(self, knob: str, cgroup: str | None = None) -> str | None:
+        k = KNOBS[knob]
+        try:
+            return k.read(self.fs, self.cgroup if cgroup is None else cgroup) if k.supported(self.fs) else None
+        except (OSError, ValueError):
+            return None
+
+    def effective_cpus(self, cgroup: str) -> frozenset[int] | None:
+        """CPUs a cgroup may use: v2 cpuset.cpus.effective, v1 cpuset.cpus."""
+        name = "cpuset.cpus.effective" if "cpuset" in self.fs.layout.v2_controllers else "cpuset.cpus"
+        try:
+            return parse_cpulist(self.fs.read("cpuset", cgroup, name))
+        except (OSError, ValueError):
+            return None
+
+
+def _read_v1_cpu_max(fs: CgroupFS, cgroup: str) -> str:
+    quota = int(fs.read("cpu", cgroup, "cpu.cfs_quota_us"))
+    period = int(fs.read("cpu", cgroup, "cpu.cfs_period_us"))
+    return format_cpu_max(None if quota < 0 else quota, period)
+
+
+def _write_v1_cpu_max(fs: CgroupFS, cgroup: str, value: str) -> None:
+    quota, period = parse_cpu_max(value)
+    if int(fs.read("cpu", cgroup, "cpu.cfs_period_us")) != period:
+        fs.write("cpu", cgroup, "cpu.cfs_period_us", str(period))
+    fs.write("cpu", cgroup, "cpu.cfs_quota_us", "-1" if quota is None else str(quota))
+
+
+def _cpu_max_magnitude(value: str) -> float:
+    quota, period = parse_cpu_max(value)
+    return float("inf") if quota is None else quota / period
+
+
+def _norm_cpu_max(text: str) -> str:
+    quota, period = parse_cpu_max(text)
+    lo, hi = CFS_PERIOD_RANGE
+    if not lo <= period <= hi:
+        raise InvalidValue(f"cpu.max period must be {lo}..{hi} µs, got {period}")
+    if quota is not None and quota < CFS_QUOTA_MIN:
+        raise InvalidValue(f"cpu.max quota must be >= {CFS_QUOTA_MIN} µs or max, got {quota}")
+    return format_cpu_max(quota, period)
+
+
+def _check_cpu_max(value: str, ctx: KnobContext) -> None:
+    # The kernel refuses a quota below the current burst (EINVAL): say so before writing.
+    quota, period = parse_cpu_max(value)
+    burst = ctx.current("cpu.max.burst")
+    if quota is not None and burst is not None and int(burst) > quota:
+        raise InvalidValue(f"quota {quota} µs is below cpu.max.burst {burst} µs (kernel requires burst <= quota)")
+    parent = parent_of(ctx.cgroup)
+    if quota is not None and parent and not KNOBS["cpu.max"].uses_v2(ctx.fs):
+        # v1 refuses a child quota above its parent's (EINVAL); v2 would just cap it.
+        current = ctx.current("cpu.max", parent)
+        pq, pp = parse_cpu_max(current) if current else (None, 1)
+        if pq is not None and quota / period > pq / pp:
+            raise InvalidValue(f"quota {quota}/{period} µs exceeds the parent's {pq}/{pp} "
+                               f"(cgroup v1 requires child <= parent)")
+
+
+def _norm_uint(name: str, lo: int = 0, hi: int | None = None) -> Callable[[str], str]:
+    def norm(text: str) -> str:
+        v = _int(text.strip(), name)
+        if v < lo or (hi is not None and v > hi):
+            raise InvalidValue(f"{name} must be {lo}..{hi if hi is not None else 'inf'}, got {v}")
+        return str(v)
+    return norm
+
+
+def _check_burst(value: str, ctx: KnobContext) -> None:
+    current = ctx.current("cpu.max")
+    if current is None:
+        return
+    quota, _ = parse_cpu_max(current)
+    if quota is not None and int(value) > quota:
+        raise InvalidValue(f"burst {value} µs exceeds cpu.max quota {quota} µs (kernel requires burst <= quota)")
+
+
+def _norm_cpulist(text: str) -> str:
+    try:
+        return format_cpulist(parse_cpulist(text))
+    except ValueError as e:
+        raise InvalidValue(f"cpuset.cpus: {e}") from None
+
+
+def _check_cpuset(value: str, ctx: KnobContext) -> None:
+    cpus = parse_cpulist(value)
+    if not cpus:
+        if "cpuset" in ctx.fs.layout.v2_controllers:
+            return  # v2: empty means "inherit the parent's CPUs"
+        raise InvalidValue("cpuset.cpus may not be empty on cgroup v1")
+    parent = parent_of(ctx.cgroup)
+    allowed = ctx.effective_cpus(parent if parent is not None else "")
+    if allowed is not None and not cpus <= allowed:
+        raise InvalidValue(f"CPUs {format_cpulist(cpus - allowed)} are not in the parent's cpuset "
+                           f"({format_cpulist(allowed)})")
+
+
+def _norm_memory(text: str) -> str:
+    # The kernel keeps a limit in pages and shows it rounded down: so does the canonical form.
+    t = text.strip()
+    return "max" if t == "max" else str(int(_norm_uint("memory limit")(t)) // PAGE_SIZE * PAGE_SIZE)
+
+
+def _memory_magnitude(value: str) -> float:
+    return float("inf") if value == "max" else float(value)
+
+
+def _kill_v1(fs: CgroupFS, cgroup: str) -> None:
+    """v1 has no cgroup.kill: freeze (v1 freezer), SIGKILL every task of the memory subtree through
+    pidfds, thaw; repeated passes where there is no freezer (koordd/kernel/v1_kill.py)."""
+    kill_v1(fs, cgroup)
+
+
+def _memory_from_v1(raw: str) -> str:
+    return "max" if int(raw) >= V1_MEMORY_UNLIMITED else raw
+
+
+KNOBS: dict[str, Knob] = {k.name: k for k in (
+    Knob("cpu.max", "cpu", "CPU bandwidth limit: \"<quota_us|max> <period_us>\"",
+         "cpu.max", None, _norm_cpu_max, v1_read=_read_v1_cpu_max, v1_write=_write_v1_cpu_max,
+         check=_check_cpu_max, magnitude=_cpu_max_magnitude),
+    Knob("cpu.max.burst", "cpu", "CPU burst allowance above quota, µs",
+         "cpu.max.burst", "cpu.cfs_burst_us", _norm_uint("cpu.max.burst"), check=_check_burst, magnitude=float),
+    Knob("cpu.weight", "cpu", "proportional CPU weight 1..10000 (v1: cpu.shares)",
+         "cpu.weight", "cpu.shares", _norm_uint("cpu.weight", 1, 10000),
+         to_v1=lambda v: str(weight_to_shares(int(v))), from_v1=lambda r: str(shares_to_weight(int(r)))),
+    Knob("cpu.idle", "cpu", "1 = the group runs as SCHED_IDLE",
+         "cpu.idle", "cpu.idle", _norm_uint("cpu.idle", 0, 1),
+         resets=("cpu.weight",)),       # idle forces weight 1, and leaving idle sets the default weight
+    Knob("cpuset.cpus", "cpuset", "CPUs the group may run on",
+         "cpuset.cpus", "cpuset.cpus", _norm_cpulist, check=_check_cpuset),
+    Knob("memory.max", "memory", "hard memory limit, bytes or max (v1: memory.limit_in_bytes)",
+         "memory.max", "memory.limit_in_bytes", _norm_memory,
+         to_v1=lambda v: "-1" if v == "max" else v, from_v1=_memory_from_v1, magnitude=_memory_magnitude),
+    # v2 only: v1 has no equivalent of these protections and the throttling limit.
+    Knob("memory.high", "memory", "memory throttling limit, bytes or max", "memory.high", None, _norm_memory,
+         magnitude=_memory_magnitude),
+    Knob("memory.low", "memory", "best-effort memory protection, bytes", "memory.low", None, _norm_memory),
+    Knob("memory.min", "memory", "hard memory protection, bytes", "memory.min", None, _norm_memory),
+    Knob("memory.reclaim", "memory", "proactive reclaim of this many bytes (5.19+)", "memory.reclaim", None,
+         _norm_uint("memory.reclaim", 1), oneshot=True),
+    Knob("cgroup.freeze", None, "1 = every task of the cgroup is frozen (v1: freezer.state)",
+         "cgroup.freeze", "freezer.state", _norm_uint("cgroup.freeze", 0, 1), v1_controller="freezer",
+         to_v1=lambda v: "FROZEN" if v == "1" else "THAWED",
+         from_v1=lambda raw: "0" if raw == "THAWED" else "1"),
+    Knob("cgroup.kill", None, "1 = SIGKILL every task of the subtree (5.14+; v1: freeze, kill, thaw)",
+         "cgroup.kill", None, _norm_uint("cgroup.kill", 1, 1), v1_controller="memory",
+         v1_write=lambda fs, cg, v: _kill_v1(fs, cg), oneshot=True),
+)}
+
+
+def validate(fs: CgroupFS, cgroup: str, knob: str, value: str) -> str:
+    """Canonical form of `value` if the kernel would accept it for this cgroup, else InvalidValue/Unsupported."""
+    k = KNOBS.get(knob)
+    if k is None:
+        raise Unsupported(f"unknown knob {knob!r}")
+    k._require(fs)
+    canonical = k.normalize(value)
+    k.check(canonical, KnobContext(fs, cgroup))
+    return canonical
+
+
+def unsupported_knobs(fs: CgroupFS) -> dict[str, str]:
+    """Knobs this host cannot serve, each with why: the cgroup layout has no place for it, or the
+    kernel has no such file (cpu.idle before 5.15, memory.reclaim before 5.19). Probed at start and
+    on reload; loops read the rest as `snapshot.supported`."""
+    out = {}
+    for name, knob in KNOBS.items():
+        if not knob.supported(fs):
+            out[name] = f"{name} is not available on this host ({fs.layout.describe()})"
+        elif knob.present(fs) is False:
+            if not knob.uses_v2(fs):
+                where = f"of the v1 {knob._v1_controller()} hierarchy has {knob.v1_file}"
+            elif knob.controller:
+                where = f"below the root with the {knob.controller} controller has it"
+            else:
+                where = "below the root has it"
+            out[name] = f"{name} is not available on this kernel: no cgroup {where}"
+    return out
+
+
+def kernel_lacks(unsupported: dict[str, str], fs: CgroupFS) -> dict[str, str]:
+    """Of unsupported_knobs(fs), the knobs the layout offers but this kernel lacks (worth a line of
+    their own: those the layout lacks follow from the cgroup mode)."""
+    return {name: why for name, why in unsupported.items() if KNOBS[name].supported(fs)}
+
+
+class CgroupBackend(Backend):
+    """Cgroup knobs (the table above) on this host's layout: a target is a cgroup path relative to
+    the hierarchy root ("be.slice/job1"), the same name on v2 and on every v1 hierarchy."""
+    kind = "cgroup"
+    knobs = KNOBS
+    cgroup_targets = True
+
+    def __init__(self, fs: CgroupFS):
+        self.fs = fs
+
+    def probe(self) -> dict[str, str]:
+        return unsupported_knobs(self.fs)
+
+    def read(self, target: str, knob: str) -> str:
+        try:
+            return KNOBS[knob].read(self.fs, target)
+        except FileNotFoundError:
+            raise Unsupported(f"{knob} does not exist for this cgroup: its controller is not enabled in the "
+                              f"parent's cgroup.subtree_control (for a systemd slice: systemctl set-property "
+                              f"<slice> CPUWeight=100 / MemoryAccounting=yes)") from None
+
+    def validate(self, target: str, knob: str, value: str) -> str:
+        return validate(self.fs, target, knob, value)
+
+    def write(self, target: str, knob: str, value: str) -> None:
+        KNOBS[knob].write(self.fs, target, value)
+
+    def parent(self, target: str) -> str | None:
+        return parent_of(target) or None     # the root cgroup bounds nothing koordd writes
+
+    def identity(self, target: str, knob: str) -> str | None:
+        """The inode of the cgroup's directory in the knob's hierarchy (its cgroup id on kernfs, never
+        reused while the host runs); other backends whose targets are cgroups use the walked hierarchy's."""
+        k = KNOBS.get(knob)
+        if k is None:
+            controller = self.fs.walk_controller()
+        else:
+            controller = k.controller if k.uses_v2(self.fs) else k._v1_controller()
+        d = self.fs.dir(controller, target)
+        if d is None:
+            return None
+        try:
+            return f"inode {os.stat(d).st_ino}"
+        except FileNotFoundError:
+            raise CgroupGone(target) from None
+        except OSError:
+            return None
+
+    def still_koordds(self, target: str, knob: str, current: str, values: Sequence[str]) -> bool:
+        if super().still_koordds(target, knob, current, values):
+            return True
+        if knob != "cpu.max" or KNOBS[knob].uses_v2(self.fs):
+            return False
+        # v1 writes cfs_period_us, then cfs_quota_us: cut between, the old quota reads with the new period.
+        try:
+            quota, period = parse_cpu_max(current)
+            return any(quota == parse_cpu_max(a)[0] and period == parse_cpu_max(b)[1]
+                       for a, b in zip(values, values[1:]))
+        except InvalidValue:
+            return False
+
+    def close(self) -> None:
+        self.fs.close()

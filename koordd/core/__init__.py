@@ -1,0 +1,1 @@
+"""The contracts every other package builds on: the loop contract, snapshot, options, config, classes, decision records, the backend contract, registries, and pure policy helpers. Imports nothing of koordd outside core, and does no kernel I/O."""

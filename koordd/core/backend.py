@@ -1,0 +1,167 @@
+"""Targets and the backends that serve them.
+
+An action names a target and a knob. The knob says which backend serves it
+(knob names are unique across backends), the backend says what the target is:
+a cgroup path for the cgroup backend; a resctrl group, a tc class on a device,
+a node-wide sysfs object or a task id for backends of later loops. Each backend
+reads, validates (the kernel's rules), writes, and may hold resources from
+open() to close(); the actuator runs the same pipeline for all of them
+(validate -> skip if equal -> journal -> write -> decision -> restore).
+
+Third-party backends register under the entry-point group `koordd.backends`:
+a class whose instances take no arguments (or a factory), bringing its knobs.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Iterable, Mapping, Sequence
+
+from koordd.core.registry import load_named
+
+log = logging.getLogger("koordd.backend")     # its name before the move: log lines unchanged
+GROUP = "koordd.backends"
+
+
+class TargetGone(Exception):
+    """The target disappeared (normal churn: a cgroup removed, a device unplugged): skipped silently."""
+
+
+class Unsupported(Exception):
+    """The knob has no place on this host (layout, kernel, missing file)."""
+
+
+class PartialWrite(OSError):
+    """Part of a write landed before the kernel refused the rest (a cgroup's threads: some moved):
+    the knob's journal entry must stay, whatever the knob reads now."""
+
+
+class InvalidValue(ValueError):
+    """The value breaks a kernel rule; the message says which."""
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """What the actuator needs to know of a knob, whatever its backend. The cgroup backend's Knob has
+    the same attributes."""
+    name: str
+    doc: str
+    normalize: Callable[[str], str] = str                # canonical text or InvalidValue
+    oneshot: bool = False                                # a command: never read, compared or restored
+    magnitude: Callable[[str], float] | None = None      # for write order: parents first when raising
+    resets: tuple[str, ...] = ()                         # knobs the kernel rewrites when this one changes
+
+
+class Backend:
+    """One kind of target. Subclasses set `kind` and `knobs` and implement read/validate/write."""
+    kind: ClassVar[str] = ""
+    knobs: Mapping[str, KnobSpec] = {}
+    # Targets are cgroup paths: a knob held on a cgroup that left the loop's classes goes back.
+    cgroup_targets: ClassVar[bool] = False
+
+    def probe(self) -> dict[str, str]:
+        """Knobs this host cannot serve, each with why (at start and on reload)."""
+        return {}
+
+    def read(self, target: str, knob: str) -> str:
+        """The current value in canonical text; TargetGone, Unsupported, OSError or ValueError."""
+        raise NotImplementedError
+
+    def validate(self, target: str, knob: str, value: str) -> str:
+        """The canonical value if the kernel would accept it for this target, else InvalidValue."""
+        return self.knobs[knob].normalize(value)
+
+    def write(self, target: str, knob: str, value: str) -> None:
+        raise NotImplementedError
+
+    def validate_original(self, target: str, knob: str, value: str) -> str:
+        """validate() for a restore of `value`, an original this backend read: one whose knob reads values
+        it is never set to ("mixed") lets those through, for write() to put back as it does."""
+        return self.validate(target, knob, value)
+
+    def same(self, current: str, wanted: str) -> bool:
+        """Whether a knob reading `current` already is `wanted` (nothing to write)."""
+        return current == wanted
+
+    def parent(self, target: str) -> str | None:
+        """The enclosing target of the same kind whose limit bounds this one's (write order), if any."""
+        return None
+
+    def identity(self, target: str, knob: str) -> str | None:
+        """What tells this target from another of the same name made after it (a cgroup's inode, a
+        device's ifindex), journaled with a hold: a restore never lands on a target re-created since.
+        None: not known (then only the value is compared). TargetGone when the target is gone."""
+        return None
+
+    def still_koordds(self, target: str, knob: str, current: str, values: Sequence[str]) -> bool:
+        """Whether a knob reading `current` still holds what koordd left in it: `values` are the values
+        its writes went through, the original first and the newest last. A backend whose write takes
+        steps says here what a write cut short between two of them reads."""
+        return any(self.same(current, v) for v in values)
+
+    def close(self) -> None:
+        """Release what the backend holds open (file descriptors, sockets)."""
+
+
+class Backends:
+    """The backends of this run, by kind and by knob."""
+
+    def __init__(self, backends: Iterable[Backend] = ()):
+        self._by_kind: dict[str, Backend] = {}
+        self._by_knob: dict[str, Backend] = {}
+        for b in backends:
+            self.add(b)
+
+    def add(self, backend: Backend) -> None:
+        if not backend.kind or backend.kind in self._by_kind:
+            raise ValueError(f"backend kind {backend.kind!r} is empty or already registered")
+        taken = sorted(k for k in backend.knobs if k in self._by_knob)
+        if taken:
+            raise ValueError(f"backend {backend.kind}: knob(s) {', '.join(taken)} already served by "
+                             f"{self._by_knob[taken[0]].kind}")
+        self._by_kind[backend.kind] = backend
+        self._by_knob.update({k: backend for k in backend.knobs})
+
+    def of_kind(self, kind: str) -> Backend | None:
+        return self._by_kind.get(kind)
+
+    def for_knob(self, knob: str) -> Backend | None:
+        return self._by_knob.get(knob)
+
+    def spec(self, knob: str) -> KnobSpec | None:
+        b = self._by_knob.get(knob)
+        return b.knobs[knob] if b is not None else None
+
+    def knobs(self) -> frozenset[str]:
+        return frozenset(self._by_knob)
+
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(self._by_kind)
+
+    def probe(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for b in self._by_kind.values():
+            try:
+                out.update(b.probe())
+            except Exception as e:  # noqa: BLE001 - a broken backend loses its knobs, not the daemon
+                out.update({k: f"{b.kind} backend failed to probe: {e}" for k in b.knobs})
+        return out
+
+    def close(self) -> None:
+        for b in self._by_kind.values():
+            try:
+                b.close()
+            except Exception:  # noqa: BLE001 - closing the others matters more
+                log.exception("backend %s failed to close", b.kind)
+
+
+def load_backends(*builtin: Backend) -> Backends:
+    """koordd's own backends plus those of the entry-point group (named by their kind); one that fails
+    to load, to start or clashes with another is left out with one error line."""
+    out = Backends(builtin)
+    for kind, cls in load_named(GROUP, "backend", attr="kind").items():
+        try:
+            out.add(cls())
+        except Exception as e:  # noqa: BLE001 - a broken third-party backend must not stop koordd
+            log.error("backend %s (%s) left out: %s", kind, cls, e)
+    return out

@@ -1,0 +1,118 @@
+"""The contract between the core and a control loop.
+
+A loop is a class in `plugins/` registered under the entry-point group
+`koordd.loops`. The core calls, in this order:
+
+- `problems(settings)` when the config loads: options that do not fit together,
+  each named with why; the loop's section is then refused like a bad value.
+- `writes(settings)` when the config loads: the (class, knob) pairs the loop
+  may write (NODE instead of a class for a node-wide target: the sched_ext state,
+  a network device); two enabled loops may not claim the same pair.
+- `watches(settings)`: cgroups it needs sampled although no class names them.
+- `members_of(settings)`: classes whose roots' children it needs sampled one by one.
+- `needs(settings)`: the CgroupSample fields decide() reads, and the optional
+  sensors (`gpus`, see sensors/contract.py) whose snapshot sections it reads:
+  only what the enabled loops need is read each tick, and an optional sensor runs
+  only while a loop names it; `member_needs(settings)` the fields it reads of
+  members (default: the same).
+- `member_fields(snapshot, settings, state)` before decide(), on a snapshot whose
+  members are listed but not read: which member fields this tick needs (default:
+  all of member_needs). A loop that acts on members only now and then (memory_evict,
+  under memory pressure) says "none" the rest of the time, and hundreds of pods
+  cost a directory listing instead of hundreds of file reads. Pure, like decide().
+- `initial_state(settings)` when the loop starts or its settings change.
+- `decide(snapshot, settings, state)` every `interval`: returns the actions
+  for this tick. It may update `state` (windows, timers) but does no I/O:
+  everything it knows comes from the snapshot.
+- `settle(actions, decisions, settings, state)` right after the actuator
+  applied them: a loop that counts its own acts (a kill budget) keeps only
+  those the actuator carried out (decision applied or dry-run). No I/O either.
+
+The class docstring is the loop's user documentation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+from koordd.core.decisions import APPLIED, DRY_RUN
+from koordd.core.options import Option
+from koordd.core.snapshot import CGROUP_FIELDS
+
+
+NODE = "node"      # the owner of node-wide targets in writes(); no class has this name
+
+
+@dataclass(frozen=True)
+class Action:
+    """Set `knob` of `target` to `value` (canonical text), or back to its original when value is None.
+    The knob names the backend, the backend what a target is: for cgroup knobs, a cgroup path."""
+    target: str
+    knob: str
+    value: str | None
+    reason: Mapping[str, Any] = field(default_factory=dict)   # the numbers behind the decision
+    message: str = ""                                          # one short sentence for the journal
+
+
+def restore(target: str, knob: str, message: str, **reason: Any) -> Action:
+    return Action(target, knob, None, reason, message)
+
+
+class Loop:
+    name: ClassVar[str] = ""
+    options: ClassVar[tuple[Option, ...]] = ()
+
+    @staticmethod
+    def problems(settings) -> dict[str, str]:
+        """Option -> why its value does not fit with the others (each option alone is already valid)."""
+        return {}
+
+    @staticmethod
+    def writes(settings) -> frozenset[tuple[str, str]]:
+        return frozenset()
+
+    @staticmethod
+    def watches(settings) -> frozenset[str]:
+        """Cgroups to sample even when no class rule names them (e.g. a scope to protect)."""
+        return frozenset()
+
+    @staticmethod
+    def members_of(settings) -> frozenset[str]:
+        """Classes whose roots' children (pods, jobs) the loop acts on one by one: they are sampled
+        too and reach the loop as `snapshot.units(cls)`."""
+        return frozenset()
+
+    @staticmethod
+    def needs(settings) -> frozenset[str]:
+        """CgroupSample fields (snapshot.CGROUP_FIELDS) and optional sensors ("gpus") that decide() reads.
+        The default, every cgroup field, suits a loop that does not say; every file read costs, every
+        tick. Optional sensors are never a default: they load drivers or programs, so a loop names them."""
+        return CGROUP_FIELDS
+
+    @classmethod
+    def member_needs(cls, settings) -> frozenset[str]:
+        """The fields decide() reads of members (members_of); a pod costs what is read of it, every tick."""
+        return cls.needs(settings)
+
+    @classmethod
+    def member_fields(cls, snapshot, settings, state) -> frozenset[str]:
+        """Of member_needs(settings), what this tick's decide() will read of members, judged from a
+        snapshot whose members carry only their paths; the rest stay None. No I/O, no state change."""
+        return cls.member_needs(settings)
+
+    @staticmethod
+    def initial_state(settings) -> Any:
+        return None
+
+    @staticmethod
+    def decide(snapshot, settings, state) -> list[Action]:
+        raise NotImplementedError
+
+    @staticmethod
+    def settle(actions: list[Action], decisions: list, settings, state) -> None:
+        """Correct `state` for actions the actuator did not carry out (refused, cgroup gone)."""
+
+
+def carried_out(decisions) -> set[tuple[str, str]]:
+    """(target, knob) of the decisions that wrote (or would have, in dry-run)."""
+    return {(d.target, d.knob) for d in decisions if d.outcome in (APPLIED, DRY_RUN)}

@@ -1,0 +1,1 @@
+"""Thin adapters over kernel interfaces: cgroupfs, perf_event_open, the resctrl filesystem, sched_ext status and its libbpf loader, the egress classifier (BPF + netlink), v1 kill. Imports core only."""

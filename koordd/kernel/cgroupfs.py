@@ -1,0 +1,358 @@
+"""The cgroup filesystem: layout detection, paths, and raw reads and writes.
+
+A cgroup is named by its path relative to the hierarchy root ("be.slice/job1"),
+the same name on v2 and on every v1 hierarchy. `CgroupFS` turns that name plus
+a controller into a directory. It holds no policy; the knob table
+(`koordd.backends.cgroup`) decides which file a logical knob lives in.
+"""
+from __future__ import annotations
+
+import errno
+import fnmatch
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+from koordd.core.backend import TargetGone
+
+DEFAULT_ROOT = Path("/sys/fs/cgroup")
+V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "freezer", "blkio", "pids", "net_cls")
+
+
+class CgroupGone(TargetGone):
+    """The cgroup disappeared (normal churn): callers skip it silently."""
+
+
+class OutsideRoot(ValueError):
+    """A cgroup name that leads out of its hierarchy ('..', a symlink): a forged or corrupt target,
+    never something koordd made. Refused before any read or write."""
+
+
+class GarbledFile(OSError):
+    """A kernel file that does not read the way the kernel writes it. An OSError (EIO), so that every
+    caller already handling an unreadable file handles this one too: a refused decision, not a
+    traceback out of a loop."""
+
+
+def thread_ids(text: str, path: str) -> list[int]:
+    """The ids a `tasks`, `cgroup.threads` or `cgroup.procs` file lists, one decimal a line."""
+    ids = []
+    for token in text.split():
+        # ASCII digits only, and no more than a pid can have: int() takes "²" and "1_0", and 4300 digits
+        # or more raise a ValueError of their own.
+        if not (token.isascii() and token.isdigit() and len(token) <= 10):
+            raise GarbledFile(errno.EIO, f"{path} is not a list of thread ids (read {token[:20]!r})")
+        ids.append(int(token))
+    return ids
+
+
+class LayoutError(Exception):
+    """No cgroup hierarchy could be recognised under the root."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each controller lives. mode: "v2", "v1" or "hybrid" (v1 controllers plus a v2 tree)."""
+    root: Path
+    mode: str
+    unified: Path | None = None
+    v1: Mapping[str, Path] = field(default_factory=dict)
+    v2_controllers: frozenset[str] = frozenset()
+
+    def has(self, controller: str) -> bool:
+        return controller in self.v2_controllers or controller in self.v1
+
+    def describe(self) -> str:
+        parts = [f"mode={self.mode}"]
+        if self.unified is not None:
+            parts.append(f"unified={self.unified} ({' '.join(sorted(self.v2_controllers)) or 'no controllers'})")
+        if self.v1:
+            parts.append("v1=" + ",".join(sorted(self.v1)))
+        return " ".join(parts)
+
+
+def detect_layout(root: Path | str = DEFAULT_ROOT) -> Layout:
+    """Recognise v2, v1 (one hierarchy per controller, or co-mounted "cpu,cpuacct") or hybrid."""
+    root = Path(root)
+    if (root / "cgroup.controllers").is_file():
+        return Layout(root, "v2", unified=root, v2_controllers=_read_controllers(root))
+    if not root.is_dir():
+        raise LayoutError(f"{root}: no such directory")
+    unified: Path | None = None
+    v1: dict[str, Path] = {}
+    for entry in sorted(root.iterdir()):
+        if not entry.is_dir():
+            continue
+        if (entry / "cgroup.controllers").is_file():
+            unified = entry
+        elif (entry / "cgroup.procs").is_file():
+            # "cpu,cpuacct" (co-mounted) and links such as cpu -> cpu,cpuacct both name their controllers.
+            for name in entry.resolve().name.split(",") + entry.name.split(","):
+                if name in V1_CONTROLLERS:
+                    v1.setdefault(name, entry)
+    if not v1 and unified is None:
+        raise LayoutError(f"{root}: no cgroup hierarchy found (neither cgroup.controllers nor v1 controllers)")
+    if not v1:
+        return Layout(root, "v2", unified=unified, v2_controllers=_read_controllers(unified))
+    v2c = _read_controllers(unified) if unified else frozenset()
+    return Layout(root, "hybrid" if unified else "v1", unified=unified, v1=v1, v2_controllers=v2c)
+
+
+def _read_controllers(d: Path | None) -> frozenset[str]:
+    try:
+        return frozenset((d / "cgroup.controllers").read_text().split())
+    except OSError:
+        return frozenset()
+
+
+def normalize_cgroup(name: str) -> str:
+    """"/be.slice/" -> "be.slice"; "" is the root. Rejects ".." so nothing escapes the hierarchy."""
+    parts = [p for p in name.strip().split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise ValueError(f"cgroup path may not contain '..': {name!r}")
+    return "/".join(parts)
+
+
+def parent_of(cgroup: str) -> str | None:
+    return None if cgroup == "" else cgroup.rpartition("/")[0]
+
+
+def depth(cgroup: str) -> int:
+    return 0 if cgroup == "" else cgroup.count("/") + 1
+
+
+class CgroupFS:
+    """Reads and writes files of named cgroups under one layout."""
+
+    def __init__(self, layout: Layout, keep_open: bool = False, max_open: int = 4096):
+        self.layout = layout
+        # Plain strings, resolved once: path building runs for every file of every cgroup each tick.
+        self._bases: dict[str | None, str | None] = {}
+        # keep_open: files read every tick stay open and are re-read with one pread at offset 0 (the
+        # kernel regenerates cgroup files on every read); a removed cgroup's file answers ENODEV and
+        # is opened afresh. Only for kernfs: a plain file unlinked and re-made would read stale.
+        self.keep_open, self.max_open = keep_open, max_open
+        self._open: dict[str, tuple[str, int]] = {}       # path -> (cgroup, fd)
+
+    def _base(self, controller: str | None) -> str | None:
+        try:
+            return self._bases[controller]
+        except KeyError:
+            if controller is None or controller in self.layout.v2_controllers:
+                base = self.layout.unified
+            else:
+                base = self.layout.v1.get(controller)
+            self._bases[controller] = None if base is None else str(base)
+            return self._bases[controller]
+
+    def _dir(self, controller: str | None, cgroup: str) -> str:
+        base = self._base(controller)
+        if base is None:
+            raise FileNotFoundError(errno.ENOENT, f"no hierarchy for {controller}")
+        # A leading "/" stays below base in this join; only ".." leads out (checked cheaply: every
+        # file read of every tick comes through here).
+        if ".." in cgroup and ".." in cgroup.split("/"):
+            raise OutsideRoot(f"cgroup {cgroup!r} leads out of {base} ('..')")
+        return f"{base}/{cgroup}" if cgroup else base
+
+    def _real_dir(self, controller: str | None, cgroup: str) -> str:
+        """The directory, refused if a symlink on the way leads out of the hierarchy. For writes only:
+        kernfs has no symlinks, but a tree koordd is pointed at by mistake (or by an attacker) may."""
+        d = self._dir(controller, cgroup)
+        base = os.path.realpath(self._base(controller))
+        real = os.path.realpath(d)
+        if real != base and not real.startswith(base + "/"):
+            raise OutsideRoot(f"cgroup {cgroup!r} leads out of {base} (to {real})")
+        return d
+
+    def dir(self, controller: str | None, cgroup: str) -> Path | None:
+        """Directory of `cgroup` in the hierarchy serving `controller` (None: the v2 tree)."""
+        base = self._base(controller)
+        return None if base is None else Path(self._dir(controller, cgroup))
+
+    def read(self, controller: str | None, cgroup: str, filename: str) -> str:
+        """File text; CgroupGone when the cgroup is missing, FileNotFoundError when only the file is."""
+        d = self._dir(controller, cgroup)
+        path = f"{d}/{filename}"
+        kept = self._open.get(path)
+        if kept is not None:
+            try:
+                return _pread_all(kept[1])
+            except OSError:              # ENODEV: the cgroup was removed (maybe made again): reopen
+                self._close(path)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if not os.path.isdir(d):
+                raise CgroupGone(cgroup) from None
+            raise
+        if self.keep_open and len(self._open) < self.max_open:
+            self._open[path] = (cgroup, fd)
+            return _pread_all(fd)
+        try:
+            return _pread_all(fd)
+        finally:
+            os.close(fd)
+
+    def _close(self, path: str) -> None:
+        _, fd = self._open.pop(path)
+        os.close(fd)
+
+    def close_except(self, cgroups: set[str]) -> None:
+        """Close the kept files of cgroups no longer sampled (gone, or out of every class)."""
+        for path in [p for p, (cg, _) in self._open.items() if cg not in cgroups]:
+            self._close(path)
+
+    def close(self) -> None:
+        for path in list(self._open):
+            self._close(path)
+
+    def write(self, controller: str | None, cgroup: str, filename: str, text: str) -> None:
+        """One write(2) of `text`; the kernel's error comes back as OSError.
+        O_TRUNC as `echo >` does: cgroupfs ignores it, a plain file (a test tree) needs it; O_NOFOLLOW:
+        the knob file itself is no symlink either."""
+        d = self._real_dir(controller, cgroup)
+        try:
+            fd = os.open(f"{d}/{filename}", os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            if not os.path.isdir(d):
+                raise CgroupGone(cgroup) from None
+            raise
+        try:
+            os.write(fd, text.encode())
+        except OSError as e:
+            if e.errno == errno.ENODEV and not os.path.isdir(d):
+                raise CgroupGone(cgroup) from None      # removed after the open: churn, as before it
+            raise
+        finally:
+            os.close(fd)
+
+    def exists(self, controller: str | None, cgroup: str) -> bool:
+        d = self.dir(controller, cgroup)
+        return d is not None and d.is_dir()
+
+    def walk(self, controller: str | None, max_depth: int,
+             prune: Callable[[str], bool] | None = None) -> Iterator[str]:
+        """Cgroup names below the root, parents first, down to max_depth levels; the subtree of a
+        cgroup for which prune(cgroup) is true is not entered."""
+        if self._base(controller) is None:
+            return
+        stack = [""]
+        while stack:
+            cg = stack.pop()
+            if cg:
+                yield cg
+                if prune is not None and prune(cg):
+                    continue
+            if depth(cg) >= max_depth:
+                continue
+            stack.extend(reversed(self.children(controller, cg)))
+
+    def children(self, controller: str | None, cgroup: str) -> list[str]:
+        """Direct child cgroups, sorted; [] when the cgroup is gone. Any other error (EMFILE, ENOMEM,
+        EACCES) raises: a tree that could not be listed is not an empty one, and a round that took it for
+        one would find no classes and give back every knob koordd holds on them."""
+        try:
+            with os.scandir(self._dir(controller, cgroup)) as it:
+                names = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [f"{cgroup}/{n}" if cgroup else n for n in names]
+
+    def walk_controller(self) -> str | None:
+        """The hierarchy whose tree names the cgroups koordd manages: cpu's on v1, the v2 tree otherwise."""
+        if "cpu" in self.layout.v1 and "cpu" not in self.layout.v2_controllers:
+            return "cpu"
+        return None
+
+
+def on_cgroupfs(layout: Layout, mounts: str = "/proc/self/mounts") -> bool:
+    """True when every hierarchy of `layout` is a mounted cgroup filesystem (not a tree of plain
+    files, as in tests): only there may files be kept open and re-read (CgroupFS keep_open)."""
+    try:
+        with open(mounts) as f:
+            points = {fields[1] for fields in (line.split() for line in f)
+                      if len(fields) > 2 and fields[2] in ("cgroup", "cgroup2")}
+    except OSError:
+        return False
+    bases = ([layout.unified] if layout.unified is not None else []) + list(layout.v1.values())
+    return bool(bases) and all(os.path.realpath(b) in points for b in bases)
+
+
+SEQ_PAGE = 4096
+
+
+def _pread_all(fd: int, size: int = 65536) -> str:
+    """The whole file from offset 0, no text-layer cost. A cgroup file is a seq_file: one read returns
+    at most a page of whole lines, however much is asked. A first read under half a page is the whole
+    file (nearly every file: one pread); a longer one may be the first page of a long list
+    (cgroup.threads, tasks: ~680 thread ids a page), so the rest is read until a read returns nothing."""
+    chunks, offset = [], 0
+    while True:
+        chunk = os.pread(fd, size, offset)
+        chunks.append(chunk)
+        if not chunk or len(chunk) < SEQ_PAGE // 2 and offset == 0:
+            return b"".join(chunks).decode(errors="replace")   # garbled bytes: the parsers refuse U+FFFD
+        offset += len(chunk)
+
+
+def match_pattern(pattern: str, cgroup: str) -> bool:
+    """Glob per path component: "kubepods.slice/*" matches one level below kubepods.slice."""
+    pp, cp = pattern.split("/"), cgroup.split("/")
+    return len(pp) == len(cp) and all(fnmatch.fnmatchcase(c, p) for p, c in zip(pp, cp))
+
+
+def pattern_rank(cgroup: str, patterns) -> int:
+    """Index of the first pattern naming the cgroup or one of its ancestors; len(patterns) if none."""
+    parts = cgroup.split("/")
+    for i, p in enumerate(patterns):
+        n = p.count("/") + 1
+        if n <= len(parts) and match_pattern(p, "/".join(parts[:n])):
+            return i
+    return len(patterns)
+
+
+# Far above any kernel's NR_CPUS (8192 at most on x86 and arm64): a CPU number beyond it is garbage, and
+# a range up to it ("0-4294967295") would be a set of billions before anything could refuse it.
+MAX_CPUS = 1 << 16
+
+
+def parse_cpulist(text: str) -> frozenset[int]:
+    """"0-3,8,10-11" -> {0,1,2,3,8,10,11}; "" -> empty. ValueError for anything else, or a CPU at
+    MAX_CPUS or beyond."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if sep:
+            a, b = int(lo), int(hi)
+            if b < a:
+                raise ValueError(f"bad cpu range {part!r}")
+            if b >= MAX_CPUS:
+                raise ValueError(f"cpu {b} is beyond any machine's (at most {MAX_CPUS - 1})")
+            cpus.update(range(a, b + 1))
+        else:
+            cpus.add(int(lo))
+            if int(lo) >= MAX_CPUS:
+                raise ValueError(f"cpu {int(lo)} is beyond any machine's (at most {MAX_CPUS - 1})")
+    if any(c < 0 for c in cpus):
+        raise ValueError(f"negative cpu in {text!r}")
+    return frozenset(cpus)
+
+
+def format_cpulist(cpus) -> str:
+    """{0,1,2,3,8} -> "0-3,8" (the kernel's own form)."""
+    out, run = [], []
+    for c in sorted(cpus):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [c]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)

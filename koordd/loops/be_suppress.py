@@ -1,0 +1,418 @@
+"""be_suppress: keep best-effort (BE) CPU use below what latency-sensitive work leaves over.
+
+Two rules decide how much CPU BE may use (`rule`):
+
+- "slack" (Heracles' way): LS health, not LS usage, decides. Slack is how far the worst LS, LSR or
+  LSE cgroup is from its class's health targets (`[classes.health]`), as a fraction of them:
+  run-queue latency p99 against `runq_p99` (where only schedstat is there, the mean against
+  `runq_mean`) and `cpu.pressure` "some" avg10 against `cpu_pressure`. The p99 is taken over at
+  least 200 waits: the latest round's where LS waits often, its latest rounds' together (at most
+  5 s) where it waits rarely, so one wild wait in a quiet second does not decide. While slack is 10% or more,
+  BE's allowance grows by `slack_grow_percent` of the node per tick up to the whole node, where the
+  cap is lifted (`cpu.max` "max"): BE may then take any CPU that LS and the system leave idle at any
+  moment, and SCHED_IDLE (qos_baseline) decides who runs; a cap at the average idle CPU would
+  leave the dips in LS's demand unused. Between 5% and 10% it holds; under 5% it gives back
+  `slack_shrink_percent` of its allowance at once; below zero it gives back as much, and if the
+  next round is below zero too (not one wild sample) it drops to its floor and stays there until
+  slack is back at 10%, or for `slack_floor_hold`: if LS has not recovered by then, BE is not what
+  it is short of (its own threads contend), and each target LS misses is raised to what LS shows
+  at BE's floor plus 25% (so LS at that level has 20% slack and BE grows) for 5 minutes, after
+  which it is judged by its declared targets again.
+  With no LS signal at all (no sensor, nothing ran yet) it holds what it has.
+- "threshold" (koordlet's rule), described next.
+
+Reads: node CPU in use, CPU usage of every classified cgroup, `cpu.pressure`
+of the LS, LSR and LSE cgroups, and the BE cgroups' current `cpu.max` /
+`cpuset.cpus`.
+
+Decides: BE allowance (cores) = CPUs × threshold_percent − non-BE usage −
+system usage, where system usage is the node's busy time not inside any
+classified cgroup, at least `reserved_cpus`. Non-BE plus system usage is the
+peak over `usage_window`, so a short LS spike is not forgotten the next tick.
+When an LS cgroup's `cpu.pressure` "some" avg10 exceeds `psi_guard_percent`,
+BE shrinks by `psi_guard_shrink_percent` of its current limit every tick,
+even if the usage rule would allow more. BE shrinks at once and grows by at
+most 10% of the node per tick.
+
+Writes, on the cgroups of class BE (each gets an equal share), except those holding a cgroup of
+another class (an LS job in be.slice) or lying inside one: capping them would cap that work, so a
+cap this loop holds there is lifted, and their own usage counts as the system's:
+- policy "cfs_quota": `cpu.max` quota = share × period (at least 2000 µs);
+  changes under 1% of the node are skipped.
+- policy "cpuset": `cpuset.cpus` = ceil(allowance) CPUs (at least 2), whole SMT
+  siblings first, spread over NUMA nodes, never the CPUs of LSE cgroups.
+Switching policy puts the other knob back to its original value; disabling the
+loop or stopping koordd restores both.
+
+Antagonists (off by default; `antagonist_signal = "runq"` or `"cpi"`), in CPI2's
+manner: each LS, LSR and LSE cgroup's signal (run-queue latency p99, or the mean
+where only schedstat is there; or cycles per instruction) has a baseline, the
+mean and σ over `antagonist_window`. A tick whose signal is above mean + 2σ
+while the cgroup uses at least `antagonist_min_cpus` is an outlier;
+`antagonist_outliers` of them within the window make it a victim. The suspect
+is the BE cgroup (a pod or job below a BE root) whose CPU use correlates best
+with the victim's signal over the window (Pearson, at least 0.3). It gets a
+`cpu.max` of `antagonist_cap_cpus` for `antagonist_cap_duration`, then its own
+value back; the decision's reason holds the evidence (signal, baseline,
+outliers, correlation). A cap found in the journal after a restart or reload,
+whose timer is lost, is lifted at once.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from koordd.kernel.cgroupfs import MAX_CPUS, format_cpulist, parse_cpulist
+from koordd.core.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_slack
+from koordd.core.interference import Detector
+from koordd.backends.cgroup import CFS_QUOTA_MIN, format_cpu_max, parse_cpu_max
+from koordd.core.loop import Action, Loop, restore
+from koordd.core.options import Duration, Option
+from koordd.act.protect import Protected
+from koordd.core.snapshot import CPI, RUNQ_LATENCY, CgroupSample, CpuTopology, Snapshot, own_usage
+
+MIN_QUOTA_US = 2000          # koordlet's floor: BE keeps a trickle so it can still make progress
+MIN_CPUSET_CPUS = 2
+GROW_FRACTION = 0.10         # of the node, per tick
+SKIP_FRACTION = 0.01         # of the node: smaller quota changes are noise
+DEFAULT_PERIOD_US = 100_000
+NON_BE = ("SYSTEM", "LSE", "LSR", "LS")
+MIN_CORRELATION = 0.3        # a suspect's CPU use must follow the victim's signal at least this well
+SIGNAL_SECTIONS = {"runq": RUNQ_LATENCY, "cpi": CPI}
+
+
+@dataclass
+class State:
+    demand: deque = field(default_factory=deque)     # (time, non-BE + system cores)
+    allowance: float | None = None                   # rule slack: BE's CPUs, moved by slack each tick
+    at_floor: bool = False                           # rule slack: slack went below zero; held until 10%
+    below_zero: bool = False                         # rule slack: last round's slack was below zero
+    floor_since: float = 0.0                         # rule slack: when BE went to its floor
+    raised: dict = field(default_factory=dict)       # rule slack: (cgroup, signal) -> (target, until)
+    runq: RunqWindow = field(default_factory=RunqWindow)   # rule slack: recent rounds' waits per LS cgroup
+    detector: Detector | None = None                 # antagonists: baselines, outliers, BE CPU series
+    capped: dict[str, float] = field(default_factory=dict)   # BE cgroup capped as an antagonist -> until
+
+
+class BeSuppress(Loop):
+    __doc__ = __doc__
+    name = "be_suppress"
+    options = (
+        Option("rule", str, "slack", "what sizes BE: slack (LS health, Heracles' rule) or threshold (koordlet's "
+               "usage rule)", choices=("slack", "threshold")),
+        Option("threshold_percent", float, 65.0, "node CPU share that LS + system + BE may use together",
+               min=1, max=100),
+        Option("policy", str, "cfs_quota", "how BE is capped: cfs_quota (cpu.max) or cpuset (cpuset.cpus)",
+               choices=("cfs_quota", "cpuset")),
+        Option("reserved_cpus", float, 0.0, "CPUs always counted as used by the system", min=0,
+               max=MAX_CPUS),
+        Option("usage_window", Duration, Duration(3.0), "peak LS + system usage is taken over this window",
+               min=0, max=600),
+        Option("psi_guard_percent", float, 40.0,
+               "LS cpu.pressure some avg10 above which BE shrinks further; 0 turns the guard off", min=0, max=100),
+        Option("psi_guard_shrink_percent", float, 20.0, "how much of its limit BE loses per tick under pressure",
+               min=1, max=90),
+        Option("slack_shrink_percent", float, 30.0, "rule slack: how much of its allowance BE gives back at once "
+               "when slack is under 5%", min=1, max=100),
+        Option("slack_floor_hold", Duration, Duration(10.0), "rule slack: how long BE stays at its floor for LS "
+               "to recover before koordd decides BE is not the cause and raises the targets to what LS shows",
+               min=1, max=3600),
+        Option("slack_grow_percent", float, 25.0, "rule slack: how much of the node BE's allowance gains per tick "
+               "while slack is 10% or more", min=1, max=100),
+        Option("antagonist_signal", str, "off", "cap the BE cgroup that interferes with LS, judged by: off, "
+               "runq (run-queue latency) or cpi (cycles per instruction)", choices=("off", "runq", "cpi")),
+        Option("antagonist_window", Duration, Duration(300.0), "baseline and correlation window", min=10, max=3600),
+        Option("antagonist_outliers", int, 3, "outliers within the window that make an LS cgroup a victim",
+               min=1, max=1000),
+        Option("antagonist_min_cpus", float, 0.25, "an LS cgroup using less CPU is never a victim", min=0,
+               max=MAX_CPUS),
+        Option("antagonist_cap_cpus", float, 0.01, "the suspect's cpu.max while capped, in CPUs", min=0.01,
+               max=MAX_CPUS),
+        Option("antagonist_cap_duration", Duration, Duration(300.0), "how long a suspect stays capped",
+               min=1, max=86400),
+    )
+
+    @staticmethod
+    def writes(settings) -> frozenset[tuple[str, str]]:
+        knob = "cpu.max" if settings.policy == "cfs_quota" else "cpuset.cpus"
+        return frozenset({("BE", knob)} | ({("BE", "cpu.max")} if _antagonists_on(settings) else set()))
+
+    @staticmethod
+    def needs(settings) -> frozenset[str]:
+        out = {"cpu_usage", "cpu_pressure", "cpu_max" if settings.policy == "cfs_quota" else "cpuset_cpus"}
+        if _antagonists_on(settings):
+            out.add(SIGNAL_SECTIONS[settings.antagonist_signal])
+        if settings.rule == "slack":
+            out.add(RUNQ_LATENCY)
+        return frozenset(out)
+
+    @staticmethod
+    def members_of(settings) -> frozenset[str]:
+        return frozenset({"BE"}) if _antagonists_on(settings) else frozenset()   # suspects are pods or jobs
+
+    @staticmethod
+    def member_needs(settings) -> frozenset[str]:
+        return frozenset({"cpu_usage"})
+
+    @staticmethod
+    def initial_state(settings) -> State:
+        return State()
+
+    @staticmethod
+    def decide(snapshot: Snapshot, settings, state: State) -> list[Action]:
+        actions = _allowance_actions(snapshot, settings, state)
+        if _antagonists_on(settings):
+            actions += _antagonist_actions(snapshot, settings, state)
+        return actions
+
+
+def _antagonists_on(settings) -> bool:
+    return settings.antagonist_signal != "off"
+
+
+def _allowance_actions(snapshot: Snapshot, settings, state: State) -> list[Action]:
+    be, lifted = _cappable(snapshot)
+    non_be = own_usage(snapshot, snapshot.of_class(*NON_BE))
+    be_used = own_usage(snapshot, be)
+    node_used = snapshot.node.cpu_used
+    if not be or non_be is None or be_used is None or node_used is None:
+        return lifted   # first tick or a sensor is blind: hold the current limits
+    return lifted + _sized_actions(snapshot, settings, state, be, non_be, be_used, node_used)
+
+
+def _cappable(snapshot: Snapshot) -> tuple[tuple[CgroupSample, ...], list[Action]]:
+    """The BE roots this loop may cap, and the lifting of any cap it holds on the others: those that
+    hold an LS, LSR, LSE or SYSTEM cgroup (an LS job in be.slice) or lie inside one. Capping them would
+    cap that work; their own usage counts as the system's, which BE's allowance leaves room for."""
+    guard, be, lifted = Protected.of_snapshot(snapshot), [], []
+    for c in snapshot.of_class("BE"):
+        why = guard.why(c.path)
+        if why is None:
+            be.append(c)
+            continue
+        lifted += [restore(c.path, knob, f"{c.path} {why}: not capped", step="protected")
+                   for knob in ("cpu.max", "cpuset.cpus")]
+    return tuple(be), lifted
+
+
+def _sized_actions(snapshot: Snapshot, settings, state: State, be, non_be: float, be_used: float,
+                   node_used: float) -> list[Action]:
+    capacity = snapshot.node.cpu_count
+    system = max(node_used - non_be - be_used, settings.reserved_cpus, 0.0)
+    if settings.rule == "slack":
+        sized = _slack_allowance(snapshot, settings, state, be, capacity, non_be + system)
+        if sized is None:
+            return []       # no LS signal yet: hold the current limits
+        allowance, reason, why = sized
+        # The allowance moved at the rule's own pace already: the knob follows it in one step.
+        if settings.policy == "cfs_quota":
+            return _quota_actions(be, capacity, allowance, False, settings, reason, why, grow=1.0)
+        return _cpuset_actions(snapshot, be, capacity, allowance, False, settings, reason, why, grow=1.0)
+    demand = _windowed_peak(state.demand, snapshot.time, non_be + system, settings.usage_window)
+    allowance = max(capacity * settings.threshold_percent / 100 - demand, 0.0)
+    pressure = _peak_pressure(snapshot.of_class(*LATENCY_SENSITIVE))
+    guard = settings.psi_guard_percent > 0 and pressure is not None and pressure > settings.psi_guard_percent
+    reason = {"capacity": capacity, "threshold_percent": settings.threshold_percent,
+              "non_be_usage": round(non_be, 3), "system_usage": round(system, 3),
+              "demand_peak": round(demand, 3), "be_usage": round(be_used, 3),
+              "allowance": round(allowance, 3), "ls_cpu_pressure_avg10": pressure, "psi_guard": guard}
+    why = (f"BE allowance {allowance:.2f} of {capacity} CPUs = {settings.threshold_percent:g}% "
+           f"- LS/system peak {demand:.2f}" + (f"; LS cpu pressure {pressure:.1f}% > "
+                                                f"{settings.psi_guard_percent:g}%, shrinking" if guard else ""))
+    if settings.policy == "cfs_quota":
+        return _quota_actions(be, capacity, allowance, guard, settings, reason, why)
+    return _cpuset_actions(snapshot, be, capacity, allowance, guard, settings, reason, why)
+
+
+GROW_AT, HOLD_AT = 0.10, 0.05     # Heracles: grow BE at 10% slack or more, give back under 5%
+RAISE_MARGIN = 1.25               # a raised target: what LS showed at BE's floor, plus 25% (20% slack there)
+RAISED_FOR = 300.0                # seconds; then LS is judged by its declared targets again
+
+
+def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: int,
+                     others: float) -> tuple[float, dict, str] | None:
+    """BE's CPUs moved by LS slack (rule slack): grow towards the whole node, hold, give back, or drop
+    to the floor."""
+    now = snapshot.time
+    state.raised = {k: v for k, v in state.raised.items() if v[1] > now}      # (target, until)
+    signals = ls_signals(snapshot, snapshot.section(RUNQ_LATENCY), state.runq)
+    found = worst_slack(signals, {k: t for k, (t, _) in state.raised.items()})
+    if found is None:
+        return None
+    slack, worst = found
+    idle = max(capacity - others, 0.0)
+    floor = len(be) * MIN_QUOTA_US / DEFAULT_PERIOD_US
+    if state.allowance is None:
+        # Under policy cpuset cpu.max is not sampled (needs()): BE starts from the whole node.
+        limits = [parse_cpu_max(c.cpu_max) for c in be if c.cpu_max] if settings.policy == "cfs_quota" else []
+        quotas = [q / p for q, p in limits if q is not None]
+        state.allowance = sum(quotas) if len(quotas) == len(be) else float(capacity)   # what BE has
+    below = state.below_zero
+    state.below_zero = slack < 0
+    if state.at_floor and slack < GROW_AT and now - state.floor_since >= float(settings.slack_floor_hold):
+        # BE has been at its floor and LS still misses its targets: BE is not what LS is short of.
+        # Judge BE from now on against what LS shows without it (+25%), for RAISED_FOR seconds.
+        for cgroup, name, value, target in signals:
+            if value * RAISE_MARGIN > target:
+                state.raised[(cgroup, name)] = (value * RAISE_MARGIN, now + RAISED_FOR)
+        state.at_floor = state.below_zero = False
+        step = "LS misses its targets without BE too: targets raised to what it shows at the floor"
+    elif slack < 0 and (below or state.at_floor):
+        if not state.at_floor:
+            state.floor_since = now
+        state.allowance, state.at_floor, step = floor, True, "floor"
+    elif slack < 0:
+        # One round below zero can be one wild sample (a p99 of a few waits): give back, and go to
+        # the floor if the next round is below zero too.
+        state.allowance, step = state.allowance * (1 - settings.slack_shrink_percent / 100), "shrink (below zero)"
+    elif state.at_floor and slack < GROW_AT:
+        state.allowance, step = floor, "floor (LS recovering)"
+    elif slack < HOLD_AT:
+        state.allowance, step = state.allowance * (1 - settings.slack_shrink_percent / 100), "shrink"
+    elif slack < GROW_AT:
+        step = "hold"
+    else:
+        state.at_floor = False
+        grow = settings.slack_grow_percent / 100 * capacity
+        state.allowance, step = min(float(capacity), state.allowance + grow), "grow"
+    state.allowance = max(state.allowance, floor)
+    reason = {"rule": "slack", "slack": round(slack, 3), "worst": worst, "step": step, "capacity": capacity,
+              "raised_targets": {f"{cg} {name}": round(t, 3) for (cg, name), (t, _) in sorted(state.raised.items())},
+              "ls_and_system_usage": round(others, 3), "idle_for_be": round(idle, 3),
+              "allowance": round(state.allowance, 3)}
+    why = (f"LS slack {slack:.0%} ({worst['cgroup']} {worst['signal']} {worst['value']:g} of {worst['target']:g}): "
+           f"{step}, BE allowance {state.allowance:.2f} of {capacity} CPUs ({idle:.2f} idle)")
+    return state.allowance, reason, why
+
+
+def _antagonist_actions(snapshot: Snapshot, settings, state: State) -> list[Action]:
+    """Cap the BE cgroup whose CPU use follows an LS victim's signal; lift caps whose time is up."""
+    if state.detector is None:
+        state.detector = Detector(float(settings.antagonist_window), outliers_needed=settings.antagonist_outliers,
+                                  min_cpu=settings.antagonist_min_cpus)
+    detector, now = state.detector, snapshot.time
+    section = snapshot.section(SIGNAL_SECTIONS[settings.antagonist_signal]) or {}
+    ls = {c.path: (_signal(section.get(c.path), settings.antagonist_signal), c.cpu_usage)
+          for c in snapshot.of_class(*LATENCY_SENSITIVE)}
+    guard = Protected.of_snapshot(snapshot)
+    suspects = {u.path: u.cpu_usage for u in snapshot.units("BE")
+                if u.path not in snapshot.cgroups and not guard.why(u.path)}
+    victims = detector.observe(now, ls, suspects)
+
+    actions = []
+    for cg in sorted(state.capped):
+        if now >= state.capped[cg] or cg not in suspects:
+            del state.capped[cg]
+            actions.append(restore(cg, "cpu.max", f"antagonist cap on {cg} ends", step="uncap"))
+    # Caps in the journal this state does not know (a restart or reload lost their timers): lift them.
+    for cg, knob in sorted(snapshot.held):
+        if knob == "cpu.max" and cg in suspects and cg not in state.capped:
+            actions.append(restore(cg, "cpu.max", f"antagonist cap on {cg} from before a restart ends",
+                                   step="uncap"))
+    period = DEFAULT_PERIOD_US
+    cap = format_cpu_max(max(CFS_QUOTA_MIN, round(settings.antagonist_cap_cpus * period)), period)
+    for v in victims:
+        found = detector.suspect(v.cgroup, [p for p in suspects if p not in state.capped])
+        if found is None or found[1] < MIN_CORRELATION:
+            continue
+        suspect, r = found
+        state.capped[suspect] = now + float(settings.antagonist_cap_duration)
+        detector.outlier_times[v.cgroup].clear()      # this episode is answered; the next needs new outliers
+        actions.append(Action(suspect, "cpu.max", cap, {
+            "victim": v.cgroup, "signal": settings.antagonist_signal, "value": round(v.value, 3),
+            "baseline_mean": round(v.mean, 3), "baseline_sigma": round(v.sigma, 3), "outliers": v.outliers,
+            "window_s": float(settings.antagonist_window), "correlation": round(r, 3),
+            "suspect_cpus": suspects.get(suspect), "cap_cpus": settings.antagonist_cap_cpus,
+            "cap_s": float(settings.antagonist_cap_duration)},
+            f"{v.cgroup}'s {settings.antagonist_signal} {v.value:.3g} is above its baseline {v.mean:.3g} + 2σ "
+            f"({v.outliers} times); {suspect}'s CPU use follows it (r={r:.2f}): capped to "
+            f"{settings.antagonist_cap_cpus:g} CPUs for {float(settings.antagonist_cap_duration):g}s"))
+    for cg in sorted(set(state.capped) - {a.target for a in actions}):
+        actions.append(Action(cg, "cpu.max", cap, {"step": "hold"}, f"antagonist cap on {cg} holds"))
+    return actions
+
+
+def _signal(sample, kind: str) -> float | None:
+    """The victim-side number: run-queue p99 (the mean where only schedstat is there), or CPI."""
+    if sample is None:
+        return None
+    if kind == "runq":
+        return sample.p99_us if sample.p99_us is not None else sample.mean_us
+    return sample.cpi
+
+
+def _windowed_peak(window: deque, now: float, value: float, span: float) -> float:
+    window.append((now, value))
+    while window and window[0][0] < now - span:
+        window.popleft()
+    return max(v for _, v in window)
+
+
+def _peak_pressure(samples: tuple[CgroupSample, ...]) -> float | None:
+    values = [s.cpu_pressure.some.avg10 for s in samples if s.cpu_pressure and s.cpu_pressure.some]
+    return max(values) if values else None
+
+
+def _quota_actions(be, capacity, allowance, guard, settings, reason, why, grow=GROW_FRACTION) -> list[Action]:
+    actions = []
+    for cg in be:
+        # No cpu.max (controller not enabled for the cgroup): ask anyway, so the refusal is on record.
+        quota, period = parse_cpu_max(cg.cpu_max) if cg.cpu_max else (None, DEFAULT_PERIOD_US)
+        node_us = capacity * period
+        current = node_us if quota is None else quota
+        target = allowance / len(be) * period
+        if guard:
+            target = min(target, current * (1 - settings.psi_guard_shrink_percent / 100))
+        if target > current:
+            target = min(target, current + grow * node_us)
+        target = round(max(target, MIN_QUOTA_US))
+        actions.append(restore(cg.path, "cpuset.cpus", "policy is cfs_quota"))
+        if allowance >= capacity and not guard:
+            # The whole node: no cap at all, so one BE cgroup may use what another leaves.
+            if quota is not None:
+                actions.append(Action(cg.path, "cpu.max", format_cpu_max(None, period),
+                                      {**reason, "quota_us": None, "period_us": period, "be_cgroups": len(be)}, why))
+            continue
+        if quota is not None and abs(target - current) < SKIP_FRACTION * node_us:
+            continue
+        actions.append(Action(cg.path, "cpu.max", format_cpu_max(target, period),
+                              {**reason, "quota_us": target, "period_us": period, "be_cgroups": len(be)}, why))
+    return actions
+
+
+def _cpuset_actions(snapshot, be, capacity, allowance, guard, settings, reason, why,
+                    grow=GROW_FRACTION) -> list[Action]:
+    topology = snapshot.node.topology or tuple(CpuTopology(c, c, 0) for c in range(capacity))
+    lse = set()
+    for cg in snapshot.of_class("LSE"):
+        lse |= parse_cpulist(cg.cpuset_cpus or "")
+    usable = [t for t in topology if t.cpu not in lse]
+    current = parse_cpulist(be[0].cpuset_cpus or "") or {t.cpu for t in usable}
+    want = max(math.ceil(allowance - 1e-9), MIN_CPUSET_CPUS)
+    if guard:
+        want = min(want, len(current) - max(1, math.floor(len(current) * settings.psi_guard_shrink_percent / 100)))
+    want = min(max(want, MIN_CPUSET_CPUS), len(current) + math.ceil(grow * len(topology)), len(usable))
+    cpus = format_cpulist(pick_cpus(usable, want))
+    actions = []
+    for cg in be:
+        actions.append(restore(cg.path, "cpu.max", "policy is cpuset"))
+        actions.append(Action(cg.path, "cpuset.cpus", cpus, {**reason, "cpus": want, "lse_cpus": len(lse)}, why))
+    return actions
+
+
+def pick_cpus(usable: list[CpuTopology], n: int) -> set[int]:
+    """n CPUs: whole SMT cores first, taken round-robin over NUMA nodes, highest cores and nodes first
+    (CPU 0 and its neighbours usually carry the host's interrupts). Same input, same answer,
+    and a larger n is a superset of a smaller one, so BE's set only grows or shrinks at the edge."""
+    nodes: dict[int, dict[int, list[int]]] = {}
+    for t in usable:
+        nodes.setdefault(t.numa_node, {}).setdefault(t.core, []).append(t.cpu)
+    queues = [sorted(cores.values(), key=lambda cpus: -min(cpus))
+              for _, cores in sorted(nodes.items(), reverse=True)]
+    order: list[int] = []
+    while any(queues):
+        for q in queues:
+            if q:
+                order.extend(sorted(q.pop(0)))
+    return set(order[:n])

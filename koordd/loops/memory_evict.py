@@ -1,0 +1,380 @@
+"""memory_evict: relieve memory pressure by reclaiming, freezing or killing best-effort (BE) cgroups,
+before the kernel's OOM killer picks a victim of its own (which may well be latency-sensitive).
+
+Reads: memory in use that page-cache reclaim cannot free (anon + unevictable) against a capacity,
+memory PSI, and the memory use of every BE cgroup.
+- Without `scope`: the whole node (`AnonPages + Unevictable` of `/proc/meminfo` against MemTotal;
+  PSI from `/proc/pressure/memory`).
+- With `scope` (a cgroup path relative to the cgroup root, e.g. "kubepods.slice"): that cgroup's
+  anon + unevictable memory against its own `memory.max` (v1 `memory.limit_in_bytes`; when it has
+  none, the node's MemTotal) and its `memory.pressure`. Only BE cgroups below the scope are victims.
+
+Triggers a round when either
+- usage ≥ `threshold_percent` of the capacity (koordlet's rule), or
+- memory PSI "full" avg10 has stayed above `pressure_full_percent` for `pressure_duration`
+  (systemd-oomd's rule; 0 turns it off).
+A round picks victims until their usage covers what it takes to get below the lower mark
+(`threshold_percent` − `release_gap_percent`); a pressure-only round takes one victim. Victims are
+BE cgroups only, first by `priority` (glob patterns, earlier = evicted first, a pattern also
+matches the cgroups below what it names; unmatched come last), then the largest memory use first.
+A victim killed by a previous round but still present counts as already freed, so a second round
+does not kill more than needed. Rounds are at least `cooldown` apart.
+
+Escalates per victim, across rounds: where the host has `memory.reclaim` (cgroup v2, 5.19+) and
+`reclaim` is on, a victim's first step is a proactive reclaim of its share of the bytes to free;
+if a later round still needs that victim, it is killed (`cgroup.kill`: the whole subtree on v2,
+frozen, killed and thawed on v1) or, with `action = "freeze"`, frozen (`cgroup.freeze`, v1
+`freezer.state`). At most `max_kills_per_minute` kills: a victim beyond that is frozen instead.
+
+A victim frozen by this loop stays frozen while usage is above the lower mark or memory PSI is
+above `pressure_full_percent`; once both have been below for `thaw_delay`, the most recently
+frozen victim is thawed, then the next one a `thaw_delay` later, and so on. Stopping koordd or
+disabling the loop thaws every cgroup it froze. A victim killed while frozen (by this loop or
+anyone else) is thawed right after the kill, as a decision of its own: on v1 a frozen task cannot die.
+
+Victims are the children of the BE class roots (the pods of kubepods-besteffort.slice, the jobs
+of be.slice), so one round takes out no more than it needs; a BE root without children is a
+victim of its own. Never acts on an LS, LSR, LSE or SYSTEM cgroup, nor on a BE cgroup that has
+one of those below it (an LS job in be.slice: not a victim, and neither is be.slice) or above it,
+the cgroups the actuator's guard refuses (koordd/act/protect.py).
+
+Writes, on BE cgroups: `memory.reclaim`, `cgroup.kill` (commands, nothing to restore) and
+`cgroup.freeze` (restored).
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from koordd.kernel.cgroupfs import normalize_cgroup, pattern_rank
+from koordd.core.loop import Action, Loop, carried_out, restore
+from koordd.core.options import Duration, Option, PatternList
+from koordd.act.protect import Protected
+from koordd.core.snapshot import CgroupSample, PressureStat, Snapshot
+
+MiB = 1 << 20
+KILL_SETTLE = 15.0           # s a killed victim that is still present counts as freed (systemd-oomd waits 15 s)
+MIN_RECLAIM = MiB            # smaller shares go straight to the next step: reclaim would not help
+PRESSURE_RECLAIM_FRACTION = 0.25   # of its usage, for a victim of a pressure-only round
+
+
+class CgroupPath(Option):
+    """One cgroup path relative to the cgroup root; "" for none."""
+
+    def convert(self, value):
+        return normalize_cgroup(super().convert(value))
+
+
+@dataclass
+class State:
+    next_round: float = -math.inf                            # cool-down: no round before this
+    pressure_since: float | None = None                      # PSI full above the limit since
+    calm_since: float | None = None                          # below the lower mark, no pressure, since
+    reclaimed: dict[str, float] = field(default_factory=dict)   # victim -> time of its reclaim step
+    killed: dict[str, float] = field(default_factory=dict)      # victim -> time killed, while present
+    frozen: dict[str, float] = field(default_factory=dict)      # victim this loop froze -> time
+    kills: deque = field(default_factory=deque)                 # times of the kills of the last minute
+
+
+class MemoryEvict(Loop):
+    __doc__ = __doc__
+    name = "memory_evict"
+    options = (
+        Option("threshold_percent", float, 70.0,
+               "anon + unevictable memory, percent of the capacity, at which a round starts", min=1, max=100),
+        Option("release_gap_percent", float, 2.0,
+               "a round frees memory down to threshold_percent minus this", min=0, max=50),
+        Option("pressure_full_percent", float, 60.0,
+               "memory PSI full avg10 above which (for pressure_duration) a round starts; 0 turns it off",
+               min=0, max=100),
+        Option("pressure_duration", Duration, Duration(30.0), "how long PSI must stay above pressure_full_percent",
+               min=0, max=3600),
+        Option("action", str, "kill", "what happens to a victim after reclaim: kill or freeze",
+               choices=("kill", "freeze")),
+        PatternList("priority", tuple, (), "BE cgroup patterns, earlier = evicted first; unmatched come last"),
+        CgroupPath("scope", str, "", "protect this cgroup (its memory limit is the capacity) instead of the node"),
+        Option("cooldown", Duration, Duration(4.0), "least time between two rounds", min=0, max=3600),
+        Option("max_kills_per_minute", int, 5, "kills in any minute at most; further victims are frozen",
+               min=1, max=1000),
+        Option("thaw_delay", Duration, Duration(30.0),
+               "calm time (below the lower mark, no pressure) before a frozen victim is thawed", min=0, max=3600),
+        Option("reclaim", bool, True, "try memory.reclaim on a victim first, where the host has it"),
+    )
+
+    @staticmethod
+    def writes(settings) -> frozenset[tuple[str, str]]:
+        return frozenset({("BE", "memory.reclaim"), ("BE", "cgroup.freeze"), ("BE", "cgroup.kill")})
+
+    @staticmethod
+    def needs(settings) -> frozenset[str]:
+        # memory.current only where memory.stat has no anon count; memory.max and PSI for the scope.
+        return frozenset({"frozen", "memory_anon", "memory_current", "memory_max", "memory_pressure"})
+
+    @staticmethod
+    def member_needs(settings) -> frozenset[str]:
+        return frozenset({"frozen", "memory_anon", "memory_current"})      # victims: size and state only
+
+    @classmethod
+    def member_fields(cls, snapshot: Snapshot, settings, state: State) -> frozenset[str]:
+        """Victims are read only when a round may come this tick (usage at the threshold, or memory
+        pressure) or a killed victim's size still counts; otherwise listing them is enough (adopting
+        and thawing go by path), and hundreds of idle pods cost no file reads."""
+        if state.killed:
+            return cls.member_needs(settings)
+        measured = _capacity_and_usage(snapshot, settings.scope)
+        if measured is None or snapshot.time < state.next_round:
+            return frozenset()
+        capacity, usage, pressure_stat = measured
+        if usage >= _high(capacity, settings) or _pressured(pressure_stat, settings):
+            return cls.member_needs(settings)
+        return frozenset()
+
+    @staticmethod
+    def watches(settings) -> frozenset[str]:
+        return frozenset({settings.scope}) if settings.scope else frozenset()
+
+    @staticmethod
+    def members_of(settings) -> frozenset[str]:
+        return frozenset({"BE"})      # victims are pods or jobs, not the whole BE slice
+
+    @staticmethod
+    def initial_state(settings) -> State:
+        return State()
+
+    @staticmethod
+    def settle(actions: list[Action], decisions: list, settings, state: State) -> None:
+        _settle(actions, decisions, state)
+
+    @staticmethod
+    def decide(snapshot: Snapshot, settings, state: State) -> list[Action]:
+        now = snapshot.time
+        measured = _capacity_and_usage(snapshot, settings.scope)
+        if measured is None:
+            return []          # scope gone or a sensor is blind: hold everything as it is
+        capacity, usage, pressure_stat = measured
+        guard = Protected.of_snapshot(snapshot)
+        be = [c for c in snapshot.units("BE") if _inside(c.path, settings.scope) and not guard.why(c.path)]
+        by_path = {c.path: c for c in be}
+        actions = _adopt_frozen(snapshot, settings.scope, guard, state)
+        _forget(state, by_path, snapshot, now)
+
+        pending = sum(_usage(by_path[p]) for p in state.killed)
+        effective = usage - pending
+        high = _high(capacity, settings)
+        low = capacity * max(settings.threshold_percent - settings.release_gap_percent, 0.0) / 100
+        full = _full_avg10(pressure_stat)
+        pressured = _pressured(pressure_stat, settings)
+        if not pressured:
+            state.pressure_since = None
+        elif state.pressure_since is None:
+            state.pressure_since = now
+        pressure_trigger = pressured and now - state.pressure_since >= settings.pressure_duration
+        over = effective >= high
+        reason = {"scope": settings.scope or None, "capacity": capacity, "usage": usage, "pending_release": pending,
+                  "effective_usage": effective, "threshold_percent": settings.threshold_percent,
+                  "high_mark": round(high), "low_mark": round(low), "pressure_full_avg10": full,
+                  "pressure_trigger": pressure_trigger, "action": settings.action}
+
+        if effective < low:
+            state.reclaimed.clear()        # this episode is over: a new one starts with reclaim again
+        if effective < low and not pressured:
+            if state.calm_since is None:
+                state.calm_since = now
+            if state.frozen and now - state.calm_since >= settings.thaw_delay:
+                victim = max(state.frozen, key=lambda p: (state.frozen[p], p))
+                del state.frozen[victim]
+                state.calm_since = now            # the next thaw waits another thaw_delay
+                actions.append(restore(victim, "cgroup.freeze",
+                                       f"{_where(settings.scope)} at {_mib(effective)} of {_mib(capacity)}, below "
+                                       f"{_pct(low, capacity)} for {settings.thaw_delay:g}s: thawing {victim}",
+                                       **reason, step="thaw"))
+        else:
+            state.calm_since = None
+
+        if not (over or pressure_trigger) or now < state.next_round:
+            return actions
+        need = max(effective - low, 0.0)
+        victims = _pick(be, need, settings, state)
+        round_actions = _act(victims, need, settings, state, snapshot, now, reason, over, capacity, effective, low)
+        if round_actions:
+            state.next_round = now + settings.cooldown
+            if pressured:
+                state.pressure_since = now        # after acting, the pressure must last a full duration again
+        return actions + round_actions
+
+
+# --- what is measured ------------------------------------------------------------------------------
+
+def _capacity_and_usage(snapshot: Snapshot, scope: str) -> tuple[int, int, PressureStat | None] | None:
+    node = snapshot.node
+    if not scope:
+        usage = node.memory_anon
+        if usage is None and node.memory_total is not None and node.memory_available is not None:
+            usage = node.memory_total - node.memory_available
+        if not node.memory_total or usage is None:
+            return None
+        return node.memory_total, usage, node.memory_pressure
+    sample = snapshot.cgroups.get(scope)
+    if sample is None:
+        return None
+    capacity = node.memory_total
+    if sample.memory_max not in (None, "max"):
+        capacity = int(sample.memory_max)
+    usage = _usage(sample, None)
+    if not capacity or usage is None:
+        return None
+    return capacity, usage, sample.memory_pressure
+
+
+def _high(capacity: float, settings) -> float:
+    return capacity * settings.threshold_percent / 100
+
+
+def _pressured(pressure_stat: PressureStat | None, settings) -> bool:
+    full = _full_avg10(pressure_stat)
+    return settings.pressure_full_percent > 0 and full is not None and full > settings.pressure_full_percent
+
+
+def _usage(sample: CgroupSample, unknown=0):
+    """Memory page-cache reclaim cannot free (anon + unevictable); memory.current where that is unknown."""
+    if sample.memory_anon is not None:
+        return sample.memory_anon
+    return sample.memory_current if sample.memory_current is not None else unknown
+
+
+def _full_avg10(stat: PressureStat | None) -> float | None:
+    return stat.full.avg10 if stat is not None and stat.full is not None else None
+
+
+def _inside(path: str, scope: str) -> bool:
+    return not scope or path.startswith(scope + "/")
+
+
+# --- state upkeep ----------------------------------------------------------------------------------
+
+def _adopt_frozen(snapshot: Snapshot, scope: str, guard: Protected, state: State) -> list[Action]:
+    """Adopt the BE cgroups this loop holds frozen (after a reload or a restart state is fresh, the
+    journal is not); thaw those now outside the scope, or now holding (or inside) a cgroup of
+    another class: an LS job started in a frozen BE slice must not stay frozen."""
+    actions = []
+    held = {cg for (cg, knob) in snapshot.held if knob == "cgroup.freeze"}
+    for cg in sorted(held):
+        sample = snapshot.find(cg)
+        if sample is None or sample.cls != "BE":
+            continue             # gone or relabelled: the runner puts it back
+        protected = guard.why(cg)
+        if not _inside(cg, scope) or protected:
+            state.frozen.pop(cg, None)
+            why = f"outside the scope {scope!r}" if not _inside(cg, scope) else f"protected: it {protected}"
+            actions.append(restore(cg, "cgroup.freeze", f"{cg} is {why}: thawing", scope=scope or None, step="thaw"))
+        elif cg not in state.frozen:
+            state.frozen[cg] = snapshot.time
+    for cg in [cg for cg in state.frozen if cg not in held]:
+        del state.frozen[cg]     # thawed by someone (or the write was refused): not ours any more
+    return actions
+
+
+def _forget(state: State, by_path: dict[str, CgroupSample], snapshot: Snapshot, now: float) -> None:
+    for cg, t in list(state.killed.items()):
+        if cg not in by_path or now - t > KILL_SETTLE:
+            del state.killed[cg]
+    for cg in [cg for cg in state.reclaimed if cg not in by_path]:
+        del state.reclaimed[cg]
+    while state.kills and state.kills[0] <= now - 60:
+        state.kills.popleft()
+
+
+# --- a round ---------------------------------------------------------------------------------------
+
+def _pick(be: list[CgroupSample], need: float, settings, state: State) -> list[CgroupSample]:
+    """Victims in eviction order until their usage covers `need` (at least one)."""
+    # Freezing again gains nothing: when freezing is all that is left, frozen cgroups are no candidates.
+    only_freeze = settings.action == "freeze" or len(state.kills) >= settings.max_kills_per_minute
+    candidates = [c for c in be if c.path not in state.killed
+                  and not (only_freeze and (c.frozen or c.path in state.frozen))]
+    candidates.sort(key=lambda c: (pattern_rank(c.path, settings.priority), -_usage(c), c.path))
+    victims, covered = [], 0
+    for c in candidates:
+        victims.append(c)
+        covered += _usage(c)
+        if covered >= need:
+            break
+    return victims
+
+
+def _act(victims, need, settings, state: State, snapshot: Snapshot, now, reason, over, capacity, effective,
+         low) -> list[Action]:
+    actions: list[Action] = []
+    can_reclaim = settings.reclaim and "memory.reclaim" in snapshot.supported
+    trigger = (f"{_where(settings.scope)} at {_mib(effective)} of {_mib(capacity)} "
+               f"({100 * effective / capacity:.0f}%) >= {settings.threshold_percent:g}%" if over else
+               f"memory pressure full avg10 {reason['pressure_full_avg10']:.1f}% > "
+               f"{settings.pressure_full_percent:g}% for {settings.pressure_duration:g}s")
+    remaining = need
+    for rank, c in enumerate(victims):
+        used = _usage(c)
+        share = min(used, remaining) if need > 0 else used * PRESSURE_RECLAIM_FRACTION
+        remaining = max(remaining - used, 0.0)
+        why = {**reason, "need": round(need), "victim_usage": used, "victim_rank": rank,
+               "priority_rank": pattern_rank(c.path, settings.priority), "kills_last_minute": len(state.kills)}
+        goal = f", to get below {_pct(low, capacity)}" if over else ""
+        if can_reclaim and c.path not in state.reclaimed and share >= MIN_RECLAIM:
+            state.reclaimed[c.path] = now
+            amount = int(share)
+            actions.append(Action(c.path, "memory.reclaim", str(amount), {**why, "step": "reclaim",
+                                                                           "reclaim_bytes": amount},
+                                  f"{trigger}: reclaiming {_mib(amount)} from {c.path} ({_mib(used)}){goal}"))
+            continue
+        if settings.action == "kill" and len(state.kills) < settings.max_kills_per_minute:
+            state.kills.append(now)
+            state.killed[c.path] = now
+            state.reclaimed.pop(c.path, None)
+            actions.append(Action(c.path, "cgroup.kill", "1", {**why, "step": "kill"},
+                                  f"{trigger}: killing {c.path} ({_mib(used)}){goal}"))
+            # A frozen task dies only once thawed (v1): ours goes back to its original, anyone
+            # else's freeze is lifted as a decision of its own.
+            if c.path in state.frozen:
+                del state.frozen[c.path]
+                actions.append(restore(c.path, "cgroup.freeze", f"thawing the killed {c.path}", step="thaw"))
+            elif c.frozen:
+                actions.append(Action(c.path, "cgroup.freeze", "0", {**why, "step": "thaw"},
+                                      f"thawing the killed {c.path} (frozen by someone else): a frozen task "
+                                      f"dies only once thawed"))
+            continue
+        if c.frozen or c.path in state.frozen:
+            continue                              # kill budget spent and already frozen: nothing more to do
+        state.frozen[c.path] = now
+        capped = settings.action == "kill"
+        actions.append(Action(c.path, "cgroup.freeze", "1", {**why, "step": "freeze", "kill_budget_spent": capped},
+                              f"{trigger}: freezing {c.path} ({_mib(used)}){goal}"
+                              + (f"; {settings.max_kills_per_minute} kills in the last minute already" if capped
+                                 else "")))
+    return actions
+
+
+def _settle(actions: list[Action], decisions: list, state: State) -> None:
+    """A kill or freeze the actuator did not carry out (refused, cgroup gone) spends no kill budget
+    and releases no memory: forget it, so the next round sees the victim as it is."""
+    done = carried_out(decisions)
+    for a in actions:
+        if (a.target, a.knob) in done:
+            continue
+        if a.knob == "cgroup.kill" and a.target in state.killed:
+            t = state.killed.pop(a.target)
+            if t in state.kills:
+                state.kills.remove(t)
+        elif a.knob == "cgroup.freeze" and a.value == "1":
+            state.frozen.pop(a.target, None)
+
+
+def _where(scope: str) -> str:
+    return scope if scope else "node memory"
+
+
+def _mib(n: float) -> str:
+    return f"{n / MiB:.0f} MiB"
+
+
+def _pct(n: float, capacity: float) -> str:
+    return f"{100 * n / capacity:.0f}% ({_mib(n)})"

@@ -1,1 +1,0 @@
-"""koordd's control loops, one module each (installed as koordd.plugins)."""
