@@ -16,7 +16,8 @@ from typing import Callable
 
 from koordd.core.backend import TargetGone, Unsupported
 from koordd.kernel.cgroupfs import CgroupFS, Layout
-from koordd.backends.cgroup import KNOBS, parse_cpu_max
+from koordd.backends.cgroup import KNOBS
+from koordd.core.cgroup import parse_cpu_max
 from koordd.sensors.cgroup import flat_keyed
 
 CHILDREN = ("ls", "be")

@@ -10,9 +10,9 @@ import pytest
 from fakebackends import FakeNetlink, FakeNetlinkKernel, FakeResctrl, FakeResctrlKernel
 from fakecgroup import FakeCgroups
 import koordd.core.registry as entry_point_loader
-from koordd.core import backend as backend_mod
 from koordd.act.actuator import Actuator
-from koordd.core.backend import Backends, KnobSpec, load_backends
+from koordd.core.backend import Backends, KnobSpec
+from koordd.core.registry import load_backends
 from koordd.core.config import parse_config
 from koordd.core.decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, DecisionLog
 from koordd.backends.cgroup import CgroupBackend
@@ -192,7 +192,7 @@ def test_third_party_backends_come_from_entry_points(tmp_path, monkeypatch, capl
 
     monkeypatch.setattr(entry_point_loader, "entry_points",
                         lambda group: [EP("tc", Tc), EP("broken", Broken), EP("misnamed", Tc)]
-                        if group == backend_mod.GROUP else [])
+                        if group == entry_point_loader.BACKENDS_GROUP else [])
     tree = FakeCgroups(tmp_path, "v2")
     got = load_backends(CgroupBackend(tree.fs))
     assert got.kinds() == ("cgroup", "tc") and got.for_knob("tc.htb.ceil").kind == "tc"

@@ -18,8 +18,9 @@ from fakeresctrl import FakeResctrl
 from fuzzing import ODD_NUMBERS, PROFILE, counted, kernel_text, text_from
 from koordd.kernel.avx import TaskStat, parse_arch_status, parse_cpuinfo, parse_stat, read_thread
 from koordd.core.backend import InvalidValue
-from koordd.kernel.cgroupfs import MAX_CPUS, parse_cpulist
-from koordd.backends.cgroup import KNOBS, parse_cpu_max
+from koordd.core.cgroup import MAX_CPUS, parse_cpulist
+from koordd.backends.cgroup import KNOBS
+from koordd.core.cgroup import parse_cpu_max
 from koordd.kernel.netclass import tc_handle
 from koordd.core.options import parse_duration
 from koordd.kernel.perf import GroupReading, parse_group

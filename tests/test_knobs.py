@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 
 from fakecgroup import FakeCgroups
-from koordd.backends.cgroup import (KNOBS, PAGE_SIZE, InvalidValue, Unsupported, parse_cpu_max, shares_to_weight,
-    validate, weight_to_shares)
+from koordd.backends.cgroup import KNOBS, PAGE_SIZE, Unsupported, shares_to_weight, validate, weight_to_shares
+from koordd.core.backend import InvalidValue
+from koordd.core.cgroup import parse_cpu_max
 
 JOB = "be.slice/job"
 V1_UNLIMITED = "9223372036854771712"
@@ -202,7 +203,8 @@ def test_parse_cpu_max():
 @pytest.mark.parametrize("mode, refused", [("v1", True), ("v2", False)])
 def test_v1_child_quota_may_not_exceed_the_parent(tmp_path, mode, refused):
     from fakecgroup import FakeCgroups
-    from koordd.backends.cgroup import InvalidValue, validate
+    from koordd.core.backend import InvalidValue
+    from koordd.backends.cgroup import validate
     tree = FakeCgroups(tmp_path, mode).add("be.slice/job")
     if mode == "v1":
         tree.set("be.slice", "cpu", "cpu.cfs_quota_us", "50000\n")

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import reads_only_what_it_needs
 from fakecgroup import FakeCgroups, psi
-from koordd.kernel.cgroupfs import match_pattern
+from koordd.core.cgroup import match_pattern
 from koordd.core.config import parse_config
 from koordd.core.health import DEFAULT_HEALTH
 from koordd.core.loop import Action, Loop

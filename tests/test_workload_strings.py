@@ -18,7 +18,7 @@ from hypothesis import given, strategies as st
 from fakecgroup import FakeCgroups
 from fuzzing import PROFILE, counted
 from koordd.kernel.avx import TaskStat, parse_stat
-from koordd.kernel.cgroupfs import match_pattern
+from koordd.core.cgroup import match_pattern
 from koordd.core.config import parse_config
 from koordctl.cli import main as koordctl
 from koordd.core.decisions import APPLIED, Decision, DecisionLog, read_decisions

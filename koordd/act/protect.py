@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from koordd.kernel.cgroupfs import normalize_cgroup, parse_cpulist
+from koordd.core.cgroup import normalize_cgroup, parse_cpulist
 from koordd.backends.cgroup import KNOBS
 
 PROTECTED_CLASSES = frozenset({"SYSTEM", "LSE", "LSR", "LS"})

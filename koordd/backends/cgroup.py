@@ -13,36 +13,16 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from koordd.core.backend import Backend, InvalidValue, Unsupported
-from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, format_cpulist, parent_of, parse_cpulist
+from koordd.core.cgroup import (CFS_PERIOD_RANGE, CFS_QUOTA_MIN, format_cpu_max, format_cpulist, parent_of, parse_cpu_max,
+    parse_cpulist, parse_int)
+from koordd.kernel.cgroupfs import CgroupFS, CgroupGone
 from koordd.kernel.v1_kill import kill_v1
 
 V1_MEMORY_UNLIMITED = 9223372036854771712   # PAGE_COUNTER_MAX * 4096, what v1 shows for "no limit"
-CFS_PERIOD_RANGE = (1000, 1_000_000)        # µs, kernel's min/max cfs period
-CFS_QUOTA_MIN = 1000                        # µs
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 # --- canonical values ------------------------------------------------------
-
-def parse_cpu_max(text: str) -> tuple[int | None, int]:
-    """"max 100000" -> (None, 100000); "50000 100000" -> (50000, 100000)."""
-    parts = text.split()
-    if len(parts) != 2:
-        raise InvalidValue(f"cpu.max wants \"<quota|max> <period>\", got {text!r}")
-    quota = None if parts[0] == "max" else _int(parts[0], "cpu.max quota")
-    period = _int(parts[1], "cpu.max period")
-    return quota, period
-
-
-def format_cpu_max(quota: int | None, period: int) -> str:
-    return f"{'max' if quota is None else int(quota)} {int(period)}"
-
-
-def _int(text: str, what: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise InvalidValue(f"{what} must be an integer, got {text!r}") from None
 
 
 def shares_to_weight(shares: int) -> int:
@@ -210,7 +190,7 @@ def _check_cpu_max(value: str, ctx: KnobContext) -> None:
 
 def _norm_uint(name: str, lo: int = 0, hi: int | None = None) -> Callable[[str], str]:
     def norm(text: str) -> str:
-        v = _int(text.strip(), name)
+        v = parse_int(text.strip(), name)
         if v < lo or (hi is not None and v > hi):
             raise InvalidValue(f"{name} must be {lo}..{hi if hi is not None else 'inf'}, got {v}")
         return str(v)

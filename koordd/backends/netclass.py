@@ -33,7 +33,8 @@ import os
 from pathlib import Path
 
 from koordd.core.backend import Backend, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
-from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, Layout, parent_of, thread_ids
+from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, Layout, thread_ids
+from koordd.core.cgroup import parent_of
 from koordd.kernel.netclass import ClassifierError, DeviceGone, EgressClassifier
 from koordd.backends.tc import BE_CLASS, LS_CLASS
 from koordd.backends.threads import cgroup_threads

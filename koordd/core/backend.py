@@ -17,10 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, Mapping, Sequence
 
-from koordd.core.registry import load_named
-
 log = logging.getLogger("koordd.backend")     # its name before the move: log lines unchanged
-GROUP = "koordd.backends"
 
 
 class TargetGone(Exception):
@@ -154,14 +151,3 @@ class Backends:
             except Exception:  # noqa: BLE001 - closing the others matters more
                 log.exception("backend %s failed to close", b.kind)
 
-
-def load_backends(*builtin: Backend) -> Backends:
-    """koordd's own backends plus those of the entry-point group (named by their kind); one that fails
-    to load, to start or clashes with another is left out with one error line."""
-    out = Backends(builtin)
-    for kind, cls in load_named(GROUP, "backend", attr="kind").items():
-        try:
-            out.add(cls())
-        except Exception as e:  # noqa: BLE001 - a broken third-party backend must not stop koordd
-            log.error("backend %s (%s) left out: %s", kind, cls, e)
-    return out

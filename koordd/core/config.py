@@ -23,7 +23,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - the declared minimum is 3.11; tomli is the same parser
     import tomli as tomllib
 
-from koordd.kernel.cgroupfs import match_pattern, normalize_cgroup
+from koordd.core.cgroup import match_pattern, normalize_cgroup
 from koordd.core.health import HEALTH_OPTIONS, LATENCY_SENSITIVE, HealthTargets
 from koordd.core.kubelet import KUBELET_OPTIONS
 from koordd.core.listen import is_loopback, parse_listen

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from koordd.kernel.cgroupfs import match_pattern
+from koordd.core.cgroup import match_pattern
 from koordd.core.options import Option, PatternList
 
 ROOT, QOS, POD, CONTAINER = "root", "QoS", "pod", "container"

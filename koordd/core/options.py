@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from koordd.core.cgroup import normalize_cgroup
+
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(us|µs|ms|s|m|h)")
 _UNIT_SECONDS = {"us": 1e-6, "µs": 1e-6, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -141,7 +143,6 @@ class PatternList(Option):
     gives the same value (the config loader converts, then builds the settings from the result)."""
 
     def convert(self, value):
-        from koordd.kernel.cgroupfs import normalize_cgroup     # here: cgroups -> backend -> registry -> loop -> options
         if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
             raise ValueError("expected an array of cgroup path patterns (strings)")
         out = []

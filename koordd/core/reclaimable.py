@@ -30,9 +30,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from koordd.kernel.cgroupfs import parse_cpulist
+from koordd.core.cgroup import parse_cpulist
 from koordd.core.health import LATENCY_SENSITIVE
-from koordd.backends.cgroup import parse_cpu_max
+from koordd.core.cgroup import parse_cpu_max
 from koordd.core.options import Duration, Option
 from koordd.core.snapshot import CgroupSample, Snapshot, own_usage
 

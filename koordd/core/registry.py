@@ -6,10 +6,12 @@ import logging
 from importlib.metadata import entry_points
 from typing import Any, Mapping
 
+from koordd.core.backend import Backend, Backends
 from koordd.core.loop import Loop
 
 log = logging.getLogger("koordd.registry")     # its name before the move: log lines unchanged
 GROUP = "koordd.loops"
+BACKENDS_GROUP = "koordd.backends"
 
 
 def load_named(group: str, what: str, attr: str = "name", taken: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -37,3 +39,15 @@ def load_named(group: str, what: str, attr: str = "name", taken: Mapping[str, st
 def load_registry() -> dict[str, type[Loop]]:
     """name -> loop class."""
     return load_named(GROUP, "loop")
+
+
+def load_backends(*builtin: Backend) -> Backends:
+    """koordd's own backends plus those of the entry-point group (named by their kind); one that fails
+    to load, to start or clashes with another is left out with one error line."""
+    out = Backends(builtin)
+    for kind, cls in load_named(BACKENDS_GROUP, "backend", attr="kind").items():
+        try:
+            out.add(cls())
+        except Exception as e:  # noqa: BLE001 - a broken third-party backend must not stop koordd
+            logging.getLogger("koordd.backend").error("backend %s (%s) left out: %s", kind, cls, e)
+    return out

@@ -8,13 +8,13 @@ a controller into a directory. It holds no policy; the knob table
 from __future__ import annotations
 
 import errno
-import fnmatch
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from koordd.core.backend import TargetGone
+from koordd.core.cgroup import depth, normalize_cgroup
 
 DEFAULT_ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "freezer", "blkio", "pids", "net_cls")
@@ -104,22 +104,6 @@ def _read_controllers(d: Path | None) -> frozenset[str]:
         return frozenset((d / "cgroup.controllers").read_text().split())
     except OSError:
         return frozenset()
-
-
-def normalize_cgroup(name: str) -> str:
-    """"/be.slice/" -> "be.slice"; "" is the root. Rejects ".." so nothing escapes the hierarchy."""
-    parts = [p for p in name.strip().split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise ValueError(f"cgroup path may not contain '..': {name!r}")
-    return "/".join(parts)
-
-
-def parent_of(cgroup: str) -> str | None:
-    return None if cgroup == "" else cgroup.rpartition("/")[0]
-
-
-def depth(cgroup: str) -> int:
-    return 0 if cgroup == "" else cgroup.count("/") + 1
 
 
 class CgroupFS:
@@ -296,63 +280,3 @@ def _pread_all(fd: int, size: int = 65536) -> str:
             return b"".join(chunks).decode(errors="replace")   # garbled bytes: the parsers refuse U+FFFD
         offset += len(chunk)
 
-
-def match_pattern(pattern: str, cgroup: str) -> bool:
-    """Glob per path component: "kubepods.slice/*" matches one level below kubepods.slice."""
-    pp, cp = pattern.split("/"), cgroup.split("/")
-    return len(pp) == len(cp) and all(fnmatch.fnmatchcase(c, p) for p, c in zip(pp, cp))
-
-
-def pattern_rank(cgroup: str, patterns) -> int:
-    """Index of the first pattern naming the cgroup or one of its ancestors; len(patterns) if none."""
-    parts = cgroup.split("/")
-    for i, p in enumerate(patterns):
-        n = p.count("/") + 1
-        if n <= len(parts) and match_pattern(p, "/".join(parts[:n])):
-            return i
-    return len(patterns)
-
-
-# Far above any kernel's NR_CPUS (8192 at most on x86 and arm64): a CPU number beyond it is garbage, and
-# a range up to it ("0-4294967295") would be a set of billions before anything could refuse it.
-MAX_CPUS = 1 << 16
-
-
-def parse_cpulist(text: str) -> frozenset[int]:
-    """"0-3,8,10-11" -> {0,1,2,3,8,10,11}; "" -> empty. ValueError for anything else, or a CPU at
-    MAX_CPUS or beyond."""
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        if sep:
-            a, b = int(lo), int(hi)
-            if b < a:
-                raise ValueError(f"bad cpu range {part!r}")
-            if b >= MAX_CPUS:
-                raise ValueError(f"cpu {b} is beyond any machine's (at most {MAX_CPUS - 1})")
-            cpus.update(range(a, b + 1))
-        else:
-            cpus.add(int(lo))
-            if int(lo) >= MAX_CPUS:
-                raise ValueError(f"cpu {int(lo)} is beyond any machine's (at most {MAX_CPUS - 1})")
-    if any(c < 0 for c in cpus):
-        raise ValueError(f"negative cpu in {text!r}")
-    return frozenset(cpus)
-
-
-def format_cpulist(cpus) -> str:
-    """{0,1,2,3,8} -> "0-3,8" (the kernel's own form)."""
-    out, run = [], []
-    for c in sorted(cpus):
-        if run and c == run[-1] + 1:
-            run.append(c)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [c]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)

@@ -50,7 +50,7 @@ from typing import Mapping
 
 from koordd.kernel.avx import (AVX256, AVX512, DEFAULT_MHZ, LEVELS, SCALAR, FrequencyModel, VectorUse,
     compensated_weight, with_siblings)
-from koordd.kernel.cgroupfs import format_cpulist, match_pattern
+from koordd.core.cgroup import format_cpulist, match_pattern
 from koordd.core.loop import Action, Loop, restore
 from koordd.core.options import ClassList, Duration, Option, PatternList
 from koordd.core.snapshot import AVX, CgroupSample, Snapshot

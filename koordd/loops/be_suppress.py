@@ -63,10 +63,10 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from koordd.kernel.cgroupfs import MAX_CPUS, format_cpulist, parse_cpulist
+from koordd.core.cgroup import MAX_CPUS, format_cpulist, parse_cpulist
 from koordd.core.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_slack
 from koordd.core.interference import Detector
-from koordd.backends.cgroup import CFS_QUOTA_MIN, format_cpu_max, parse_cpu_max
+from koordd.core.cgroup import CFS_QUOTA_MIN, format_cpu_max, parse_cpu_max
 from koordd.core.loop import Action, Loop, restore
 from koordd.core.options import Duration, Option
 from koordd.act.protect import Protected

@@ -44,8 +44,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from koordd.kernel.cgroupfs import parse_cpulist
-from koordd.backends.cgroup import InvalidValue, format_cpu_max, parse_cpu_max
+from koordd.core.cgroup import parse_cpulist
+from koordd.core.backend import InvalidValue
+from koordd.core.cgroup import format_cpu_max, parse_cpu_max
 from koordd.core.loop import Action, Loop, restore
 from koordd.core.options import Duration, Option
 from koordd.core.snapshot import CgroupSample, Snapshot, own_usage

@@ -47,7 +47,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from koordd.kernel.cgroupfs import normalize_cgroup, pattern_rank
+from koordd.core.cgroup import normalize_cgroup, pattern_rank
 from koordd.core.loop import Action, Loop, carried_out, restore
 from koordd.core.options import Duration, Option, PatternList
 from koordd.act.protect import Protected

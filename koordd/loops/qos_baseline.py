@@ -49,7 +49,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from koordd.kernel.cgroupfs import pattern_rank
+from koordd.core.cgroup import pattern_rank
 from koordd.core.loop import Action, Loop, restore
 from koordd.core.options import Option, PatternList
 from koordd.core.snapshot import CgroupSample, Snapshot

@@ -20,7 +20,7 @@ from koordd.runtime.capabilities import probe_all
 from koordd.kernel.cgroupfs import DEFAULT_ROOT, CgroupFS, LayoutError, detect_layout, on_cgroupfs
 from koordd.core.config import DEFAULT_PATH, Config, ConfigError, load_config
 from koordd.runtime.configwatch import ConfigWatcher
-from koordd.core.backend import load_backends
+from koordd.core.registry import load_backends
 from koordd.backends.cgroup import KNOBS, kernel_lacks
 from koordd.core.kubelet import KubeletRule
 from koordd.core.decisions import DecisionLog, journal_sender

@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 
 from koordd.runtime.capabilities import Capability
-from koordd.kernel.cgroupfs import parse_cpulist, pattern_rank
+from koordd.core.cgroup import parse_cpulist, pattern_rank
 from koordd.runtime.endpoint import HttpServer
 from koordd.core.histogram import merged, quantile_us
 from koordd.backends.cgroup import KNOBS
