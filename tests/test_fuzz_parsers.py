@@ -35,7 +35,8 @@ from koordd.sensors.psi import parse_psi
 from koordd.sensors.resctrl import ResctrlSensor
 from koordd.sensors.runq import SchedstatSource, read_schedstat
 from koordd.core.snapshot import CgroupSample, NodeSample, PressureStat
-from koordd.backends.tc import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT, TC_ROOT_PARENT, htb_rates, parse_rate
+from koordd.kernel.netlink import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT, TC_ROOT_PARENT, htb_rates
+from koordd.core.units import parse_rate
 from koordd.runtime.topfeed import MAX_INTERVAL, MIN_INTERVAL, TopRequest, parse_request
 
 pytestmark = pytest.mark.filterwarnings("ignore")

@@ -11,7 +11,7 @@ from koordd.loops.net_shaping import NetShaping
 from koordd.sensors.contract import SensorContext
 from koordd.sensors.net import NetSample, NetSensor
 from koordd.core.snapshot import NET, RUNQ_LATENCY, CgroupSample, NodeSample, RunqLatency, Snapshot
-from koordd.backends.tc import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT
+from koordd.kernel.netlink import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT
 
 G = 10**9
 

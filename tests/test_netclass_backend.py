@@ -17,7 +17,7 @@ from koordd.core.decisions import APPLIED, DecisionLog
 from koordd.core.loop import Action
 from koordd.backends.netclass import ClassifierBackend, NetClassBackend, NetClsTree, SharedClassifier
 from koordd.act.journal import RestoreJournal
-from koordd.backends.tc import BE_CLASS, LS_CLASS
+from koordd.kernel.netlink import BE_CLASS, LS_CLASS
 
 
 class FakeClassifier:

@@ -5,7 +5,8 @@ import pytest
 
 from fakenetlink import Msg
 from koordd.core.backend import InvalidValue
-from koordd.backends.tc import TcBackend, parse_rate
+from koordd.backends.tc import TcBackend
+from koordd.core.units import parse_rate
 
 
 @pytest.mark.parametrize("text, bits", [("1gbit", 10**9), ("250mbit", 250 * 10**6), ("1.5kbit", 1500),
@@ -46,7 +47,7 @@ def test_without_pyroute2_every_knob_says_why_and_with_it_nothing_is_imported_ye
 def test_whether_the_kernel_has_a_qdisc_comes_from_its_module_lists_then_its_config(tmp_path):
     import gzip
 
-    from koordd.backends.tc import kernel_has_qdisc
+    from koordd.kernel.netlink import kernel_has_qdisc
     assert kernel_has_qdisc("sch_fq", "6.1", tmp_path) is None                  # nothing says
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc/config.gz").write_bytes(gzip.compress(b"CONFIG_NET_SCH_HTB=y\n# CONFIG_NET_SCH_FQ is not set\n"))
@@ -119,7 +120,7 @@ def no_fq_check(monkeypatch):
 
 
 def test_edt_is_an_fq_root_and_be_s_pace_in_the_classifier(no_fq_check):
-    from koordd.backends.tc import BE_CLASS, EDT_ROOT
+    from koordd.kernel.netlink import BE_CLASS, EDT_ROOT
     ipr, pacer = FakeIPRoute(), FakePacer()
     b = TcBackend(Shared(pacer), ipr)
     assert b.read("eth0", "tc.shaping") == "none"
@@ -133,7 +134,7 @@ def test_edt_is_an_fq_root_and_be_s_pace_in_the_classifier(no_fq_check):
 
 
 def test_edt_on_a_multi_queue_device_is_mq_with_an_fq_per_queue(no_fq_check):
-    from koordd.backends.tc import EDT_ROOT
+    from koordd.kernel.netlink import EDT_ROOT
     ipr = FakeIPRoute(queues=3)
     b = TcBackend(Shared(FakePacer()), ipr)
     b.write("eth0", "tc.shaping", "edt")
@@ -142,7 +143,7 @@ def test_edt_on_a_multi_queue_device_is_mq_with_an_fq_per_queue(no_fq_check):
 
 
 def test_from_edt_to_htb_the_fq_root_goes_first(no_fq_check):
-    from koordd.backends.tc import EDT_ROOT, ROOT
+    from koordd.kernel.netlink import EDT_ROOT, ROOT
     ipr = FakeIPRoute()
     b = TcBackend(Shared(FakePacer()), ipr)
     b.write("eth0", "tc.shaping", "edt")
@@ -171,7 +172,7 @@ def test_single_link_requests_leave_no_ack_queued_in_pyroute2():
     """A link_lookup or get_links(index) left the kernel's ACK in a pyroute2 queue nothing reads, a page
     of memory each (scripts/soak: koordd's RSS grew 2.4 MiB a minute with net_shaping on)."""
     pyroute2 = pytest.importorskip("pyroute2")
-    from koordd.backends.tc import device_index, device_links
+    from koordd.kernel.netlink import device_index, device_links
     with pyroute2.IPRoute() as ipr:
         lo = ipr.link_lookup(ifname="lo")
         queue = _stray_queue(ipr)
@@ -184,5 +185,5 @@ def test_single_link_requests_leave_no_ack_queued_in_pyroute2():
 
 
 def test_stray_acks_are_dropped_only_where_pyroute2_keeps_them():
-    from koordd.backends.tc import drop_stray_acks
+    from koordd.kernel.netlink import drop_stray_acks
     drop_stray_acks(FakeIPRoute())          # no such queue: nothing to do, nothing raised

@@ -36,7 +36,7 @@ from koordd.core.backend import Backend, InvalidValue, KnobSpec, PartialWrite, T
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, Layout, thread_ids
 from koordd.core.cgroup import parent_of
 from koordd.kernel.netclass import ClassifierError, DeviceGone, EgressClassifier
-from koordd.backends.tc import BE_CLASS, LS_CLASS
+from koordd.kernel.netlink import BE_CLASS, LS_CLASS
 from koordd.backends.threads import cgroup_threads
 
 NET_CLASSES = {"ls": LS_CLASS, "be": BE_CLASS}

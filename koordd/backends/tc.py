@@ -26,41 +26,17 @@ Kind "tc", a target is a device name. Everything goes through netlink (pyroute2)
 from __future__ import annotations
 
 import errno
-import gzip
 import importlib.util
-import math
 import os
 import re
-from pathlib import Path
 
 from koordd.core.backend import Backend, InvalidValue, KnobSpec, TargetGone, Unsupported
+from koordd.core.units import parse_rate
+from koordd.kernel.netlink import (BE_CLASS, EDT_ROOT, EDT_ROOT_KINDS, KOORDD_CLASSES, LINK, LS_CLASS, OTHER_CLASS, ROOT,
+    TC_ROOT_PARENT, burst_bytes, device_index, device_links, htb_rates, kernel_has_qdisc)
 
-ROOT, LINK, LS_CLASS, BE_CLASS, OTHER_CLASS = 0x10000, 0x10001, 0x10010, 0x10020, 0x10030
-TC_ROOT_PARENT = 0xFFFFFFFF
-EDT_ROOT = 0xC0DD0000               # koordd's root qdisc under "edt": fq, or mq with an fq per tx queue
-EDT_ROOT_KINDS = ("fq", "mq")
 PARTIAL = "partial htb"             # koordd's HTB tree, some of its classes not made yet (a kill mid-build)
-KOORDD_CLASSES = frozenset({LINK, LS_CLASS, BE_CLASS, OTHER_CLASS})
 BE_GUARANTEE = 0.01                 # of the link: BE's rate, what it gets even when LS wants it all
-BURST_TIME, MIN_BURST = 0.005, 64 * 1024    # seconds of a class's rate it may send at once; bytes
-_UNITS = {"": 1, "bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
-
-
-def parse_rate(text: str | int) -> int:
-    """Bit/s from "1gbit", "250mbit", "1000000" (tc's units, decimal)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        rate = text
-    else:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?bit)?\s*", str(text).lower())
-        if not m:
-            raise InvalidValue(f"not a rate: {text!r} (bit/s, or with kbit, mbit, gbit)")
-        rate = float(m[1]) * _UNITS[m[2] or ""]
-        if not math.isfinite(rate):         # "999...9" (hundreds of digits) is inf as a float
-            raise InvalidValue(f"not a rate: {str(text)[:40]!r}... is too large")
-        rate = int(rate)
-    if rate < 8:
-        raise InvalidValue(f"a rate of {rate} bit/s is too small")
-    return rate
 
 
 def _shaping_value(value: str) -> str:
@@ -77,79 +53,11 @@ def _ceil_value(value: str) -> str:
     return "none" if value.strip() == "none" else str(parse_rate(value))
 
 
-def htb_rates(msg) -> tuple[int, int] | None:
-    """(rate, ceil) in bit/s of an HTB class from its netlink message (64-bit values where they do not
-    fit in 32 bits of bytes/s); None for a class of another kind."""
-    opts = msg.get_attr("TCA_OPTIONS")
-    parms = opts.get_attr("TCA_HTB_PARMS") if opts is not None else None
-    if parms is None:
-        return None
-    return ((opts.get_attr("TCA_HTB_RATE64") or parms["rate"]) * 8,
-            (opts.get_attr("TCA_HTB_CEIL64") or parms["ceil"]) * 8)
-
-
-def kernel_has_qdisc(module: str, release: str | None = None, root: Path = Path("/")) -> bool | None:
-    """Whether this kernel has a qdisc (module name, e.g. "sch_fq"), built in or as a module: from
-    its modules lists, else its config; None where neither says."""
-    release = release or os.uname().release
-    moddir = root / "lib/modules" / release
-    for listing in ("modules.builtin", "modules.dep"):
-        try:
-            if f"/{module}.ko" in (moddir / listing).read_text():
-                return True
-        except OSError:
-            continue
-    option = "CONFIG_NET_SCH_" + module.removeprefix("sch_").upper()
-    for config in (root / "proc/config.gz", root / "boot" / f"config-{release}"):
-        try:
-            text = gzip.decompress(config.read_bytes()).decode() if config.suffix == ".gz" else config.read_text()
-        except OSError:
-            continue
-        return re.search(rf"^{option}=[ym]$", text, re.M) is not None
-    return None
-
-
 def _root_value(value: str) -> str:
     kind, _, handle = value.strip().partition(" ")
     if not kind or not re.fullmatch(r"[0-9a-f]{1,4}:", handle):
         raise InvalidValue(f"tc.replace_root must be \"<kind> <handle>\", e.g. \"htb 5:\", got {value!r}")
     return f"{kind} {handle}"
-
-
-def burst_bytes(rate: int) -> int:
-    """Bytes a class of `rate` bit/s may send at once: BURST_TIME of its rate, at least MIN_BURST. tc's
-    default (rate / HZ + one MTU, about a millisecond) loses the tokens of every late timer, and a GSO
-    packet on a veth is up to 64 KB. EDT pacing gives a class behind its pace the same (netclass.py)."""
-    return max(int(rate / 8 * BURST_TIME), MIN_BURST)
-
-
-def device_index(ipr, device: str) -> int | None:
-    """The index of network device `device`; None when there is none."""
-    try:
-        found = ipr.link_lookup(ifname=device)
-    finally:
-        drop_stray_acks(ipr)
-    return found[0] if found else None
-
-
-def device_links(ipr, index: int) -> list:
-    """The link message of device `index` ([] when it is gone)."""
-    try:
-        return ipr.get_links(index)
-    finally:
-        drop_stray_acks(ipr)
-
-
-def drop_stray_acks(ipr) -> None:
-    """pyroute2 0.9 leaves the kernel's ACK of every single-link request (link_lookup, get_links(index))
-    in a queue of its own that nothing reads: each pinned a page of koordd's memory (RSS grew 2.4 MiB a
-    minute in scripts/soak with net_shaping on). Dropped here, between requests: koordd's netlink sockets
-    join no multicast group, so nothing else lands there. A pyroute2 without that queue: nothing to do."""
-    queues = getattr(getattr(getattr(ipr, "asyncore", None), "msg_queue", None), "queues", None)
-    root = queues.get(0) if isinstance(queues, dict) else None
-    while root is not None and not root.empty():
-        root.get_nowait()
-        root.task_done()
 
 
 def _htb_default(root) -> int | None:

@@ -13,7 +13,7 @@
 // lock shared by all classes. A packet that would wait longer than HORIZON_NS is dropped (TCP
 // backs off long before: the packets it has queued count against its socket's send budget).
 // A class that fell behind its rate keeps up to `burst_ns` of the time it did not use, as an HTB
-// class keeps its burst's tokens (koordd sets both from one rule, tc_backend.burst_bytes): a sender
+// class keeps its burst's tokens (koordd sets both from one rule, koordd/kernel/netlink.py burst_bytes): a sender
 // whose next packet comes late -- its socket refilled only after the previous packet left, on a busy
 // or slow CPU -- catches up, instead of losing that time for good and staying below its ceiling.
 //

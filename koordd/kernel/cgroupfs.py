@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from koordd.core.backend import TargetGone
-from koordd.core.cgroup import depth, normalize_cgroup
+from koordd.core.cgroup import depth
 
 DEFAULT_ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "freezer", "blkio", "pids", "net_cls")

@@ -17,7 +17,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from koordd.backends.tc import burst_bytes, device_index
+from koordd.kernel.netlink import burst_bytes, device_index
 
 log = logging.getLogger("koordd.netclass")     # its name before the move: log lines unchanged
 PROGRAM = Path(str(files("koordd.bpf") / "net_classify.c"))

@@ -31,7 +31,7 @@ from koordd.core.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_
 from koordd.core.loop import NODE, Action, Loop, restore
 from koordd.core.options import Option
 from koordd.core.snapshot import NET, RUNQ_LATENCY, Snapshot
-from koordd.backends.tc import parse_rate
+from koordd.core.units import parse_rate
 
 HEADROOM_LINK, HEADROOM_LS = 0.05, 0.10        # Heracles: max(5% of the link, 10% of LC traffic)
 GROW_AT = 0.10                                 # Heracles: BE grows only at 10% LS slack or more

@@ -23,7 +23,7 @@ from koordd.backends.cgroup import KNOBS, kernel_lacks, unsupported_knobs
 from koordd.kernel.sched_ext import missing_reason, read_sched_ext
 from koordd.sensors.lifecycle import start_sensor, stop_sensor
 from koordd.sensors.registry import load_sensor_registry
-from koordd.backends.tc import kernel_has_qdisc
+from koordd.kernel.netlink import kernel_has_qdisc
 
 
 @dataclass(frozen=True)

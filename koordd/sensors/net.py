@@ -17,9 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from koordd.backends.netclass import process_classifier
 from koordd.core.snapshot import NET
-from koordd.backends.tc import (BE_CLASS, EDT_ROOT, EDT_ROOT_KINDS, LINK, LS_CLASS, OTHER_CLASS, ROOT, TC_ROOT_PARENT,
-    device_links, htb_rates)
+from koordd.kernel.netlink import (BE_CLASS, EDT_ROOT, EDT_ROOT_KINDS, LINK, LS_CLASS, OTHER_CLASS, ROOT,
+    TC_ROOT_PARENT, device_links, htb_rates)
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 
@@ -51,7 +52,6 @@ class NetSensor(OptionalSensor):
                 raise SensorUnavailable("pyroute2 is not installed") from None
             self.ipr = IPRoute()
         if self.classifier is None:
-            from koordd.backends.netclass import process_classifier
             self.classifier = process_classifier()
 
     def sample(self, context: SensorContext | None = None) -> dict[str, NetSample]:

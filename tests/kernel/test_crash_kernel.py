@@ -468,7 +468,8 @@ def test_an_htb_tree_cut_short_by_a_kill_is_koordds_to_take_down_or_finish(devic
     if device is None:
         pytest.skip("needs pyroute2 and bcc")
     from pyroute2 import IPRoute
-    from koordd.backends.tc import LINK, OTHER_CLASS, PARTIAL, ROOT, TcBackend
+    from koordd.kernel.netlink import LINK, OTHER_CLASS, ROOT
+    from koordd.backends.tc import PARTIAL, TcBackend
     with IPRoute() as ipr:
         index = ipr.link_lookup(ifname=device)[0]
         tc = TcBackend(ipr=ipr)

@@ -33,7 +33,8 @@ from koordd.sensors.contract import SensorContext
 from koordd.sensors.net import NetSensor
 from koordd.core.snapshot import NET, CgroupSample, NodeSample, Snapshot
 from koordd.act.journal import RestoreJournal
-from koordd.backends.tc import TcBackend, kernel_has_qdisc
+from koordd.backends.tc import TcBackend
+from koordd.kernel.netlink import kernel_has_qdisc
 
 from .conftest import CGROUP_ROOT, wait_for
 from .test_netclass_kernel import HOST, NS, cgroup_dirs, opened_classifier, veth  # noqa: F401 - fixtures
