@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from koordd.kernel.avx import (AVX256, AVX512, DEFAULT_MHZ, LICENCE_EVENTS, NEVER, SCALAR, CpuId, FrequencyModel,
-    Licence, TaskStat, VectorUse, compensated_weight, licence_events_missing, licence_of, measured_mhz,
-    parse_arch_status, parse_cpuinfo, parse_stat, read_aperf_mperf, read_thread, recent, with_siblings)
+from koordd.core.avx import (AVX256, AVX512, DEFAULT_MHZ, SCALAR, FrequencyModel, Licence, VectorUse,
+    compensated_weight, licence_of, recent, with_siblings)
+from koordd.kernel.avx import (LICENCE_EVENTS, NEVER, CpuId, TaskStat, licence_events_missing, measured_mhz,
+    parse_arch_status, parse_cpuinfo, parse_stat, read_aperf_mperf, read_thread)
 from koordd.kernel.perf import PERF_TYPE_RAW
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
-from koordd.kernel.avx import AVX256, AVX512, SCALAR, Licence
+from koordd.core.avx import AVX256, AVX512, SCALAR, Licence
 from koordd.core.backend import Backends
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.core.decisions import DecisionLog

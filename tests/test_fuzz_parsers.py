@@ -25,7 +25,8 @@ from koordd.kernel.netclass import tc_handle
 from koordd.core.options import parse_duration
 from koordd.kernel.perf import GroupReading, parse_group
 from koordd.kernel.resctrl import ResctrlError, cpu_vendor, parse_schemata, read_info
-from koordd.kernel.sched_ext import SchedExtStatus, read_sched_ext
+from koordd.core.snapshot import SchedExtStatus
+from koordd.kernel.sched_ext import read_sched_ext
 from koordd.sensors.cgroup import CgroupSensor, flat_keyed
 from koordd.sensors.contract import SensorContext
 from koordd.sensors.gpu import parse_proc_cgroup

@@ -12,7 +12,8 @@ from koordd.core.config import ConfigError, loop_options, make_settings, parse_c
 from koordd.core.decisions import APPLIED, DecisionLog
 from koordd.backends.cgroup import CgroupBackend
 from koordd.loops.llc_partition import LlcPartition
-from koordd.kernel.resctrl import L3Info, MBInfo, ResctrlInfo, read_info
+from koordd.core.schemata import L3Info, MBInfo, ResctrlInfo
+from koordd.kernel.resctrl import read_info
 from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
 from koordd.sensors.resctrl import ResctrlSection, ResctrlSensor
 from koordd.core.snapshot import RESCTRL, RUNQ_LATENCY, CgroupSample, NodeSample, RunqLatency, Snapshot

@@ -7,8 +7,8 @@ import errno
 import pytest
 
 from fakeresctrl import FakeResctrl
-from koordd.kernel.resctrl import (AMD_MB_MAX, L3Info, MBInfo, ResctrlError, cpu_vendor, l3_line, l3_mask, mb_line,
-    mb_value, parse_schemata, read_info, refused)
+from koordd.core.schemata import AMD_MB_MAX, L3Info, MBInfo, l3_line, l3_mask, mb_line, mb_value
+from koordd.kernel.resctrl import ResctrlError, cpu_vendor, parse_schemata, read_info, refused
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ from koordd.backends.cgroup import CgroupBackend
 from koordd.loops.qos_baseline import QosBaseline
 from koordd.loops.sched_ext import SchedExt
 from koordd.runtime.runner import Runner
-from koordd.kernel.sched_ext import SchedExtStatus, read_sched_ext
+from koordd.core.snapshot import SchedExtStatus
+from koordd.kernel.sched_ext import read_sched_ext
 from koordd.sensors.contract import SensorUnavailable
 from koordd.sensors.sched_ext import SchedExtSensor
 from koordd.core.snapshot import SCHED_EXT, CgroupSample, NodeSample, Snapshot

@@ -26,7 +26,7 @@ from koordd.backends.cgroup import CgroupBackend
 from koordd.core.loop import Action, Loop
 from koordd.loops.be_suppress import BeSuppress
 from koordd.loops.memory_evict import MemoryEvict
-from koordd.act.protect import Protected
+from koordd.core.protected import Protected
 from koordd.core.registry import load_registry
 from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS, ReclaimableState, observe

@@ -23,7 +23,7 @@ from fakecgroup import FakeCgroups
 from koordd.core.config import CLASS_NAMES, parse_config
 from koordd.core.decisions import APPLIED
 from koordd.core.loop import Action
-from koordd.act.protect import PROTECTED_CLASSES
+from koordd.core.protected import PROTECTED_CLASSES
 from koordd.runtime.runner import class_of, classes_of
 from koordd.sensors.collect import Sensors, find_classified
 from test_actuator import make_rig

@@ -18,8 +18,8 @@ from koordd.backends.cgroup import KNOBS
 from koordd.core.options import Duration, Option
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
 from koordd.core.registry import load_registry
-from koordd.kernel.resctrl import L3Info, MBInfo, ResctrlInfo
-from koordd.kernel.sched_ext import SchedExtStatus
+from koordd.core.schemata import L3Info, MBInfo, ResctrlInfo
+from koordd.core.snapshot import SchedExtStatus
 from koordd.sensors.avx import AvxSection, AvxUse
 from koordd.sensors.net import NetSample
 from koordd.sensors.resctrl import ResctrlSection

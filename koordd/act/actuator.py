@@ -22,7 +22,8 @@ from koordd.core.decisions import APPLIED, DRY_RUN, LEFT, REFUSED, RESTORED, Dec
 from koordd.backends.cgroup import CgroupBackend
 from koordd.core.kubelet import KubeletRule
 from koordd.core.loop import Action
-from koordd.act.protect import EVICTING, Protected, harm
+from koordd.act.protect import EVICTING, harm
+from koordd.core.protected import Protected
 from koordd.act.journal import Held, RestoreJournal
 from koordd.backends.netclass import ClassifierBackend, NetClassBackend, process_classifier
 from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend

@@ -16,14 +16,12 @@ raising a limit (cpu_burst on LS) is what protection is for.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from koordd.core.cgroup import normalize_cgroup, parse_cpulist
 from koordd.backends.cgroup import KNOBS
-
-PROTECTED_CLASSES = frozenset({"SYSTEM", "LSE", "LSR", "LS"})
+from koordd.core.cgroup import normalize_cgroup, parse_cpulist
+from koordd.core.protected import Protected
 
 # Acts on the tasks themselves: refused on a protected cgroup whatever the value (thawing excepted).
 EVICTING = {"cgroup.kill": "kill", "memory.reclaim": "reclaim memory of", "cgroup.freeze": "freeze"}
@@ -73,54 +71,6 @@ def harm(knob: str, new: str, original: str | None) -> str | None:
         what, tighter = THROTTLING[knob]
         return what if original is not None and tighter(new, original) else None
     return None
-
-
-def _ancestry(cgroup: str) -> list[str]:
-    """`cgroup` and every cgroup above it, up to the root ""."""
-    out = [cgroup]
-    while cgroup:
-        cgroup = cgroup.rpartition("/")[0]
-        out.append(cgroup)
-    return out
-
-
-@dataclass(frozen=True)
-class Protected:
-    """The protected cgroups of one round: built from the snapshot's classes and the cgroups of
-    PID 1 and koordd. why(target) says why a target is protected, or None."""
-    classes: Mapping[str, str] = field(default_factory=dict)      # cgroup -> protected class, as sampled
-    holders: Mapping[str, str] = field(default_factory=dict)      # cgroup -> what it is or holds
-
-    @staticmethod
-    def of(classes: Mapping[str, str | None], processes: Mapping[str, str]) -> "Protected":
-        """`classes`: cgroup -> class (the snapshot's); `processes`: cgroup -> whose it is."""
-        protected = {cg: cls for cg, cls in classes.items() if cls in PROTECTED_CLASSES}
-        holders: dict[str, str] = {}
-        for cg, whose in processes.items():
-            holders[cg] = f"is the cgroup of {whose}"
-            for up in _ancestry(cg)[1:]:
-                holders.setdefault(up, f"holds {cg or '/'}, the cgroup of {whose}")
-        for cg, cls in sorted(protected.items()):
-            for up in _ancestry(cg)[1:]:
-                holders.setdefault(up, f"holds {cg}, of class {cls}")
-        return Protected(protected, holders)
-
-    @staticmethod
-    def of_snapshot(snapshot) -> "Protected":
-        """The classes' part of the guard for a snapshot's class roots, for loops choosing targets:
-        what they pick the actuator would not refuse (it adds the cgroups of PID 1 and koordd)."""
-        return Protected.of({path: c.cls for path, c in snapshot.cgroups.items()}, {})
-
-    def why(self, target: str) -> str | None:
-        target = target.strip("/")
-        held = self.holders.get(target)
-        if held is not None:
-            return held
-        for up in _ancestry(target):
-            cls = self.classes.get(up)
-            if cls is not None:
-                return f"is of class {cls}" if up == target else f"lies below {up}, of class {cls}"
-        return None
 
 
 def standing_harm(guard: Protected, target: str, knob: str, original: str, current: Callable[[], str]) -> str | None:

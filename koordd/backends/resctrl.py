@@ -31,12 +31,13 @@ from pathlib import Path
 
 from koordd.core.backend import Backend, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
 from koordd.kernel.cgroupfs import CgroupFS, thread_ids
-from koordd.kernel.resctrl import (DEFAULT_MOUNT, ResctrlError, ResctrlFS, ResctrlInfo, cpu_vendor, parse_schemata,
-    read_info, refused)
+from koordd.kernel.resctrl import DEFAULT_MOUNT, ResctrlError, ResctrlFS, cpu_vendor, parse_schemata, read_info, refused
+from koordd.core.schemata import ResctrlInfo
+from koordd.core.targets import RESCTRL_TARGET
 from koordd.backends.threads import cgroup_threads
 
 DEFAULT_GROUP = "default"           # the root group, as a value of resctrl_group
-MOUNT_TARGET = "resctrl"            # the target of resctrl.mount: the filesystem at the backend's mount point
+MOUNT_TARGET = RESCTRL_TARGET       # the target of resctrl.mount: the filesystem at the backend's mount point
 MIXED, NONE = "mixed", "none"
 RESERVED = {"info", "mon_groups", "mon_data", DEFAULT_GROUP}
 GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")

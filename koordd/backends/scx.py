@@ -20,13 +20,14 @@ import logging
 from pathlib import Path
 
 from koordd.core.backend import Backend, InvalidValue, KnobSpec, TargetGone, Unsupported
+from koordd.core.targets import SCX_TARGET
 from koordd.kernel.cgroupfs import CgroupFS
 from koordd.kernel.sched_ext import missing_reason, read_sched_ext
 from koordd.kernel.scx import (CLASS_VALUES, OBJECT, OPS_NAME, Scheduler, ScxError, load_libbpf, cgroup_id, switch_to,
     wait_state)
 
 log = logging.getLogger("koordd.scx_backend")     # its name before the move: log lines unchanged
-TARGET = "sched_ext"            # the node-wide target of `scheduler`
+TARGET = SCX_TARGET             # the node-wide target of `scheduler`
 NONE = "none"
 
 

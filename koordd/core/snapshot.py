@@ -198,3 +198,21 @@ def total_usage(samples) -> float | None:
             return None
         total += s.cpu_usage
     return total
+
+
+@dataclass(frozen=True)
+class SchedExtStatus:
+    state: str                      # "disabled", "enabling", "enabled", "disabling"
+    ops: str = ""                   # the loaded BPF scheduler's name; "" while none is
+    enable_seq: int | None = None
+    nr_rejected: int | None = None
+    switch_all: int | None = None
+    hotplug_seq: int | None = None
+
+    def describe(self) -> str:
+        """One line for `koordctl doctor`: the state, the scheduler and the counters the kernel has."""
+        facts = [f"state={self.state}"] + ([f"root/ops={self.ops}"] if self.ops else [])
+        facts += [f"{name}={value}" for name, value in (("enable_seq", self.enable_seq),
+                                                        ("nr_rejected", self.nr_rejected),
+                                                        ("switch_all", self.switch_all)) if value is not None]
+        return ", ".join(facts)

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
-from koordd.kernel.sched_ext import SchedExtStatus, missing_reason, read_sched_ext
+from koordd.core.snapshot import SchedExtStatus
+from koordd.kernel.sched_ext import missing_reason, read_sched_ext
 
 OBJECT = Path(str(files("koordd.bpf") / "koordd_sched.bpf.o"))
 OPS_NAME = "koordd"                 # sched_ext_ops.name: what root/ops shows

@@ -48,7 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from koordd.kernel.avx import (AVX256, AVX512, DEFAULT_MHZ, LEVELS, SCALAR, FrequencyModel, VectorUse,
+from koordd.core.avx import (AVX256, AVX512, DEFAULT_MHZ, LEVELS, SCALAR, FrequencyModel, VectorUse,
     compensated_weight, with_siblings)
 from koordd.core.cgroup import format_cpulist, match_pattern
 from koordd.core.loop import Action, Loop, restore

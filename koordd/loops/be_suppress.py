@@ -69,7 +69,7 @@ from koordd.core.interference import Detector
 from koordd.core.cgroup import CFS_QUOTA_MIN, format_cpu_max, parse_cpu_max
 from koordd.core.loop import Action, Loop, restore
 from koordd.core.options import Duration, Option
-from koordd.act.protect import Protected
+from koordd.core.protected import Protected
 from koordd.core.snapshot import CPI, RUNQ_LATENCY, CgroupSample, CpuTopology, Snapshot, own_usage
 
 MIN_QUOTA_US = 2000          # koordlet's floor: BE keeps a trickle so it can still make progress

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from koordd.core.health import RunqWindow, ls_signals, worst_slack
 from koordd.core.loop import NODE, Action, Loop, restore
 from koordd.core.options import ClassList, Duration, Option
-from koordd.kernel.resctrl import L3Info, l3_line, l3_ways, mb_line, mb_value, ways_mask
-from koordd.backends.resctrl import MOUNT_TARGET
+from koordd.core.schemata import L3Info, l3_line, l3_ways, mb_line, mb_value, ways_mask
+from koordd.core.targets import RESCTRL_TARGET as MOUNT_TARGET
 from koordd.core.snapshot import RESCTRL, RUNQ_LATENCY, Snapshot
 
 CLASSES = ("LSE", "LSR", "LS", "BE")

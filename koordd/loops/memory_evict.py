@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from koordd.core.cgroup import normalize_cgroup, pattern_rank
 from koordd.core.loop import Action, Loop, carried_out, restore
 from koordd.core.options import Duration, Option, PatternList
-from koordd.act.protect import Protected
+from koordd.core.protected import Protected
 from koordd.core.snapshot import CgroupSample, PressureStat, Snapshot
 
 MiB = 1 << 20

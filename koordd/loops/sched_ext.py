@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from koordd.core.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_slack
 from koordd.core.loop import NODE, Action, Loop, restore
 from koordd.core.options import ClassList, Duration, Option
-from koordd.kernel.sched_ext import SchedExtStatus
-from koordd.backends.scx import TARGET
+from koordd.core.snapshot import SchedExtStatus
+from koordd.core.targets import SCX_TARGET as TARGET
 from koordd.core.snapshot import RUNQ_LATENCY, SCHED_EXT, Snapshot
 
 CLASSES = ("LSE", "LSR", "LS", "BE")

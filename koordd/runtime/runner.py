@@ -17,7 +17,8 @@ from typing import Any, Collection, Mapping
 from koordd.act.actuator import Actuator
 from koordd.core.config import Config, Settings
 from koordd.core.loop import Action, Loop
-from koordd.act.protect import Protected, standing_harm
+from koordd.core.protected import Protected
+from koordd.act.protect import standing_harm
 from koordd.core.snapshot import CGROUP_FIELDS, Snapshot
 from koordd.act.journal import Held
 

@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from koordd.kernel.avx import (LICENCE_EVENTS, LICENCE_SHARE, LVL1_TURBO_LICENSE, LVL2_TURBO_LICENSE, Licence,
-    ThreadAvx, licence_events_missing, licence_of, parse_arch_status, parse_cpuinfo, read_thread, recent)
+from koordd.kernel.avx import (LICENCE_EVENTS, LVL1_TURBO_LICENSE, LVL2_TURBO_LICENSE, ThreadAvx,
+    licence_events_missing, parse_arch_status, parse_cpuinfo, read_thread)
+from koordd.core.avx import LICENCE_SHARE, Licence, licence_of, recent
 from koordd.core.backend import TargetGone
 from koordd.kernel.cgroupfs import DEFAULT_ROOT, CgroupFS, LayoutError, detect_layout
 from koordd.kernel.perf import CYCLES, CounterGroup

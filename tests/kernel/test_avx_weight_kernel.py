@@ -20,7 +20,7 @@ import time
 import pytest
 
 from koordd.act.actuator import Actuator
-from koordd.kernel.avx import compensated_weight
+from koordd.core.avx import compensated_weight
 from koordd.core.backend import Backends
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 from koordd.core.config import parse_config

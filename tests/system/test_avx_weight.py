@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from koordd.kernel.avx import compensated_weight
+from koordd.core.avx import compensated_weight
 
 from . import vm
 

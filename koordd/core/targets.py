@@ -1,0 +1,5 @@
+"""The names of node-wide targets: what a loop writes and the backend of that kind serves, named once."""
+from __future__ import annotations
+
+RESCTRL_TARGET = "resctrl"          # the target of resctrl.mount: the filesystem at the resctrl backend's mount point
+SCX_TARGET = "sched_ext"            # the node-wide target of `scheduler` (the scx backend)
