@@ -28,19 +28,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from koordd.runtime.capabilities import format_report, probe_all, report_json
-from koordd.kernel.cgroupfs import DEFAULT_ROOT, LayoutError, detect_layout
-from koordd.core.config import CLASS_NAMES, DAEMON_OPTIONS, DEFAULT_PATH, ConfigError, load_config
-from koordd.runtime.daemon import STATUS_FILE
-from koordd.core.decisions import read_decisions
+from koordctl import demo, top
 from koordctl.demo_cgroups import DemoError, hierarchy_roots
-from koordd.core.options import parse_duration
+from koordctl.top import NoAnswer, SORTS, Terminal, render, select_rows, wait_for_document, watch
+from koordd.act.journal import RestoreJournal, read_held
 from koordd.act.owner import current_holder
+from koordd.core.config import CLASS_NAMES, ConfigError, DAEMON_OPTIONS, DEFAULT_PATH, load_config
+from koordd.core.decisions import read_decisions
+from koordd.core.options import parse_duration
 from koordd.core.printable import printable
 from koordd.core.registry import load_registry
-from koordd.act.journal import RestoreJournal, read_held
-from koordctl import demo, top
-from koordctl.top import SORTS, NoAnswer, Terminal, render, select_rows, wait_for_document, watch
+from koordd.kernel.cgroupfs import DEFAULT_ROOT, LayoutError, detect_layout
+from koordd.runtime.capabilities import format_report, probe_all, report_json
+from koordd.runtime.daemon import STATUS_FILE
 from koordd.runtime.topfeed import DEFAULT_INTERVAL, MAX_INTERVAL, MIN_INTERVAL, REQUEST_FILE, TopRequest, write_request
 
 DEFAULT_STATE_DIR = next(o.default for o in DAEMON_OPTIONS if o.name == "state_dir")

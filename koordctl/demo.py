@@ -30,10 +30,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, TextIO
 
-from koordd.kernel.cgroupfs import Layout
 from koordctl.demo_cgroups import DemoCgroups, DemoError, joiner
 from koordctl.demo_load import BE_LOOP, mean_demand
-from koordctl.demo_view import PHASES, LinePrinter, LiveView, Sample, frame, plot, summarize, summary_lines
+from koordctl.demo_view import LinePrinter, LiveView, PHASES, Sample, frame, plot, summarize, summary_lines
+from koordd.kernel.cgroupfs import Layout
 from koordd.sensors.node import parse_proc_stat_cpu
 
 SAMPLE = 0.5                     # seconds per sample: the live view's refresh and the plot's resolution

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from koordd.core.backend import TargetGone, Unsupported
-from koordd.kernel.cgroupfs import CgroupFS, Layout
 from koordd.backends.cgroup import KNOBS
+from koordd.core.backend import TargetGone, Unsupported
 from koordd.core.cgroup import parse_cpu_max
+from koordd.kernel.cgroupfs import CgroupFS, Layout
 from koordd.sensors.cgroup import flat_keyed
 
 CHILDREN = ("ls", "be")

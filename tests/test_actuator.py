@@ -9,10 +9,10 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
-from koordd.core.decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, Decision, DecisionLog, read_decisions
-from koordd.backends.cgroup import KNOBS, Knob
-from koordd.core.loop import Action, restore
 from koordd.act.journal import JournalUnreadable, RestoreJournal, read_held
+from koordd.backends.cgroup import KNOBS, Knob
+from koordd.core.decisions import APPLIED, DRY_RUN, Decision, DecisionLog, REFUSED, RESTORED, read_decisions
+from koordd.core.loop import Action, restore
 
 JOB = "be.slice/job"
 

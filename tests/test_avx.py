@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from koordd.core.avx import (AVX256, AVX512, DEFAULT_MHZ, SCALAR, FrequencyModel, Licence, VectorUse,
+from koordd.core.avx import (AVX256, AVX512, DEFAULT_MHZ, FrequencyModel, Licence, SCALAR, VectorUse,
     compensated_weight, licence_of, recent, with_siblings)
-from koordd.kernel.avx import (LICENCE_EVENTS, NEVER, CpuId, TaskStat, licence_events_missing, measured_mhz,
+from koordd.kernel.avx import (CpuId, LICENCE_EVENTS, NEVER, TaskStat, licence_events_missing, measured_mhz,
     parse_arch_status, parse_cpuinfo, parse_stat, read_aperf_mperf, read_thread)
 from koordd.kernel.perf import PERF_TYPE_RAW
 

@@ -10,7 +10,7 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from fakeperf import FakePerf
-from koordd.core.avx import AVX256, AVX512, SCALAR, Licence
+from koordd.core.avx import AVX256, AVX512, Licence, SCALAR
 from koordd.sensors import registry
 from koordd.sensors.avx import AvxSensor, AvxUse
 from koordd.sensors.contract import SensorContext, SensorUnavailable

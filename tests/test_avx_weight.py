@@ -10,18 +10,18 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
-from koordd.core.avx import AVX256, AVX512, SCALAR, Licence
+from koordd.act.journal import RestoreJournal
+from koordd.backends.cgroup import CgroupBackend
+from koordd.core.avx import AVX256, AVX512, Licence, SCALAR
 from koordd.core.backend import Backends
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.core.decisions import DecisionLog
-from koordd.backends.cgroup import CgroupBackend
+from koordd.core.snapshot import AVX, CgroupSample, CpuTopology, NodeSample, Snapshot
 from koordd.loops.avx_weight import AvxWeight
 from koordd.loops.qos_baseline import QosBaseline
 from koordd.runtime.runner import Runner
 from koordd.sensors.avx import AvxSection, AvxUse
 from koordd.sensors.cgroup import CgroupSensor
-from koordd.core.snapshot import AVX, CgroupSample, CpuTopology, NodeSample, Snapshot
-from koordd.act.journal import RestoreJournal
 
 # 4 CPUs, SMT pairs {0,1} and {2,3}
 TOPOLOGY = tuple(CpuTopology(c, c - c % 2, 0) for c in range(4))

@@ -11,15 +11,15 @@ from fakebackends import FakeNetlink, FakeNetlinkKernel, FakeResctrl, FakeResctr
 from fakecgroup import FakeCgroups
 import koordd.core.registry as entry_point_loader
 from koordd.act.actuator import Actuator
-from koordd.core.backend import Backends, KnobSpec
-from koordd.core.registry import load_backends
-from koordd.core.config import parse_config
-from koordd.core.decisions import APPLIED, DRY_RUN, REFUSED, RESTORED, DecisionLog
-from koordd.backends.cgroup import CgroupBackend
-from koordd.core.loop import NODE, Action, Loop, restore
-from koordd.runtime.runner import Runner
-from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
 from koordd.act.journal import RestoreJournal
+from koordd.backends.cgroup import CgroupBackend
+from koordd.core.backend import Backends, KnobSpec
+from koordd.core.config import parse_config
+from koordd.core.decisions import APPLIED, DRY_RUN, DecisionLog, REFUSED, RESTORED
+from koordd.core.loop import Action, Loop, NODE, restore
+from koordd.core.registry import load_backends
+from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
+from koordd.runtime.runner import Runner
 
 FULL = "0=fff;1=fff"
 

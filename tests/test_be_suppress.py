@@ -1,7 +1,7 @@
 """Decision tests for be_suppress: hand-built snapshots in, actions out. No files, no kernel."""
 import pytest
 
-from koordd.core.config import make_settings, loop_options
+from koordd.core.config import loop_options, make_settings
 from koordd.core.snapshot import CgroupSample, CpuTopology, NodeSample, Pressure, PressureStat, Snapshot
 from koordd.loops.be_suppress import BeSuppress, pick_cpus
 

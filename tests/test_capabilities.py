@@ -5,8 +5,8 @@ import types
 
 import pytest
 
-from koordd.runtime import capabilities
 from koordd.kernel import perf
+from koordd.runtime import capabilities
 from koordd.runtime.capabilities import Capability, format_report, probe_all, report_json
 
 NAMES = ["cgroup", "cpu.max.burst", "cpu.idle", "knobs", "psi", "perf", "bpf", "resctrl", "sched_ext",

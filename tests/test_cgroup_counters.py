@@ -8,7 +8,7 @@ import resource
 import pytest
 
 from fakeperf import FakePerf
-from koordd.kernel.perf import CYCLES, INSTRUCTIONS, GroupReading
+from koordd.kernel.perf import CYCLES, GroupReading, INSTRUCTIONS
 from koordd.sensors.cgroup_counters import CgroupCounters, Counts, fd_budget, scaled_growth
 
 EVENTS = (CYCLES, INSTRUCTIONS)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from fakecgroup import FakeCgroups
-from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, LayoutError, detect_layout
 from koordd.core.cgroup import depth, format_cpulist, match_pattern, normalize_cgroup, parent_of, parse_cpulist
+from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, LayoutError, detect_layout
 
 
 @pytest.mark.parametrize("mode, want_mode, v2, v1", [

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from koordd.core.config import (CLASS_NAMES, DAEMON_OPTIONS, ClassRule, ConfigError, Settings, load_config,
+from koordd.core.config import (CLASS_NAMES, ClassRule, ConfigError, DAEMON_OPTIONS, Settings, load_config,
     locate_keys, make_settings, parse_config)
 from koordd.core.health import DEFAULT_HEALTH, HealthTargets
 from koordd.core.options import COMMON_LOOP_OPTIONS, Duration, Option

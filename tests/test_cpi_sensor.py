@@ -6,10 +6,10 @@ import errno
 import pytest
 
 from fakeperf import FakePerf
+from koordd.core.snapshot import CPI, CpiSample
 from koordd.sensors import lifecycle, registry
 from koordd.sensors.contract import SensorContext, SensorUnavailable
 from koordd.sensors.cpi import CpiSensor
-from koordd.core.snapshot import CPI, CpiSample
 
 
 @pytest.fixture

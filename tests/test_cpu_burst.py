@@ -9,12 +9,12 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
-from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
-from koordd.core.decisions import REFUSED, DecisionLog
-from koordd.backends.cgroup import KNOBS
-from koordd.loops.cpu_burst import CpuBurst, share_pool
-from koordd.core.snapshot import CgroupSample, CpuTopology, NodeSample, Snapshot, Throttling
 from koordd.act.journal import RestoreJournal
+from koordd.backends.cgroup import KNOBS
+from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
+from koordd.core.decisions import DecisionLog, REFUSED
+from koordd.core.snapshot import CgroupSample, CpuTopology, NodeSample, Snapshot, Throttling
+from koordd.loops.cpu_burst import CpuBurst, share_pool
 
 LS = "ls.slice/app"
 BASE = "50000 100000"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from koordd.runtime.capabilities import PROBES
 from koordctl.cli import ago, main, table
+from koordd.runtime.capabilities import PROBES
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "config" / "koordd.toml"

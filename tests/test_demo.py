@@ -13,10 +13,10 @@ import pytest
 from fakecgroup import FakeCgroups
 
 from koordctl import demo
-from koordd.core.config import load_config
 from koordctl.cli import main
 from koordctl.demo import Stopped, koordd_config, signals_stop
 from koordctl.demo_cgroups import DemoCgroups
+from koordd.core.config import load_config
 from koordd.core.registry import load_registry
 
 

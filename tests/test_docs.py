@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from koordd.core.config import DAEMON_OPTIONS, METRICS_OPTIONS, loop_options
-from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
 from koordd.core.health import HEALTH_OPTIONS
-from koordd.runtime.docs import BEGIN, END, format_duration, reference_table, shipped_loops, toml_text, with_reference
 from koordd.core.options import Duration, Option, parse_duration
+from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
+from koordd.runtime.docs import BEGIN, END, format_duration, reference_table, shipped_loops, toml_text, with_reference
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()

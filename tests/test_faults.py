@@ -24,13 +24,13 @@ from fakecgroup import FakeCgroups
 from journaled import assert_every_change_journaled, knob_values
 from koordd.act import journal as state_mod
 from koordd.act.actuator import Actuator
-from koordd.kernel.cgroupfs import CgroupFS
-from koordd.core.config import parse_config
-from koordd.core.decisions import APPLIED, REFUSED, DecisionLog, read_decisions
-from koordd.core.loop import Action, Loop
-from koordd.runtime.runner import Runner
-from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
 from koordd.act.journal import Held, RestoreJournal, read_held
+from koordd.core.config import parse_config
+from koordd.core.decisions import APPLIED, DecisionLog, REFUSED, read_decisions
+from koordd.core.loop import Action, Loop
+from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
+from koordd.kernel.cgroupfs import CgroupFS
+from koordd.runtime.runner import Runner
 
 VICTIM, BYSTANDER = "be.slice/job", "ls.slice"
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from fuzzing import PROFILE, counted
-from koordd.core.config import CLASS_NAMES, DAEMON_OPTIONS, Config, ConfigError, load_config, loop_options, parse_config
+from koordd.core.config import CLASS_NAMES, Config, ConfigError, DAEMON_OPTIONS, load_config, loop_options, parse_config
 from koordd.core.health import HEALTH_OPTIONS
 from koordd.core.options import Duration
 from koordd.core.registry import load_registry

@@ -16,17 +16,19 @@ from fakecgroup import FakeCgroups
 from fakenetlink import Msg
 from fakeresctrl import FakeResctrl
 from fuzzing import ODD_NUMBERS, PROFILE, counted, kernel_text, text_from
-from koordd.kernel.avx import TaskStat, parse_arch_status, parse_cpuinfo, parse_stat, read_thread
-from koordd.core.backend import InvalidValue
-from koordd.core.cgroup import MAX_CPUS, parse_cpulist
 from koordd.backends.cgroup import KNOBS
-from koordd.core.cgroup import parse_cpu_max
-from koordd.kernel.netclass import tc_handle
+from koordd.core.backend import InvalidValue
+from koordd.core.cgroup import MAX_CPUS, parse_cpu_max, parse_cpulist
 from koordd.core.options import parse_duration
+from koordd.core.snapshot import CgroupSample, NodeSample, PressureStat, SchedExtStatus
+from koordd.core.units import parse_rate
+from koordd.kernel.avx import TaskStat, parse_arch_status, parse_cpuinfo, parse_stat, read_thread
+from koordd.kernel.netclass import tc_handle
+from koordd.kernel.netlink import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT, TC_ROOT_PARENT, htb_rates
 from koordd.kernel.perf import GroupReading, parse_group
 from koordd.kernel.resctrl import ResctrlError, cpu_vendor, parse_schemata, read_info
-from koordd.core.snapshot import SchedExtStatus
 from koordd.kernel.sched_ext import read_sched_ext
+from koordd.runtime.topfeed import MAX_INTERVAL, MIN_INTERVAL, TopRequest, parse_request
 from koordd.sensors.cgroup import CgroupSensor, flat_keyed
 from koordd.sensors.contract import SensorContext
 from koordd.sensors.gpu import parse_proc_cgroup
@@ -35,10 +37,6 @@ from koordd.sensors.node import NodeSensor, parse_meminfo, parse_proc_stat_cpu
 from koordd.sensors.psi import parse_psi
 from koordd.sensors.resctrl import ResctrlSensor
 from koordd.sensors.runq import SchedstatSource, read_schedstat
-from koordd.core.snapshot import CgroupSample, NodeSample, PressureStat
-from koordd.kernel.netlink import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT, TC_ROOT_PARENT, htb_rates
-from koordd.core.units import parse_rate
-from koordd.runtime.topfeed import MAX_INTERVAL, MIN_INTERVAL, TopRequest, parse_request
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

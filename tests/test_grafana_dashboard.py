@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from koordd.core.config import CLASS_NAMES
-from koordd.runtime.metrics import SERIES, Exporter
+from koordd.runtime.metrics import Exporter, SERIES
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "koordd-dashboard.json"
 TARGET_LABELS = {"instance", "job"}         # what Prometheus adds to every series it scrapes

@@ -8,13 +8,13 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
+from koordd.act.journal import RestoreJournal
 from koordd.core.config import loop_options, make_settings, parse_config
-from koordd.core.decisions import APPLIED, RESTORED, DecisionLog
-from koordd.core.interference import MIN_BASELINE, Detector, mean_sigma, pearson
+from koordd.core.decisions import APPLIED, DecisionLog, RESTORED
+from koordd.core.interference import Detector, MIN_BASELINE, mean_sigma, pearson
+from koordd.core.snapshot import CgroupSample, CpiSample, NodeSample, RUNQ_LATENCY, RunqLatency, Snapshot
 from koordd.loops.be_suppress import BeSuppress
 from koordd.runtime.runner import Runner
-from koordd.core.snapshot import RUNQ_LATENCY, CgroupSample, CpiSample, NodeSample, RunqLatency, Snapshot
-from koordd.act.journal import RestoreJournal
 
 
 def test_mean_sigma_and_pearson():

@@ -7,17 +7,17 @@ import pytest
 from fakecgroup import FakeCgroups
 from fakeresctrl import FakeResctrl
 from koordd.act.actuator import Actuator
+from koordd.act.journal import RestoreJournal
+from koordd.backends.cgroup import CgroupBackend
+from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
 from koordd.core.backend import Backends
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.core.decisions import APPLIED, DecisionLog
-from koordd.backends.cgroup import CgroupBackend
-from koordd.loops.llc_partition import LlcPartition
 from koordd.core.schemata import L3Info, MBInfo, ResctrlInfo
+from koordd.core.snapshot import CgroupSample, NodeSample, RESCTRL, RUNQ_LATENCY, RunqLatency, Snapshot
 from koordd.kernel.resctrl import read_info
-from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
+from koordd.loops.llc_partition import LlcPartition
 from koordd.sensors.resctrl import ResctrlSection, ResctrlSensor
-from koordd.core.snapshot import RESCTRL, RUNQ_LATENCY, CgroupSample, NodeSample, RunqLatency, Snapshot
-from koordd.act.journal import RestoreJournal
 
 INFO = ResctrlInfo(L3Info(0x7FF, 2, 8, 0, (0, 1)), MBInfo(10, 10, 8, (0, 1), "intel"), "intel")
 FILESYSTEMS = "nodev\tsysfs\nnodev\tcgroup2\nnodev\tresctrl\n"

@@ -16,17 +16,17 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from koordd.runtime.capabilities import Capability
-from koordd.core.config import METRICS_OPTIONS, ConfigError, make_settings, parse_config
+from koordd.act.journal import Held
+from koordd.core.config import ConfigError, METRICS_OPTIONS, make_settings, parse_config
 from koordd.core.histogram import merged
-from koordd.runtime.metrics import (HEALTH_STALE, SERIES, Exporter, MetricsServer, Published, RoundStats, families,
-    knob_number, label, selected)
 from koordd.core.reclaimable import Capacity, Reclaimable
 from koordd.core.registry import load_registry
-from koordd.runtime.runner import Runner
-from koordd.core.snapshot import (CPI, RUNQ_LATENCY, CgroupSample, CpiSample, NodeSample, Pressure, PressureStat,
+from koordd.core.snapshot import (CPI, CgroupSample, CpiSample, NodeSample, Pressure, PressureStat, RUNQ_LATENCY,
     RunqLatency, Snapshot, Throttling)
-from koordd.act.journal import Held
+from koordd.runtime.capabilities import Capability
+from koordd.runtime.metrics import (Exporter, HEALTH_STALE, MetricsServer, Published, RoundStats, SERIES, families,
+    knob_number, label, selected)
+from koordd.runtime.runner import Runner
 from metricsnode import free_port, get, run_koordd, wait_for
 
 REGISTRY = load_registry()

@@ -8,8 +8,8 @@ import struct
 import pytest
 
 from koordd.kernel import perf
-from koordd.kernel.perf import (CONTEXT_SWITCHES, CYCLES, GROUP_FORMAT, INSTRUCTIONS, TASK_CLOCK, CounterGroup,
-    GroupReading, PerfOpenError, explain, raw_event)
+from koordd.kernel.perf import (CONTEXT_SWITCHES, CYCLES, CounterGroup, GROUP_FORMAT, GroupReading, INSTRUCTIONS,
+    PerfOpenError, TASK_CLOCK, explain, raw_event)
 
 
 def test_attr_counts_user_and_kernel_from_the_start():

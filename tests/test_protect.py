@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fakecgroup import FakeCgroups
+from koordd.act.protect import EVICTING, THROTTLING, harm, process_cgroups
 from koordd.core.decisions import APPLIED, DRY_RUN, REFUSED
 from koordd.core.loop import Action
-from koordd.act.protect import EVICTING, THROTTLING, harm, process_cgroups
 from koordd.core.protected import PROTECTED_CLASSES, Protected
 from test_actuator import make_rig
 

@@ -8,15 +8,15 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
-from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
-from koordd.core.decisions import APPLIED, RESTORED, DecisionLog, read_decisions
+from koordd.act.journal import RestoreJournal
 from koordd.backends.cgroup import KNOBS
+from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
+from koordd.core.decisions import APPLIED, DecisionLog, RESTORED, read_decisions
 from koordd.core.loop import Action
-from koordd.sensors.collect import Sensors
+from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
 from koordd.loops.be_suppress import BeSuppress
 from koordd.loops.qos_baseline import QosBaseline, memory_target, parse_memory_value
-from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
-from koordd.act.journal import RestoreJournal
+from koordd.sensors.collect import Sensors
 
 GiB = 1 << 30
 V2 = frozenset(KNOBS)                                          # every knob

@@ -10,12 +10,12 @@ import pytest
 from fakecgroup import FakeCgroups
 from fakeresctrl import FakeResctrl
 from koordd.act.actuator import Actuator
-from koordd.core.backend import Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
-from koordd.core.decisions import APPLIED, REFUSED, RESTORED, DecisionLog
-from koordd.backends.cgroup import CgroupBackend
-from koordd.core.loop import Action
-from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
 from koordd.act.journal import RestoreJournal
+from koordd.backends.cgroup import CgroupBackend
+from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
+from koordd.core.backend import Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
+from koordd.core.decisions import APPLIED, DecisionLog, REFUSED, RESTORED
+from koordd.core.loop import Action
 
 FILESYSTEMS = "nodev\tsysfs\nnodev\tcgroup2\nnodev\tresctrl\n"
 CPUINFO = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 cat_l3 cdp_l3 mba rdt_a\n"

@@ -7,12 +7,12 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
+from koordd.act.journal import RestoreJournal
 from koordd.core.config import parse_config
 from koordd.core.decisions import DecisionLog
 from koordd.core.loop import Action, Loop
-from koordd.runtime.runner import MAX_BACKOFF, Runner
 from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
-from koordd.act.journal import RestoreJournal
+from koordd.runtime.runner import MAX_BACKOFF, Runner
 
 
 class Capper(Loop):

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from koordd.core.histogram import quantile_us
+from koordd.core.snapshot import RunqLatency
 from koordd.sensors import runq
 from koordd.sensors.contract import SensorContext, SensorUnavailable
-from koordd.core.histogram import quantile_us
-from koordd.sensors.runq import (EBPF, SCHEDSTAT, SLOTS, EbpfSource, RunqLatencySensor, SchedstatSource,
-                                 enclosing, summarize)
-from koordd.core.snapshot import RunqLatency
+from koordd.sensors.runq import (EBPF, EbpfSource, RunqLatencySensor, SCHEDSTAT, SLOTS, SchedstatSource, enclosing,
+    summarize)
 
 
 def slots(**counts) -> list[int]:

@@ -8,20 +8,19 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
+from koordd.act.journal import RestoreJournal
+from koordd.backends.cgroup import CgroupBackend
+from koordd.backends.threads import ThreadPolicyBackend
 from koordd.core.backend import Backends
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
-from koordd.core.decisions import REFUSED, DecisionLog
-from koordd.backends.cgroup import CgroupBackend
+from koordd.core.decisions import DecisionLog, REFUSED
+from koordd.core.snapshot import CgroupSample, NodeSample, SCHED_EXT, SchedExtStatus, Snapshot
+from koordd.kernel.sched_ext import read_sched_ext
 from koordd.loops.qos_baseline import QosBaseline
 from koordd.loops.sched_ext import SchedExt
 from koordd.runtime.runner import Runner
-from koordd.core.snapshot import SchedExtStatus
-from koordd.kernel.sched_ext import read_sched_ext
 from koordd.sensors.contract import SensorUnavailable
 from koordd.sensors.sched_ext import SchedExtSensor
-from koordd.core.snapshot import SCHED_EXT, CgroupSample, NodeSample, Snapshot
-from koordd.act.journal import RestoreJournal
-from koordd.backends.threads import ThreadPolicyBackend
 from test_threads import EXT, OTHER, FakeSched, put_threads
 
 ENABLED = {"state": "enabled", "root/ops": "flatcg_1.0.5_g1234_x86_64_unknown_linux_gnu", "enable_seq": "2",

@@ -10,15 +10,15 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
+from koordd.act.journal import RestoreJournal
+from koordd.backends.scx import OwnScheduler, SchedulerBackend, SchedulerClassBackend, TARGET
 from koordd.core.backend import Backends, TargetGone
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
-from koordd.core.decisions import APPLIED, REFUSED, RESTORED, DecisionLog
+from koordd.core.decisions import APPLIED, DecisionLog, REFUSED, RESTORED
 from koordd.core.health import DEFAULT_HEALTH
 from koordd.core.loop import Action
+from koordd.core.snapshot import CgroupSample, NodeSample, Pressure, PressureStat, SCHED_EXT, Snapshot
 from koordd.loops.sched_ext import SchedExt
-from koordd.backends.scx import TARGET, OwnScheduler, SchedulerBackend, SchedulerClassBackend
-from koordd.core.snapshot import SCHED_EXT, CgroupSample, NodeSample, Pressure, PressureStat, Snapshot
-from koordd.act.journal import RestoreJournal
 from test_scx import FakeScheduler, write_status
 
 

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from fakecgroup import FakeCgroups
-from koordd.kernel.cgroupfs import OutsideRoot
+from koordd.act.journal import Held
 from koordd.core.config import ConfigError, load_config
+from koordd.core.decisions import APPLIED, Decision, REFUSED
+from koordd.core.loop import Action
 from koordd.core.registry import load_registry
 from koordd.core.trust import SKIP_ENV, untrusted
-from koordd.core.decisions import APPLIED, REFUSED, Decision
-from koordd.core.loop import Action
-from koordd.act.journal import Held
+from koordd.kernel.cgroupfs import OutsideRoot
 from koordd.loops.memory_evict import MemoryEvict
 from test_actuator import make_rig, on_disk, records
 from test_memory_evict import cg, settings as evict_settings, snap

@@ -10,8 +10,8 @@ import pytest
 from fakecgroup import FakeCgroups
 import koordd.core.registry as entry_point_loader
 from koordd.core.config import parse_config
-from koordd.runtime.daemon import STATUS_FILE, Daemon
 from koordd.core.loop import Loop
+from koordd.runtime.daemon import Daemon, STATUS_FILE
 from koordd.sensors import lifecycle, registry
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 from koordd.sensors.cpi import CpiSensor

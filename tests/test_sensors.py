@@ -12,6 +12,7 @@ from koordd.core.cgroup import match_pattern
 from koordd.core.config import parse_config
 from koordd.core.health import DEFAULT_HEALTH
 from koordd.core.loop import Action, Loop
+from koordd.core.snapshot import CpuTopology, NodeSample, Pressure, PressureStat, Snapshot, Throttling
 from koordd.sensors import collect
 from koordd.sensors.cgroup import CgroupSensor, flat_keyed
 from koordd.sensors.collect import Sensors, find_classified
@@ -19,7 +20,6 @@ from koordd.sensors.contract import OptionalSensor
 from koordd.sensors.lifecycle import SensorManager
 from koordd.sensors.node import NodeSensor, parse_meminfo, parse_proc_stat_cpu
 from koordd.sensors.psi import parse_psi, with_growth
-from koordd.core.snapshot import CpuTopology, NodeSample, Pressure, PressureStat, Snapshot, Throttling
 
 JOB = "be.slice/job"
 

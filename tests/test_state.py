@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from koordd.act import journal as state_mod
 from koordctl.cli import main as koordctl
+from koordd.act import journal as state_mod
 from koordd.act.journal import Held, RestoreJournal, read_held
 
 

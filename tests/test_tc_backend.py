@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from fakenetlink import Msg
-from koordd.core.backend import InvalidValue
 from koordd.backends.tc import TcBackend
+from koordd.core.backend import InvalidValue
 from koordd.core.units import parse_rate
 
 

@@ -9,14 +9,14 @@ import time
 import pytest
 
 from fakecgroup import FakeCgroups, psi
-from koordd.core.config import parse_config
-from koordd.runtime.daemon import Daemon
-from koordd.core.loop import Loop
-from koordd.sensors.contract import OptionalSensor, SensorUnavailable
-from koordd.core.snapshot import CPI, RUNQ_LATENCY, CpiSample, RunqLatency
 from koordd.act.journal import Held
-from koordd.runtime.topfeed import (FRESH_AT_LEAST, REQUEST_FILE, TOP_FILE, VIEW_FIELDS, TopFeed, TopRequest,
+from koordd.core.config import parse_config
+from koordd.core.loop import Loop
+from koordd.core.snapshot import CPI, CpiSample, RUNQ_LATENCY, RunqLatency
+from koordd.runtime.daemon import Daemon
+from koordd.runtime.topfeed import (FRESH_AT_LEAST, REQUEST_FILE, TOP_FILE, TopFeed, TopRequest, VIEW_FIELDS,
     parse_request, write_request)
+from koordd.sensors.contract import OptionalSensor, SensorUnavailable
 
 CALLS: list[str] = []       # what the fake sensors were asked, in order ("start runq_latency", ...)
 

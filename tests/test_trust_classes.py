@@ -19,23 +19,23 @@ import yaml
 from fakecgroup import LAYOUTS, FakeCgroups
 from fakeresctrl import FakeResctrl
 from koordd.act.actuator import Actuator
+from koordd.act.journal import RestoreJournal
+from koordd.backends.cgroup import CgroupBackend
+from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
 from koordd.core.backend import Backends
 from koordd.core.config import can_hold, loop_options, make_settings, parse_config
-from koordd.core.decisions import APPLIED, REFUSED, DecisionLog
-from koordd.backends.cgroup import CgroupBackend
+from koordd.core.decisions import APPLIED, DecisionLog, REFUSED
 from koordd.core.loop import Action, Loop
+from koordd.core.protected import Protected
+from koordd.core.reclaimable import RECLAIMABLE_OPTIONS, ReclaimableState, observe
+from koordd.core.registry import load_registry
+from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot, own_usage
+from koordd.core.trust import SKIP_ENV
 from koordd.loops.be_suppress import BeSuppress
 from koordd.loops.memory_evict import MemoryEvict
-from koordd.core.protected import Protected
-from koordd.core.registry import load_registry
-from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
-from koordd.core.reclaimable import RECLAIMABLE_OPTIONS, ReclaimableState, observe
 from koordd.runtime.runner import Runner, class_of
-from koordd.sensors.collect import Sensors, find_classified
-from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot, own_usage
-from koordd.act.journal import RestoreJournal
 from koordd.runtime.topfeed import TopRequest, document
-from koordd.core.trust import SKIP_ENV
+from koordd.sensors.collect import Sensors, find_classified
 from test_metrics import published, samples
 
 MiB = 1 << 20

@@ -15,13 +15,13 @@ import time
 import pytest
 
 from koordd.act import owner
+from koordd.act.journal import Held, RestoreJournal
+from koordd.act.owner import HostOwned, OwnerLock, UntrustedLock, current_holder
 from koordd.core.config import load_config
+from koordd.core.registry import load_registry
+from koordd.core.trust import SKIP_ENV, untrusted
 from koordd.runtime.daemon import Daemon
 from koordd.runtime.notify import StopExtender
-from koordd.act.owner import HostOwned, OwnerLock, UntrustedLock, current_holder
-from koordd.core.registry import load_registry
-from koordd.act.journal import Held, RestoreJournal
-from koordd.core.trust import SKIP_ENV, untrusted
 from test_daemon import CONFIG, Node, NotifySocket, wait_for
 
 REGISTRY = load_registry()

@@ -23,10 +23,10 @@ from hypothesis import example, given, settings, strategies as st
 from fakecgroup import FakeCgroups
 from fuzzing import EXAMPLES, PROFILE, counted
 from koordd.act.actuator import Actuator
-from koordd.kernel.cgroupfs import CgroupFS
-from koordd.core.decisions import LEFT, DecisionLog, read_decisions
-from koordd.core.loop import Action, restore
 from koordd.act.journal import RestoreJournal
+from koordd.core.decisions import DecisionLog, LEFT, read_decisions
+from koordd.core.loop import Action, restore
+from koordd.kernel.cgroupfs import CgroupFS
 
 # Few targets, knobs and values: the interesting cases are collisions (someone else on a knob koordd holds).
 TARGETS = ("be.slice", "be.slice/a", "be.slice/a/x")

@@ -11,20 +11,19 @@ import re
 
 import pytest
 
-from koordd.core.backend import InvalidValue
-from koordd.core.config import DAEMON_OPTIONS, METRICS_OPTIONS, ConfigError, loop_options, make_settings, parse_config
-from koordd.core.health import HEALTH_OPTIONS
 from koordd.backends.cgroup import KNOBS
+from koordd.core.backend import InvalidValue
+from koordd.core.config import ConfigError, DAEMON_OPTIONS, METRICS_OPTIONS, loop_options, make_settings, parse_config
+from koordd.core.health import HEALTH_OPTIONS
 from koordd.core.options import Duration, Option
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
 from koordd.core.registry import load_registry
 from koordd.core.schemata import L3Info, MBInfo, ResctrlInfo
-from koordd.core.snapshot import SchedExtStatus
+from koordd.core.snapshot import (AVX, CPI, CgroupSample, CpiSample, CpuTopology, NET, NodeSample, Pressure,
+    PressureStat, RESCTRL, RUNQ_LATENCY, RunqLatency, SCHED_EXT, SchedExtStatus, Snapshot, Throttling)
 from koordd.sensors.avx import AvxSection, AvxUse
 from koordd.sensors.net import NetSample
 from koordd.sensors.resctrl import ResctrlSection
-from koordd.core.snapshot import (AVX, CPI, NET, RESCTRL, RUNQ_LATENCY, SCHED_EXT, CgroupSample, CpiSample,
-    CpuTopology, NodeSample, Pressure, PressureStat, RunqLatency, Snapshot, Throttling)
 
 NUMBER_TYPES = (int, float, Duration)
 REGISTRY = load_registry()

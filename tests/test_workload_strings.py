@@ -17,15 +17,15 @@ from hypothesis import given, strategies as st
 
 from fakecgroup import FakeCgroups
 from fuzzing import PROFILE, counted
-from koordd.kernel.avx import TaskStat, parse_stat
+from koordctl.cli import main as koordctl
+from koordctl.top import render
+from koordd.act.journal import Held, RestoreJournal, read_held
 from koordd.core.cgroup import match_pattern
 from koordd.core.config import parse_config
-from koordctl.cli import main as koordctl
 from koordd.core.decisions import APPLIED, Decision, DecisionLog, read_decisions
 from koordd.core.printable import printable
+from koordd.kernel.avx import TaskStat, parse_stat
 from koordd.sensors.collect import find_classified
-from koordd.act.journal import Held, RestoreJournal, read_held
-from koordctl.top import render
 
 # Each a single path component, as a workload could name its cgroup (anything but "/" and NUL).
 NAMES = (

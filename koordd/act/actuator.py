@@ -16,20 +16,20 @@ import logging
 import time
 from typing import Callable, Iterable, Mapping, TypeVar
 
-from koordd.core.backend import Backend, Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
-from koordd.kernel.cgroupfs import CgroupFS, OutsideRoot
-from koordd.core.decisions import APPLIED, DRY_RUN, LEFT, REFUSED, RESTORED, Decision, DecisionLog
-from koordd.backends.cgroup import CgroupBackend
-from koordd.core.kubelet import KubeletRule
-from koordd.core.loop import Action
-from koordd.act.protect import EVICTING, harm
-from koordd.core.protected import Protected
 from koordd.act.journal import Held, RestoreJournal
+from koordd.act.protect import EVICTING, harm
+from koordd.backends.cgroup import CgroupBackend
 from koordd.backends.netclass import ClassifierBackend, NetClassBackend, process_classifier
 from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
 from koordd.backends.scx import scheduler_backends
 from koordd.backends.tc import TcBackend
 from koordd.backends.threads import ThreadPolicyBackend
+from koordd.core.backend import Backend, Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
+from koordd.core.decisions import APPLIED, DRY_RUN, Decision, DecisionLog, LEFT, REFUSED, RESTORED
+from koordd.core.kubelet import KubeletRule
+from koordd.core.loop import Action
+from koordd.core.protected import Protected
+from koordd.kernel.cgroupfs import CgroupFS, OutsideRoot
 
 log = logging.getLogger("koordd.actuator")     # its name before the move: log lines unchanged
 

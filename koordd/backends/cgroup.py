@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from koordd.core.backend import Backend, InvalidValue, Unsupported
-from koordd.core.cgroup import (CFS_PERIOD_RANGE, CFS_QUOTA_MIN, format_cpu_max, format_cpulist, parent_of, parse_cpu_max,
-    parse_cpulist, parse_int)
+from koordd.core.cgroup import (CFS_PERIOD_RANGE, CFS_QUOTA_MIN, format_cpu_max, format_cpulist, parent_of,
+    parse_cpu_max, parse_cpulist, parse_int)
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone
 from koordd.kernel.v1_kill import kill_v1
 

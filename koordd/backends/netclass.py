@@ -32,12 +32,12 @@ import importlib.util
 import os
 from pathlib import Path
 
+from koordd.backends.threads import cgroup_threads
 from koordd.core.backend import Backend, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
-from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, Layout, thread_ids
 from koordd.core.cgroup import parent_of
+from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, Layout, thread_ids
 from koordd.kernel.netclass import ClassifierError, DeviceGone, EgressClassifier
 from koordd.kernel.netlink import BE_CLASS, LS_CLASS
-from koordd.backends.threads import cgroup_threads
 
 NET_CLASSES = {"ls": LS_CLASS, "be": BE_CLASS}
 _NAMES = {v: k for k, v in NET_CLASSES.items()}

@@ -29,12 +29,12 @@ import errno
 import re
 from pathlib import Path
 
+from koordd.backends.threads import cgroup_threads
 from koordd.core.backend import Backend, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
-from koordd.kernel.cgroupfs import CgroupFS, thread_ids
-from koordd.kernel.resctrl import DEFAULT_MOUNT, ResctrlError, ResctrlFS, cpu_vendor, parse_schemata, read_info, refused
 from koordd.core.schemata import ResctrlInfo
 from koordd.core.targets import RESCTRL_TARGET
-from koordd.backends.threads import cgroup_threads
+from koordd.kernel.cgroupfs import CgroupFS, thread_ids
+from koordd.kernel.resctrl import DEFAULT_MOUNT, ResctrlError, ResctrlFS, cpu_vendor, parse_schemata, read_info, refused
 
 DEFAULT_GROUP = "default"           # the root group, as a value of resctrl_group
 MOUNT_TARGET = RESCTRL_TARGET       # the target of resctrl.mount: the filesystem at the backend's mount point

@@ -23,7 +23,7 @@ from koordd.core.backend import Backend, InvalidValue, KnobSpec, TargetGone, Uns
 from koordd.core.targets import SCX_TARGET
 from koordd.kernel.cgroupfs import CgroupFS
 from koordd.kernel.sched_ext import missing_reason, read_sched_ext
-from koordd.kernel.scx import (CLASS_VALUES, OBJECT, OPS_NAME, Scheduler, ScxError, load_libbpf, cgroup_id, switch_to,
+from koordd.kernel.scx import (CLASS_VALUES, OBJECT, OPS_NAME, Scheduler, ScxError, cgroup_id, load_libbpf, switch_to,
     wait_state)
 
 log = logging.getLogger("koordd.scx_backend")     # its name before the move: log lines unchanged

@@ -32,8 +32,8 @@ import re
 
 from koordd.core.backend import Backend, InvalidValue, KnobSpec, TargetGone, Unsupported
 from koordd.core.units import parse_rate
-from koordd.kernel.netlink import (BE_CLASS, EDT_ROOT, EDT_ROOT_KINDS, KOORDD_CLASSES, LINK, LS_CLASS, OTHER_CLASS, ROOT,
-    TC_ROOT_PARENT, burst_bytes, device_index, device_links, htb_rates, kernel_has_qdisc)
+from koordd.kernel.netlink import (BE_CLASS, EDT_ROOT, EDT_ROOT_KINDS, KOORDD_CLASSES, LINK, LS_CLASS, OTHER_CLASS,
+    ROOT, TC_ROOT_PARENT, burst_bytes, device_index, device_links, htb_rates, kernel_has_qdisc)
 
 PARTIAL = "partial htb"             # koordd's HTB tree, some of its classes not made yet (a kill mid-build)
 BE_GUARANTEE = 0.01                 # of the link: BE's rate, what it gets even when LS wants it all

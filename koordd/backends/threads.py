@@ -28,8 +28,8 @@ import errno
 import os
 
 from koordd.core.backend import Backend, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
-from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, thread_ids
 from koordd.core.cgroup import parent_of
+from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, thread_ids
 from koordd.kernel.sched_ext import has_sched_ext, missing_reason
 
 SCHED_EXT = 7       # include/uapi/linux/sched.h; Python's os module has no name for it

@@ -24,7 +24,8 @@ else:  # pragma: no cover - the declared minimum is 3.11; tomli is the same pars
     import tomli as tomllib
 
 from koordd.core.cgroup import match_pattern, normalize_cgroup
-from koordd.core.health import HEALTH_OPTIONS, LATENCY_SENSITIVE, HealthTargets
+from koordd.core.classes import CLASS_NAMES, WORKLOAD_CLASSES
+from koordd.core.health import HEALTH_OPTIONS, HealthTargets, LATENCY_SENSITIVE
 from koordd.core.kubelet import KUBELET_OPTIONS
 from koordd.core.listen import is_loopback, parse_listen
 from koordd.core.loop import NODE
@@ -33,7 +34,6 @@ from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
 from koordd.core.trust import untrusted
 
 DEFAULT_PATH = Path("/etc/koordd/koordd.toml")
-CLASS_NAMES = ("SYSTEM", "LSE", "LSR", "LS", "BE")
 TOP_LEVEL = ("daemon", "classes", "loops", "metrics", "reclaimable")
 
 DAEMON_OPTIONS: tuple[Option, ...] = (
@@ -56,7 +56,7 @@ METRICS_OPTIONS: tuple[Option, ...] = (
     Option("max_cgroups", int, 100, "per-cgroup series for at most this many cgroups (class roots first, then "
                                     "by path), and as many held knobs; the rest are counted, not shown", min=0,
            max=100_000),
-    ClassList("cgroup_classes", tuple, ("LSE", "LSR", "LS", "BE"), "classes whose cgroups (roots and the pods "
+    ClassList("cgroup_classes", tuple, WORKLOAD_CLASSES, "classes whose cgroups (roots and the pods "
               "a loop reads) get per-cgroup series", choices=CLASS_NAMES),
     PatternList("cgroup_patterns", tuple, (), "cgroups (globs per path component) that get per-cgroup series "
                                               "whatever their class, with the cgroups below them"),

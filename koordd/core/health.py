@@ -11,10 +11,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from koordd.core.classes import LATENCY_SENSITIVE
 from koordd.core.histogram import merged, quantile_us
 from koordd.core.options import Duration, Option
 
-LATENCY_SENSITIVE = ("LSE", "LSR", "LS")
 
 HEALTH_OPTIONS = (
     Option("runq_p99", Duration, Duration(0.002), "run-queue latency p99 (eBPF sensor): how long the class's "

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from koordd.core.classes import PROTECTED_CLASSES
 
-PROTECTED_CLASSES = frozenset({"SYSTEM", "LSE", "LSR", "LS"})
+
 
 
 def _ancestry(cgroup: str) -> list[str]:

@@ -48,14 +48,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from koordd.core.avx import (AVX256, AVX512, DEFAULT_MHZ, LEVELS, SCALAR, FrequencyModel, VectorUse,
+from koordd.core.avx import (AVX256, AVX512, DEFAULT_MHZ, FrequencyModel, LEVELS, SCALAR, VectorUse,
     compensated_weight, with_siblings)
 from koordd.core.cgroup import format_cpulist, match_pattern
+from koordd.core.classes import WORKLOAD_CLASSES
 from koordd.core.loop import Action, Loop, restore
 from koordd.core.options import ClassList, Duration, Option, PatternList
 from koordd.core.snapshot import AVX, CgroupSample, Snapshot
 
-CLASSES = ("LSE", "LSR", "LS", "BE")
+CLASSES = WORKLOAD_CLASSES
 DECLARED_BUSY = 0.1                     # cores: a declared AVX cgroup using less is taken as idle
 DECLARED_LEVELS = {"avx512": AVX512, "avx2": AVX256}
 LEVEL_NAMES = {AVX512: "AVX-512", AVX256: "AVX2"}

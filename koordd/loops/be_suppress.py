@@ -63,21 +63,20 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from koordd.core.cgroup import MAX_CPUS, format_cpulist, parse_cpulist
+from koordd.core.cgroup import CFS_QUOTA_MIN, MAX_CPUS, format_cpu_max, format_cpulist, parse_cpu_max, parse_cpulist
+from koordd.core.classes import NON_BE
 from koordd.core.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_slack
 from koordd.core.interference import Detector
-from koordd.core.cgroup import CFS_QUOTA_MIN, format_cpu_max, parse_cpu_max
 from koordd.core.loop import Action, Loop, restore
 from koordd.core.options import Duration, Option
 from koordd.core.protected import Protected
-from koordd.core.snapshot import CPI, RUNQ_LATENCY, CgroupSample, CpuTopology, Snapshot, own_usage
+from koordd.core.snapshot import CPI, CgroupSample, CpuTopology, RUNQ_LATENCY, Snapshot, own_usage
 
 MIN_QUOTA_US = 2000          # koordlet's floor: BE keeps a trickle so it can still make progress
 MIN_CPUSET_CPUS = 2
 GROW_FRACTION = 0.10         # of the node, per tick
 SKIP_FRACTION = 0.01         # of the node: smaller quota changes are noise
 DEFAULT_PERIOD_US = 100_000
-NON_BE = ("SYSTEM", "LSE", "LSR", "LS")
 MIN_CORRELATION = 0.3        # a suspect's CPU use must follow the victim's signal at least this well
 SIGNAL_SECTIONS = {"runq": RUNQ_LATENCY, "cpi": CPI}
 

@@ -44,9 +44,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from koordd.core.cgroup import parse_cpulist
 from koordd.core.backend import InvalidValue
-from koordd.core.cgroup import format_cpu_max, parse_cpu_max
+from koordd.core.cgroup import format_cpu_max, parse_cpu_max, parse_cpulist
+from koordd.core.classes import RESERVED_CPUS
 from koordd.core.loop import Action, Loop, restore
 from koordd.core.options import Duration, Option
 from koordd.core.snapshot import CgroupSample, Snapshot, own_usage
@@ -56,7 +56,6 @@ SCALE_DOWN = 0.8
 COOLING_FRACTION = 0.9       # of the overload threshold
 SPEND_ABOVE = 1.0            # of base: usage above it spends tokens
 EARN_BELOW = 0.6             # of base: usage below it earns tokens
-RESERVED = ("LSE", "LSR")
 
 OVERLOAD, COOLING, IDLE, UNKNOWN = "overload", "cooling", "idle", "unknown"
 
@@ -134,7 +133,7 @@ def share_pool(snapshot: Snapshot, settings) -> Pool:
     """State of the shared CPU pool (node minus LSE/LSR cores) from this tick's usage."""
     node = snapshot.node
     cpus = frozenset(t.cpu for t in node.topology) or frozenset(range(node.cpu_count))
-    reserved_cgroups = snapshot.of_class(*RESERVED)
+    reserved_cgroups = snapshot.of_class(*RESERVED_CPUS)
     reserved: set[int] = set()
     for cg in reserved_cgroups:
         try:

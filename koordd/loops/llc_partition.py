@@ -39,14 +39,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from koordd.core.classes import WORKLOAD_CLASSES
 from koordd.core.health import RunqWindow, ls_signals, worst_slack
-from koordd.core.loop import NODE, Action, Loop, restore
+from koordd.core.loop import Action, Loop, NODE, restore
 from koordd.core.options import ClassList, Duration, Option
 from koordd.core.schemata import L3Info, l3_line, l3_ways, mb_line, mb_value, ways_mask
-from koordd.core.targets import RESCTRL_TARGET as MOUNT_TARGET
 from koordd.core.snapshot import RESCTRL, RUNQ_LATENCY, Snapshot
+from koordd.core.targets import RESCTRL_TARGET as MOUNT_TARGET
 
-CLASSES = ("LSE", "LSR", "LS", "BE")
+CLASSES = WORKLOAD_CLASSES
 GROUP_PREFIX = "koordd-"
 GROW_AT, HOLD_AT = 0.10, 0.05         # Heracles: grow BE at 10% slack or more, take back under 5%
 

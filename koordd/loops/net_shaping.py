@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from koordd.core.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_slack
-from koordd.core.loop import NODE, Action, Loop, restore
+from koordd.core.loop import Action, Loop, NODE, restore
 from koordd.core.options import Option
 from koordd.core.snapshot import NET, RUNQ_LATENCY, Snapshot
 from koordd.core.units import parse_rate

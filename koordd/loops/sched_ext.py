@@ -40,14 +40,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from koordd.core.classes import WORKLOAD_CLASSES
 from koordd.core.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_slack
-from koordd.core.loop import NODE, Action, Loop, restore
+from koordd.core.loop import Action, Loop, NODE, restore
 from koordd.core.options import ClassList, Duration, Option
-from koordd.core.snapshot import SchedExtStatus
+from koordd.core.snapshot import RUNQ_LATENCY, SCHED_EXT, SchedExtStatus, Snapshot
 from koordd.core.targets import SCX_TARGET as TARGET
-from koordd.core.snapshot import RUNQ_LATENCY, SCHED_EXT, Snapshot
 
-CLASSES = ("LSE", "LSR", "LS", "BE")
+CLASSES = WORKLOAD_CLASSES
 
 
 @dataclass

@@ -17,13 +17,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable, Collection
 
+from koordd.backends.cgroup import KNOBS, kernel_lacks, unsupported_knobs
 from koordd.kernel import perf
 from koordd.kernel.cgroupfs import CgroupFS, Layout, LayoutError, detect_layout
-from koordd.backends.cgroup import KNOBS, kernel_lacks, unsupported_knobs
+from koordd.kernel.netlink import kernel_has_qdisc
 from koordd.kernel.sched_ext import missing_reason, read_sched_ext
 from koordd.sensors.lifecycle import start_sensor, stop_sensor
 from koordd.sensors.registry import load_sensor_registry
-from koordd.kernel.netlink import kernel_has_qdisc
 
 
 @dataclass(frozen=True)

@@ -14,31 +14,30 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from koordd.runtime import notify
 from koordd.act.actuator import Actuator, builtin_backends
-from koordd.runtime.capabilities import probe_all
-from koordd.kernel.cgroupfs import DEFAULT_ROOT, CgroupFS, LayoutError, detect_layout, on_cgroupfs
-from koordd.core.config import DEFAULT_PATH, Config, ConfigError, load_config
-from koordd.runtime.configwatch import ConfigWatcher
-from koordd.core.registry import load_backends
-from koordd.backends.cgroup import KNOBS, kernel_lacks
-from koordd.core.kubelet import KubeletRule
-from koordd.core.decisions import DecisionLog, journal_sender
+from koordd.act.journal import Held, JournalUnreadable, RestoreJournal, note_move, write_atomic
 from koordd.act.owner import HostOwned, OwnerLock, UntrustedLock, current_holder, lock_path
-from koordd.core.printable import PrintableFormatter
 from koordd.act.protect import process_cgroups
+from koordd.backends.cgroup import KNOBS, kernel_lacks
+from koordd.core.config import Config, ConfigError, DEFAULT_PATH, load_config
+from koordd.core.decisions import DecisionLog, journal_sender
+from koordd.core.kubelet import KubeletRule
+from koordd.core.printable import PrintableFormatter
 from koordd.core.reclaimable import (FIELDS as RECLAIMABLE_FIELDS, Reclaimable, ReclaimableState,
     observe as observe_reclaimable)
-from koordd.core.registry import load_registry
+from koordd.core.registry import load_backends, load_registry
+from koordd.core.snapshot import Snapshot
+from koordd.core.trust import untrusted_state_dir
+from koordd.kernel.cgroupfs import CgroupFS, DEFAULT_ROOT, LayoutError, detect_layout, on_cgroupfs
+from koordd.runtime import notify
+from koordd.runtime.capabilities import probe_all
+from koordd.runtime.configwatch import ConfigWatcher
 from koordd.runtime.runner import Runner, Timing
+from koordd.runtime.topfeed import REQUEST_FILE, TOP_FILE, TopFeed, document
+from koordd.runtime.wakeup import Wakeup
 from koordd.sensors.collect import Sensors
 from koordd.sensors.lifecycle import SensorManager
 from koordd.sensors.registry import load_sensor_registry
-from koordd.core.snapshot import Snapshot
-from koordd.act.journal import Held, JournalUnreadable, RestoreJournal, note_move, write_atomic
-from koordd.runtime.topfeed import REQUEST_FILE, TOP_FILE, TopFeed, document
-from koordd.core.trust import untrusted_state_dir
-from koordd.runtime.wakeup import Wakeup
 
 log = logging.getLogger("koordd")
 RELOAD_DEBOUNCE = 0.5        # editors write a file in several steps: reload once they are done

@@ -25,15 +25,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 
-from koordd.runtime.capabilities import Capability
-from koordd.core.cgroup import parse_cpulist, pattern_rank
-from koordd.runtime.endpoint import HttpServer
-from koordd.core.histogram import merged, quantile_us
+from koordd.act.journal import Held
 from koordd.backends.cgroup import KNOBS
+from koordd.core.cgroup import parse_cpulist, pattern_rank
+from koordd.core.histogram import merged, quantile_us
 from koordd.core.listen import parse_listen
 from koordd.core.reclaimable import Reclaimable, cpu_given
-from koordd.core.snapshot import CPI, RUNQ_LATENCY, CgroupSample, PressureStat, Snapshot, own_usage
-from koordd.act.journal import Held
+from koordd.core.snapshot import CPI, CgroupSample, PressureStat, RUNQ_LATENCY, Snapshot, own_usage
+from koordd.runtime.capabilities import Capability
+from koordd.runtime.endpoint import HttpServer
 
 log = logging.getLogger("koordd.metrics")     # its name before the move: log lines unchanged
 

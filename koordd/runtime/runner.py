@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Collection, Mapping
 
 from koordd.act.actuator import Actuator
+from koordd.act.journal import Held
+from koordd.act.protect import standing_harm
 from koordd.core.config import Config, Settings
 from koordd.core.loop import Action, Loop
 from koordd.core.protected import Protected
-from koordd.act.protect import standing_harm
 from koordd.core.snapshot import CGROUP_FIELDS, Snapshot
-from koordd.act.journal import Held
 
 log = logging.getLogger("koordd.runner")     # its name before the move: log lines unchanged
 MAX_BACKOFF = 60.0

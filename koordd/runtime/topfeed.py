@@ -23,11 +23,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterable, Mapping
 
+from koordd.act.journal import Held, write_atomic
 from koordd.core.config import CLASS_NAMES
+from koordd.core.snapshot import CPI, CgroupSample, CpiSample, PressureStat, RUNQ_LATENCY, RunqLatency, Snapshot
 from koordd.runtime.runner import COALESCE, class_of
 from koordd.sensors.lifecycle import VIEW_USER
-from koordd.core.snapshot import CPI, RUNQ_LATENCY, CgroupSample, CpiSample, PressureStat, RunqLatency, Snapshot
-from koordd.act.journal import Held, write_atomic
 
 log = logging.getLogger("koordd.topfeed")     # its name before the move: log lines unchanged
 REQUEST_FILE = "top.request"

@@ -32,14 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from koordd.kernel.avx import (LICENCE_EVENTS, LVL1_TURBO_LICENSE, LVL2_TURBO_LICENSE, ThreadAvx,
-    licence_events_missing, parse_arch_status, parse_cpuinfo, read_thread)
+from koordd.backends.threads import cgroup_threads
 from koordd.core.avx import LICENCE_SHARE, Licence, licence_of, recent
 from koordd.core.backend import TargetGone
-from koordd.kernel.cgroupfs import DEFAULT_ROOT, CgroupFS, LayoutError, detect_layout
-from koordd.kernel.perf import CYCLES, CounterGroup
 from koordd.core.snapshot import AVX
-from koordd.backends.threads import cgroup_threads
+from koordd.kernel.avx import (LICENCE_EVENTS, LVL1_TURBO_LICENSE, LVL2_TURBO_LICENSE, ThreadAvx,
+    licence_events_missing, parse_arch_status, parse_cpuinfo, read_thread)
+from koordd.kernel.cgroupfs import CgroupFS, DEFAULT_ROOT, LayoutError, detect_layout
+from koordd.kernel.perf import CYCLES, CounterGroup
 from koordd.sensors.cgroup_counters import CgroupCounters, Counts, OpenGroup, start_counters
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 

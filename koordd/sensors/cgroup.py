@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from koordd.kernel.cgroupfs import CgroupFS, CgroupGone
 from koordd.backends.cgroup import KNOBS
 from koordd.core.snapshot import CGROUP_FIELDS, CgroupSample, PressureStat, Throttling
+from koordd.kernel.cgroupfs import CgroupFS, CgroupGone
 from koordd.sensors.psi import parse_psi, with_growth
 
 log = logging.getLogger("koordd.sensors")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 from koordd.kernel.cgroupfs import LayoutError, detect_layout
-from koordd.kernel.perf import (CONTEXT_SWITCHES, TASK_CLOCK, CounterGroup, Event, GroupReading, explain, online_cpus,
+from koordd.kernel.perf import (CONTEXT_SWITCHES, CounterGroup, Event, GroupReading, TASK_CLOCK, explain, online_cpus,
     probe_cgroup_mode)
 from koordd.sensors.contract import SensorUnavailable
 

@@ -6,10 +6,10 @@ import time
 from dataclasses import replace
 from typing import Callable, Iterable, Mapping, Sequence
 
-from koordd.kernel.cgroupfs import CgroupFS
-from koordd.core.health import HealthTargets
 from koordd.backends.cgroup import KNOBS, unsupported_knobs
+from koordd.core.health import HealthTargets
 from koordd.core.snapshot import CGROUP_FIELDS, Snapshot
+from koordd.kernel.cgroupfs import CgroupFS
 from koordd.sensors.cgroup import CgroupSensor
 from koordd.sensors.contract import SensorContext
 from koordd.sensors.lifecycle import SensorManager

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from koordd.kernel.cgroupfs import DEFAULT_ROOT
-from koordd.kernel.perf import CYCLES, INSTRUCTIONS, CounterGroup
 from koordd.core.snapshot import CPI, CpiSample
+from koordd.kernel.cgroupfs import DEFAULT_ROOT
+from koordd.kernel.perf import CYCLES, CounterGroup, INSTRUCTIONS
 from koordd.sensors.cgroup_counters import CgroupCounters, OpenGroup, start_counters
 from koordd.sensors.contract import OptionalSensor, SensorContext
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from koordd.kernel.resctrl import DEFAULT_MOUNT, ResctrlError, ResctrlFS, cpu_vendor, parse_schemata, read_info
-from koordd.core.schemata import ResctrlInfo
 from koordd.backends.resctrl import RESERVED, cpu_support
+from koordd.core.schemata import ResctrlInfo
 from koordd.core.snapshot import RESCTRL
+from koordd.kernel.resctrl import DEFAULT_MOUNT, ResctrlError, ResctrlFS, cpu_vendor, parse_schemata, read_info
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 

@@ -20,9 +20,9 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from koordd.kernel.cgroupfs import DEFAULT_ROOT, Layout, LayoutError, detect_layout, thread_ids
 from koordd.core.histogram import quantile_us, slot_upper_us
 from koordd.core.snapshot import RUNQ_LATENCY, RunqLatency
+from koordd.kernel.cgroupfs import DEFAULT_ROOT, Layout, LayoutError, detect_layout, thread_ids
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 log = logging.getLogger(__name__)

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from koordd.core.snapshot import SchedExtStatus
+from koordd.core.snapshot import SCHED_EXT, SchedExtStatus
 from koordd.kernel.sched_ext import has_sched_ext, missing_reason, read_sched_ext
-from koordd.core.snapshot import SCHED_EXT
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 

@@ -4,8 +4,8 @@ the detected layout, so `cpu.weight` lands in v1 `cpu.shares` on hybrid hosts an
 """
 from __future__ import annotations
 
-from koordd.kernel.cgroupfs import CgroupFS
 from koordd.backends.cgroup import KNOBS, validate
+from koordd.kernel.cgroupfs import CgroupFS
 
 
 def read_knobs(fs: CgroupFS, cgroup: str, names: list[str]) -> dict[str, str]:

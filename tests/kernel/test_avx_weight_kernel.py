@@ -20,19 +20,19 @@ import time
 import pytest
 
 from koordd.act.actuator import Actuator
+from koordd.act.journal import RestoreJournal
+from koordd.backends.cgroup import CgroupBackend, KNOBS, weight_to_shares
 from koordd.core.avx import compensated_weight
 from koordd.core.backend import Backends
-from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 from koordd.core.config import parse_config
 from koordd.core.decisions import APPLIED, DecisionLog, read_decisions
-from koordd.backends.cgroup import KNOBS, CgroupBackend, weight_to_shares
+from koordd.core.snapshot import AVX, NodeSample, Snapshot
+from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 from koordd.loops.avx_weight import AvxWeight
 from koordd.runtime.runner import Runner
 from koordd.sensors.avx import AvxSection, AvxSensor, AvxUse
 from koordd.sensors.cgroup import CgroupSensor
 from koordd.sensors.contract import SensorContext, SensorUnavailable
-from koordd.core.snapshot import AVX, NodeSample, Snapshot
-from koordd.act.journal import RestoreJournal
 
 from .conftest import CGROUP_ROOT, wait_for
 

@@ -37,11 +37,11 @@ from pathlib import Path
 
 import pytest
 
+from koordd.act.journal import read_held
+from koordd.backends.cgroup import CgroupBackend, KNOBS
+from koordd.backends.threads import ThreadPolicyBackend
 from koordd.core.backend import TargetGone, Unsupported
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
-from koordd.backends.cgroup import KNOBS, CgroupBackend
-from koordd.act.journal import read_held
-from koordd.backends.threads import ThreadPolicyBackend
 
 from .conftest import CGROUP_ROOT, CgroupEnv, Koordd, created, detect_host, stop_all, wait_for
 from .test_cpu_burst_kernel import set_quota

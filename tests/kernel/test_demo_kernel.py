@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from koordd.kernel.cgroupfs import detect_layout
 from koordctl.demo_cgroups import hierarchy_roots
+from koordd.kernel.cgroupfs import detect_layout
 
 from .conftest import CGROUP_ROOT, detect_host, wait_for
 

@@ -22,19 +22,19 @@ import time
 import pytest
 
 from koordd.act.actuator import Actuator
+from koordd.act.journal import RestoreJournal
+from koordd.backends.netclass import ClassifierBackend, NetClassBackend
+from koordd.backends.tc import TcBackend
 from koordd.core.backend import Backends
-from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 from koordd.core.config import loop_options, make_settings
 from koordd.core.decisions import DecisionLog
+from koordd.core.snapshot import CgroupSample, NET, NodeSample, Snapshot
+from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 from koordd.kernel.netclass import FILTER_PRIO
-from koordd.backends.netclass import ClassifierBackend, NetClassBackend
+from koordd.kernel.netlink import kernel_has_qdisc
 from koordd.loops.net_shaping import NetShaping
 from koordd.sensors.contract import SensorContext
 from koordd.sensors.net import NetSensor
-from koordd.core.snapshot import NET, CgroupSample, NodeSample, Snapshot
-from koordd.act.journal import RestoreJournal
-from koordd.backends.tc import TcBackend
-from koordd.kernel.netlink import kernel_has_qdisc
 
 from .conftest import CGROUP_ROOT, wait_for
 from .test_netclass_kernel import HOST, NS, cgroup_dirs, opened_classifier, veth  # noqa: F401 - fixtures

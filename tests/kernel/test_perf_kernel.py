@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from koordd.kernel import perf
-from koordd.kernel.perf import CONTEXT_SWITCHES, CYCLES, TASK_CLOCK, CounterGroup, PerfOpenError
+from koordd.kernel.perf import CONTEXT_SWITCHES, CYCLES, CounterGroup, PerfOpenError, TASK_CLOCK
 from koordd.sensors.cgroup_counters import CgroupCounters
 from koordd.sensors.contract import SensorContext, SensorUnavailable
 from koordd.sensors.cpi import CpiSensor

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from koordd.sensors.contract import SensorContext, SensorUnavailable
-from koordd.sensors.runq import EBPF, SCHEDSTAT, RunqLatencySensor
+from koordd.sensors.runq import EBPF, RunqLatencySensor, SCHEDSTAT
 
 from .conftest import NCPU
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 
 from koordd.act.actuator import Actuator
-from koordd.kernel.cgroupfs import CgroupFS, detect_layout
+from koordd.act.journal import RestoreJournal
 from koordd.core.decisions import DecisionLog
 from koordd.core.loop import Action
-from koordd.act.journal import RestoreJournal
+from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 
 from .conftest import CGROUP_ROOT
 

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 from koordd.backends.cgroup import KNOBS
+from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 
 from .conftest import CGROUP_ROOT, _die_with_parent, _rmdir, unique_name, wait_for
 
