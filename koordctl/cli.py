@@ -31,10 +31,10 @@ from typing import Any, Iterable, Sequence
 from koordctl import demo, top
 from koordctl.demo_cgroups import DemoError, hierarchy_roots
 from koordctl.top import NoAnswer, SORTS, Terminal, render, select_rows, wait_for_document, watch
+from koordd.act.decision_log import read_decisions
 from koordd.act.journal import RestoreJournal, read_held
 from koordd.act.owner import current_holder
 from koordd.core.config import CLASS_NAMES, ConfigError, DAEMON_OPTIONS, DEFAULT_PATH, load_config
-from koordd.core.decisions import read_decisions
 from koordd.core.options import parse_duration
 from koordd.core.printable import printable
 from koordd.core.registry import load_registry

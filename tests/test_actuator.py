@@ -9,9 +9,10 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import JournalUnreadable, RestoreJournal, read_held
 from koordd.backends.cgroup import KNOBS, Knob
-from koordd.core.decisions import APPLIED, DRY_RUN, Decision, DecisionLog, REFUSED, RESTORED, read_decisions
+from koordd.core.decisions import APPLIED, DRY_RUN, Decision, REFUSED, RESTORED
 from koordd.core.loop import Action, restore
 
 JOB = "be.slice/job"
@@ -304,7 +305,8 @@ def test_without_a_state_dir_records_only_go_to_the_journal(tmp_path):
 
 
 def test_a_torn_last_line_does_not_swallow_the_next_record(tmp_path):
-    from koordd.core.decisions import Decision, DecisionLog, read_decisions
+    from koordd.core.decisions import Decision
+    from koordd.act.decision_log import DecisionLog, read_decisions
     log = DecisionLog(tmp_path)
     (tmp_path / "decisions.jsonl").write_text('{"loop": "x", "cut sho')        # crash mid-write
     log.record(Decision(1.0, "be_suppress", "be", "cpu.max", "max 100000", "5000 100000", "applied"))

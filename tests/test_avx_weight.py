@@ -10,12 +10,12 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.backends.cgroup import CgroupBackend
 from koordd.core.avx import AVX256, AVX512, Licence, SCALAR
 from koordd.core.backend import Backends
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
-from koordd.core.decisions import DecisionLog
 from koordd.core.snapshot import AVX, CgroupSample, CpuTopology, NodeSample, Snapshot
 from koordd.loops.avx_weight import AvxWeight
 from koordd.loops.qos_baseline import QosBaseline

@@ -9,10 +9,11 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.backends.cgroup import KNOBS
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
-from koordd.core.decisions import DecisionLog, REFUSED
+from koordd.core.decisions import REFUSED
 from koordd.core.snapshot import CgroupSample, CpuTopology, NodeSample, Snapshot, Throttling
 from koordd.loops.cpu_burst import CpuBurst, share_pool
 

@@ -24,9 +24,10 @@ from fakecgroup import FakeCgroups
 from journaled import assert_every_change_journaled, knob_values
 from koordd.act import journal as state_mod
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import Held, RestoreJournal, read_held
 from koordd.core.config import parse_config
-from koordd.core.decisions import APPLIED, DecisionLog, REFUSED, read_decisions
+from koordd.core.decisions import APPLIED, REFUSED
 from koordd.core.loop import Action, Loop
 from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
 from koordd.kernel.cgroupfs import CgroupFS
@@ -322,7 +323,7 @@ class FullDisk:
 
 
 def test_a_full_decision_log_drops_records_with_one_line_and_the_writes_go_on(tmp_path, monkeypatch, caplog):
-    from koordd.core import decisions as decisions_mod
+    from koordd.act import decision_log as decisions_mod
     rig = make_rig(tmp_path)
     monkeypatch.setattr(decisions_mod, "open", FullDisk(), raising=False)
     for quota in ("20000 100000", "30000 100000", "40000 100000"):

@@ -8,9 +8,10 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.core.config import loop_options, make_settings, parse_config
-from koordd.core.decisions import APPLIED, DecisionLog, RESTORED
+from koordd.core.decisions import APPLIED, RESTORED
 from koordd.core.interference import Detector, MIN_BASELINE, mean_sigma, pearson
 from koordd.core.snapshot import CgroupSample, CpiSample, NodeSample, RUNQ_LATENCY, RunqLatency, Snapshot
 from koordd.loops.be_suppress import BeSuppress

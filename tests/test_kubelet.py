@@ -8,9 +8,10 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.core.config import ConfigError, parse_config
-from koordd.core.decisions import APPLIED, DecisionLog, REFUSED
+from koordd.core.decisions import APPLIED, REFUSED
 from koordd.core.kubelet import CONTAINER, KubeletRule, POD, QOS, ROOT, owner, place
 from koordd.core.loop import Action
 from koordd.core.registry import load_registry
@@ -239,7 +240,7 @@ ls_cpu_weight = 200
 def test_koordd_once_on_a_kubelet_tree(tmp_path, extra, weight):
     from koordd.core.config import load_config
     from koordd.runtime.daemon import Daemon
-    from koordd.core.decisions import read_decisions
+    from koordd.act.decision_log import read_decisions
     tree = FakeCgroups(tmp_path, "v2").add(SYSTEMD["be_qos"]).add(SYSTEMD["bu_qos"])
     config = tmp_path / "koordd.toml"
     config.write_text(DAEMON_CONFIG.format(root=tree.root, state=tmp_path / "state", extra=extra))

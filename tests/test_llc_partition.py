@@ -7,12 +7,13 @@ import pytest
 from fakecgroup import FakeCgroups
 from fakeresctrl import FakeResctrl
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.backends.cgroup import CgroupBackend
 from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
 from koordd.core.backend import Backends
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
-from koordd.core.decisions import APPLIED, DecisionLog
+from koordd.core.decisions import APPLIED
 from koordd.core.schemata import L3Info, MBInfo, ResctrlInfo
 from koordd.core.snapshot import CgroupSample, NodeSample, RESCTRL, RUNQ_LATENCY, RunqLatency, Snapshot
 from koordd.kernel.resctrl import read_info

@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import RestoreJournal
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
-from koordd.core.decisions import DecisionLog, read_decisions
 from koordd.core.snapshot import CgroupSample, NodeSample, Pressure, PressureStat, Snapshot
 from koordd.loops.memory_evict import KILL_SETTLE, MemoryEvict
 from koordd.runtime.runner import Runner

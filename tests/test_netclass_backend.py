@@ -11,10 +11,11 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.backends.netclass import ClassifierBackend, NetClassBackend, NetClsTree, SharedClassifier
 from koordd.core.backend import Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
-from koordd.core.decisions import APPLIED, DecisionLog
+from koordd.core.decisions import APPLIED
 from koordd.core.loop import Action
 from koordd.kernel.netclass import ClassifierError, DeviceGone
 from koordd.kernel.netlink import BE_CLASS, LS_CLASS

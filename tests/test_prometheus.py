@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from koordd.core.decisions import read_decisions
+from koordd.act.decision_log import read_decisions
 from metricsnode import free_port, get, run_koordd, wait_for
 
 

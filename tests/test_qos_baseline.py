@@ -8,10 +8,11 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import RestoreJournal
 from koordd.backends.cgroup import KNOBS
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
-from koordd.core.decisions import APPLIED, DecisionLog, RESTORED, read_decisions
+from koordd.core.decisions import APPLIED, RESTORED
 from koordd.core.loop import Action
 from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
 from koordd.loops.be_suppress import BeSuppress

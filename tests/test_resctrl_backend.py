@@ -10,11 +10,12 @@ import pytest
 from fakecgroup import FakeCgroups
 from fakeresctrl import FakeResctrl
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.backends.cgroup import CgroupBackend
 from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
 from koordd.core.backend import Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
-from koordd.core.decisions import APPLIED, DecisionLog, REFUSED, RESTORED
+from koordd.core.decisions import APPLIED, REFUSED, RESTORED
 from koordd.core.loop import Action
 
 FILESYSTEMS = "nodev\tsysfs\nnodev\tcgroup2\nnodev\tresctrl\n"

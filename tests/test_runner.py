@@ -7,9 +7,9 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.core.config import parse_config
-from koordd.core.decisions import DecisionLog
 from koordd.core.loop import Action, Loop
 from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
 from koordd.runtime.runner import MAX_BACKOFF, Runner

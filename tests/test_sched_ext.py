@@ -8,12 +8,13 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.backends.cgroup import CgroupBackend
 from koordd.backends.threads import ThreadPolicyBackend
 from koordd.core.backend import Backends
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
-from koordd.core.decisions import DecisionLog, REFUSED
+from koordd.core.decisions import REFUSED
 from koordd.core.snapshot import CgroupSample, NodeSample, SCHED_EXT, SchedExtStatus, Snapshot
 from koordd.kernel.sched_ext import read_sched_ext
 from koordd.loops.qos_baseline import QosBaseline

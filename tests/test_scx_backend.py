@@ -10,11 +10,12 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.backends.scx import OwnScheduler, SchedulerBackend, SchedulerClassBackend, TARGET
 from koordd.core.backend import Backends, TargetGone
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
-from koordd.core.decisions import APPLIED, DecisionLog, REFUSED, RESTORED
+from koordd.core.decisions import APPLIED, REFUSED, RESTORED
 from koordd.core.health import DEFAULT_HEALTH
 from koordd.core.loop import Action
 from koordd.core.snapshot import CgroupSample, NodeSample, Pressure, PressureStat, SCHED_EXT, Snapshot

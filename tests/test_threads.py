@@ -10,11 +10,12 @@ import pytest
 
 from fakecgroup import FakeCgroups
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.backends.cgroup import CgroupBackend
 from koordd.backends.threads import ThreadPolicyBackend
 from koordd.core.backend import Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
-from koordd.core.decisions import APPLIED, DecisionLog, REFUSED, RESTORED
+from koordd.core.decisions import APPLIED, REFUSED, RESTORED
 from koordd.core.loop import Action
 
 OTHER, BATCH, IDLE, FIFO, EXT = os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE, os.SCHED_FIFO, 7

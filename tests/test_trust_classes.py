@@ -19,12 +19,13 @@ import yaml
 from fakecgroup import LAYOUTS, FakeCgroups
 from fakeresctrl import FakeResctrl
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.backends.cgroup import CgroupBackend
 from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
 from koordd.core.backend import Backends
 from koordd.core.config import can_hold, loop_options, make_settings, parse_config
-from koordd.core.decisions import APPLIED, DecisionLog, REFUSED
+from koordd.core.decisions import APPLIED, REFUSED
 from koordd.core.loop import Action, Loop
 from koordd.core.protected import Protected
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS, ReclaimableState, observe

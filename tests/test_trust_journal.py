@@ -17,9 +17,10 @@ import pytest
 from fakecgroup import FakeCgroups
 from koordd.act import journal as state_mod
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import Held, JournalUnreadable, RestoreJournal, note_move, read_held
 from koordd.backends.cgroup import KNOBS, Knob
-from koordd.core.decisions import APPLIED, DecisionLog, LEFT, REFUSED, RESTORED, read_decisions
+from koordd.core.decisions import APPLIED, LEFT, REFUSED, RESTORED
 from koordd.core.loop import Action, restore
 from koordd.kernel.cgroupfs import CgroupFS
 

@@ -23,8 +23,9 @@ from hypothesis import example, given, settings, strategies as st
 from fakecgroup import FakeCgroups
 from fuzzing import EXAMPLES, PROFILE, counted
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import RestoreJournal
-from koordd.core.decisions import DecisionLog, LEFT, read_decisions
+from koordd.core.decisions import LEFT
 from koordd.core.loop import Action, restore
 from koordd.kernel.cgroupfs import CgroupFS
 

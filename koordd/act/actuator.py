@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Callable, Iterable, Mapping, TypeVar
 
+from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import Held, RestoreJournal
 from koordd.act.protect import EVICTING, harm
 from koordd.backends.cgroup import CgroupBackend
@@ -25,7 +26,7 @@ from koordd.backends.scx import scheduler_backends
 from koordd.backends.tc import TcBackend
 from koordd.backends.threads import ThreadPolicyBackend
 from koordd.core.backend import Backend, Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
-from koordd.core.decisions import APPLIED, DRY_RUN, Decision, DecisionLog, LEFT, REFUSED, RESTORED
+from koordd.core.decisions import APPLIED, DRY_RUN, Decision, LEFT, REFUSED, RESTORED
 from koordd.core.kubelet import KubeletRule
 from koordd.core.loop import Action
 from koordd.core.protected import Protected

@@ -15,12 +15,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from koordd.act.actuator import Actuator, builtin_backends
+from koordd.act.decision_log import DecisionLog, journal_sender
 from koordd.act.journal import Held, JournalUnreadable, RestoreJournal, note_move, write_atomic
 from koordd.act.owner import HostOwned, OwnerLock, UntrustedLock, current_holder, lock_path
 from koordd.act.protect import process_cgroups
 from koordd.backends.cgroup import KNOBS, kernel_lacks
 from koordd.core.config import Config, ConfigError, DEFAULT_PATH, load_config
-from koordd.core.decisions import DecisionLog, journal_sender
 from koordd.core.kubelet import KubeletRule
 from koordd.core.printable import PrintableFormatter
 from koordd.core.reclaimable import (FIELDS as RECLAIMABLE_FIELDS, Reclaimable, ReclaimableState,

@@ -20,12 +20,13 @@ import time
 import pytest
 
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import RestoreJournal
 from koordd.backends.cgroup import CgroupBackend, KNOBS, weight_to_shares
 from koordd.core.avx import compensated_weight
 from koordd.core.backend import Backends
 from koordd.core.config import parse_config
-from koordd.core.decisions import APPLIED, DecisionLog, read_decisions
+from koordd.core.decisions import APPLIED
 from koordd.core.snapshot import AVX, NodeSample, Snapshot
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 from koordd.loops.avx_weight import AvxWeight

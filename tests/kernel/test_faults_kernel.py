@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import Held, RestoreJournal, read_held
-from koordd.core.decisions import APPLIED, DecisionLog, REFUSED, read_decisions
+from koordd.core.decisions import APPLIED, REFUSED
 from koordd.core.loop import Action
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 from journaled import assert_every_change_journaled, knob_values

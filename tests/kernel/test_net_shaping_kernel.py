@@ -22,12 +22,12 @@ import time
 import pytest
 
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.backends.netclass import ClassifierBackend, NetClassBackend
 from koordd.backends.tc import TcBackend
 from koordd.core.backend import Backends
 from koordd.core.config import loop_options, make_settings
-from koordd.core.decisions import DecisionLog
 from koordd.core.snapshot import CgroupSample, NET, NodeSample, Snapshot
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 from koordd.kernel.netclass import FILTER_PRIO

@@ -174,7 +174,8 @@ def test_the_knobs_shape_classify_and_restore_through_the_actuator(veth, cgroup_
     from koordd.act.actuator import Actuator
     from koordd.core.backend import Backends
     from koordd.kernel.cgroupfs import CgroupFS
-    from koordd.core.decisions import APPLIED, DecisionLog
+    from koordd.core.decisions import APPLIED
+    from koordd.act.decision_log import DecisionLog
     from koordd.core.loop import Action
     from koordd.backends.netclass import ClassifierBackend, NetClassBackend
     from koordd.act.journal import RestoreJournal

@@ -8,10 +8,11 @@ import os
 import pytest
 
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.backends.tc import TcBackend
 from koordd.core.backend import Backends, InvalidValue, TargetGone, Unsupported
-from koordd.core.decisions import APPLIED, DecisionLog, RESTORED
+from koordd.core.decisions import APPLIED, RESTORED
 from koordd.core.loop import Action
 
 pytestmark = pytest.mark.kernel

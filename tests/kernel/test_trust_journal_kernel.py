@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from koordd.act.actuator import Actuator
+from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
-from koordd.core.decisions import DecisionLog
 from koordd.core.loop import Action
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 
