@@ -13,6 +13,7 @@ from koordd.core.config import DAEMON_OPTIONS, METRICS_OPTIONS, loop_options
 from koordd.core.health import HEALTH_OPTIONS
 from koordd.core.options import COMMON_LOOP_OPTIONS, Duration, Option
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
+from koordd.core.registry import load_registry
 
 BEGIN = "<!-- config reference: made by scripts/gen-docs from the options in the code; do not edit -->"
 END = "<!-- end of config reference -->"
@@ -75,7 +76,6 @@ def with_reference(readme: str, table: str) -> str:
 
 def shipped_loops() -> dict[str, type]:
     """The loops koordd ships (third-party ones document themselves)."""
-    from koordd.core.registry import load_registry
     return {name: cls for name, cls in load_registry().items() if cls.__module__.startswith("koordd.loops.")}
 
 
