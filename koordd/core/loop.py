@@ -1,6 +1,6 @@
 """The contract between the core and a control loop.
 
-A loop is a class in `plugins/` registered under the entry-point group
+A loop is a class in `koordd/loops/` registered under the entry-point group
 `koordd.loops`. The core calls, in this order:
 
 - `problems(settings)` when the config loads: options that do not fit together,
