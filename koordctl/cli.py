@@ -30,18 +30,17 @@ from typing import Any, Iterable, Sequence
 
 from koordctl import demo, top
 from koordctl.demo_cgroups import DemoError, hierarchy_roots
-from koordctl.top import NoAnswer, SORTS, Terminal, render, select_rows, wait_for_document, watch
+from koordctl.top import NoAnswer, SORTS, Terminal, render, select_rows, wait_for_document, watch, write_request
 from koordd.act.decision_log import read_decisions
 from koordd.act.journal import RestoreJournal, read_held
 from koordd.act.owner import current_holder
 from koordd.core.config import CLASS_NAMES, ConfigError, DAEMON_OPTIONS, DEFAULT_PATH, load_config
+from koordd.core.feeds import DEFAULT_INTERVAL, MAX_INTERVAL, MIN_INTERVAL, REQUEST_FILE, STATUS_FILE, TopRequest
 from koordd.core.options import parse_duration
 from koordd.core.printable import printable
 from koordd.core.registry import load_registry
 from koordd.kernel.cgroupfs import DEFAULT_ROOT, LayoutError, detect_layout
 from koordd.runtime.capabilities import format_report, probe_all, report_json
-from koordd.runtime.daemon import STATUS_FILE
-from koordd.runtime.topfeed import DEFAULT_INTERVAL, MAX_INTERVAL, MIN_INTERVAL, REQUEST_FILE, TopRequest, write_request
 
 DEFAULT_STATE_DIR = next(o.default for o in DAEMON_OPTIONS if o.name == "state_dir")
 

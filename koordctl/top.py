@@ -15,13 +15,14 @@ import sys
 import termios
 import time
 import tty
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, TextIO
 
+from koordd.act.journal import write_atomic
+from koordd.core.feeds import REQUEST_FILE, TOP_FILE, TopRequest
 from koordd.core.printable import printable
 from koordd.core.snapshot import CPI, RUNQ_LATENCY
-from koordd.runtime.topfeed import TOP_FILE, TopRequest, touch_request
 
 ANSWER_TIMEOUT = 5.0    # koordd looks for a request once a second and publishes its second round after that
 POLL = 0.1              # how often a waiting koordctl reads top.json again
@@ -299,3 +300,19 @@ def watch(screen, state_dir: Path, request: TopRequest, asked: float, by: str, c
             if key in QUIT_KEYS:
                 return
             by = SORT_KEYS.get(key, by)
+
+
+def write_request(state_dir: Path, request: TopRequest) -> float:
+    """Ask koordd for samples (koordctl's side); returns the request's mtime: what koordd
+    publishes later than that answers it. OSError (PermissionError unless root) as raised."""
+    path = Path(state_dir) / REQUEST_FILE
+    write_atomic(path, json.dumps(asdict(request)) + "\n", durable=False)
+    return path.stat().st_mtime
+
+
+def touch_request(state_dir: Path, request: TopRequest) -> None:
+    """Keep asking (at every refresh); the request is written again if it went away."""
+    try:
+        os.utime(Path(state_dir) / REQUEST_FILE)
+    except FileNotFoundError:
+        write_request(state_dir, request)

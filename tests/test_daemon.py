@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from fakecgroup import FakeCgroups
+from koordctl.top import write_request
 from koordd.act.journal import read_held
-from koordd.runtime.topfeed import REQUEST_FILE, TOP_FILE, TopRequest, write_request
+from koordd.core.feeds import REQUEST_FILE, TOP_FILE, TopRequest
 
 CONFIG = """
 [daemon]

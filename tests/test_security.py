@@ -186,7 +186,9 @@ def test_a_state_dir_open_to_every_user_is_closed_with_a_warning(tmp_path):
 
 
 def test_a_top_request_not_written_by_root_is_ignored(tmp_path):
-    from koordd.runtime.topfeed import REQUEST_FILE, TopFeed, TopRequest, write_request
+    from koordd.core.feeds import REQUEST_FILE, TopRequest
+    from koordd.runtime.topfeed import TopFeed
+    from koordctl.top import write_request
     write_request(tmp_path, TopRequest(interval=1.0))
     feed = TopFeed(tmp_path)
     assert feed.check(0.0) and feed.active

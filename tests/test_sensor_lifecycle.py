@@ -10,8 +10,9 @@ import pytest
 from fakecgroup import FakeCgroups
 import koordd.core.registry as entry_point_loader
 from koordd.core.config import parse_config
+from koordd.core.feeds import STATUS_FILE
 from koordd.core.loop import Loop
-from koordd.runtime.daemon import Daemon, STATUS_FILE
+from koordd.runtime.daemon import Daemon
 from koordd.sensors import lifecycle, registry
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 from koordd.sensors.cpi import CpiSensor

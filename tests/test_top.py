@@ -16,7 +16,7 @@ import pytest
 from koordctl import top
 from koordctl.cli import main
 from koordctl.top import Terminal, human_bytes, human_us, render, select_rows, target_name, watch
-from koordd.runtime.topfeed import REQUEST_FILE, TOP_FILE, TopRequest, parse_request
+from koordd.core.feeds import REQUEST_FILE, TOP_FILE, TopRequest, parse_request
 
 NOW = 1_800_000_000.0
 

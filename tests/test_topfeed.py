@@ -9,13 +9,14 @@ import time
 import pytest
 
 from fakecgroup import FakeCgroups, psi
+from koordctl.top import write_request
 from koordd.act.journal import Held
 from koordd.core.config import parse_config
+from koordd.core.feeds import FRESH_AT_LEAST, REQUEST_FILE, TOP_FILE, TopRequest, parse_request
 from koordd.core.loop import Loop
 from koordd.core.snapshot import CPI, CpiSample, RUNQ_LATENCY, RunqLatency
 from koordd.runtime.daemon import Daemon
-from koordd.runtime.topfeed import (FRESH_AT_LEAST, REQUEST_FILE, TOP_FILE, TopFeed, TopRequest, VIEW_FIELDS,
-    parse_request, write_request)
+from koordd.runtime.topfeed import TopFeed, VIEW_FIELDS
 from koordd.sensors.contract import OptionalSensor, SensorUnavailable
 
 CALLS: list[str] = []       # what the fake sensors were asked, in order ("start runq_latency", ...)

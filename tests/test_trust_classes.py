@@ -26,6 +26,7 @@ from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
 from koordd.core.backend import Backends
 from koordd.core.config import can_hold, loop_options, make_settings, parse_config
 from koordd.core.decisions import APPLIED, REFUSED
+from koordd.core.feeds import TopRequest
 from koordd.core.loop import Action, Loop
 from koordd.core.protected import Protected
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS, ReclaimableState, observe
@@ -35,7 +36,7 @@ from koordd.core.trust import SKIP_ENV
 from koordd.loops.be_suppress import BeSuppress
 from koordd.loops.memory_evict import MemoryEvict
 from koordd.runtime.runner import Runner, class_of
-from koordd.runtime.topfeed import TopRequest, document
+from koordd.runtime.topfeed import document
 from koordd.sensors.collect import Sensors, find_classified
 from test_metrics import published, samples
 

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Callable, Iterator
 
-from koordd.core.decisions import APPLIED, DRY_RUN, LEFT, REFUSED, RESTORED, Decision
+from koordd.core.decisions import APPLIED, DRY_RUN, Decision, LEFT, REFUSED, RESTORED
 
 log = logging.getLogger("koordd.decision")
 

@@ -21,6 +21,7 @@ from koordd.act.owner import HostOwned, OwnerLock, UntrustedLock, current_holder
 from koordd.act.protect import process_cgroups
 from koordd.backends.cgroup import KNOBS, kernel_lacks
 from koordd.core.config import Config, ConfigError, DEFAULT_PATH, load_config
+from koordd.core.feeds import REQUEST_FILE, STATUS_FILE, TOP_FILE
 from koordd.core.kubelet import KubeletRule
 from koordd.core.printable import PrintableFormatter
 from koordd.core.reclaimable import (FIELDS as RECLAIMABLE_FIELDS, Reclaimable, ReclaimableState,
@@ -33,7 +34,7 @@ from koordd.runtime import notify
 from koordd.runtime.capabilities import probe_all
 from koordd.runtime.configwatch import ConfigWatcher
 from koordd.runtime.runner import Runner, Timing
-from koordd.runtime.topfeed import REQUEST_FILE, TOP_FILE, TopFeed, document
+from koordd.runtime.topfeed import TopFeed, document
 from koordd.runtime.wakeup import Wakeup
 from koordd.sensors.collect import Sensors
 from koordd.sensors.lifecycle import SensorManager
@@ -42,7 +43,6 @@ from koordd.sensors.registry import load_sensor_registry
 log = logging.getLogger("koordd")
 RELOAD_DEBOUNCE = 0.5        # editors write a file in several steps: reload once they are done
 RESTART_KEYS = ("cgroup_root", "state_dir", "dry_run")
-STATUS_FILE = "status.json"
 # What koordd reads, appends to or replaces in its state_dir: trusted only if root's alone.
 STATE_FILES = (RestoreJournal.FILE, RestoreJournal.V1_FILE, RestoreJournal.MOVED_FROM, DecisionLog.FILE, STATUS_FILE,
                TOP_FILE, REQUEST_FILE)

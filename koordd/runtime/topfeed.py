@@ -16,69 +16,25 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterable, Mapping
 
 from koordd.act.journal import Held, write_atomic
 from koordd.core.config import CLASS_NAMES
+from koordd.core.feeds import REQUEST_FILE, TOP_FILE, TopRequest, parse_request
 from koordd.core.snapshot import CPI, CgroupSample, CpiSample, PressureStat, RUNQ_LATENCY, RunqLatency, Snapshot
 from koordd.runtime.runner import COALESCE, class_of
 from koordd.sensors.lifecycle import VIEW_USER
 
 log = logging.getLogger("koordd.topfeed")     # its name before the move: log lines unchanged
-REQUEST_FILE = "top.request"
-TOP_FILE = "top.json"
 VERSION = 1
 VIEW_FIELDS = frozenset(("cpu_usage", "memory_current", "cpu_pressure", "memory_pressure", "io_pressure"))
 VIEW_SENSORS = (RUNQ_LATENCY, CPI)     # started for the view where registered
 REQUEST_POLL = 1.0        # how often a daemon that no view watches looks for one: one stat
-MIN_INTERVAL = 0.5        # whatever a request says, koordd samples for a view at most this often
-MAX_INTERVAL = 60.0       # and a request outlives the view that wrote it by 3 intervals at most
-DEFAULT_INTERVAL = 2.0
 FIRST_AFTER = 1.0         # the first published round comes at most this long after the unpublished one
-FRESH_INTERVALS, FRESH_AT_LEAST = 3, 5.0
-
-
-@dataclass(frozen=True)
-class TopRequest:
-    interval: float = DEFAULT_INTERVAL     # seconds between two published rounds
-    members: bool = False                  # the class roots' children (pods) too
-
-    @property
-    def fresh_for(self) -> float:
-        """How long after its last touch the request still holds: a view that stopped touching it is gone."""
-        return max(FRESH_INTERVALS * self.interval, FRESH_AT_LEAST)
-
-
-def parse_request(text: str) -> TopRequest:
-    """The request in `text`; one koordd cannot make sense of still asks, with the defaults."""
-    try:
-        data = json.loads(text)
-        interval, members = float(data.get("interval", DEFAULT_INTERVAL)), data.get("members", False) is True
-    except (ValueError, TypeError, AttributeError, OverflowError):     # OverflowError: an int past float's range
-        return TopRequest()
-    return TopRequest(min(max(interval, MIN_INTERVAL), MAX_INTERVAL) if math.isfinite(interval) else DEFAULT_INTERVAL,
-                      members)
-
-
-def write_request(state_dir: Path, request: TopRequest) -> float:
-    """Ask koordd for samples (koordctl's side); returns the request's mtime: what koordd
-    publishes later than that answers it. OSError (PermissionError unless root) as raised."""
-    path = Path(state_dir) / REQUEST_FILE
-    write_atomic(path, json.dumps(asdict(request)) + "\n", durable=False)
-    return path.stat().st_mtime
-
-
-def touch_request(state_dir: Path, request: TopRequest) -> None:
-    """Keep asking (at every refresh); the request is written again if it went away."""
-    try:
-        os.utime(Path(state_dir) / REQUEST_FILE)
-    except FileNotFoundError:
-        write_request(state_dir, request)
 
 
 class TopFeed:
