@@ -7,6 +7,7 @@ screen, restored on exit); anywhere else it prints one sample.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import select
@@ -17,10 +18,13 @@ import time
 import tty
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, TextIO
+from typing import Callable, Iterable, TextIO
 
+from koordctl.common import CtlError, pid_alive, read_json
+from koordctl.rows import cpi, select_rows
+from koordctl.running import state_dir
 from koordd.act.journal import write_atomic
-from koordd.core.feeds import REQUEST_FILE, TOP_FILE, TopRequest
+from koordd.core.feeds import REQUEST_FILE, STATUS_FILE, TOP_FILE, TopRequest
 from koordd.core.printable import printable
 from koordd.core.snapshot import CPI, RUNQ_LATENCY
 
@@ -35,37 +39,6 @@ class NoAnswer(Exception):
 
 
 # --- rows -----------------------------------------------------------------------------------------
-
-def highest_psi(row: dict) -> float | None:
-    """The highest "some" avg10 of cpu, memory and io: what stalls this cgroup most."""
-    values = [v for v in (row.get("psi") or {}).values() if v is not None]
-    return max(values) if values else None
-
-
-def runq_us(row: dict) -> float | None:
-    """p99 wait; the mean where the sensor has no histogram (schedstat)."""
-    runq = row.get("runq") or {}
-    return runq.get("p99_us") if runq.get("p99_us") is not None else runq.get("mean_us")
-
-
-def cpi(row: dict) -> float | None:
-    return (row.get("cpi") or {}).get("cpi")
-
-
-SORTS: dict[str, Callable[[dict], Any]] = {"cpu": lambda r: r.get("cpu"), "memory": lambda r: r.get("memory"),
-                                           "psi": highest_psi, "runq": runq_us, "cpi": cpi, "name": None}
-
-
-def select_rows(doc: dict, by: str = "cpu", cls: str | None = None) -> list[dict]:
-    """The document's rows of class `cls` (all without), sorted by `by`: highest first, rows without a
-    value last; by name, alphabetically. Ties go by name."""
-    rows = sorted((r for r in doc.get("cgroups") or () if cls is None or r.get("class") == cls),
-                  key=lambda r: r.get("path") or "")
-    key = SORTS[by]
-    if key is None:
-        return rows
-    known = [r for r in rows if key(r) is not None]
-    return sorted(known, key=key, reverse=True) + [r for r in rows if key(r) is None]
 
 
 # --- text -----------------------------------------------------------------------------------------
@@ -316,3 +289,40 @@ def touch_request(state_dir: Path, request: TopRequest) -> None:
         os.utime(Path(state_dir) / REQUEST_FILE)
     except FileNotFoundError:
         write_request(state_dir, request)
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    sd = state_dir(args)
+    status = read_json(sd / STATUS_FILE)
+    pid = status.get("pid") if isinstance(status, dict) else None
+    if not pid_alive(pid):
+        print(f"koordctl top: koordd is not running (state_dir {sd})", file=sys.stderr)
+        return 1
+    request = TopRequest(args.interval, args.members)
+    try:
+        asked = write_request(sd, request)
+    except OSError as e:
+        raise CtlError(f"cannot ask koordd for samples: {sd / REQUEST_FILE}: {e.strerror or e}"
+                       " (run koordctl top as koordd's user)") from None
+    no_answer = (f"koordctl top: koordd (pid {pid}) published no sample within {ANSWER_TIMEOUT:g}s"
+                 " (a koordd older than koordctl top does not answer: restart it)")
+    if args.json or not sys.stdout.isatty():
+        doc = wait_for_document(sd, asked, ANSWER_TIMEOUT)
+        if doc is None:
+            print(no_answer, file=sys.stderr)
+            return 1
+        if args.json:
+            print(json.dumps({**doc, "cgroups": select_rows(doc, args.sort, args.cls)}, indent=1, sort_keys=True))
+        else:
+            print("\n".join(render(doc, args.sort, args.cls, time.time())))
+        return 0
+    try:
+        with Terminal() as screen:
+            watch(screen, sd, request, asked, args.sort, args.cls, alive=lambda: pid_alive(pid),
+                  answer_timeout=ANSWER_TIMEOUT)
+    except NoAnswer:
+        print(no_answer, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:       # Ctrl-C quits like q; the terminal is back already
+        pass
+    return 0

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from koordctl.cli import ago, main, table
+from koordctl.cli import main
+from koordctl.common import ago, table
 from koordd.runtime.capabilities import PROBES
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from fakecgroup import FakeCgroups
 
-from koordctl import demo
+from koordctl.demo import session as demo
 from koordctl.cli import main
-from koordctl.demo import Stopped, koordd_config, signals_stop
-from koordctl.demo_cgroups import DemoCgroups
+from koordctl.demo.cgroups import DemoCgroups
+from koordctl.demo.session import Stopped, koordd_config, signals_stop
 from koordd.core.config import load_config
 from koordd.core.registry import load_registry
 
@@ -68,8 +68,8 @@ def test_demo_loops_and_phase_parse(monkeypatch):
     got = {}
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(demo, "run", lambda settings, plot_path, layout: got.update(s=settings, p=plot_path) or 0)
-    monkeypatch.setattr("koordctl.cli.detect_layout", lambda root: None)
-    monkeypatch.setattr("koordctl.cli.hierarchy_roots", lambda layout: [])
+    monkeypatch.setattr("koordctl.demo.session.detect_layout", lambda root: None)
+    monkeypatch.setattr("koordctl.demo.session.hierarchy_roots", lambda layout: [])
     assert main(["demo", "--phase", "1m", "--period", "15s", "--loops", "qos_baseline,be_suppress,qos_baseline",
                  "--no-plot"]) == 0
     assert got["s"] == demo.Settings(phase=60.0, period=15.0, loops=("qos_baseline", "be_suppress"))

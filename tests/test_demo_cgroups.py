@@ -7,7 +7,7 @@ import os
 import pytest
 from fakecgroup import FakeCgroups
 
-from koordctl.demo_cgroups import DemoCgroups, DemoError, hierarchy_roots
+from koordctl.demo.cgroups import DemoCgroups, DemoError, hierarchy_roots
 
 
 @pytest.mark.parametrize("mode, hierarchies", [("hybrid", ["cpu", "cpuacct", "unified"]), ("v1", ["cpu", "cpuacct"]),

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from koordctl.demo_load import burn_until, demand, mean_demand
+from koordctl.demo.load import burn_until, demand, mean_demand
 
 PERIOD, LOW, HIGH = 20.0, 0.1, 0.7
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from koordctl.demo_view import LinePrinter, LiveView, Sample, bar, frame, line, plot, summarize, summary_lines
+from koordctl.demo.view import LinePrinter, LiveView, Sample, bar, frame, line, plot, summarize, summary_lines
 
 
 def sample(t, phase, asked=1.0, used=1.0, be=0.0, other=0.1, dt=0.5, quota=None, idle=False):

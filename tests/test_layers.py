@@ -110,3 +110,18 @@ def test_no_function_level_import_of_koordd_modules_but_the_optional_ones():
     found = {(str(p.relative_to(ROOT)), m) for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
              for m in function_level_imports(p)}
     assert found - set(LAZY) == set()
+
+
+def test_koordctl_validate_loads_no_daemon_runtime_and_no_demo_or_view():
+    """`koordctl validate` (on every node, in CI, before a reload) loads the contracts and the loops whose
+    options it checks: no kernel adapter, sensor, backend, actuator or daemon, and not the demo or top."""
+    code = ("import contextlib, io, sys\nfrom koordctl.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()): rc = main(['validate', sys.argv[1]])\n"
+            "print(rc, ' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('koordd', 'koordctl'))))")
+    done = subprocess.run([sys.executable, "-c", code, str(ROOT / "config" / "koordd.toml")], cwd=ROOT,
+                          capture_output=True, text=True, check=True)
+    rc, *loaded = done.stdout.split()
+    assert rc == "0", done.stdout
+    assert "koordd.core.config" in loaded and "koordd.loops.be_suppress" in loaded       # it did validate
+    light = {"koordd", "koordd.core", "koordctl", "koordctl.cli", "koordctl.common", "koordctl.rows", "koordctl.demo"}
+    assert [m for m in loaded if m not in light and not m.startswith(("koordd.core.", "koordd.loops"))] == []

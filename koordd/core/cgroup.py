@@ -9,6 +9,8 @@ import fnmatch
 
 from koordd.core.backend import InvalidValue
 
+CGROUP_MOUNT = "/sys/fs/cgroup"      # where the hierarchies are mounted (kernel/cgroupfs.py: DEFAULT_ROOT)
+
 
 def normalize_cgroup(name: str) -> str:
     """"/be.slice/" -> "be.slice"; "" is the root. Rejects ".." so nothing escapes the hierarchy."""

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from koordd.core.backend import TargetGone
-from koordd.core.cgroup import depth
+from koordd.core.cgroup import CGROUP_MOUNT, depth
 
-DEFAULT_ROOT = Path("/sys/fs/cgroup")
+DEFAULT_ROOT = Path(CGROUP_MOUNT)
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "freezer", "blkio", "pids", "net_cls")
 
 

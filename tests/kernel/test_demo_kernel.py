@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from koordctl.demo_cgroups import hierarchy_roots
+from koordctl.demo.cgroups import hierarchy_roots
 from koordd.kernel.cgroupfs import detect_layout
 
 from .conftest import CGROUP_ROOT, detect_host, wait_for

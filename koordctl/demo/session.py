@@ -1,7 +1,7 @@
 """koordctl demo: LS and BE on the same CPUs, without and with koordd, watched live and plotted.
 
 Three phases of equal length, one run:
-  1. LS alone: an LS cgroup whose CPU demand follows a sine wave (koordctl/demo_load.py) gets what it asks.
+  1. LS alone: an LS cgroup whose CPU demand follows a sine wave (koordctl/demo/load.py) gets what it asks.
   2. no control: a BE cgroup with a busy loop on every CPU joins; LS no longer gets what it asks.
   3. koordd on: koordd runs (a subprocess on a temporary config) and manages BE with the chosen loops.
 
@@ -16,6 +16,7 @@ empty cgroups stay.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -30,17 +31,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, TextIO
 
-from koordctl.demo_cgroups import DemoCgroups, DemoError, joiner
-from koordctl.demo_load import BE_LOOP, mean_demand
-from koordctl.demo_view import LinePrinter, LiveView, PHASES, Sample, frame, plot, summarize, summary_lines
-from koordd.kernel.cgroupfs import Layout
+from koordctl.common import CtlError
+from koordctl.demo import Settings
+from koordctl.demo.cgroups import DemoCgroups, DemoError, hierarchy_roots, joiner
+from koordctl.demo.load import BE_LOOP, mean_demand
+from koordctl.demo.view import LinePrinter, LiveView, PHASES, Sample, frame, plot, summarize, summary_lines
+from koordctl.running import host_owner
+from koordd.kernel.cgroupfs import DEFAULT_ROOT, Layout, LayoutError, detect_layout
 from koordd.sensors.node import parse_proc_stat_cpu
 
 SAMPLE = 0.5                     # seconds per sample: the live view's refresh and the plot's resolution
-LOOPS = ("be_suppress", "qos_baseline")
-# The shipped config's loops: qos_baseline makes BE SCHED_IDLE, which gives LS its sine back and leaves
-# BE all the rest; be_suppress (rule slack) takes BE's CPU away only while LS misses its targets.
-DEFAULT_LOOPS = ("qos_baseline", "be_suppress")
 WORKER_START = 1.0               # seconds from spawning the LS workers to their start: time to start Python
 STOP_TIMEOUT = 15.0              # koordd restores its knobs on SIGTERM; after this it gets SIGKILL
 
@@ -53,18 +53,9 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
-@dataclass(frozen=True)
-class Settings:
-    phase: float = 30.0          # seconds per phase
-    period: float = 20.0         # seconds per sine period of LS's demand
-    low: float = 0.10            # LS's demand, as a fraction of each CPU (so of the node)
-    high: float = 0.70
-    loops: tuple[str, ...] = DEFAULT_LOOPS
-
-
 # --- koordd ---------------------------------------------------------------------------------------------
 
-LS_RUNQ_P99_MS = 10              # the demo LS's health target: a tenth of its slot (demo_load.SLOT)
+LS_RUNQ_P99_MS = 10              # the demo LS's health target: a tenth of its slot (load.SLOT)
 
 def koordd_config(cgroups: DemoCgroups, state_dir: Path, loops: tuple[str, ...]) -> str:
     """koordd's config for the demo: only the demo's two cgroups classified, the chosen loops on with the
@@ -120,7 +111,7 @@ class Demo:
         # The workers start a little later than they are spawned: Python's own start-up is not LS's demand.
         start = time.monotonic() + WORKER_START
         for cpu in self.cpus:
-            self._spawn("ls", [sys.executable, "-m", "koordctl.demo_load", "--start", repr(start),
+            self._spawn("ls", [sys.executable, "-m", "koordctl.demo.load", "--start", repr(start),
                                "--period", repr(self.settings.period), "--low", repr(self.settings.low),
                                "--high", repr(self.settings.high)], cpu)
         time.sleep(max(0.0, start - time.monotonic()))
@@ -360,3 +351,18 @@ def _give_to_sudo_user(path: Path) -> None:
         os.chown(path, int(os.environ["SUDO_UID"]), int(os.environ["SUDO_GID"]))
     except (KeyError, ValueError, OSError):
         pass
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        raise CtlError("demo: needs root (it creates cgroups under /sys/fs/cgroup and starts koordd)")
+    try:
+        layout = detect_layout(DEFAULT_ROOT)
+        hierarchy_roots(layout)          # a host without the hierarchies the demo needs says so now
+    except (LayoutError, DemoError) as e:
+        raise CtlError(f"demo: {e}") from None
+    holder, _ = host_owner()
+    if holder is not None:          # its koordd would refuse (one koordd per host owns the knobs)
+        raise CtlError(f"demo: {holder.describe()} owns this host's knobs: stop it first (systemctl stop koordd)")
+    settings = Settings(phase=args.phase, period=args.period, loops=args.loops)
+    return run(settings, None if args.no_plot else args.plot, layout)

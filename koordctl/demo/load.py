@@ -6,7 +6,7 @@ which in every slot (100 ms) burns that fraction of the slot in CPU time and sle
 slot's work not done by the slot's end is dropped, as a request past its deadline would be: what LS
 gets is then at most what it asked for, and the gap is what contention cost it.
 
-    python -m koordctl.demo_load --start T --period P --low L --high H [--slot S]
+    python -m koordctl.demo.load --start T --period P --low L --high H [--slot S]
 
 T is the demo's start on CLOCK_MONOTONIC (time.monotonic() of the parent: the same clock in every
 process), so every worker and the parent agree on what is wanted when. BE needs no code of its own:
@@ -59,7 +59,7 @@ def run_ls(start: float, period: float, low: float, high: float, slot: float = S
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m koordctl.demo_load", description="One LS worker of koordctl demo.")
+    p = argparse.ArgumentParser(prog="python -m koordctl.demo.load", description="One LS worker of koordctl demo.")
     p.add_argument("--start", type=float, required=True, help="the demo's start, time.monotonic()")
     p.add_argument("--period", type=float, required=True, help="seconds per sine period")
     p.add_argument("--low", type=float, required=True, help="lowest fraction of a CPU wanted")

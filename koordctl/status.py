@@ -1,0 +1,75 @@
+"""koordctl status: is koordd running, its loops, sensors and the knobs it holds."""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from koordctl.common import CtlError, ago, local_time, pid_alive, read_json, table, target_text
+from koordctl.running import host_owner, state_dir
+from koordd.act.journal import RestoreJournal, read_held
+from koordd.core.feeds import STATUS_FILE
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    sd = state_dir(args)
+    status = read_json(sd / STATUS_FILE)
+    if not isinstance(status, dict):
+        print(f"koordd has not run with state_dir {sd}")
+        return 1
+    # The restore journal is written before every knob and survives a crash; status.json may be stale.
+    # Read with read_held rather than by RestoreJournal: a reader takes no part in the journal.
+    try:
+        journal = read_held(sd)
+    except (OSError, ValueError) as e:
+        bad = sd / RestoreJournal.FILE if (sd / RestoreJournal.FILE).exists() else sd / RestoreJournal.V1_FILE
+        raise CtlError(f"{bad}: unreadable: {getattr(e, 'strerror', None) or e}") from None
+    held, source = (journal[0], journal[1].name) if journal is not None else (status.get("held") or [], STATUS_FILE)
+    running = pid_alive(status.get("pid"))
+    holder, owner_text = host_owner()
+    if args.json:
+        print(json.dumps({**status, "state_dir": str(sd), "running": running, "held": held,
+                          "held_source": source, "owner": None if holder is None else holder.__dict__},
+                         indent=1, sort_keys=True))
+        return 0 if running else 1
+    now = time.time()
+    state = "running" if running else "not running"
+    print(table([
+        ("koordd", f"{state} (pid {status.get('pid')}, status updated {ago(status.get('updated'), now)})"),
+        ("started", f"{local_time(status.get('started'))} ({ago(status.get('started'), now)})"),
+        ("config", status.get("config")),
+        ("dry-run", "yes" if status.get("dry_run") else "no"),
+        ("cgroups", status.get("cgroups")),
+        ("state_dir", sd),
+        # The koordd that writes this host's knobs, whatever its state_dir (koordd/act/owner.py).
+        ("owner", owner_text),
+        *((("metrics", f"http://{status['metrics']}/metrics"),) if status.get("metrics") else ()),
+        *((("reclaimable", reclaimable_text(status["reclaimable"])),) if status.get("reclaimable") else ()),
+    ]))
+    loops = status.get("loops") or {}
+    print()
+    print(table([(name, f"{r.get('interval', 0):g}s", r.get("ticks"), ago(r.get("last_tick"), now),
+                  r.get("failures"), r.get("last_error")) for name, r in loops.items()],
+                ("LOOP", "INTERVAL", "TICKS", "LAST TICK", "FAILURES", "LAST ERROR"))
+          if loops else "no loops enabled")
+    sensors = {name: s for name, s in (status.get("sensors") or {}).items() if s.get("loops")}
+    if sensors:                  # only those an enabled loop needs: the others are stopped by design
+        print()
+        print(table([(name, s.get("state"), ", ".join(s.get("loops") or ()), s.get("reason") or "")
+                     for name, s in sorted(sensors.items())], ("SENSOR", "STATE", "FOR LOOPS", "REASON")))
+    print()
+    print(f"held knobs (from {source}):" if held else f"held knobs (from {source}): none")
+    if held:
+        print(table([(target_text(h), h.get("knob"), h.get("original"), h.get("owner"),
+                      f"{local_time(h.get('since'))} ({ago(h.get('since'), now)})") for h in held],
+                    ("TARGET", "KNOB", "ORIGINAL", "OWNER", "SINCE")))
+    return 0 if running else 1
+
+
+def reclaimable_text(r: dict) -> str:
+    """What LS was given but left unused (koordd/core/reclaimable.py): "1.25 CPUs, 3.0 GiB"; "?" for a resource
+    unknown in the last round."""
+    cpu, memory = r.get("cpu_cores"), r.get("memory_bytes")
+    cpus = f"{cpu['reclaimable']:.2f} CPUs" if cpu else "? CPUs"
+    mem = f"{memory['reclaimable'] / 2**30:.1f} GiB" if memory else "? GiB"
+    return f"{cpus}, {mem} (of {r.get('ls_cgroups', 0)} LS cgroups' limits, unused over the window)"
