@@ -9,8 +9,9 @@
     koordctl demo [--phase T] [--period T] [--loops L,L] [--plot FILE | --no-plot]
                                                 exit 0, 1 on a failure, 128+N when stopped by signal N
 
-status and decisions only read files under the daemon's state_dir (taken from the config unless
---state-dir is given), and status the host lock's file (which koordd writes the host's knobs: koordd/act/owner.py);
+status and decisions only read files under the daemon's state_dir (--state-dir; else that of --config; else the
+running koordd's, as the host lock names it; else that of the config the last koordd's status names; else
+/etc/koordd/koordd.toml's), and status the host lock's file (which koordd writes the host's knobs: koordd/act/owner.py);
 they never change anything there. top writes one file there, top.request, which
 asks the running koordd to publish what it samples (koordd/runtime/topfeed.py). demo runs LS and BE work and
 a koordd of its own in cgroups of its own, and removes them all (koordctl/demo/); it refuses while another
@@ -88,7 +89,8 @@ def parser() -> argparse.ArgumentParser:
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="machine-readable output")
     state = argparse.ArgumentParser(add_help=False)
-    state.add_argument("--config", type=Path, default=DEFAULT_PATH, help=f"config file (default {DEFAULT_PATH})")
+    state.add_argument("--config", type=Path, help="config file whose state_dir to read (default: the running "
+                       f"koordd's, else {DEFAULT_PATH}'s)")
     state.add_argument("--state-dir", type=Path, help="read this state_dir instead of the config's")
 
     s = sub.add_parser("validate", help="check a config file")

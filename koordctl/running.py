@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from koordd.act.owner import current_holder
-from koordd.core.config import ConfigError, DAEMON_OPTIONS, load_config
+from koordctl.common import pid_alive
+from koordd.act.owner import Holder, current_holder
+from koordd.core.config import ConfigError, DAEMON_OPTIONS, DEFAULT_PATH, load_config
+from koordd.core.feeds import STATUS_FILE
 from koordd.core.registry import load_registry
 
 
@@ -15,16 +18,49 @@ DEFAULT_STATE_DIR = next(o.default for o in DAEMON_OPTIONS if o.name == "state_d
 
 
 def state_dir(args: argparse.Namespace) -> Path:
-    """--state-dir, else the config's state_dir, else (invalid config) the default, saying so on stderr."""
+    """--state-dir; else the state_dir of --config; else the running koordd's (the host lock names it);
+    else that of the config the last koordd with the default state_dir ran (its status.json names it);
+    else /etc/koordd's config's. An invalid config: the default, saying so on stderr."""
     if args.state_dir is not None:
         return args.state_dir
+    config = args.config
+    if config is None:
+        running = running_koordd()
+        if running is not None and running.state_dir:
+            return Path(running.state_dir)
+        last = last_config()
+        if last is not None:
+            try:
+                return Path(load_config(last, load_registry()).daemon.state_dir)
+            except ConfigError:
+                return Path(DEFAULT_STATE_DIR)      # its status is there, whatever its config says now
+        config = DEFAULT_PATH
     try:
-        return Path(load_config(args.config, load_registry()).daemon.state_dir)
+        return Path(load_config(config, load_registry()).daemon.state_dir)
     except ConfigError as e:
         more = f" (and {len(e.errors) - 1} more)" if len(e.errors) > 1 else ""
         print(f"koordctl: invalid config: {e.errors[0]}{more}; using the default state_dir {DEFAULT_STATE_DIR}",
               file=sys.stderr)
         return Path(DEFAULT_STATE_DIR)
+
+
+def running_koordd() -> Holder | None:
+    """The koordd that holds this host's lock and still runs; None when none does or the lock is unreadable."""
+    try:
+        holder = current_holder()
+    except OSError:
+        return None
+    return holder if holder is not None and pid_alive(holder.pid) else None
+
+
+def last_config() -> Path | None:
+    """The config of the last koordd that ran with the default state_dir, as its status.json names it."""
+    try:
+        status = json.loads((Path(DEFAULT_STATE_DIR) / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    config = status.get("config") if isinstance(status, dict) else None
+    return Path(config) if isinstance(config, str) and config else None
 
 
 def host_owner() -> tuple[Any, str]:

@@ -15,6 +15,7 @@ import pytest
 
 from koordctl.cli import main
 from koordctl.common import ago, table
+from koordd.act.owner import OwnerLock
 from koordd.runtime.capabilities import PROBES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -185,6 +186,41 @@ def test_status_invalid_config_falls_back_to_default(tmp_path, capsys):
     main(["status", "--config", str(path)])
     err = capsys.readouterr().err
     assert f"invalid config: {path}:2:" in err and "using the default state_dir /var/lib/koordd" in err
+
+
+def test_without_config_or_state_dir_status_reads_the_running_koordds_state_dir(tmp_path, state, capsys,
+                                                                                monkeypatch):
+    # `sudo scripts/run` runs koordd on /run/koordd/koordd.toml: koordctl finds it through the host lock,
+    # not through /etc/koordd (which need not exist), and says nothing about a config it did not need.
+    monkeypatch.setattr("koordctl.running.DEFAULT_PATH", tmp_path / "absent.toml")
+    lock = OwnerLock.take(tmp_path / "run.toml", state)
+    try:
+        assert main(["status"]) == 0
+    finally:
+        lock.release()
+    out, err = capsys.readouterr()
+    assert f"state_dir  {state}" in out and err == ""
+
+
+def test_without_a_running_koordd_status_takes_the_config_its_last_status_names(tmp_path, state, capsys,
+                                                                               monkeypatch):
+    config = write_config(tmp_path, f'[daemon]\nstate_dir = "{state}"\n')
+    default = tmp_path / "default-state"
+    default.mkdir()
+    (default / "status.json").write_text(json.dumps({"config": str(config)}))
+    monkeypatch.setattr("koordctl.running.DEFAULT_STATE_DIR", str(default))
+    monkeypatch.setattr("koordctl.running.DEFAULT_PATH", tmp_path / "absent.toml")
+    main(["status"])
+    out, err = capsys.readouterr()
+    assert f"state_dir  {state}" in out and err == ""
+
+
+def test_with_no_koordd_and_no_status_status_falls_back_to_etc_koordd(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("koordctl.running.DEFAULT_STATE_DIR", str(tmp_path / "nothing"))
+    monkeypatch.setattr("koordctl.running.DEFAULT_PATH", tmp_path / "absent.toml")
+    assert main(["status"]) == 1
+    out, err = capsys.readouterr()
+    assert f"invalid config: {tmp_path / 'absent.toml'}" in err and f"has not run with state_dir {tmp_path / 'nothing'}" in out
 
 
 def test_status_unreadable_file(state, capsys):
