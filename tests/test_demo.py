@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from fakecgroup import FakeCgroups
 
-from koordctl.demo import session as demo
 from koordctl.cli import main
+from koordctl.demo import session as demo
 from koordctl.demo.cgroups import DemoCgroups
 from koordctl.demo.session import Stopped, koordd_config, signals_stop
 from koordd.core.config import load_config

@@ -19,12 +19,7 @@ from typing import Callable, Iterable, Mapping, TypeVar
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import Held, RestoreJournal
 from koordd.act.protect import EVICTING, harm
-from koordd.backends.cgroup import CgroupBackend
-from koordd.backends.netclass import ClassifierBackend, NetClassBackend, process_classifier
-from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
-from koordd.backends.scx import scheduler_backends
-from koordd.backends.tc import TcBackend
-from koordd.backends.threads import ThreadPolicyBackend
+from koordd.backends.registry import builtin_backends
 from koordd.core.backend import Backend, Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
 from koordd.core.decisions import APPLIED, DRY_RUN, Decision, LEFT, REFUSED, RESTORED
 from koordd.core.kubelet import KubeletRule
@@ -441,16 +436,6 @@ class Actuator:
 
 class Forbidden(Exception):
     """A restore that must never be written (a forged or stale journal entry): dropped with a decision."""
-
-
-def builtin_backends(fs: CgroupFS) -> list[Backend]:
-    """koordd's own backends on a cgroup layout: the cgroup knobs, the policy of cgroups' threads, and
-    resctrl (its groups, and which group a cgroup's threads are in), tc (a device's HTB tree), the
-    egress classifier (where it is attached, which class a cgroup's packets get) and koordd's sched_ext
-    scheduler (whether it runs, which class a cgroup's threads have in it)."""
-    shared = process_classifier()
-    return [CgroupBackend(fs), ThreadPolicyBackend(fs), ResctrlGroupBackend(), ResctrlTasksBackend(fs), TcBackend(shared),
-            ClassifierBackend(shared), NetClassBackend(fs, shared), *scheduler_backends(fs)]
 
 
 def _depth(backend: Backend, target: str) -> int:

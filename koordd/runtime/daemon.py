@@ -14,12 +14,13 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from koordd.act.actuator import Actuator, builtin_backends
+from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog, journal_sender
 from koordd.act.journal import Held, JournalUnreadable, RestoreJournal, note_move, write_atomic
 from koordd.act.owner import HostOwned, OwnerLock, UntrustedLock, current_holder, lock_path
 from koordd.act.protect import process_cgroups
 from koordd.backends.cgroup import KNOBS, kernel_lacks
+from koordd.backends.registry import builtin_backends
 from koordd.core.config import Config, ConfigError, DEFAULT_PATH, load_config
 from koordd.core.feeds import REQUEST_FILE, STATUS_FILE, TOP_FILE
 from koordd.core.kubelet import KubeletRule
