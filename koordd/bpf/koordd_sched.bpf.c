@@ -3,7 +3,7 @@
 // Loaded in partial mode (SCX_OPS_SWITCH_PARTIAL): only threads with the SCHED_EXT policy (set by
 // the sched_ext loop for `ext_classes`) run here, every other thread stays with the fair class,
 // which the kernel runs before this one. A thread's class is that of the nearest cgroup at or above
-// its own (cgroup v2) in `classes`, cgroup id -> class, which koordd fills (koordd/scx.py).
+// its own (cgroup v2) in `classes`, cgroup id -> class, which koordd fills (koordd/kernel/scx.py).
 //   - LS (and any thread of no BE cgroup) waits in one shared queue, BE in another;
 //   - a CPU that needs work takes LS first and BE only when no LS is queued: BE runs only on CPUs
 //     LS leaves idle;
@@ -22,7 +22,7 @@ char _license[] SEC("license") = "GPL";     // sched_ext's kfuncs are GPL-only
 
 #define LS_DSQ 0
 #define BE_DSQ 1
-#define CLASS_LS 1          // values of `classes`, as koordd/scx.py writes them
+#define CLASS_LS 1          // values of `classes`, as koordd/kernel/scx.py writes them
 #define CLASS_BE 2
 #define MAX_CPUS 1024
 #define MAX_DEPTH 16        // cgroup levels searched for a classified ancestor
