@@ -4,13 +4,14 @@ Wide vector instructions make an Intel core drop to a lower turbo "licence" leve
 while they run, stays down ~2 ms after the last one, and the core's SMT sibling runs at the same lowered
 frequency (the licence is the core's). Equal CPU time then buys unequal work: in Gottschlag et al.
 (ATC'21) scalar tasks next to AVX-512 tasks were 24.9% slower on average. A loop can make up for it by
-raising the `cpu.weight` of the victims by f_nominal / f_effective; this module holds what it reads:
+raising the `cpu.weight` of the victims by f_nominal / f_effective; this module reads what it needs:
 
 - the observation, from /proc: `arch_status`'s `AVX512_elapsed_ms` (ms since AVX-512 state was last seen
   in use at a context switch; -1 never; x86 kernels 5.3+ on CPUs with AVX-512 only) and the CPU a thread
   last ran on (field 39 of `stat`).
-- the model: licence level -> MHz (DEFAULT_MHZ, the paper's measurements on one Intel host), the frequency a
-  CPU runs at given what runs on it and on its siblings, and the compensation factor and weight.
+- the model (koordd/core/avx.py, pure, what the avx_weight loop computes with): licence level -> MHz
+  (DEFAULT_MHZ, the paper's measurements on one Intel host), the frequency a CPU runs at given what runs on
+  it and on its siblings, and the compensation factor and weight.
 - the measurement where the host allows it: APERF/MPERF through /dev/cpu/<n>/msr, the average frequency a
   CPU actually ran at while busy; None where unreadable, and then the model is all there is.
 
