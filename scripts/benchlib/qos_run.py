@@ -218,7 +218,7 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
         failures = {n: r["failures"] for n, r in koordd.status()["loops"].items() if r["failures"]}
         if failures:
             raise RuntimeError(f"koordd loops failed during the run: {failures}\n{koordd.log_tail()}")
-        decisions = koordd.core.decisions()
+        decisions = koordd.decisions()
         out["koordd_writes"] = sum(1 for d in decisions if d.get("outcome") == "applied")
         out["koordd_window"] = window_decisions(decisions, wall0, wall0 + bench.seconds)
         if setup.needs_sched_ext:

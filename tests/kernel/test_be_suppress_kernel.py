@@ -50,14 +50,14 @@ def be_share(m: dict) -> float:
 
 
 def applied(koordd, cgroup: str, after: float = 0.0) -> list[dict]:
-    return [d for d in koordd.core.decisions() if d.get("outcome") == "applied" and d.get("loop") == LOOP
+    return [d for d in koordd.decisions() if d.get("outcome") == "applied" and d.get("loop") == LOOP
             and d.get("cgroup") == cgroup and d.get("knob") == "cpu.max" and d.get("time", 0) >= after]
 
 
 def wait_for_quota(koordd, cgroups, timeout: float = 20.0) -> list[dict]:
     be = cgroups.cgroup("be")
     found = wait_for(lambda: applied(koordd, be) and cgroups.quota_cores("be") is not None, timeout)
-    assert found, (f"koordd wrote no quota on {be} within {timeout}s; decisions: {koordd.core.decisions()}\n"
+    assert found, (f"koordd wrote no quota on {be} within {timeout}s; decisions: {koordd.decisions()}\n"
                    f"{koordd.log_text()}")
     return applied(koordd, be)
 
@@ -108,7 +108,7 @@ def test_be_suppress_throttles_be_and_restores_on_sigterm(cgroups, koordd, capsy
     assert cgroups.cpu_max("be") == original
     assert koordd.held() == [], f"the restore journal still holds {koordd.held()}"
 
-    records = [d for d in koordd.core.decisions() if d.get("time", 0) >= started]
+    records = [d for d in koordd.decisions() if d.get("time", 0) >= started]
     writes = applied(koordd, be, after=started)
     assert writes, records
     for d in writes:
@@ -158,8 +158,8 @@ def test_crash_then_start_with_loop_disabled_restores(cgroups, koordd):
     assert result.returncode == 0, out
     assert cgroups.cpu_max("be") == original, f"quota not restored by --once: {cgroups.cpu_max('be')}\n{out}"
     assert koordd.held() == [], koordd.held()
-    restored = [d for d in koordd.core.decisions() if d.get("time", 0) >= since and d["outcome"] == "restored"]
-    assert len(restored) == 1, koordd.core.decisions()
+    restored = [d for d in koordd.decisions() if d.get("time", 0) >= since and d["outcome"] == "restored"]
+    assert len(restored) == 1, koordd.decisions()
     r = restored[0]
     assert (r["loop"], r["cgroup"], r["knob"], r["old"], r["new"]) == \
         (LOOP, cgroups.cgroup("be"), "cpu.max", capped, original), r
@@ -189,15 +189,15 @@ def test_crash_then_restart_with_loop_enabled_readopts(cgroups, koordd):
         f"BE not suppressed after restart: BE {run['be']:.2f} cores, quota {min(seen):.3f}..{max(seen):.3f}"
     held = koordd.held()
     assert held and held[0]["original"] == original and held[0]["owner"] == LOOP, held
-    assert not [d for d in koordd.core.decisions() if d.get("time", 0) >= since and d["outcome"] == "restored"], \
-        koordd.core.decisions()
+    assert not [d for d in koordd.decisions() if d.get("time", 0) >= since and d["outcome"] == "restored"], \
+        koordd.decisions()
     if not os.path.exists("/run/systemd/journal/socket"):       # else the log went to journald
         assert f"re-adopting {be} cpu.max" in koordd.log_text(), koordd.log_text()
     rc = koordd.stop(proc)
     assert rc == 0, koordd.log_text()
     assert cgroups.cpu_max("be") == original
     assert koordd.held() == []
-    last = koordd.core.decisions()[-1]
+    last = koordd.decisions()[-1]
     assert (last["outcome"], last["cgroup"], last["new"]) == ("restored", be, original), last
 
 
@@ -215,7 +215,7 @@ def test_rule_slack_holds_be_at_its_floor_while_ls_waits_and_lets_it_grow_when_l
     def floored():
         return [d for d in applied(koordd, be) if d["reason"].get("rule") == "slack"
                 and d["reason"].get("step") == "floor"]
-    assert wait_for(floored, 30), f"BE never went to its floor: {koordd.core.decisions()}\n{koordd.log_text()}"
+    assert wait_for(floored, 30), f"BE never went to its floor: {koordd.decisions()}\n{koordd.log_text()}"
     first = floored()[0]
     worst = first["reason"]["worst"]
     assert worst["cgroup"] == cgroups.cgroup("ls") and first["reason"]["slack"] < 0, first
@@ -226,7 +226,7 @@ def test_rule_slack_holds_be_at_its_floor_while_ls_waits_and_lets_it_grow_when_l
     for h in ls_hogs:
         h.kill()
     grown = wait_for(lambda: (q := cgroups.quota_cores("be")) is not None and q >= 0.3 and q, 90)
-    assert grown, f"BE did not grow back after LS left: {koordd.core.decisions()[-5:]}\n{koordd.log_text()}"
+    assert grown, f"BE did not grow back after LS left: {koordd.decisions()[-5:]}\n{koordd.log_text()}"
     steps = [d["reason"].get("step") for d in applied(koordd, be)]
     print(f"[kernel] rule slack: after LS left, BE grew back to {grown:.2f} CPUs; steps {steps}")
     assert koordd.stop(p) == 0

@@ -111,7 +111,7 @@ def config(koordd, **options) -> object:
 
 
 def records(koordd, knob: str | None = None, outcome: str | None = None) -> list[dict]:
-    return [d for d in koordd.core.decisions() if d.get("loop") == LOOP and d.get("cgroup").endswith("/ls")
+    return [d for d in koordd.decisions() if d.get("loop") == LOOP and d.get("cgroup").endswith("/ls")
             and (knob is None or d.get("knob") == knob) and (outcome is None or d.get("outcome") == outcome)]
 
 
@@ -123,7 +123,7 @@ def stop_and_check_restored(koordd, cgroups, proc) -> None:
     assert raw_quota == str(BASE), f"quota not restored: {raw_quota}"
     assert raw_burst_file(cgroups) == "0", f"burst not restored: {raw_burst_file(cgroups)}"
     assert koordd.held() == [], f"the restore journal still holds {koordd.held()}"
-    assert not [d for d in koordd.core.decisions() if d.get("outcome") == "refused"], koordd.core.decisions()
+    assert not [d for d in koordd.decisions() if d.get("outcome") == "refused"], koordd.decisions()
 
 
 # --- tests ------------------------------------------------------------------------------------------

@@ -357,7 +357,7 @@ def last_log(koordd: Koordd) -> str:
 
 
 def writes_since(koordd: Koordd, since: float) -> list[dict]:
-    return [d for d in koordd.core.decisions() if d.get("time", 0) >= since and d.get("outcome") in ("applied", "restored")]
+    return [d for d in koordd.decisions() if d.get("time", 0) >= since and d.get("outcome") in ("applied", "restored")]
 
 
 def report(capsys, text: str) -> None:

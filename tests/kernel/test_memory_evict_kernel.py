@@ -231,7 +231,7 @@ def start_koordd(koordd: Koordd, scope: Scope, action: str) -> subprocess.Popen:
 
 
 def records(koordd: Koordd, knob: str | None = None, outcome: str | None = None) -> list[dict]:
-    return [d for d in koordd.core.decisions() if d.get("loop") == LOOP and (knob is None or d["knob"] == knob)
+    return [d for d in koordd.decisions() if d.get("loop") == LOOP and (knob is None or d["knob"] == knob)
             and (outcome is None or d["outcome"] == outcome)]
 
 

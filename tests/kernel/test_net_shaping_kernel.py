@@ -166,7 +166,7 @@ def test_after_kill_9_the_next_koordd_removes_what_the_first_put_on_the_device(v
         return f'[loops.net_shaping]\nenabled = {"true" if enabled else "false"}\ninterval = "500ms"\n' \
                f'devices = ["{HOST}:50mbit"]\n'
     first = koordd.start(koordd.write_config(enabled=False, extra=shaping(True)))
-    assert wait_for(lambda: {(d["knob"], d["target"]) for d in koordd.core.decisions()} >=
+    assert wait_for(lambda: {(d["knob"], d["target"]) for d in koordd.decisions()} >=
                     {("tc.shaping", HOST), ("tc.classifier", HOST), ("net_class", koordd.env.cgroup("be"))}, 30), \
         koordd.log_text()
     assert wait_for(lambda: installed() == (["clsact", "htb"], True), 10), (installed(), koordd.log_text())

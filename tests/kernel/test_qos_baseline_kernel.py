@@ -127,7 +127,7 @@ def config(koordd, cgroups, **options) -> object:
 
 
 def decisions(koordd, knob: str | None = None, outcome: str | None = None) -> list[dict]:
-    return [d for d in koordd.core.decisions() if d.get("loop") == LOOP and (knob is None or d["knob"] == knob)
+    return [d for d in koordd.decisions() if d.get("loop") == LOOP and (knob is None or d["knob"] == knob)
             and (outcome is None or d["outcome"] == outcome)]
 
 
@@ -166,7 +166,7 @@ def test_be_idle_gives_ls_the_cpu_is_reconciled_and_restored(cgroups, koordd, ca
     started = time.time()
     proc = koordd.start(config(koordd, cgroups))
     assert wait_for(lambda: cpu_file(cgroups, "be", "cpu.idle") == "1" and decisions(koordd, "cpu.idle", "applied"),
-                    20), f"koordd did not set {be} cpu.idle: {koordd.core.decisions()}\n{koordd.log_text()}"
+                    20), f"koordd did not set {be} cpu.idle: {koordd.decisions()}\n{koordd.log_text()}"
     time.sleep(1.0)
     on = calm_measure(cgroups, cpu)
     numbers = report(capsys, "BE cpu.idle=1", off, on)
@@ -189,7 +189,7 @@ def test_be_idle_gives_ls_the_cpu_is_reconciled_and_restored(cgroups, koordd, ca
     else:
         pytest.fail("could not rewrite BE's weight five times in a row")
     assert wait_for(lambda: len(decisions(koordd, "cpu.idle", "applied")) >= 2 and
-                    cpu_file(cgroups, "be", "cpu.idle") == "1", 20), koordd.core.decisions()
+                    cpu_file(cgroups, "be", "cpu.idle") == "1", 20), koordd.decisions()
     second = decisions(koordd, "cpu.idle", "applied")[1]
     assert (second["cgroup"], second["old"], second["new"]) == (be, "0", "1"), second
     # Still the values from before koordd's first write, not the rewrite.
@@ -202,7 +202,7 @@ def test_be_idle_gives_ls_the_cpu_is_reconciled_and_restored(cgroups, koordd, ca
     assert koordd.held() == [], koordd.held()
     restored = [(d["knob"], d["new"]) for d in decisions(koordd, outcome="restored") if d["time"] >= started]
     assert restored == [("cpu.idle", "0"), ("cpu.weight", BE_WEIGHT)], restored   # idle first: it resets the weight
-    mine = [d for d in koordd.core.decisions() if d.get("time", 0) >= started]
+    mine = [d for d in koordd.decisions() if d.get("time", 0) >= started]
     assert not [d for d in mine if d["outcome"] == "refused"], mine
     assert {d["knob"] for d in mine} == {"cpu.idle", "cpu.weight"}, mine      # nothing for memory on hybrid
     with capsys.disabled():
@@ -221,7 +221,7 @@ def test_without_idle_be_gets_the_minimum_weight(cgroups, koordd, capsys):
     proc = koordd.start(config(koordd, cgroups, be_cpu_idle="false"))
     min_raw = "10" if cgroups.mode == "hybrid" else "1"          # weight 1 = shares 10 on v1
     assert wait_for(lambda: cpu_file(cgroups, "be", wfile) == min_raw, 20), \
-        f"koordd did not set {be} weight: {koordd.core.decisions()}\n{koordd.log_text()}"
+        f"koordd did not set {be} weight: {koordd.decisions()}\n{koordd.log_text()}"
     time.sleep(1.0)
     on = calm_measure(cgroups, cpu)
     numbers = report(capsys, "BE cpu.weight=1", off, on)
@@ -232,7 +232,7 @@ def test_without_idle_be_gets_the_minimum_weight(cgroups, koordd, capsys):
 
     write_cpu_file(cgroups, "be", wfile, "1024" if cgroups.mode == "hybrid" else "100")    # a rewrite
     assert wait_for(lambda: len(decisions(koordd, "cpu.weight", "applied")) >= 2 and
-                    cpu_file(cgroups, "be", wfile) == min_raw, 20), koordd.core.decisions()
+                    cpu_file(cgroups, "be", wfile) == min_raw, 20), koordd.decisions()
     assert [(d["old"], d["new"]) for d in decisions(koordd, "cpu.weight", "applied")] == \
         [(BE_WEIGHT, "1"), ("100", "1")]
     assert held(koordd) == {(be, "cpu.weight"): BE_WEIGHT}
@@ -240,7 +240,7 @@ def test_without_idle_be_gets_the_minimum_weight(cgroups, koordd, capsys):
     assert koordd.stop(proc) == 0, koordd.log_text()
     assert cpu_file(cgroups, "be", wfile) == raw_weight
     assert koordd.held() == []
-    mine = [d for d in koordd.core.decisions() if d.get("time", 0) >= started]
+    mine = [d for d in koordd.decisions() if d.get("time", 0) >= started]
     assert [(d["knob"], d["outcome"]) for d in mine] == [("cpu.weight", "applied")] * 2 + [("cpu.weight", "restored")]
 
 
@@ -302,7 +302,7 @@ def test_kubelet_groups_get_idle_threads_and_keep_the_kubelets_weight(cgroups, k
     assert wait_for(lambda: set(be_threads(cgroups).values()) == {os.SCHED_OTHER}, 20), koordd.log_text()
     assert koordd.stop(proc) == 0, koordd.log_text()
     assert koordd.held() == []
-    mine = [(d["knob"], d["outcome"]) for d in koordd.core.decisions() if d.get("time", 0) >= started]
+    mine = [(d["knob"], d["outcome"]) for d in koordd.decisions() if d.get("time", 0) >= started]
     assert mine[0] == ("sched_policy", "applied") and mine[-1] == ("sched_policy", "restored"), mine
     assert not [m for m in mine if m[0] != "sched_policy" or m[1] == "refused"], mine
     with capsys.disabled():

@@ -159,7 +159,7 @@ def test_an_ls_root_inside_a_be_root_is_never_capped_frozen_or_killed(nest, free
     proc = koordd.start(write_config(koordd, nest, free))
 
     def acted():
-        d = koordd.core.decisions()
+        d = koordd.decisions()
         return any(x["cgroup"] == free.name and x["outcome"] == "applied" for x in d) \
             and any(x["cgroup"] == nest.name + "/be" and x["outcome"] == "applied" for x in d)
 
@@ -174,7 +174,7 @@ def test_an_ls_root_inside_a_be_root_is_never_capped_frozen_or_killed(nest, free
     while time.monotonic() < end:
         sample()
         time.sleep(0.05)
-    decisions = koordd.core.decisions()
+    decisions = koordd.decisions()
     ours = [d for d in decisions if d["cgroup"] in (nest.name, nest.name + "/ls")]
     with capsys.disabled():
         print(f"\n[kernel] {nest.mode}: {len(seen)} samples; decisions on the nested root and ls: "

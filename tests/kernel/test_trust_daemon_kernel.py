@@ -47,7 +47,7 @@ def test_once_and_a_second_instance_beside_a_running_koordd_refuse_naming_it(cgr
     assert not other_state.exists()                           # refused before it made its state_dir
     assert holds() == held
     value = cgroups.cpu_max("be")           # its decision is recorded just after the write: waited for
-    assert wait_for(lambda: value in {d["new"] for d in koordd.core.decisions()
+    assert wait_for(lambda: value in {d["new"] for d in koordd.decisions()
                                       if d["knob"] == "cpu.max" and d["outcome"] == "applied"}, 30), value
     assert first.poll() is None
 

@@ -56,7 +56,7 @@ def test_a_cgroup_made_again_after_a_crash_keeps_its_new_quota(koordd, cgroups):
     done = koordd.run_once(koordd.write_config(enabled=False))      # its loop off: the start restores
     assert done.returncode == 0, done.stderr
     assert quota(cgroups, "be") == "50000"
-    [left] = [r for r in koordd.core.decisions() if r["outcome"] == "left"]
+    [left] = [r for r in koordd.decisions() if r["outcome"] == "left"]
     assert (left["target"], left["knob"], left["old"], left["new"]) == (be, "cpu.max", "50000 100000", "max 100000")
     assert "made anew" in left["error"], left
     assert koordd.held() == []
