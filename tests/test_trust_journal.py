@@ -19,10 +19,10 @@ from koordd.act import journal as state_mod
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import Held, JournalUnreadable, RestoreJournal, note_move, read_held
-from koordd.backends.cgroup import KNOBS, Knob
+from koordd.backends.cgroup import KNOBS, CgroupBackend, Knob
 from koordd.core.decisions import APPLIED, LEFT, REFUSED, RESTORED
 from koordd.core.loop import Action, restore
-from koordd.kernel.cgroupfs import CgroupFS
+from koordd.kernel.cgroupfs import CgroupFS, CgroupGone
 
 BE, JOB = "be.slice", "be.slice/job"
 _graves = itertools.count()
@@ -498,8 +498,6 @@ def test_copies_kept_aside_in_one_second_do_not_overwrite_each_other(tmp_path, m
 
 def test_a_cgroup_removed_while_its_identity_is_read_is_gone_not_a_crash(tmp_path, monkeypatch):
     """Removed between finding its directory and stat()ing it: TargetGone (churn), never a NameError."""
-    from koordd.cgroups import CgroupGone
-    from koordd.knobs import CgroupBackend
     tree = FakeCgroups(tmp_path, "v2").add(BE)
     backend = CgroupBackend(tree.fs)
     real_stat = os.stat
