@@ -83,6 +83,7 @@ def test_files_owner_and_modes(deb):
                        (f"/{SITE}/koordd/loops/be_suppress.py", "-rw-r--r--"),
                        (f"/{SITE}/koordd/bpf/koordd_sched.bpf.o", "-rw-r--r--"),
                        (f"/{SITE}/koordd/bpf/runq_latency.c", "-rw-r--r--"),
+                       (f"/{SITE}/koordd/bpf/koordd_shared.h", "-rw-r--r--"),
                        ("/usr/share/doc/koordd/copyright", "-rw-r--r--"),
                        ("/usr/share/doc/koordd/changelog.gz", "-rw-r--r--")):
         assert path in entries, f"{path} is not in the package"

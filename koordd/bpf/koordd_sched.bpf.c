@@ -17,13 +17,12 @@
 // for one short slice even while LS is queued.
 #include "vmlinux.h"
 #include "scx.h"
+#include "koordd_shared.h"     // CLASS_LS, CLASS_BE: the values koordd/kernel/scx.py writes
 
 char _license[] SEC("license") = "GPL";     // sched_ext's kfuncs are GPL-only
 
 #define LS_DSQ 0
 #define BE_DSQ 1
-#define CLASS_LS 1          // values of `classes`, as koordd/kernel/scx.py writes them
-#define CLASS_BE 2
 #define MAX_CPUS 1024
 #define MAX_DEPTH 16        // cgroup levels searched for a classified ancestor
 #define LS_SLICE_NS 3000000ULL          // 3 ms: the longest a waking LS thread waits for another LS thread

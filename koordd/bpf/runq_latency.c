@@ -13,10 +13,10 @@
 // (koordd adds the sums up to the enclosing watched cgroups); waits elsewhere are not counted.
 
 #define MAX_DEPTH 16        // cgroup levels below the root searched for a watched ancestor
-#define SLOTS 32            // log2 µs: slot k holds waits of [2^(k-1), 2^k) µs, slot 0 under 1 µs
+#include "koordd_shared.h"      // RUNQ_SLOTS: the histogram's slots, as koordd/sensors/runq.py reads them
 
 struct hist {
-    u64 slots[SLOTS];
+    u64 slots[RUNQ_SLOTS];
     u64 wait_ns;            // total wait: an exact mean
 };
 
@@ -83,8 +83,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
             struct hist *h = waits.lookup_or_try_init(&cgroup, &zero);
             if (h) {
                 u64 slot = bpf_log2l(*waited / 1000);
-                if (slot >= SLOTS)
-                    slot = SLOTS - 1;
+                if (slot >= RUNQ_SLOTS)
+                    slot = RUNQ_SLOTS - 1;
                 __sync_fetch_and_add(&h->slots[slot], 1);
                 __sync_fetch_and_add(&h->wait_ns, *waited);
             }

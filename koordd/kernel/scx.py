@@ -25,11 +25,12 @@ from pathlib import Path
 
 from koordd.core.classes import BE, LATENCY_SENSITIVE
 from koordd.core.snapshot import SchedExtStatus
+from koordd.kernel.bpf_shared import CLASS_BE, CLASS_LS
 from koordd.kernel.sched_ext import missing_reason, read_sched_ext
 
 OBJECT = Path(str(files("koordd.bpf") / "koordd_sched.bpf.o"))
 OPS_NAME = "koordd"                 # sched_ext_ops.name: what root/ops shows
-CLASS_VALUES = {**{c: 1 for c in LATENCY_SENSITIVE}, BE: 2}     # koordd/bpf/koordd_sched.bpf.c's CLASS_LS, CLASS_BE
+CLASS_VALUES = {**{c: CLASS_LS for c in LATENCY_SENSITIVE}, BE: CLASS_BE}     # the `classes` map's values
 BPF_F_SLEEPABLE = 1 << 4
 BPF_F_LINK = 1 << 13
 BPF_STRUCT_OPS = 44                 # enum bpf_attach_type

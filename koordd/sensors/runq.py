@@ -22,12 +22,13 @@ from typing import Iterable, Mapping
 
 from koordd.core.histogram import quantile_us, slot_upper_us
 from koordd.core.snapshot import RUNQ_LATENCY, RunqLatency
+from koordd.kernel.bpf_shared import RUNQ_SLOTS
 from koordd.kernel.cgroupfs import DEFAULT_ROOT, Layout, LayoutError, detect_layout, thread_ids
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 log = logging.getLogger(__name__)
 PROGRAM = Path(str(files("koordd.bpf") / "runq_latency.c"))
-SLOTS = 32                      # as in the BPF program: slot k holds waits of [2^(k-1), 2^k) µs
+SLOTS = RUNQ_SLOTS              # koordd_shared.h's: slot k holds waits of [2^(k-1), 2^k) µs
 EBPF, SCHEDSTAT = "ebpf", "schedstat"
 DEFAULT_SOURCES = (EBPF, SCHEDSTAT)     # in the order tried
 
@@ -88,7 +89,8 @@ class EbpfSource:
         if not Path("/sys/kernel/tracing/events/sched/sched_switch").exists():
             raise SensorUnavailable("tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing)")
         try:
-            self.bpf = BPF(src_file=str(self.program).encode())
+            # -I: the program includes koordd_shared.h, which lies beside it
+            self.bpf = BPF(src_file=str(self.program).encode(), cflags=[f"-I{self.program.parent}"])
         except Exception as e:  # noqa: BLE001 - bcc raises plain Exception for compile and load errors
             raise SensorUnavailable(f"the BPF program did not load: {e}") from None
 
