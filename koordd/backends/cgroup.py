@@ -379,3 +379,8 @@ class CgroupBackend(Backend):
 
     def close(self) -> None:
         self.fs.close()
+
+
+def backends(fs: CgroupFS) -> list[Backend]:
+    """What this module brings to koordd's backends (koordd/core/registry.py BUILTIN)."""
+    return [CgroupBackend(fs)]

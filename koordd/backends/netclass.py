@@ -345,3 +345,10 @@ class NetClassBackend(Backend):
             raise (PartialWrite if moved else OSError)(
                 e.errno, f"{len(errors)} thread(s) refused net_cls cgroup {cgroup or '/'} "
                          f"(first: thread {tid}: {e.strerror})")
+
+
+def backends(fs: CgroupFS) -> list[Backend]:
+    """What this module brings to koordd's backends (koordd/core/registry.py BUILTIN): where the egress
+    classifier is attached, and which class a cgroup's packets get."""
+    shared = process_classifier()
+    return [ClassifierBackend(shared), NetClassBackend(fs, shared)]

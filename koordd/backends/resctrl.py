@@ -309,3 +309,9 @@ class ResctrlTasksBackend(Backend):
             tid, e = errors[0]
             raise (PartialWrite if moved else OSError)(
                 e.errno, f"{len(errors)} thread(s) refused resctrl group {group} (first: thread {tid}: {e.strerror})")
+
+
+def backends(fs: CgroupFS) -> list[Backend]:
+    """What this module brings to koordd's backends (koordd/core/registry.py BUILTIN): resctrl's groups,
+    and which group a cgroup's threads are in."""
+    return [ResctrlGroupBackend(), ResctrlTasksBackend(fs)]

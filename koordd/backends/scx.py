@@ -181,3 +181,9 @@ class SchedulerClassBackend(Backend):
 def scheduler_backends(fs: CgroupFS, sys_root: Path | str = "/sys") -> list[Backend]:
     own = OwnScheduler(sys_root)
     return [SchedulerBackend(own), SchedulerClassBackend(fs, own)]
+
+
+def backends(fs: CgroupFS) -> list[Backend]:
+    """What this module brings to koordd's backends (koordd/core/registry.py BUILTIN): whether koordd's
+    sched_ext scheduler runs, and which class a cgroup's threads have in it."""
+    return scheduler_backends(fs)

@@ -30,8 +30,10 @@ import importlib.util
 import os
 import re
 
+from koordd.backends.netclass import process_classifier
 from koordd.core.backend import Backend, InvalidValue, KnobSpec, TargetGone, Unsupported
 from koordd.core.units import parse_rate
+from koordd.kernel.cgroupfs import CgroupFS
 from koordd.kernel.netlink import (BE_CLASS, EDT_ROOT, EDT_ROOT_KINDS, KOORDD_CLASSES, LINK, LS_CLASS, OTHER_CLASS,
     ROOT, TC_ROOT_PARENT, burst_bytes, device_index, device_links, htb_rates, kernel_has_qdisc)
 
@@ -276,3 +278,9 @@ class TcBackend(Backend):
         for handle in (LS_CLASS, OTHER_CLASS):
             self._class("change-class", index, handle, link, link, 0)
         self._class("change-class", index, BE_CLASS, max(int(link * BE_GUARANTEE), 8), be_ceil, 7)
+
+
+def backends(fs: CgroupFS) -> list[Backend]:
+    """What this module brings to koordd's backends (koordd/core/registry.py BUILTIN): a device's HTB tree,
+    pacing BE through the classifier this process shares with the netclass backends."""
+    return [TcBackend(process_classifier())]

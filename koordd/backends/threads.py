@@ -149,3 +149,7 @@ class ThreadPolicyBackend(Backend):
     def parent(self, target: str) -> str | None:
         return parent_of(target) or None
 
+
+def backends(fs: CgroupFS) -> list[Backend]:
+    """What this module brings to koordd's backends (koordd/core/registry.py BUILTIN)."""
+    return [ThreadPolicyBackend(fs)]
