@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from importlib.metadata import EntryPoint
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -70,13 +71,10 @@ class Cgroup(Backend):
     kind = "cgroup"
 
 
-class _Dist:
-    metadata = {"Name": "koordd"}
-
-
 def test_koordds_own_metadata_is_no_third_party(monkeypatch, caplog):
     # An older koordd listed its loops as entry points; its metadata may linger (a stale koordd.egg-info).
-    stale = EntryPoint("be_suppress", "koordd.plugins.be_suppress:BeSuppress", LOOPS)._for(_Dist())
+    stale = SimpleNamespace(name="be_suppress", value="koordd.plugins.be_suppress:BeSuppress", group=LOOPS,
+                            dist=SimpleNamespace(metadata={"Name": "koordd"}))
     points(monkeypatch, stale)
     assert third_party(LOOPS) == {} and caplog.records == []
 
