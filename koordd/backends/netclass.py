@@ -33,7 +33,7 @@ import os
 from pathlib import Path
 
 from koordd.backends.threads import cgroup_threads
-from koordd.core.backend import Backend, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
+from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
 from koordd.core.cgroup import parent_of
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, Layout, thread_ids
 from koordd.kernel.netclass import ClassifierError, DeviceGone, EgressClassifier
@@ -348,7 +348,10 @@ class NetClassBackend(Backend):
 
 
 def backends(fs: CgroupFS) -> list[Backend]:
-    """What this module brings to koordd's backends (koordd/core/registry.py BUILTIN): where the egress
+    """What this module brings to koordd's backends: where the egress
     classifier is attached, and which class a cgroup's packets get."""
     shared = process_classifier()
     return [ClassifierBackend(shared), NetClassBackend(fs, shared)]
+
+
+BACKENDS = BackendSet((ClassifierBackend, NetClassBackend), backends)     # koordd/core/registry.py BUILTIN

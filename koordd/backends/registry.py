@@ -1,4 +1,4 @@
-"""koordd's backends on this host's cgroup layout: koordd's own (each backends module's `backends(fs)`,
+"""koordd's backends on this host's cgroup layout: koordd's own (each backends module's BACKENDS,
 listed in koordd/core/registry.py BUILTIN) and the third parties' of the entry-point group `koordd.backends`."""
 from __future__ import annotations
 
@@ -12,7 +12,12 @@ def builtin_backends(fs: CgroupFS) -> list[Backend]:
     resctrl (its groups, and which group a cgroup's threads are in), tc (a device's HTB tree), the
     egress classifier (where it is attached, which class a cgroup's packets get) and koordd's sched_ext
     scheduler (whether it runs, which class a cgroup's threads have in it)."""
-    return [backend for factory in builtin(BACKENDS).values() for backend in factory(fs)]
+    return [backend for own in builtin(BACKENDS).values() for backend in own.build(fs)]
+
+
+def builtin_classes() -> list[type[Backend]]:
+    """The classes of koordd's own backends, unbuilt (koordctl doctor asks them for their features)."""
+    return [cls for own in builtin(BACKENDS).values() for cls in own.classes]
 
 
 def all_backends(fs: CgroupFS) -> Backends:

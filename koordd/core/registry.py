@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Mapping
 
 from koordd.core.backend import Backend, Backends
 from koordd.core.loop import Loop
@@ -20,9 +20,8 @@ log = logging.getLogger("koordd.registry")     # its name before the move: log l
 LOOPS, SENSORS, BACKENDS = "koordd.loops", "koordd.sensors", "koordd.backends"
 GROUP, BACKENDS_GROUP = LOOPS, BACKENDS          # the names these groups had before
 
-# koordd's own. Loops and sensors: name -> the class, whose `name` says the same. Backends: a name (the
-# module's) -> a factory of the backends that module brings on a cgroup layout, `(CgroupFS) -> list[Backend]`,
-# since they take the layout and share state (a classifier, the sched_ext scheduler) a class alone cannot.
+# koordd's own. Loops and sensors: name -> the class, whose `name` says the same. Backends: a module's name ->
+# its BackendSet (koordd/core/backend.py): the classes, and how they are built on this host's cgroup layout.
 BUILTIN: dict[str, dict[str, str]] = {
     LOOPS: {
         "be_suppress": "koordd.loops.be_suppress:BeSuppress",
@@ -44,12 +43,12 @@ BUILTIN: dict[str, dict[str, str]] = {
         "avx": "koordd.sensors.avx:AvxSensor",
     },
     BACKENDS: {      # in this order: the cgroup knobs first, as the actuator has always had them
-        "cgroup": "koordd.backends.cgroup:backends",
-        "threads": "koordd.backends.threads:backends",
-        "resctrl": "koordd.backends.resctrl:backends",
-        "tc": "koordd.backends.tc:backends",
-        "netclass": "koordd.backends.netclass:backends",
-        "scx": "koordd.backends.scx:backends",
+        "cgroup": "koordd.backends.cgroup:BACKENDS",
+        "threads": "koordd.backends.threads:BACKENDS",
+        "resctrl": "koordd.backends.resctrl:BACKENDS",
+        "tc": "koordd.backends.tc:BACKENDS",
+        "netclass": "koordd.backends.netclass:BACKENDS",
+        "scx": "koordd.backends.scx:BACKENDS",
     },
 }
 WHAT = {LOOPS: "loop", SENSORS: "sensor", BACKENDS: "backend"}     # for the log lines
@@ -105,9 +104,6 @@ def load(group: str, taken: Mapping[str, str] | None = None) -> dict[str, Any]:
 def load_registry() -> dict[str, type[Loop]]:
     """name -> loop class."""
     return load(LOOPS)
-
-
-BackendFactory = Callable[..., Iterable[Backend]]
 
 
 def load_backends(*builtin_backends: Backend) -> Backends:
