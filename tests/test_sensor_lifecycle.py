@@ -9,6 +9,7 @@ import pytest
 
 from fakecgroup import FakeCgroups
 import koordd.core.registry as entry_point_loader
+from koordd.core.registry import SENSORS
 from koordd.core.config import parse_config
 from koordd.core.feeds import STATUS_FILE
 from koordd.core.loop import Loop
@@ -178,12 +179,12 @@ class Mismatch(OptionalSensor):
 
 
 def test_third_party_sensors_come_from_the_entry_point_group(monkeypatch, caplog):
-    points = [EntryPoint("widget", f"{__name__}:Widget", registry.GROUP),
-              EntryPoint("broken", "koordd_no_such_module:Sensor", registry.GROUP),
-              EntryPoint("mismatch", f"{__name__}:Mismatch", registry.GROUP),
-              EntryPoint("gpus", f"{__name__}:Widget", registry.GROUP),
-              EntryPoint("cpi", f"{__name__}:Widget", registry.GROUP),
-              EntryPoint("cpu_usage", f"{__name__}:Widget", registry.GROUP)]
+    points = [EntryPoint("widget", f"{__name__}:Widget", SENSORS),
+              EntryPoint("broken", "koordd_no_such_module:Sensor", SENSORS),
+              EntryPoint("mismatch", f"{__name__}:Mismatch", SENSORS),
+              EntryPoint("gpus", f"{__name__}:Widget", SENSORS),
+              EntryPoint("cpi", f"{__name__}:Widget", SENSORS),
+              EntryPoint("cpu_usage", f"{__name__}:Widget", SENSORS)]
     monkeypatch.setattr(entry_point_loader, "entry_points", lambda group: [p for p in points if p.group == group])
     assert registry.load_sensor_registry() == {**registry.builtin_sensors(), "widget": Widget}
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]

@@ -18,7 +18,6 @@ from koordd.core.loop import Loop
 
 log = logging.getLogger("koordd.registry")     # its name before the move: log lines unchanged
 LOOPS, SENSORS, BACKENDS = "koordd.loops", "koordd.sensors", "koordd.backends"
-GROUP, BACKENDS_GROUP = LOOPS, BACKENDS          # the names these groups had before
 
 # koordd's own. Loops and sensors: name -> the class, whose `name` says the same. Backends: a module's name ->
 # its BackendSet (koordd/core/backend.py): the classes, and how they are built on this host's cgroup layout.

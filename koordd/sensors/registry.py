@@ -8,7 +8,6 @@ from koordd.core.registry import SENSORS, builtin, load
 from koordd.core.snapshot import CGROUP_FIELDS
 from koordd.sensors.contract import OptionalSensor
 
-GROUP = SENSORS
 SensorFactory = Callable[[], OptionalSensor]
 
 
