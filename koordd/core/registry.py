@@ -64,8 +64,8 @@ def third_party(group: str, taken: Mapping[str, str] | None = None) -> dict[str,
     One that fails to import, is misnamed, or whose name is koordd's own or taken (`taken`: name -> what
     already has it) is left out with one error line: a broken third-party package must not stop koordd."""
     what, attr = WHAT[group], ATTR[group]
-    # A backend's name is its kind, koordd's own are factories named after modules: Backends.add refuses
-    # a kind taken (load_backends).
+    # A third-party backend's name is its kind, koordd's own are named after their modules: a kind taken is
+    # refused by Backends.add (load_backends), naming it.
     own = {} if group == BACKENDS else {n: f"koordd's own {what}" for n in BUILTIN[group]}
     taken = {**own, **(taken or {})}
     out: dict[str, Any] = {}
