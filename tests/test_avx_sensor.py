@@ -243,4 +243,4 @@ def test_a_cpu_without_the_events_or_a_host_without_a_v2_tree_is_not_counted(tmp
 
 
 def test_registered_as_avx():
-    assert registry.BUILTIN["avx"] is AvxSensor
+    assert registry.builtin_sensors()["avx"] is AvxSensor

@@ -193,7 +193,7 @@ def test_third_party_backends_come_from_entry_points(tmp_path, monkeypatch, capl
 
     monkeypatch.setattr(entry_point_loader, "entry_points",
                         lambda group: [EP("tc", Tc), EP("broken", Broken), EP("misnamed", Tc)]
-                        if group == entry_point_loader.BACKENDS_GROUP else [])
+                        if group == entry_point_loader.BACKENDS else [])
     tree = FakeCgroups(tmp_path, "v2")
     got = load_backends(CgroupBackend(tree.fs))
     assert got.kinds() == ("cgroup", "tc") and got.for_knob("tc.htb.ceil").kind == "tc"

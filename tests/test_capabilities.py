@@ -5,9 +5,13 @@ import types
 
 import pytest
 
+import koordd.kernel.host
+from koordd.backends.registry import builtin_classes
+from koordd.backends.tc import probe_netlink
 from koordd.kernel import perf
 from koordd.runtime import capabilities
 from koordd.runtime.capabilities import Capability, format_report, probe_all, report_json
+from koordd.sensors.registry import builtin_sensors
 
 NAMES = ["cgroup", "cpu.max.burst", "cpu.idle", "knobs", "psi", "perf", "bpf", "resctrl", "sched_ext",
          "netlink", "nvml", "sensors", "journald", "systemd"]
@@ -55,6 +59,13 @@ def test_all_names_in_order_and_json_parses(host):
     parsed = json.loads(report_json(caps))
     assert [d["name"] for d in parsed] == NAMES
     assert all(set(d) == {"name", "available", "detail"} and isinstance(d["available"], bool) for d in parsed)
+
+
+def test_each_row_has_one_probe_kept_by_the_backend_or_sensor_that_uses_the_feature():
+    owned = [(name, owner) for owner in (*builtin_classes(), *builtin_sensors().values()) for name in owner.features]
+    names = [name for name, _ in owned] + list(capabilities.HOST)
+    assert sorted(names) == sorted(NAMES), owned         # none probed twice, none without a row
+    assert dict(owned)["netlink"].__name__ == "TcBackend" and dict(owned)["perf"].__name__ == "CpiSensor"
 
 
 def test_format_report_aligns_columns():
@@ -220,9 +231,8 @@ def test_netlink_with_and_without_pyroute2_which_is_not_imported(host, monkeypat
     (host.proc / "config.gz").write_bytes(__import__("gzip").compress(b"# CONFIG_NET_SCH_FQ is not set\n"))
     assert "no fq qdisc (CONFIG_NET_SCH_FQ): net_shaping's enforce = \"edt\" is refused" in host.probe()["netlink"].detail
     # The daemon probes at every start: 16 MB of RSS not paid there (doctor's sensors line may import it).
-    from koordd.runtime import capabilities
     monkeypatch.delitem(sys.modules, "pyroute2", raising=False)
-    assert capabilities._probe_netlink(types.SimpleNamespace(proc=host.proc))[0] and "pyroute2" not in sys.modules
+    assert probe_netlink(types.SimpleNamespace(proc=host.proc))[0] and "pyroute2" not in sys.modules
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     n = host.probe()["netlink"]
     assert not n.available and "pyroute2 not installed" in n.detail and "NETLINK_ROUTE" in n.detail
@@ -324,7 +334,7 @@ def test_a_raising_probe_is_contained(host, monkeypatch):
 def test_a_raising_helper_is_contained(host, monkeypatch):
     def boom(root):
         raise PermissionError("denied")
-    monkeypatch.setattr(capabilities, "detect_layout", boom)
+    monkeypatch.setattr(koordd.kernel.host, "detect_layout", boom)
     write(host.proc / "pressure/cpu", PSI_TEXT)
     caps = host.probe()
     assert list(caps) == NAMES

@@ -9,6 +9,7 @@ import pytest
 
 from fakecgroup import FakeCgroups
 import koordd.core.registry as entry_point_loader
+from koordd.core.registry import SENSORS
 from koordd.core.config import parse_config
 from koordd.core.feeds import STATUS_FILE
 from koordd.core.loop import Loop
@@ -178,14 +179,14 @@ class Mismatch(OptionalSensor):
 
 
 def test_third_party_sensors_come_from_the_entry_point_group(monkeypatch, caplog):
-    points = [EntryPoint("widget", f"{__name__}:Widget", registry.GROUP),
-              EntryPoint("broken", "koordd_no_such_module:Sensor", registry.GROUP),
-              EntryPoint("mismatch", f"{__name__}:Mismatch", registry.GROUP),
-              EntryPoint("gpus", f"{__name__}:Widget", registry.GROUP),
-              EntryPoint("cpi", f"{__name__}:Widget", registry.GROUP),
-              EntryPoint("cpu_usage", f"{__name__}:Widget", registry.GROUP)]
+    points = [EntryPoint("widget", f"{__name__}:Widget", SENSORS),
+              EntryPoint("broken", "koordd_no_such_module:Sensor", SENSORS),
+              EntryPoint("mismatch", f"{__name__}:Mismatch", SENSORS),
+              EntryPoint("gpus", f"{__name__}:Widget", SENSORS),
+              EntryPoint("cpi", f"{__name__}:Widget", SENSORS),
+              EntryPoint("cpu_usage", f"{__name__}:Widget", SENSORS)]
     monkeypatch.setattr(entry_point_loader, "entry_points", lambda group: [p for p in points if p.group == group])
-    assert registry.load_sensor_registry() == {**registry.BUILTIN, "widget": Widget}
+    assert registry.load_sensor_registry() == {**registry.builtin_sensors(), "widget": Widget}
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any(m.startswith("sensor broken (koordd_no_such_module:Sensor) failed to load") for m in errors)
     assert any(m.startswith("sensor mismatch: entry point names class") for m in errors)
@@ -195,7 +196,7 @@ def test_third_party_sensors_come_from_the_entry_point_group(monkeypatch, caplog
 
 
 def test_the_gpu_sensor_is_built_in_and_starts_nothing_until_needed():
-    assert registry.BUILTIN["gpus"] is GpuSensor and registry.BUILTIN["cpi"] is CpiSensor
+    assert registry.builtin_sensors()["gpus"] is GpuSensor and registry.builtin_sensors()["cpi"] is CpiSensor
     assert GpuSensor.name == "gpus"
     sensor, why = lifecycle.start_sensor(lambda: GpuSensor(nvml=FailingNvml()))
     assert sensor is None and why == "nvmlInit: Driver Not Loaded"

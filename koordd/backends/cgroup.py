@@ -12,10 +12,11 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from koordd.core.backend import Backend, InvalidValue, Unsupported
+from koordd.core.backend import Backend, BackendSet, InvalidValue, Unsupported
 from koordd.core.cgroup import (CFS_PERIOD_RANGE, CFS_QUOTA_MIN, format_cpu_max, format_cpulist, parent_of,
     parse_cpu_max, parse_cpulist, parse_int)
-from koordd.kernel.cgroupfs import CgroupFS, CgroupGone
+from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, Layout, LayoutError
+from koordd.kernel.host import Host, find_knob, read
 from koordd.kernel.v1_kill import kill_v1
 
 V1_MEMORY_UNLIMITED = 9223372036854771712   # PAGE_COUNTER_MAX * 4096, what v1 shows for "no limit"
@@ -316,11 +317,52 @@ def kernel_lacks(unsupported: dict[str, str], fs: CgroupFS) -> dict[str, str]:
     return {name: why for name, why in unsupported.items() if KNOBS[name].supported(fs)}
 
 
+def _cpu_knob(layout: Layout, v2_file: str, v1_file: str, since: str) -> tuple[bool, str]:
+    """Look for a cpu-controller knob in whichever hierarchy serves cpu (as CgroupFS does)."""
+    if "cpu" in layout.v2_controllers and layout.unified is not None:
+        root, filename = layout.unified, v2_file
+        subtree = (read(root / "cgroup.subtree_control") or "").split()
+        if "cpu" not in subtree:
+            # Without cpu in the root's subtree_control no cgroup has cpu.* files, whatever the kernel.
+            return False, f"cpu not enabled in {root}/cgroup.subtree_control, so no cgroup has {v2_file}"
+    elif "cpu" in layout.v1:
+        root, filename = layout.v1["cpu"], v1_file
+    else:
+        return False, "no cpu controller in any hierarchy"
+    found = find_knob(root, filename)
+    if found is not None:
+        return True, f"found {found}"
+    return False, f"no {filename} in {root} or its children (needs Linux {since})"
+
+
+def probe_cpu_burst(host: Host) -> tuple[bool, str]:
+    return _cpu_knob(host.layout, "cpu.max.burst", "cpu.cfs_burst_us", "5.14+")
+
+
+def probe_cpu_idle(host: Host) -> tuple[bool, str]:
+    return _cpu_knob(host.layout, "cpu.idle", "cpu.idle", "5.15+")
+
+
+def probe_knobs(host: Host) -> tuple[bool, str]:
+    """The knobs the cgroup layout offers whose files this kernel lacks (probed file by file, as the
+    backend's probe() does at start and on reload)."""
+    try:
+        fs = CgroupFS(host.layout)
+    except LayoutError as e:
+        return False, str(e)
+    missing = kernel_lacks(unsupported_knobs(fs), fs)
+    offered = sorted(name for name, knob in KNOBS.items() if knob.supported(fs))
+    if missing:
+        return False, "; ".join(missing[name] for name in sorted(missing))
+    return True, f"every knob the layout offers is there: {', '.join(offered)}"
+
+
 class CgroupBackend(Backend):
     """Cgroup knobs (the table above) on this host's layout: a target is a cgroup path relative to
     the hierarchy root ("be.slice/job1"), the same name on v2 and on every v1 hierarchy."""
     kind = "cgroup"
     knobs = KNOBS
+    features = {"cpu.max.burst": probe_cpu_burst, "cpu.idle": probe_cpu_idle, "knobs": probe_knobs}
     cgroup_targets = True
 
     def __init__(self, fs: CgroupFS):
@@ -379,3 +421,11 @@ class CgroupBackend(Backend):
 
     def close(self) -> None:
         self.fs.close()
+
+
+def backends(fs: CgroupFS) -> list[Backend]:
+    """What this module brings to koordd's backends."""
+    return [CgroupBackend(fs)]
+
+
+BACKENDS = BackendSet((CgroupBackend,), backends)     # koordd/core/registry.py BUILTIN

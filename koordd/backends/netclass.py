@@ -33,7 +33,7 @@ import os
 from pathlib import Path
 
 from koordd.backends.threads import cgroup_threads
-from koordd.core.backend import Backend, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
+from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
 from koordd.core.cgroup import parent_of
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, Layout, thread_ids
 from koordd.kernel.netclass import ClassifierError, DeviceGone, EgressClassifier
@@ -345,3 +345,13 @@ class NetClassBackend(Backend):
             raise (PartialWrite if moved else OSError)(
                 e.errno, f"{len(errors)} thread(s) refused net_cls cgroup {cgroup or '/'} "
                          f"(first: thread {tid}: {e.strerror})")
+
+
+def backends(fs: CgroupFS) -> list[Backend]:
+    """What this module brings to koordd's backends: where the egress
+    classifier is attached, and which class a cgroup's packets get."""
+    shared = process_classifier()
+    return [ClassifierBackend(shared), NetClassBackend(fs, shared)]
+
+
+BACKENDS = BackendSet((ClassifierBackend, NetClassBackend), backends)     # koordd/core/registry.py BUILTIN

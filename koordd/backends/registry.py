@@ -1,15 +1,9 @@
-"""Which backends koordd brings itself: built in here, the way koordd/sensors/registry.py lists its own
-sensors; a third party's come from the entry-point group `koordd.backends` (koordd/core/registry.py
-load_backends), and loops from `koordd.loops`, koordd's own included (pyproject.toml)."""
+"""koordd's backends on this host's cgroup layout: koordd's own (each backends module's BACKENDS,
+listed in koordd/core/registry.py BUILTIN) and the third parties' of the entry-point group `koordd.backends`."""
 from __future__ import annotations
 
-from koordd.backends.cgroup import CgroupBackend
-from koordd.backends.netclass import ClassifierBackend, NetClassBackend, process_classifier
-from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
-from koordd.backends.scx import scheduler_backends
-from koordd.backends.tc import TcBackend
-from koordd.backends.threads import ThreadPolicyBackend
-from koordd.core.backend import Backend
+from koordd.core.backend import Backend, Backends
+from koordd.core.registry import BACKENDS, builtin, load_backends
 from koordd.kernel.cgroupfs import CgroupFS
 
 
@@ -18,6 +12,15 @@ def builtin_backends(fs: CgroupFS) -> list[Backend]:
     resctrl (its groups, and which group a cgroup's threads are in), tc (a device's HTB tree), the
     egress classifier (where it is attached, which class a cgroup's packets get) and koordd's sched_ext
     scheduler (whether it runs, which class a cgroup's threads have in it)."""
-    shared = process_classifier()
-    return [CgroupBackend(fs), ThreadPolicyBackend(fs), ResctrlGroupBackend(), ResctrlTasksBackend(fs), TcBackend(shared),
-            ClassifierBackend(shared), NetClassBackend(fs, shared), *scheduler_backends(fs)]
+    return [backend for own in builtin(BACKENDS).values() for backend in own.build(fs)]
+
+
+def builtin_classes() -> list[type[Backend]]:
+    """The classes of koordd's own backends, unbuilt (koordctl doctor asks them for their features)."""
+    return [cls for own in builtin(BACKENDS).values() for cls in own.classes]
+
+
+def all_backends(fs: CgroupFS) -> Backends:
+    """koordd's own backends and the third parties'; one of those that fails to load, to start, or whose
+    kind or knobs are taken is left out with one error line."""
+    return load_backends(*builtin_backends(fs))

@@ -30,10 +30,11 @@ import re
 from pathlib import Path
 
 from koordd.backends.threads import cgroup_threads
-from koordd.core.backend import Backend, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
+from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
 from koordd.core.schemata import ResctrlInfo
 from koordd.core.targets import RESCTRL_TARGET
 from koordd.kernel.cgroupfs import CgroupFS, thread_ids
+from koordd.kernel.host import Host, read
 from koordd.kernel.resctrl import DEFAULT_MOUNT, ResctrlError, ResctrlFS, cpu_vendor, parse_schemata, read_info, refused
 
 DEFAULT_GROUP = "default"           # the root group, as a value of resctrl_group
@@ -107,8 +108,19 @@ def not_mounted(fs: ResctrlFS) -> Unsupported:
                        f"mount -t resctrl resctrl {fs.root})")
 
 
+def probe_resctrl(host: Host) -> tuple[bool, str]:
+    supported = "resctrl" in (read(host.proc / "filesystems") or "").split()
+    mount = host.sys / "fs/resctrl"
+    if (mount / "info").is_dir():
+        return True, f"mounted at {mount}"
+    if supported:
+        return False, f"kernel supports resctrl but it is not mounted (mount -t resctrl resctrl {mount})"
+    return False, f"resctrl not in {host.proc}/filesystems (no RDT/CAT hardware or CONFIG_X86_CPU_RESCTRL off)"
+
+
 class ResctrlGroupBackend(Backend):
     kind = "resctrl"
+    features = {"resctrl": probe_resctrl}
     knobs = {
         "resctrl.group": KnobSpec("resctrl.group", "a resctrl control group: present or absent", _group_value),
         "schemata.L3": KnobSpec("schemata.L3", "L3 cache masks per cache id (\"0=f;1=f\")", _canonical_l3),
@@ -309,3 +321,12 @@ class ResctrlTasksBackend(Backend):
             tid, e = errors[0]
             raise (PartialWrite if moved else OSError)(
                 e.errno, f"{len(errors)} thread(s) refused resctrl group {group} (first: thread {tid}: {e.strerror})")
+
+
+def backends(fs: CgroupFS) -> list[Backend]:
+    """What this module brings to koordd's backends: resctrl's groups,
+    and which group a cgroup's threads are in."""
+    return [ResctrlGroupBackend(), ResctrlTasksBackend(fs)]
+
+
+BACKENDS = BackendSet((ResctrlGroupBackend, ResctrlTasksBackend), backends)     # koordd/core/registry.py BUILTIN

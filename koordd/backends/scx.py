@@ -19,9 +19,10 @@ import errno
 import logging
 from pathlib import Path
 
-from koordd.core.backend import Backend, InvalidValue, KnobSpec, TargetGone, Unsupported
+from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, TargetGone, Unsupported
 from koordd.core.targets import SCX_TARGET
 from koordd.kernel.cgroupfs import CgroupFS
+from koordd.kernel.host import Host
 from koordd.kernel.sched_ext import missing_reason, read_sched_ext
 from koordd.kernel.scx import (CLASS_VALUES, OBJECT, OPS_NAME, Scheduler, ScxError, cgroup_id, load_libbpf, switch_to,
     wait_state)
@@ -100,8 +101,14 @@ class OwnScheduler:
                                        f"({status.describe()})")
 
 
+def probe_sched_ext(host: Host) -> tuple[bool, str]:
+    status = read_sched_ext(host.sys)
+    return (False, missing_reason(host.sys)) if status is None else (True, status.describe())
+
+
 class SchedulerBackend(Backend):
     kind = "sched_ext"
+    features = {"sched_ext": probe_sched_ext}
     knobs = {"scheduler": KnobSpec("scheduler", "the BPF scheduler sched_ext runs: koordd (koordd's own) or none",
                                    _scheduler_value)}
 
@@ -181,3 +188,12 @@ class SchedulerClassBackend(Backend):
 def scheduler_backends(fs: CgroupFS, sys_root: Path | str = "/sys") -> list[Backend]:
     own = OwnScheduler(sys_root)
     return [SchedulerBackend(own), SchedulerClassBackend(fs, own)]
+
+
+def backends(fs: CgroupFS) -> list[Backend]:
+    """What this module brings to koordd's backends: whether koordd's
+    sched_ext scheduler runs, and which class a cgroup's threads have in it."""
+    return scheduler_backends(fs)
+
+
+BACKENDS = BackendSet((SchedulerBackend, SchedulerClassBackend), backends)     # koordd/core/registry.py BUILTIN

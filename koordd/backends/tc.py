@@ -26,12 +26,15 @@ Kind "tc", a target is a device name. Everything goes through netlink (pyroute2)
 from __future__ import annotations
 
 import errno
-import importlib.util
 import os
 import re
+import socket
 
-from koordd.core.backend import Backend, InvalidValue, KnobSpec, TargetGone, Unsupported
+from koordd.backends.netclass import process_classifier
+from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, TargetGone, Unsupported
 from koordd.core.units import parse_rate
+from koordd.kernel.cgroupfs import CgroupFS
+from koordd.kernel.host import Host, installed
 from koordd.kernel.netlink import (BE_CLASS, EDT_ROOT, EDT_ROOT_KINDS, KOORDD_CLASSES, LINK, LS_CLASS, OTHER_CLASS,
     ROOT, TC_ROOT_PARENT, burst_bytes, device_index, device_links, htb_rates, kernel_has_qdisc)
 
@@ -71,8 +74,24 @@ def _handle(h: int) -> str:
     return f"{h >> 16:x}:{h & 0xFFFF:x}" if h & 0xFFFF else f"{h >> 16:x}:"
 
 
+def probe_netlink(host: Host) -> tuple[bool, str]:
+    # Not imported: pyroute2 costs some 16 MB of RSS, paid only where a loop shapes traffic.
+    why = installed("pyroute2")
+    try:
+        socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE).close()
+        raw = "a raw NETLINK_ROUTE socket opens"
+    except OSError as e:
+        return False, f"{why or 'pyroute2 installed'}; a raw NETLINK_ROUTE socket fails: {e}"
+    fq = {True: "an fq qdisc for enforce = \"edt\"",
+          False: "no fq qdisc (CONFIG_NET_SCH_FQ): net_shaping's enforce = \"edt\" is refused, htb works",
+          None: "whether there is an fq qdisc (for edt) is in no module list or config"}[
+        kernel_has_qdisc("sch_fq", root=host.proc.parent)]
+    return (False, f"{why}; {raw}") if why else (True, f"pyroute2 installed; {raw}; {fq}")
+
+
 class TcBackend(Backend):
     kind = "tc"
+    features = {"netlink": probe_netlink}
     knobs = {
         "tc.shaping": KnobSpec("tc.shaping", "how koordd enforces egress shaping on the device: \"htb <bit/s>\" "
                                "(its HTB tree), \"edt\" (fq, BE paced by the classifier) or \"none\" (the "
@@ -99,7 +118,7 @@ class TcBackend(Backend):
 
     def probe(self) -> dict[str, str]:
         # Found, not imported: pyroute2 costs some 16 MB of RSS, paid at the first tc knob used.
-        if self._ipr is None and importlib.util.find_spec("pyroute2") is None:
+        if self._ipr is None and installed("pyroute2") is not None:
             return {k: "no netlink: pyroute2 is not installed" for k in self.knobs}
         return {}
 
@@ -276,3 +295,12 @@ class TcBackend(Backend):
         for handle in (LS_CLASS, OTHER_CLASS):
             self._class("change-class", index, handle, link, link, 0)
         self._class("change-class", index, BE_CLASS, max(int(link * BE_GUARANTEE), 8), be_ceil, 7)
+
+
+def backends(fs: CgroupFS) -> list[Backend]:
+    """What this module brings to koordd's backends: a device's HTB tree,
+    pacing BE through the classifier this process shares with the netclass backends."""
+    return [TcBackend(process_classifier())]
+
+
+BACKENDS = BackendSet((TcBackend,), backends)     # koordd/core/registry.py BUILTIN

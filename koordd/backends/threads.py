@@ -27,7 +27,7 @@ from __future__ import annotations
 import errno
 import os
 
-from koordd.core.backend import Backend, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
+from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
 from koordd.core.cgroup import parent_of
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, thread_ids
 from koordd.kernel.sched_ext import has_sched_ext, missing_reason
@@ -149,3 +149,10 @@ class ThreadPolicyBackend(Backend):
     def parent(self, target: str) -> str | None:
         return parent_of(target) or None
 
+
+def backends(fs: CgroupFS) -> list[Backend]:
+    """What this module brings to koordd's backends."""
+    return [ThreadPolicyBackend(fs)]
+
+
+BACKENDS = BackendSet((ThreadPolicyBackend,), backends)     # koordd/core/registry.py BUILTIN

@@ -17,6 +17,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, Mapping, Sequence
 
+from koordd.core.probe import Probe
+
 log = logging.getLogger("koordd.backend")     # its name before the move: log lines unchanged
 
 
@@ -55,6 +57,8 @@ class Backend:
     knobs: Mapping[str, KnobSpec] = {}
     # Targets are cgroup paths: a knob held on a cgroup that left the loop's classes goes back.
     cgroup_targets: ClassVar[bool] = False
+    # The host features this kind uses, each with its probe (koordd/core/probe.py): koordctl doctor's rows.
+    features: ClassVar[Mapping[str, Probe]] = {}
 
     def probe(self) -> dict[str, str]:
         """Knobs this host cannot serve, each with why (at start and on reload)."""
@@ -98,6 +102,15 @@ class Backend:
 
     def close(self) -> None:
         """Release what the backend holds open (file descriptors, sockets)."""
+
+
+@dataclass(frozen=True)
+class BackendSet:
+    """One module's backends as koordd registers its own (koordd/core/registry.py BUILTIN): their classes,
+    whose `features` koordctl doctor reports, and how they are built on a cgroup layout (a CgroupFS), since
+    they take it and share state (a classifier, the sched_ext scheduler) a class alone cannot."""
+    classes: tuple[type[Backend], ...]
+    build: Callable[..., list[Backend]]
 
 
 class Backends:

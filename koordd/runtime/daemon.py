@@ -20,14 +20,14 @@ from koordd.act.journal import Held, JournalUnreadable, RestoreJournal, note_mov
 from koordd.act.owner import HostOwned, OwnerLock, UntrustedLock, current_holder, lock_path
 from koordd.act.protect import process_cgroups
 from koordd.backends.cgroup import KNOBS, kernel_lacks
-from koordd.backends.registry import builtin_backends
+from koordd.backends.registry import all_backends
 from koordd.core.config import Config, ConfigError, DEFAULT_PATH, load_config
 from koordd.core.feeds import REQUEST_FILE, STATUS_FILE, TOP_FILE
 from koordd.core.kubelet import KubeletRule
 from koordd.core.printable import PrintableFormatter
 from koordd.core.reclaimable import (FIELDS as RECLAIMABLE_FIELDS, Reclaimable, ReclaimableState,
     observe as observe_reclaimable)
-from koordd.core.registry import load_backends, load_registry
+from koordd.core.registry import load_registry
 from koordd.core.snapshot import Snapshot
 from koordd.core.trust import untrusted_state_dir
 from koordd.kernel.cgroupfs import CgroupFS, DEFAULT_ROOT, LayoutError, detect_layout, on_cgroupfs
@@ -91,7 +91,7 @@ class Daemon:
             self._release_host()
             raise
         self.fs = CgroupFS(self.layout, keep_open=on_cgroupfs(self.layout), max_open=_raise_open_files_limit())
-        self.backends = load_backends(*builtin_backends(self.fs))
+        self.backends = all_backends(self.fs)
         self.actuator = Actuator(self.backends, self.journal, DecisionLog(self.state_dir, send=journal_sender()),
                                  dry_run=self.dry_run)
         self.actuator.unsupported = self.backends.probe()

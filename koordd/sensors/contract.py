@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
+from koordd.core.probe import Probe
+
 
 class SensorUnavailable(Exception):
     """Raised by start(): the host lacks what the sensor reads through. The message says what, for the log."""
@@ -44,6 +46,8 @@ class SensorContext:
 
 class OptionalSensor:
     name: ClassVar[str] = ""        # the snapshot section it fills, and the word a loop puts in needs()
+    # The host features it reads through, each with its probe (koordd/core/probe.py): koordctl doctor's rows.
+    features: ClassVar[Mapping[str, Probe]] = {}
 
     def start(self) -> None:
         """Acquire what sample() reads through; raise SensorUnavailable(reason) when the host lacks it."""

@@ -24,6 +24,9 @@ from pathlib import Path
 
 from koordd.core.snapshot import CPI, CpiSample
 from koordd.kernel.cgroupfs import DEFAULT_ROOT
+from koordd.kernel import perf
+from koordd.kernel.cgroupfs import LayoutError
+from koordd.kernel.host import Host, read
 from koordd.kernel.perf import CYCLES, CounterGroup, INSTRUCTIONS
 from koordd.sensors.cgroup_counters import CgroupCounters, OpenGroup, start_counters
 from koordd.sensors.contract import OptionalSensor, SensorContext
@@ -31,8 +34,33 @@ from koordd.sensors.contract import OptionalSensor, SensorContext
 EVENTS = (CYCLES, INSTRUCTIONS)
 
 
+def probe_perf(host: Host) -> tuple[bool, str]:
+    """What the sensor needs: counting a cgroup of the v2 tree on a CPU, software events first (does
+    cgroup mode work at all?), then cycles and instructions (is there a PMU?). Available: both work."""
+    try:
+        v2_root, why = host.layout.unified, "no cgroup v2 tree"
+    except (LayoutError, OSError) as e:
+        v2_root, why = None, str(e)
+    if v2_root is None:
+        return False, f"cgroup-mode counting: no ({why}); hardware CPI: no"
+    try:
+        cpu = perf.online_cpus(host.sys)[0]
+    except (OSError, ValueError, IndexError):
+        cpu = 0
+    paranoid = read(host.proc / "sys/kernel/perf_event_paranoid")
+    text = f"cgroup-mode counting (task-clock, context-switches on {v2_root}, CPU {cpu}): "
+    software = perf.probe_cgroup_mode((perf.TASK_CLOCK, perf.CONTEXT_SWITCHES), v2_root, cpu)
+    if software is not None:
+        # Then the hardware events' errors would say nothing of the PMU (ENOENT also means "no such cgroup").
+        return False, text + f"fails: {perf.explain(software, paranoid)}; hardware CPI: untested"
+    hardware = perf.probe_cgroup_mode((perf.CYCLES, perf.INSTRUCTIONS), v2_root, cpu)
+    hw_text = "available" if hardware is None else f"unavailable: {perf.explain(hardware, paranoid)}"
+    return hardware is None, text + f"works; hardware CPI (cycles, instructions): {hw_text}"
+
+
 class CpiSensor(OptionalSensor):
     name = CPI
+    features = {"perf": probe_perf}
 
     def __init__(self, cgroup_root: str | Path = DEFAULT_ROOT, sys_root: str | Path = "/sys",
                  proc_root: str | Path = "/proc", open_group: OpenGroup = CounterGroup.open_cgroup):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from koordd.core.snapshot import GPUS
+from koordd.kernel.host import Host, try_import
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 
@@ -63,8 +64,25 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+def probe_nvml(host: Host) -> tuple[bool, str]:
+    pynvml, why = try_import("pynvml")
+    if pynvml is None:
+        return False, why
+    error = getattr(pynvml, "NVMLError", Exception)
+    try:
+        pynvml.nvmlInit()
+    except error as e:
+        return False, f"nvmlInit: {e}"
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+    finally:
+        pynvml.nvmlShutdown()
+    return count > 0, f"{count} GPU(s)"
+
+
 class GpuSensor(OptionalSensor):
     name = GPUS
+    features = {"nvml": probe_nvml}
 
     def __init__(self, proc_root: str | Path = "/proc", nvml: Any = None):
         self.proc_root = Path(proc_root)

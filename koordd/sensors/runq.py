@@ -24,6 +24,7 @@ from koordd.core.histogram import quantile_us, slot_upper_us
 from koordd.core.snapshot import RUNQ_LATENCY, RunqLatency
 from koordd.kernel.bpf_shared import RUNQ_SLOTS
 from koordd.kernel.cgroupfs import DEFAULT_ROOT, Layout, LayoutError, detect_layout, thread_ids
+from koordd.kernel.host import Host, installed, yes
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 log = logging.getLogger(__name__)
@@ -227,10 +228,27 @@ def v2_tree(layout: Layout) -> tuple[Path, str] | None:
     return None
 
 
+_DISTRO_BCC = Path("/usr/lib/python3/dist-packages/bcc")
+
+
+def probe_bpf(host: Host) -> tuple[bool, str]:
+    """What the eBPF source needs, without importing bcc (it loads LLVM, and koordd probes at every start):
+    whether the program really loads is the sensor's start to say (koordctl doctor's sensors line)."""
+    why = installed("bcc")
+    if why and _DISTRO_BCC.is_dir():
+        # python3-bpfcc installs for the distro interpreter only; a venv/pyenv python does not see it.
+        why += f" for this python (a copy is in {_DISTRO_BCC.parent}: run with /usr/bin/python3 or a venv with --system-site-packages)"
+    btf = host.sys / "kernel/btf/vmlinux"
+    headers = Path("/lib/modules") / os.uname().release / "build"
+    facts = [f"bcc: {why or 'installed'}", f"BTF {btf}: {yes(btf.exists())}", f"headers {headers}: {yes(headers.exists())}"]
+    return why is None, "; ".join(facts)
+
+
 class RunqLatencySensor(OptionalSensor):
     """Section RUNQ_LATENCY: cgroup path -> RunqLatency of the round, for every sampled cgroup whose
     threads waited at all."""
     name = RUNQ_LATENCY
+    features = {"bpf": probe_bpf}
 
     def __init__(self, cgroup_root: Path | str = DEFAULT_ROOT, proc_root: Path | str = "/proc",
                  sources: tuple[str, ...] | None = None, program: Path = PROGRAM):
