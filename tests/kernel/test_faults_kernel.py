@@ -25,7 +25,7 @@ from koordd.core.loop import Action
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 from koordtest.journaled import assert_every_change_journaled, knob_values
 
-from .conftest import CGROUP_ROOT
+from koordtest.kernel import CGROUP_ROOT
 
 pytestmark = pytest.mark.kernel
 
