@@ -1,4 +1,4 @@
-"""The avx sensor over a fake cgroup tree, /proc, sysfs and perf (tests/fakeperf.py): who used AVX-512 and
+"""The avx sensor over a fake cgroup tree, /proc, sysfs and perf (koordtest/fakes/perf.py): who used AVX-512 and
 on which CPUs, where each cgroup's threads ran, threads gone mid-round, why it is unavailable; and the PMU's
 licence counters: the shares and the level they make, multiplexing, a cgroup gone, and why there are none."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from fakecgroup import FakeCgroups
-from fakeperf import FakePerf
+from koordtest.fakes.cgroup import FakeCgroups
+from koordtest.fakes.perf import FakePerf
 from koordd.core.avx import AVX256, AVX512, Licence, SCALAR
 from koordd.sensors import registry
 from koordd.sensors.avx import AvxSensor, AvxUse

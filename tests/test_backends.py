@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from fakebackends import FakeNetlink, FakeNetlinkKernel, FakeResctrl, FakeResctrlKernel
-from fakecgroup import FakeCgroups
+from koordtest.fakes.backends import FakeNetlink, FakeNetlinkKernel, FakeResctrl, FakeResctrlKernel
+from koordtest.fakes.cgroup import FakeCgroups
 import koordd.core.registry as entry_point_loader
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog

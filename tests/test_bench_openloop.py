@@ -3,16 +3,12 @@ the server does, and latency counts from the intended send time."""
 from __future__ import annotations
 
 import socket
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-from benchlib.openloop import poisson_schedule, run_open_loop, summary  # noqa: E402
+from koordtest.bench.openloop import poisson_schedule, run_open_loop, summary
 
 
 def test_schedule_is_poisson_at_the_rate():

@@ -1,16 +1,11 @@
 """scripts/bench-qos's report: cell formats, the Markdown table and page, and the plot."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-from benchlib.qos_report import COLUMNS, markdown, percent, plain, plot, table, times  # noqa: E402
-from benchlib.qos_stats import Spread, summarise  # noqa: E402
-from test_bench_qos_stats import RUNS  # noqa: E402
+from koordtest.bench.qos_report import COLUMNS, markdown, percent, plain, plot, table, times
+from koordtest.bench.qos_stats import Spread, summarise
+from test_bench_qos_stats import RUNS
 
 ORDER = ["ls-alone", "be-alone", "no-control"]
 

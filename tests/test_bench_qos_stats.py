@@ -2,14 +2,9 @@
 per-setup rows built from run records."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-from benchlib.qos_stats import (Spread, baselines, be_share_of_idle, latency_summary,  # noqa: E402
+from koordtest.bench.qos_stats import (Spread, baselines, be_share_of_idle, latency_summary,
                                 median_spread, percentile, ratio, summarise)
 
 

@@ -2,19 +2,15 @@
 static knobs written through koordd's knob table and put back (on fake trees of every layout)."""
 from __future__ import annotations
 
-import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-from benchlib.koordd_proc import SHIPPED_CONFIG, shipped_config, to_toml  # noqa: E402
-from benchlib.qos_run import SETUPS, run_order  # noqa: E402
-from benchlib.static_knobs import StaticKnobs, read_knobs  # noqa: E402
-from koordd.core.config import parse_config  # noqa: E402
-from koordd.runtime.docs import shipped_loops  # noqa: E402
+from koordtest.koordd_proc import SHIPPED_CONFIG, shipped_config, to_toml
+from koordtest.bench.qos_run import SETUPS, run_order
+from koordtest.bench.static_knobs import StaticKnobs, read_knobs
+from koordd.core.config import parse_config
+from koordd.runtime.docs import shipped_loops
 
 
 def test_to_toml_round_trips():
@@ -116,7 +112,7 @@ def test_run_order_interleaves_every_setup_and_load_once_per_repetition():
 
 
 def test_window_decisions_keep_what_happened_in_the_window_with_the_slack_evidence():
-    from benchlib.qos_run import window_decisions
+    from koordtest.bench.qos_run import window_decisions
     decisions = [
         {"time": 99.0, "loop": "be_suppress", "knob": "cpu.max", "new": "2000 100000", "outcome": "applied"},
         {"time": 101.5, "loop": "be_suppress", "knob": "cpu.max", "new": "50000 100000", "outcome": "applied",
@@ -132,7 +128,7 @@ def test_window_decisions_keep_what_happened_in_the_window_with_the_slack_eviden
 
 def test_koordd_is_ready_once_its_loops_ticked_and_needed_sensors_settled(tmp_path):
     import json as _json
-    from benchlib.koordd_proc import KoorddProcess
+    from koordtest.koordd_proc import KoorddProcess
 
     class Alive:
         returncode = None

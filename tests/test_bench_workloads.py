@@ -6,12 +6,9 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-from benchlib.antagonist import Counter, make_counters, read_counters  # noqa: E402
-from benchlib.ls_servers import Probe, resp, wait_accepting, worker_env  # noqa: E402
+from koordtest.bench.antagonist import Counter, make_counters, read_counters
+from koordtest.bench.ls_servers import Probe, resp, wait_accepting, worker_env
 
 
 def test_resp_encodes_bulk_strings():
@@ -52,7 +49,7 @@ def test_probe_answers_one_line_per_request(tmp_path):
 def test_cpu_antagonist_counts_its_work(tmp_path):
     path = str(tmp_path / "counters")
     make_counters(path, 2)
-    p = start([sys.executable, "-m", "benchlib.antagonist", "--kind", "cpu", "--counters", path, "--slot", "1"],
+    p = start([sys.executable, "-m", "koordtest.bench.antagonist", "--kind", "cpu", "--counters", path, "--slot", "1"],
               tmp_path)
     try:
         deadline = time.monotonic() + 10

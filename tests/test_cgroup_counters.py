@@ -1,4 +1,4 @@
-"""CgroupCounters over a fake perf (tests/fakeperf.py): the arithmetic of a round, and when fds open and close."""
+"""CgroupCounters over a fake perf (koordtest/fakes/perf.py): the arithmetic of a round, and when fds open and close."""
 from __future__ import annotations
 
 import errno
@@ -7,7 +7,7 @@ import resource
 
 import pytest
 
-from fakeperf import FakePerf
+from koordtest.fakes.perf import FakePerf
 from koordd.kernel.perf import CYCLES, GroupReading, INSTRUCTIONS
 from koordd.sensors.cgroup_counters import CgroupCounters, Counts, fd_budget, scaled_growth
 

@@ -1,11 +1,11 @@
-"""The "cpi" sensor over fake cgroup trees and a fake perf (tests/fakeperf.py)."""
+"""The "cpi" sensor over fake cgroup trees and a fake perf (koordtest/fakes/perf.py)."""
 from __future__ import annotations
 
 import errno
 
 import pytest
 
-from fakeperf import FakePerf
+from koordtest.fakes.perf import FakePerf
 from koordd.core.snapshot import CPI, CpiSample
 from koordd.sensors import lifecycle, registry
 from koordd.sensors.contract import SensorContext, SensorUnavailable

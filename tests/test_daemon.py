@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fakecgroup import FakeCgroups
+from koordtest.fakes.cgroup import FakeCgroups
 from koordctl.top import write_request
 from koordd.act.journal import read_held
 from koordd.core.feeds import REQUEST_FILE, TOP_FILE, TopRequest

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fakecgroup import FakeCgroups
+from koordtest.fakes.cgroup import FakeCgroups
 
 from koordctl.cli import main
 from koordctl.demo import session as demo

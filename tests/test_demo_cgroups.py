@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from fakecgroup import FakeCgroups
+from koordtest.fakes.cgroup import FakeCgroups
 
 from koordctl.demo.cgroups import DemoCgroups, DemoError, hierarchy_roots
 

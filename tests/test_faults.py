@@ -20,8 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from fakecgroup import FakeCgroups
-from journaled import assert_every_change_journaled, knob_values
+from koordtest.fakes.cgroup import FakeCgroups
+from koordtest.journaled import assert_every_change_journaled, knob_values
 from koordd.act import journal as state_mod
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog, read_decisions

@@ -12,7 +12,7 @@ import string
 import pytest
 from hypothesis import given, strategies as st
 
-from fuzzing import PROFILE, counted
+from koordtest.fuzzing import PROFILE, counted
 from koordd.core.config import CLASS_NAMES, Config, ConfigError, DAEMON_OPTIONS, load_config, loop_options, parse_config
 from koordd.core.health import HEALTH_OPTIONS
 from koordd.core.options import Duration

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from fakecgroup import FakeCgroups
-from fakenetlink import Msg
-from fakeresctrl import FakeResctrl
-from fuzzing import ODD_NUMBERS, PROFILE, counted, kernel_text, text_from
+from koordtest.fakes.cgroup import FakeCgroups
+from koordtest.fakes.netlink import Msg
+from koordtest.fakes.resctrl import FakeResctrl
+from koordtest.fuzzing import ODD_NUMBERS, PROFILE, counted, kernel_text, text_from
 from koordd.backends.cgroup import KNOBS
 from koordd.core.backend import InvalidValue
 from koordd.core.cgroup import MAX_CPUS, parse_cpu_max, parse_cpulist

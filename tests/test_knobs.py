@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from fakecgroup import FakeCgroups
+from koordtest.fakes.cgroup import FakeCgroups
 from koordd.backends.cgroup import KNOBS, PAGE_SIZE, Unsupported, shares_to_weight, validate, weight_to_shares
 from koordd.core.backend import InvalidValue
 from koordd.core.cgroup import parse_cpu_max
@@ -202,7 +202,7 @@ def test_parse_cpu_max():
 
 @pytest.mark.parametrize("mode, refused", [("v1", True), ("v2", False)])
 def test_v1_child_quota_may_not_exceed_the_parent(tmp_path, mode, refused):
-    from fakecgroup import FakeCgroups
+    from koordtest.fakes.cgroup import FakeCgroups
     from koordd.core.backend import InvalidValue
     from koordd.backends.cgroup import validate
     tree = FakeCgroups(tmp_path, mode).add("be.slice/job")

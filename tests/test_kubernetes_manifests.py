@@ -11,7 +11,7 @@ import pytest
 
 yaml = pytest.importorskip("yaml")
 
-from fakecgroup import FakeCgroups
+from koordtest.fakes.cgroup import FakeCgroups
 from koordd.core.config import parse_config
 from koordd.core.kubelet import KubeletRule
 from koordd.core.registry import load_registry

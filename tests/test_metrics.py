@@ -27,7 +27,7 @@ from koordd.runtime.capabilities import Capability
 from koordd.runtime.metrics import (Exporter, HEALTH_STALE, MetricsServer, Published, RoundStats, SERIES, families,
     knob_number, label, selected)
 from koordd.runtime.runner import Runner
-from metricsnode import free_port, get, run_koordd, wait_for
+from koordtest.metricsnode import free_port, get, run_koordd, wait_for
 
 REGISTRY = load_registry()
 

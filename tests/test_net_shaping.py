@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fakenetlink import Msg
+from koordtest.fakes.netlink import Msg
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.core.snapshot import CgroupSample, NET, NodeSample, RUNQ_LATENCY, RunqLatency, Snapshot
 from koordd.kernel.netlink import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from koordd.act.decision_log import read_decisions
-from metricsnode import free_port, get, run_koordd, wait_for
+from koordtest.metricsnode import free_port, get, run_koordd, wait_for
 
 
 def prometheus_binary() -> str:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fakecgroup import FakeCgroups
+from koordtest.fakes.cgroup import FakeCgroups
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import RestoreJournal

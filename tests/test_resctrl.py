@@ -6,7 +6,7 @@ import errno
 
 import pytest
 
-from fakeresctrl import FakeResctrl
+from koordtest.fakes.resctrl import FakeResctrl
 from koordd.core.schemata import AMD_MB_MAX, L3Info, MBInfo, l3_line, l3_mask, mb_line, mb_value
 from koordd.kernel.resctrl import ResctrlError, cpu_vendor, parse_schemata, read_info, refused
 

@@ -7,8 +7,8 @@ import errno
 
 import pytest
 
-from fakecgroup import FakeCgroups
-from fakeresctrl import FakeResctrl
+from koordtest.fakes.cgroup import FakeCgroups
+from koordtest.fakes.resctrl import FakeResctrl
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal

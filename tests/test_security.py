@@ -9,7 +9,7 @@ import stat
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from fakecgroup import FakeCgroups
+from koordtest.fakes.cgroup import FakeCgroups
 from koordd.act.journal import Held
 from koordd.core.config import ConfigError, load_config
 from koordd.core.decisions import APPLIED, Decision, REFUSED

@@ -7,7 +7,7 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-from fakecgroup import FakeCgroups
+from koordtest.fakes.cgroup import FakeCgroups
 import koordd.core.registry as entry_point_loader
 from koordd.core.registry import SENSORS
 from koordd.core.config import parse_config

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import reads_only_what_it_needs
-from fakecgroup import FakeCgroups, psi
+from koordtest.needs import reads_only_what_it_needs
+from koordtest.fakes.cgroup import FakeCgroups, psi
 from koordd.core.cgroup import match_pattern
 from koordd.core.config import parse_config
 from koordd.core.health import DEFAULT_HEALTH

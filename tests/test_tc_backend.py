@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from fakenetlink import Msg
+from koordtest.fakes.netlink import Msg
 from koordd.backends.tc import TcBackend
 from koordd.core.backend import InvalidValue
 from koordd.core.units import parse_rate

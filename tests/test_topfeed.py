@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from fakecgroup import FakeCgroups, psi
+from koordtest.fakes.cgroup import FakeCgroups, psi
 from koordctl.top import write_request
 from koordd.act.journal import Held
 from koordd.core.config import parse_config

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fakecgroup import LAYOUTS, FakeCgroups
-from fakeresctrl import FakeResctrl
+from koordtest.fakes.cgroup import LAYOUTS, FakeCgroups
+from koordtest.fakes.resctrl import FakeResctrl
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from fakecgroup import FakeCgroups
+from koordtest.fakes.cgroup import FakeCgroups
 from koordd.core.config import CLASS_NAMES, parse_config
 from koordd.core.decisions import APPLIED
 from koordd.core.loop import Action

@@ -352,7 +352,7 @@ def test_a_round_that_cannot_list_the_tree_releases_nothing(tmp_path, monkeypatc
 
 
 def test_children_raise_on_a_listing_error_and_are_empty_for_a_gone_cgroup(tmp_path, monkeypatch):
-    from fakecgroup import FakeCgroups
+    from koordtest.fakes.cgroup import FakeCgroups
     fs = FakeCgroups(tmp_path, "v2").add("be.slice/a").fs
     assert fs.children(None, "be.slice") == ["be.slice/a"] and fs.children(None, "gone") == []
     monkeypatch.setattr(os, "scandir", lambda p: (_ for _ in ()).throw(OSError(errno.ENOMEM, "no memory")))

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from fakecgroup import FakeCgroups
-from fuzzing import EXAMPLES, PROFILE, counted
+from koordtest.fakes.cgroup import FakeCgroups
+from koordtest.fuzzing import EXAMPLES, PROFILE, counted
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import RestoreJournal

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 import koordd.kernel.v1_kill as v1_kill
-from fakecgroup import FakeCgroups
+from koordtest.fakes.cgroup import FakeCgroups
 from koordd.backends.cgroup import KNOBS
 
 CG = "be.slice"

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from fakecgroup import FakeCgroups
-from fuzzing import PROFILE, counted
+from koordtest.fakes.cgroup import FakeCgroups
+from koordtest.fuzzing import PROFILE, counted
 from koordctl.cli import main as koordctl
 from koordctl.top import render
 from koordd.act.decision_log import DecisionLog, read_decisions

@@ -8,7 +8,7 @@ The root is the default group: every thread not moved elsewhere. A failed write 
 
 This module reads `info/`, computes masks and limits from percentages the way koordlet does, and
 parses schemata; I/O goes through `ResctrlFS`, so tests can hand in a tree that refuses what the
-kernel refuses (tests/fakeresctrl.py).
+kernel refuses (koordtest/fakes/resctrl.py).
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ groups it did not make are never touched. Without resctrl (no cat_l3/mba, not mo
 does nothing and `koordctl doctor` says why; where the CPU has L3 allocation but no MBA (or the
 reverse), only the other is written.
 
-Verified on a fake resctrl tree only (tests/fakeresctrl.py): no machine available to this project
+Verified on a fake resctrl tree only (koordtest/fakes/resctrl.py): no machine available to this project
 has resctrl.
 """
 from __future__ import annotations

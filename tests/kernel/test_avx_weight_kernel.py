@@ -35,7 +35,7 @@ from koordd.sensors.avx import AvxSection, AvxSensor, AvxUse
 from koordd.sensors.cgroup import CgroupSensor
 from koordd.sensors.contract import SensorContext, SensorUnavailable
 
-from .conftest import CGROUP_ROOT, wait_for
+from koordtest.kernel import CGROUP_ROOT, wait_for
 
 pytestmark = pytest.mark.kernel
 

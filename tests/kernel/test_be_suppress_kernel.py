@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from .conftest import NCPU, calm_window, wait_for
+from koordtest.kernel import NCPU, calm_window, wait_for
 
 pytestmark = pytest.mark.kernel
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CGROUP_ROOT, detect_host, wait_for
+from koordtest.kernel import CGROUP_ROOT, detect_host, wait_for
 
 pytestmark = pytest.mark.kernel
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from .conftest import NCPU, _proc_stat_busy, calm_window, wait_for
+from koordtest.kernel import NCPU, proc_stat_busy as _proc_stat_busy, calm_window, wait_for
 
 pytestmark = pytest.mark.kernel
 

@@ -43,7 +43,7 @@ from koordd.backends.threads import ThreadPolicyBackend
 from koordd.core.backend import TargetGone, Unsupported
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 
-from .conftest import CGROUP_ROOT, CgroupEnv, Koordd, created, detect_host, stop_all, wait_for
+from koordtest.kernel import CGROUP_ROOT, CgroupEnv, Koordd, created, detect_host, stop_all, wait_for
 from .test_cpu_burst_kernel import set_quota
 
 pytestmark = pytest.mark.kernel

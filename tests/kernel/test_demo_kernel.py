@@ -24,7 +24,7 @@ import pytest
 from koordctl.demo.cgroups import hierarchy_roots
 from koordd.kernel.cgroupfs import detect_layout
 
-from .conftest import CGROUP_ROOT, detect_host, wait_for
+from koordtest.kernel import CGROUP_ROOT, detect_host, wait_for
 
 pytestmark = pytest.mark.kernel
 

@@ -3,7 +3,7 @@ rmdir'd between koordd's read and its write (before the open, and between the op
 real EINVAL (a v1 child quota above its parent's, the parent lowered by another writer after koordd
 checked it), and the state_dir on a tiny tmpfs that fills up. For each: the fault is said (or is
 churn), the other write of the round lands, and every knob changed has its original in the restore
-journal a fresh start reads (tests/journaled.py's assert_every_change_journaled); all is restored.
+journal a fresh start reads (koordtest/journaled.py's assert_every_change_journaled); all is restored.
 
 Needs root and a hybrid host (v1 cpu hierarchy: v1 is where a child quota above its parent's is an
 error); mounts a tmpfs under the test's tmp dir and unmounts it.
@@ -23,9 +23,9 @@ from koordd.act.journal import Held, RestoreJournal, read_held
 from koordd.core.decisions import APPLIED, REFUSED
 from koordd.core.loop import Action
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
-from journaled import assert_every_change_journaled, knob_values
+from koordtest.journaled import assert_every_change_journaled, knob_values
 
-from .conftest import CGROUP_ROOT
+from koordtest.kernel import CGROUP_ROOT
 
 pytestmark = pytest.mark.kernel
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CGROUP_ROOT, CgroupEnv, Koordd, created, stop_all, unique_name, wait_for
+from koordtest.kernel import CGROUP_ROOT, CgroupEnv, Koordd, created, stop_all, unique_name, wait_for
 
 pytestmark = pytest.mark.kernel
 

@@ -36,7 +36,7 @@ from koordd.loops.net_shaping import NetShaping
 from koordd.sensors.contract import SensorContext
 from koordd.sensors.net import NetSensor
 
-from .conftest import CGROUP_ROOT, wait_for
+from koordtest.kernel import CGROUP_ROOT, wait_for
 from .test_netclass_kernel import HOST, NS, cgroup_dirs, opened_classifier, veth  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.kernel

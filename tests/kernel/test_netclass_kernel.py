@@ -16,7 +16,7 @@ import pytest
 from koordd.kernel.cgroupfs import detect_layout
 from koordd.kernel.netclass import ClassifierError, EgressClassifier, tc_handle
 
-from .conftest import CGROUP_ROOT
+from koordtest.kernel import CGROUP_ROOT
 
 pytestmark = pytest.mark.kernel
 pyroute2 = pytest.importorskip("pyroute2")

@@ -20,7 +20,7 @@ import pytest
 
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 
-from .conftest import CGROUP_ROOT
+from koordtest.kernel import CGROUP_ROOT
 from .test_netclass_kernel import BE, HOST, OTHER, class_bytes, link, opened_classifier, veth  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.kernel

@@ -24,7 +24,7 @@ from koordd.sensors.cgroup_counters import CgroupCounters
 from koordd.sensors.contract import SensorContext, SensorUnavailable
 from koordd.sensors.cpi import CpiSensor
 
-from .conftest import CGROUP_ROOT, wait_for
+from koordtest.kernel import CGROUP_ROOT, wait_for
 
 pytestmark = pytest.mark.kernel
 

@@ -23,7 +23,8 @@ import time
 
 import pytest
 
-from .conftest import HOG, _die_with_parent, calm_window, wait_for
+from koordctl.demo.cgroups import die_with_parent as _die_with_parent
+from koordtest.kernel import HOG, calm_window, wait_for
 
 pytestmark = pytest.mark.kernel
 

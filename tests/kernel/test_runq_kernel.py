@@ -12,7 +12,7 @@ import pytest
 from koordd.sensors.contract import SensorContext, SensorUnavailable
 from koordd.sensors.runq import EBPF, RunqLatencySensor, SCHEDSTAT
 
-from .conftest import NCPU
+from koordtest.kernel import NCPU
 
 pytestmark = pytest.mark.kernel
 WINDOW = 3.0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import detect_host
+from koordtest.kernel import detect_host
 
 pytestmark = pytest.mark.kernel
 

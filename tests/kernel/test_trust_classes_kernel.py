@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import HOG, CgroupEnv, Koordd, created, stop_all, unique_name, wait_for
+from koordtest.kernel import HOG, CgroupEnv, Koordd, created, stop_all, unique_name, wait_for
 from .test_memory_evict_kernel import detect
 
 pytestmark = pytest.mark.kernel

@@ -15,7 +15,7 @@ import signal
 
 import pytest
 
-from .conftest import wait_for
+from koordtest.kernel import wait_for
 
 pytestmark = pytest.mark.kernel
 

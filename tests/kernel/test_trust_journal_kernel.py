@@ -17,7 +17,7 @@ from koordd.act.journal import RestoreJournal
 from koordd.core.loop import Action
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 
-from .conftest import CGROUP_ROOT
+from koordtest.kernel import CGROUP_ROOT
 
 pytestmark = pytest.mark.kernel
 

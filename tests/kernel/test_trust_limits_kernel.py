@@ -20,7 +20,8 @@ import pytest
 from koordd.backends.cgroup import KNOBS
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 
-from .conftest import CGROUP_ROOT, _die_with_parent, _rmdir, unique_name, wait_for
+from koordctl.demo.cgroups import die_with_parent as _die_with_parent
+from koordtest.kernel import CGROUP_ROOT, rmdir as _rmdir, unique_name, wait_for
 
 HIERARCHIES = ("memory", "freezer")
 RUNS = 5

@@ -6,7 +6,7 @@ one line, the work is hashing a buffer of --bytes with BLAKE2b (the buffer stays
 too, and it lives in the cache an antagonist can take away), the response is one empty line, sent as
 soon as that request's work is done.
 
-    python -m benchlib.probe --socket PATH --bytes N
+    python -m koordtest.bench.probe --socket PATH --bytes N
 """
 from __future__ import annotations
 

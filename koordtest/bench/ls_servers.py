@@ -2,7 +2,7 @@
 benchmark's work directory (a single-threaded server then can still use the whole node, and no TCP
 port of the host is taken), all in the LS cgroup.
 
-- probe: benchlib.probe, a fixed amount of hashing per request.
+- probe: koordtest.bench.probe, a fixed amount of hashing per request.
 - redis: Debian's redis-server (no persistence, no TCP), holding two sets of --redis-set-size members
   that overlap by half; a request is SINTERCARD of the two (Redis 7), whose reply is one line.
 """
@@ -16,9 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib.packages import apt_install
-
-SCRIPTS = Path(__file__).resolve().parents[1]
+from koordtest.bench.packages import apt_install
 
 
 def resp(*args: str) -> bytes:
@@ -31,14 +29,13 @@ def resp(*args: str) -> bytes:
 
 
 def python_module(module: str, *args: str) -> list[str]:
-    """argv running a benchlib module with this Python (bench-qos gives it PYTHONPATH, see worker_env)."""
+    """argv running a koordtest.bench module with this Python (whose venv has koordtest installed)."""
     return [sys.executable, "-m", module, *args]
 
 
 def worker_env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SCRIPTS), env.get("PYTHONPATH", "")) if p)
-    return env
+    """The environment of a worker process: a copy of this one's."""
+    return dict(os.environ)
 
 
 class Probe:
@@ -49,7 +46,7 @@ class Probe:
         self.bytes, self.work_us = bytes_per_request, work_us
 
     def command(self, sock: Path, workdir: Path) -> list[str]:
-        return python_module("benchlib.probe", "--socket", str(sock), "--bytes", str(self.bytes))
+        return python_module("koordtest.bench.probe", "--socket", str(sock), "--bytes", str(self.bytes))
 
     def prepare(self, sock: Path) -> None:
         pass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from benchlib.qos_stats import BE_ALONE, LS_ALONE, Row, Spread, baselines, ratio
+from koordtest.bench.qos_stats import BE_ALONE, LS_ALONE, Row, Spread, baselines, ratio
 
 COLUMNS = ("LS load", "setup", "LS p50", "LS p99", "LS p99.9", "BE work", "BE share of LS-idle CPU",
            "LS p99 (ms)", "other CPU", "client CPU")

@@ -12,7 +12,7 @@ a BE that gets CPU but spends it waiting on memory does less).
   and page-zeroing work in the kernel, and reclaim wherever the node's free memory runs short.
   Counts bytes faulted in.
 
-    python -m benchlib.antagonist --kind cpu --counters FILE --slot 0 [--memory BYTES]
+    python -m koordtest.bench.antagonist --kind cpu --counters FILE --slot 0 [--memory BYTES]
 """
 from __future__ import annotations
 

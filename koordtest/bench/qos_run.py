@@ -3,7 +3,7 @@ LS saw, what BE got done and where the CPU went.
 
 A run: LS servers start in the LS cgroup and BE workers in the BE cgroup (as the setup says); static
 knobs are written (or koordd starts); the client (outside the LS and BE cgroups, SCHED_FIFO unless
-asked otherwise, so it is not the one waiting; see benchlib.openloop) sends through `warmup` seconds
+asked otherwise, so it is not the one waiting; see koordtest.bench.openloop) sends through `warmup` seconds
 and the window, and counts the window's requests only; CPU use, BE work and reclaim counters are read
 at the window's start and end; then the client drains, koordd gets SIGTERM (restoring), static knobs
 are put back, every process in the tree is killed, and the BE and LS knobs must read as they did
@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from benchlib.antagonist import make_counters, read_counters
-from benchlib.cgroup_tree import CgroupTree, die_with_parent
-from benchlib.koordd_proc import KoorddProcess
-from benchlib.ls_servers import python_module, wait_accepting, worker_env
-from benchlib.static_knobs import StaticKnobs, read_knobs
+from koordtest.bench.antagonist import make_counters, read_counters
+from koordtest.bench.cgroup_tree import CgroupTree, die_with_parent
+from koordtest.koordd_proc import KoorddProcess
+from koordtest.bench.ls_servers import python_module, wait_accepting, worker_env
+from koordtest.bench.static_knobs import StaticKnobs, read_knobs
 from koordd.kernel.cgroupfs import CgroupFS
 from koordd.sensors.cgroup import CgroupSensor
 from koordd.sensors.node import parse_proc_stat_cpu
@@ -91,7 +91,7 @@ class Bench:
     tree: CgroupTree
     fs: CgroupFS
     ncpu: int
-    ls_kind: object                  # benchlib.ls_servers.Probe or Redis
+    ls_kind: object                  # koordtest.bench.ls_servers.Probe or Redis
     antagonist: str
     be_memory: int                   # memory antagonist: bytes all workers grow to together
     seconds: float
@@ -137,7 +137,7 @@ def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: 
             if setup.be:
                 make_counters(str(counters), bench.ncpu)
                 for i in range(bench.ncpu):
-                    argv = python_module("benchlib.antagonist", "--kind", bench.antagonist,
+                    argv = python_module("koordtest.bench.antagonist", "--kind", bench.antagonist,
                                          "--counters", str(counters), "--slot", str(i),
                                          "--memory", str(bench.be_memory // bench.ncpu))
                     with open(workdir / f"be{i}.log", "w") as log:
@@ -192,7 +192,7 @@ def _window(bench: Bench, setup: Setup, rate: float | None, seed: int, sockets: 
         for s in sockets:
             args += ["--socket", str(s)]
         with open(workdir / "client.log", "w") as log:
-            client = subprocess.Popen(python_module("benchlib.openloop", *args), env=worker_env(), stdout=log,
+            client = subprocess.Popen(python_module("koordtest.bench.openloop", *args), env=worker_env(), stdout=log,
                                       stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
                                       preexec_fn=die_with_parent)
     try:

@@ -13,9 +13,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from benchlib.cgroup_tree import die_with_parent
+from koordtest.bench.cgroup_tree import die_with_parent
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]        # the checkout: koordtest is installed editable
 SHIPPED_CONFIG = REPO / "config" / "koordd.toml"
 SERVICE_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 

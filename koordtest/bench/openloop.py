@@ -8,7 +8,7 @@ with a command whose reply is one line); a response line starting with "-" is an
 request goes to one server chosen at random (so each server still sees Poisson arrivals), over one of
 `connections` connections to it in turn; a connection answers in order.
 
-Run as a process of its own (python -m benchlib.openloop ...), it writes one JSON summary: latency
+Run as a process of its own (python -m koordtest.bench.openloop ...), it writes one JSON summary: latency
 percentiles, counts, how late it sent (send lag) and its own CPU time. With --realtime it runs as
 SCHED_FIFO: on a host it shares with the servers, a normal task waits for a busy server's time slice to
 end before it may send or read (about a millisecond), and that wait would be counted as latency; a
@@ -33,7 +33,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
-from benchlib.qos_stats import latency_summary, percentile
+from koordtest.bench.qos_stats import latency_summary, percentile
 
 PR_SET_TIMERSLACK = 29
 RT_PRIORITY = 1          # the lowest real-time priority: above every normal task, below the kernel's own

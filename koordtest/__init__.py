@@ -1,0 +1,4 @@
+"""Support for koordd's tests and benchmarks, importable by name from the development venv (scripts/dev-env
+installs it editable; never shipped): fake kernel trees (koordtest.fakes), the fuzzing profile, koordd as a
+subprocess (koordtest.koordd_proc), the kernel tests' own cgroups (koordtest.kernel) and the benchmarks'
+helpers (koordtest.bench). koordd and koordctl never import it."""
