@@ -51,8 +51,9 @@ class Daemon:
                                                   "dry_run": str(self.dry_run).lower()}, lambda: self.capabilities)
         self.status = StatusFile(self.state_dir, self.started, str(config.path), self.dry_run, self.layout.describe(),
                                  lambda: self.metrics.listen)
-        self.rounds = Rounds(self.sensors, self.runner, self.actuator, self.journal,
-                             ReclaimableFigure(config.reclaimable), readers=(self.top, self.metrics))
+        self.reclaimable = ReclaimableFigure(config.reclaimable)
+        self.rounds = Rounds(self.sensors, self.runner, self.actuator, self.journal, self.reclaimable,
+                             readers=(self.top, self.metrics))
         self.subscribers = (self.top, self.status, self.metrics)     # in this order after every round
         self.wake = Wakeup()                # set by signal handlers: no lock (koordd/runtime/wakeup.py)
         self.stopping = False
@@ -263,7 +264,7 @@ class Daemon:
         if unsupported != before:
             wiring.log_missing_knobs(unsupported, self.fs)
         self.sensors.reprobe()
-        self.rounds.reclaimable.settings = new.reclaimable
+        self.reclaimable.settings = new.reclaimable
         self.actuator.reconfigure(KubeletRule.of(new.daemon), unsupported)     # before the loops' first writes
         self.runner.configure(new)          # the loops no longer enabled give their knobs back
         self._require_sensors()
