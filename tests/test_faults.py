@@ -397,7 +397,7 @@ def test_a_config_broken_at_reload_keeps_the_running_one_and_says_why(daemon, ca
 
 def test_a_config_written_while_it_is_read_is_read_again(daemon, monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="koordd")
-    from koordd.runtime import daemon as daemon_mod
+    from koordd.runtime import reload as daemon_mod
     config, loops = daemon.node.config, dict(daemon.runner.runs)
     text = config.read_text()
     real = daemon_mod.load_config

@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("koordd", "koordctl")
 # Function-level imports of koordd's own modules that are not there to dodge a cycle, and why.
 LAZY = {
-    ("koordd/runtime/daemon.py", "koordd.runtime.metrics"): "prometheus-client is optional: imported only "
+    ("koordd/runtime/metricsfeed.py", "koordd.runtime.metrics"): "prometheus-client is optional: imported only "
                                                             "when [metrics] is enabled",
-    ("koordd/runtime/daemon.py", "koordd.runtime"): "the same, as `from koordd.runtime import metrics`",
+    ("koordd/runtime/metricsfeed.py", "koordd.runtime"): "the same, as `from koordd.runtime import metrics`",
 }
 
 

@@ -247,7 +247,7 @@ interval = "1s"
 def daemon(tmp_path, monkeypatch):
     tree = FakeCgroups(tmp_path, "v2").add("be.slice")
     # The doctor's probe sees the widget too: the daemon must not start it that way.
-    for where in ("koordd.runtime.daemon", "koordd.runtime.capabilities"):
+    for where in ("koordd.runtime.wiring", "koordd.runtime.capabilities"):
         monkeypatch.setattr(f"{where}.load_sensor_registry", lambda: {"widget": Widget})
     loops = {"widget_loop": WidgetLoop}
     path = tmp_path / "koordd.toml"

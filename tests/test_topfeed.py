@@ -92,7 +92,7 @@ def tree(tmp_path):
 def daemon(tree, tmp_path, monkeypatch):
     CALLS.clear()
     monkeypatch.setattr(FakeRunq, "unavailable", None)
-    for where in ("koordd.runtime.daemon", "koordd.runtime.capabilities"):
+    for where in ("koordd.runtime.wiring", "koordd.runtime.capabilities"):
         monkeypatch.setattr(f"{where}.load_sensor_registry", lambda: {RUNQ_LATENCY: FakeRunq, CPI: FakeCpi})
     path = tmp_path / "koordd.toml"
     path.write_text(CONFIG.format(root=tree.root, state=tmp_path / "state"))

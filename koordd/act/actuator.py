@@ -41,19 +41,26 @@ T = TypeVar("T")
 
 class Actuator:
     def __init__(self, backends: Backends | CgroupFS, journal: RestoreJournal, decisions: DecisionLog,
-                 dry_run: bool = False):
-        # A CgroupFS alone: an actuator of koordd's own cgroup knobs (tests, tools).
+                 dry_run: bool = False, unsupported: Mapping[str, str] | None = None,
+                 processes: Mapping[str, str] | None = None, kubelet: KubeletRule | None = None):
+        """`unsupported`: knob -> why this host lacks it (Backends.probe); `processes`: cgroup -> whose
+        (PID 1, koordd: never harmed); `kubelet`: which knobs the kubelet owns (koordd/core/kubelet.py;
+        None: koordd writes them all). A CgroupFS alone for `backends`: an actuator of koordd's own
+        cgroup knobs (tests, tools)."""
         self.backends = backends if isinstance(backends, Backends) else Backends(builtin_backends(backends))
         self.journal, self.decisions, self.dry_run = journal, decisions, dry_run
         self._would_be: dict[Key, tuple[str, str]] = {}   # dry-run: (loop, value) we pretend to have written
         self._refused: dict[Key, tuple] = {}              # last refusal per knob, to record it once
         self._would_restore: set[Key] = set()             # dry-run: restores already said once
-        self.unsupported: dict[str, str] = {}             # knob -> why this host lacks it (Backends.probe)
-        self.processes: dict[str, str] = {}               # cgroup -> whose (PID 1, koordd): never harmed
+        self.unsupported: dict[str, str] = dict(unsupported or {})
+        self.processes: dict[str, str] = dict(processes or {})
         self._classes: Mapping[str, str | None] = {}
         self._protected: Protected | None = None          # built from _classes at the first harmful write
-        # Knobs the kubelet owns (koordd/core/kubelet.py): None writes them all; the daemon sets it from [daemon].
-        self.kubelet: KubeletRule | None = None
+        self.kubelet = kubelet
+
+    def reconfigure(self, kubelet: KubeletRule | None, unsupported: Mapping[str, str]) -> None:
+        """After a reload: the new config's kubelet rule, and the knobs this host lacks, probed again."""
+        self.kubelet, self.unsupported = kubelet, dict(unsupported)
 
     def protect(self, classes: Mapping[str, str | None]) -> None:
         """This round's classes (cgroup -> class, from the snapshot): what evicting or throttling

@@ -34,6 +34,7 @@ from koordd.core.reclaimable import Reclaimable, cpu_given
 from koordd.core.snapshot import CPI, CgroupSample, PressureStat, RUNQ_LATENCY, Snapshot, own_usage
 from koordd.runtime.capabilities import Capability
 from koordd.runtime.endpoint import HttpServer
+from koordd.runtime.result import RoundStats
 
 log = logging.getLogger("koordd.metrics")     # its name before the move: log lines unchanged
 
@@ -122,14 +123,6 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "koordd_reclaimable_basis": (GAUGE, ("resource", "part"), "the figures behind reclaimable (cores or bytes): "
                                  "node, given, needs, peak, system"),
 }
-
-
-@dataclass(frozen=True)
-class RoundStats:
-    rounds: int = 0
-    last_seconds: float = 0.0
-    seconds_total: float = 0.0
-    cpu_seconds_total: float = 0.0
 
 
 @dataclass(frozen=True)

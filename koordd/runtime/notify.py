@@ -49,7 +49,7 @@ def watchdog_period() -> float | None:
         return None
 
 
-# A stop's restores (koordd/runtime/daemon.py): how often their progress is looked at, and how long without
+# A stop's restores (koordd/runtime/service.py): how often their progress is looked at, and how long without
 # progress systemd is left to its own TimeoutStopSec=. A single restore may take seconds (sched_ext's
 # safe unload waits up to 10 s); thousands of them take one journal fsync each.
 EXTEND_EVERY = 5.0

@@ -26,6 +26,7 @@ from koordd.act.journal import Held, write_atomic
 from koordd.core.config import CLASS_NAMES
 from koordd.core.feeds import REQUEST_FILE, TOP_FILE, TopRequest, parse_request
 from koordd.core.snapshot import CPI, CgroupSample, CpiSample, PressureStat, RUNQ_LATENCY, RunqLatency, Snapshot
+from koordd.runtime.result import RoundResult, Subscriber
 from koordd.runtime.runner import COALESCE, class_of
 from koordd.sensors.lifecycle import VIEW_USER
 
@@ -37,10 +38,12 @@ REQUEST_POLL = 1.0        # how often a daemon that no view watches looks for on
 FIRST_AFTER = 1.0         # the first published round comes at most this long after the unpublished one
 
 
-class TopFeed:
+class TopFeed(Subscriber):
     """The daemon's side: whether a view asks, what it needs sampled, and when a round is published."""
 
-    def __init__(self, state_dir: Path):
+    def __init__(self, state_dir: Path, current: Callable[[Held], str | None] = lambda held: None):
+        """`current`: a held knob's value now (read through its backend), None where it cannot be read."""
+        self.current = current
         self.request_path, self.path = Path(state_dir) / REQUEST_FILE, Path(state_dir) / TOP_FILE
         self.request: TopRequest | None = None      # while a view asks
         self.next_check = 0.0                       # time.monotonic() of the next look at the request
@@ -136,6 +139,13 @@ class TopFeed:
         """A round that failed: try again one interval later, not at once."""
         if self.active:
             self.next_publish = now + self.request.interval
+
+    skipped = skip
+
+    def published(self, result: RoundResult) -> None:
+        """A round that read the view's needs: top.json when it is the one to publish."""
+        if self.settle(result.snapshot.time, result.for_view):
+            self.publish(document(result.snapshot, self.request, result.held, self.current, result.sensors))
 
     def publish(self, doc: dict) -> None:
         try:

@@ -69,6 +69,10 @@ class Sensors:
         # (tools, tests) the cgroup knobs, probed here.
         self.supported = frozenset(KNOBS) - unsupported_knobs(fs).keys() if supported is None else supported
 
+    def set_supported(self, supported: frozenset[str]) -> None:
+        """The knobs this host has, probed again (on reload)."""
+        self.supported = supported
+
     def reprobe(self) -> None:
         """A new chance for unavailable optional sensors (on reload)."""
         self.optional.reprobe()
