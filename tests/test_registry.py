@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fakecgroup import FakeCgroups
+from koordtest.fakes.cgroup import FakeCgroups
 import koordd.core.registry as registry
 import koordd.loops
 from koordd.backends.registry import all_backends

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fakecgroup import FakeCgroups
+from koordtest.fakes.cgroup import FakeCgroups
 from koordd.core.config import parse_config
 from koordd.core.feeds import STATUS_FILE
 from koordd.core.kubelet import KubeletRule
