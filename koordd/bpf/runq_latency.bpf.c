@@ -1,0 +1,158 @@
+// Run-queue latency per cgroup: how long each thread waited runnable before it ran, as a log2
+// histogram per cgroup koordd watches (koordd/sensors/runq.py samples them).
+//
+// A CO-RE object (scripts/build-bpf): kernel structs are read with BPF_CORE_READ and relocated by
+// libbpf against the running kernel's BTF, so the program reads the task itself, as libbpf-tools'
+// runqlat does:
+//   - a thread is stamped when it becomes runnable: sched_wakeup, sched_wakeup_new, and sched_switch
+//     when it is switched out still runnable (preempted or yielding);
+//   - at its switch-in its wait is measured and counted at once, for the deepest watched cgroup at or
+//     above its own (its cgroup v2 cgroup, task->cgroups->dfl_cgrp); waits elsewhere are not counted
+//     (koordd adds the sums up to the enclosing watched cgroups).
+#include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include "koordd_shared.h"      // RUNQ_SLOTS: the histogram's slots, as koordd/sensors/runq.py reads them
+
+char _license[] SEC("license") = "GPL";
+
+#define MAX_DEPTH 32        // cgroup levels searched upwards for a watched one
+#define TASK_RUNNING 0
+
+struct hist {
+    u64 slots[RUNQ_SLOTS];  // log2 µs: slot k holds waits of [2^(k-1), 2^k) µs
+    u64 wait_ns;            // total wait: an exact mean
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 65536);
+    __type(key, u32);       // thread id
+    __type(value, u64);     // when it became runnable (ns)
+} queued SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 16384);
+    __type(key, u64);       // cgroup v2 id koordd samples (kept by koordd)
+    __type(value, u8);
+} watched SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, u64);       // cgroup id
+    __type(value, u64);     // the deepest watched cgroup at or above it, 0: none. A cache koordd
+                            // empties whenever `watched` changes.
+} resolved SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 16384);
+    __type(key, u64);       // watched cgroup id
+    __type(value, struct hist);
+} waits SEC(".maps");
+
+// Kernels before 5.14 call task_struct's state `state`.
+struct task_struct___before_5_14 {
+    long state;
+} __attribute__((preserve_access_index));
+
+static __always_inline long task_state(struct task_struct *t)
+{
+    if (bpf_core_field_exists(t->__state))
+        return BPF_CORE_READ(t, __state);
+    return BPF_CORE_READ((struct task_struct___before_5_14 *)t, state);
+}
+
+// floor(log2(v)), 0 for 0 and 1 (as bcc's bpf_log2: the slots keep their meaning)
+static __always_inline u32 log2_u32(u32 v)
+{
+    u32 r, shift;
+    r = (v > 0xFFFF) << 4; v >>= r;
+    shift = (v > 0xFF) << 3; v >>= shift; r |= shift;
+    shift = (v > 0xF) << 2; v >>= shift; r |= shift;
+    shift = (v > 0x3) << 1; v >>= shift; r |= shift;
+    r |= (v >> 1);
+    return r;
+}
+
+static __always_inline u32 slot_of(u64 us)
+{
+    u32 hi = us >> 32;
+    u32 slot = hi ? log2_u32(hi) + 32 + 1 : log2_u32(us) + 1;
+    return slot < RUNQ_SLOTS ? slot : RUNQ_SLOTS - 1;
+}
+
+static __always_inline int stamp(struct task_struct *p)
+{
+    u32 tid = BPF_CORE_READ(p, pid);
+    if (tid == 0)
+        return 0;           // the idle task never waits
+    u64 now = bpf_ktime_get_ns();
+    bpf_map_update_elem(&queued, &tid, &now, BPF_ANY);
+    return 0;
+}
+
+static __always_inline u64 watched_of(struct task_struct *p)
+{
+    struct cgroup *cg = BPF_CORE_READ(p, cgroups, dfl_cgrp);
+    u64 own = BPF_CORE_READ(cg, kn, id);
+    u64 *hit = bpf_map_lookup_elem(&resolved, &own);
+    if (hit)
+        return *hit;
+    u64 found = 0;
+    for (int level = 0; level < MAX_DEPTH && cg; level++) {
+        u64 id = BPF_CORE_READ(cg, kn, id);
+        if (bpf_map_lookup_elem(&watched, &id)) {
+            found = id;
+            break;
+        }
+        // a cgroup's css `self` is its first member: the parent css is the parent cgroup
+        cg = (struct cgroup *)BPF_CORE_READ(cg, self.parent);
+    }
+    bpf_map_update_elem(&resolved, &own, &found, BPF_ANY);
+    return found;
+}
+
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(runq_wakeup, struct task_struct *p)
+{
+    return stamp(p);
+}
+
+SEC("tp_btf/sched_wakeup_new")
+int BPF_PROG(runq_wakeup_new, struct task_struct *p)
+{
+    return stamp(p);
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(runq_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+    if (preempt || task_state(prev) == TASK_RUNNING)
+        stamp(prev);        // switched out still runnable: it waits from now on
+
+    u32 tid = BPF_CORE_READ(next, pid);
+    u64 *since = bpf_map_lookup_elem(&queued, &tid);
+    if (!since)
+        return 0;
+    u64 waited = bpf_ktime_get_ns() - *since;
+    bpf_map_delete_elem(&queued, &tid);
+
+    u64 cgroup = watched_of(next);
+    if (!cgroup)
+        return 0;
+    struct hist *h = bpf_map_lookup_elem(&waits, &cgroup);
+    if (!h) {
+        struct hist zero = {};
+        bpf_map_update_elem(&waits, &cgroup, &zero, BPF_NOEXIST);
+        h = bpf_map_lookup_elem(&waits, &cgroup);
+        if (!h)
+            return 0;
+    }
+    __sync_fetch_and_add(&h->slots[slot_of(waited / 1000)], 1);
+    __sync_fetch_and_add(&h->wait_ns, waited);
+    return 0;
+}
