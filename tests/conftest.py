@@ -37,8 +37,13 @@ def no_bpf_outside_kernel_tests(request, monkeypatch):
     """The run-queue sensor koordd's registry makes reads schedstat in unit tests (doctor starts every
     sensor to see which work): loading the real BPF program is for tests/kernel, on purpose."""
     if "/kernel/" not in str(request.node.fspath):
+        from koordd.kernel import libbpf
         from koordd.sensors import runq
         monkeypatch.setattr(runq, "DEFAULT_SOURCES", (runq.SCHEDSTAT,))
+
+        def refuse(self, path, *args, **kwargs):
+            raise libbpf.BpfError(f"{path}: unit tests load no BPF program (fake the loader; tests/kernel load)")
+        monkeypatch.setattr(libbpf.BpfObject, "__init__", refuse)
 
 
 # The config owner check (koordd/core/trust.py) is tested in tests/test_security.py; elsewhere tests load

@@ -12,6 +12,7 @@ import pytest
 
 from koordd.core.histogram import quantile_us
 from koordd.core.snapshot import RunqLatency
+from koordd.kernel.libbpf import BpfError, BpfObject
 from koordd.sensors import runq
 from koordd.sensors.contract import SensorContext, SensorUnavailable
 from koordd.sensors.runq import (EBPF, EbpfSource, RunqLatencySensor, SCHEDSTAT, SLOTS, SchedstatSource, enclosing,
@@ -47,29 +48,32 @@ def test_enclosing_groups_a_root_with_its_pods_only():
 
 # --- eBPF source over fake maps -----------------------------------------------------------------------
 
-class Key(SimpleNamespace):
-    pass
+class FakeMap(dict):
+    """A loaded map as koordd's loader gives it (koordd/kernel/libbpf.py BpfMap): ctypes keys and values,
+    items() yields (key with .value, value); kept here by plain int key."""
 
+    def update(self, k, v, flags=0):
+        self[k.value] = v
 
-class FakeTable(dict):
-    """A bcc table: keys and values are ctypes; items() yields (key with .value, value)."""
-
-    def __setitem__(self, k, v):
-        super().__setitem__(k.value, v)
-
-    def __delitem__(self, k):
-        super().__delitem__(k.value if isinstance(k, ctypes.c_uint64) else k)
+    def delete(self, k) -> bool:
+        return self.pop(k.value, None) is not None
 
     def items(self):
-        return [(Key(value=k), v) for k, v in super().items()]
+        return [(SimpleNamespace(value=k), v) for k, v in super().items()]
 
 
 class FakeBpf:
+    """The runq program's three maps; `count` is the program counting waits."""
+
     def __init__(self):
-        self.tables = {"watched": FakeTable(), "waits": FakeTable(), "resolved": FakeTable()}
+        self.tables = {"watched": FakeMap(), "waits": FakeMap(), "resolved": FakeMap()}
 
     def __getitem__(self, name):
-        return self.tables[name.decode() if isinstance(name, bytes) else name]
+        return self.tables[name]
+
+    def install(self, src: EbpfSource) -> "FakeBpf":
+        src.watched, src.resolved, src.waits = self["watched"], self["resolved"], self["waits"]
+        return self
 
     def count(self, cid: int, slot: int, n: int, wait_ns: int) -> None:
         """The program counting n waits for a watched cgroup."""
@@ -92,11 +96,11 @@ def ino(tree: Path, path: str) -> int:
 
 def test_ebpf_source_watches_the_sampled_cgroups_and_reports_deltas_per_subtree(v2tree):
     src = EbpfSource(v2tree)
-    src.bpf = bpf = FakeBpf()
+    bpf = FakeBpf().install(src)
     paths = ["be", "be/pod1", "be/pod2", "ls"]
     assert src.read(paths) == {}
     assert set(bpf["watched"]) == {ino(v2tree, p) for p in paths}
-    bpf["resolved"][ctypes.c_uint64(5)] = 1                 # the program's cache, from before
+    bpf["resolved"][5] = 1                 # the program's cache, from before
 
     bpf.count(ino(v2tree, "be/pod1"), 13, 90, 90 * 5_000_000)   # pod1 waited ~5 ms, 90 times
     bpf.count(ino(v2tree, "be/pod2"), 2, 10, 10 * 2_000)
@@ -115,11 +119,11 @@ def test_ebpf_source_watches_the_sampled_cgroups_and_reports_deltas_per_subtree(
 
 def test_a_cgroup_that_goes_is_unwatched_and_its_histogram_dropped(v2tree):
     src = EbpfSource(v2tree)
-    src.bpf = bpf = FakeBpf()
+    bpf = FakeBpf().install(src)
     src.read(["be", "be/pod1", "be/pod2"])
     gone = ino(v2tree, "be/pod2")
     bpf.count(gone, 3, 1, 5000)
-    bpf["resolved"][ctypes.c_uint64(gone)] = gone
+    bpf["resolved"][gone] = gone
     (v2tree / "be/pod2").rmdir()
     assert "be/pod2" not in src.read(["be", "be/pod1"])
     assert gone not in bpf["watched"] and gone not in bpf["waits"] and dict(bpf["resolved"]) == {}
@@ -197,15 +201,38 @@ def test_without_either_source_the_sensor_is_unavailable_with_both_reasons(tmp_p
         sensor.start()
 
 
-def test_the_ebpf_source_says_what_is_missing(tmp_path, monkeypatch):
-    src = EbpfSource(tmp_path)
-    monkeypatch.setitem(__import__("sys").modules, "bcc", None)        # import bcc fails
-    with pytest.raises(SensorUnavailable, match="python3-bpfcc"):
+def test_the_ebpf_source_says_what_is_missing_and_closes_what_it_loaded(tmp_path):
+    btf = tmp_path / "vmlinux"
+    with pytest.raises(SensorUnavailable, match=r"no BTF .*CONFIG_DEBUG_INFO_BTF"):
+        EbpfSource(tmp_path, kernel_btf=btf).open()
+    btf.write_bytes(b"")
+
+    def verifier_says_no(path):
+        raise BpfError(f"loading {path.name}: Permission denied (libbpf: processed 12 insns)")
+    with pytest.raises(SensorUnavailable, match=r"did not load: loading runq_latency.bpf.o: Permission denied"):
+        EbpfSource(tmp_path, load=verifier_says_no, kernel_btf=btf).open()
+
+    closed = []
+
+    class AttachFails:
+        def __init__(self, path):
+            pass
+
+        def attach_all(self):
+            raise BpfError("attaching runq_switch: No such file or directory")
+
+        def close(self):
+            closed.append(True)
+    src = EbpfSource(tmp_path, load=AttachFails, kernel_btf=btf)
+    with pytest.raises(SensorUnavailable, match="runq_switch"):
         src.open()
+    assert closed == [True] and src.obj is None
 
 
-def test_unit_tests_never_load_bpf():
+def test_unit_tests_never_load_bpf(tmp_path):
     assert runq.DEFAULT_SOURCES == (SCHEDSTAT,)
+    with pytest.raises(BpfError, match="unit tests load no BPF program"):
+        BpfObject(runq.PROGRAM)
 
 
 def test_below_and_outermost_keep_siblings_with_a_shared_prefix_apart():

@@ -23,8 +23,9 @@ from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, Tar
 from koordd.core.targets import SCX_TARGET
 from koordd.kernel.cgroupfs import CgroupFS
 from koordd.kernel.host import Host
+from koordd.kernel.libbpf import BpfError, libbpf
 from koordd.kernel.sched_ext import missing_reason, read_sched_ext
-from koordd.kernel.scx import (CLASS_VALUES, OBJECT, OPS_NAME, Scheduler, ScxError, cgroup_id, load_libbpf, switch_to,
+from koordd.kernel.scx import (CLASS_VALUES, OBJECT, OPS_NAME, Scheduler, ScxError, cgroup_id, switch_to,
     wait_state)
 
 log = logging.getLogger("koordd.scx_backend")     # its name before the move: log lines unchanged
@@ -60,11 +61,11 @@ class OwnScheduler:
         if read_sched_ext(self.sys_root) is None:
             return missing_reason(self.sys_root)
         try:
-            load_libbpf()           # the loader's own: the library and every function it calls
-        except (OSError, AttributeError) as e:
+            libbpf()                # the loader's own: the library and every function it calls
+        except (BpfError, AttributeError) as e:
             return f"no usable libbpf.so.1 (Debian: libbpf1) to load koordd's scheduler with: {e}"
         if not OBJECT.is_file():
-            return f"{OBJECT} is missing (scripts/build-sched builds it)"
+            return f"{OBJECT} is missing (scripts/build-bpf builds it)"
         return None
 
     def class_map(self) -> dict[int, str]:

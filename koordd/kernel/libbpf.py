@@ -99,7 +99,7 @@ class _LibbpfLog:
 
     def __init__(self):
         self.lines: list[str] | None = None
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()     # one step may run inside another
         self._callback = self.PRINT_FN(self._print)     # kept referenced: libbpf holds the pointer
 
     def install(self, lib: ctypes.CDLL) -> None:
@@ -114,16 +114,18 @@ class _LibbpfLog:
         text = buf.value.decode(errors="replace").rstrip("\n")
         if self.lines is not None:
             self.lines.extend(text.splitlines())
+        else:
+            log.debug("libbpf: %s", text)
         return 0
 
     @contextmanager
     def kept(self) -> Iterator[list[str]]:
         with self.lock:
-            self.lines = lines = []
+            outer, self.lines = self.lines, []
             try:
-                yield lines
+                yield self.lines
             finally:
-                self.lines = None
+                self.lines = outer
 
 
 _PRINT = _LibbpfLog()

@@ -1,10 +1,9 @@
 """Load koordd's own sched_ext scheduler (koordd/bpf/koordd_sched.bpf.o) with libbpf, and switch to it safely.
 
-The object is opened and loaded through libbpf's C API (ctypes, libbpf.so.1: Debian's libbpf1, 1.1
-on bookworm). The scheduler is attached through a BPF link, never a bare struct_ops map: a link
-belongs to the process holding its fd, so when koordd exits, or is killed, the kernel unloads the
-scheduler and its threads go back to the fair class. libbpf 1.1 cannot make struct_ops links
-(1.2+ can), so the map is created with BPF_F_LINK and the link made here with bpf_link_create.
+The object is opened and loaded through koordd's one loader (koordd/kernel/libbpf.py). The scheduler is
+attached through a BPF link, never a bare struct_ops map: a link belongs to the process holding its fd,
+so when koordd exits, or is killed, the kernel unloads the scheduler and its threads go back to the
+fair class.
 
 The scheduler reads each thread's class from its `classes` map (cgroup id -> class), filled by
 `Scheduler.set_classes` from cgroup directories (a v2 cgroup's id is its directory's inode number).
@@ -26,47 +25,17 @@ from pathlib import Path
 from koordd.core.classes import BE, LATENCY_SENSITIVE
 from koordd.core.snapshot import SchedExtStatus
 from koordd.kernel.bpf_shared import CLASS_BE, CLASS_LS
+from koordd.kernel.libbpf import BPF_F_LINK, BpfError, BpfObject
 from koordd.kernel.sched_ext import missing_reason, read_sched_ext
 
 OBJECT = Path(str(files("koordd.bpf") / "koordd_sched.bpf.o"))
 OPS_NAME = "koordd"                 # sched_ext_ops.name: what root/ops shows
 CLASS_VALUES = {**{c: CLASS_LS for c in LATENCY_SENSITIVE}, BE: CLASS_BE}     # the `classes` map's values
-BPF_F_SLEEPABLE = 1 << 4
-BPF_F_LINK = 1 << 13
-BPF_STRUCT_OPS = 44                 # enum bpf_attach_type
 SLEEPABLE_PROGRAMS = ("koordd_init",)   # may sleep (scx_bpf_create_dsq); libbpf 1.1 has no struct_ops.s/
 
 
-class ScxError(RuntimeError):
+class ScxError(BpfError):
     pass
-
-
-def load_libbpf() -> ctypes.CDLL:
-    lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
-    p, i, u = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32
-    for name, restype, argtypes in (
-            ("bpf_object__open_file", p, [ctypes.c_char_p, p]),
-            ("bpf_object__load", i, [p]),
-            ("bpf_object__close", None, [p]),
-            ("bpf_object__find_map_by_name", p, [p, ctypes.c_char_p]),
-            ("bpf_object__find_program_by_name", p, [p, ctypes.c_char_p]),
-            ("bpf_program__set_flags", i, [p, u]),
-            ("bpf_map__set_map_flags", i, [p, u]),
-            ("bpf_map__fd", i, [p]),
-            ("bpf_map__attach_struct_ops", p, [p]),
-            ("bpf_link__fd", i, [p]),
-            ("bpf_link__destroy", i, [p]),
-            ("bpf_link_create", i, [i, i, i, p]),
-            ("bpf_map_update_elem", i, [i, p, p, ctypes.c_uint64]),
-            ("bpf_map_delete_elem", i, [i, p])):
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return lib
-
-
-def _fail(what: str, code: int | None = None) -> ScxError:
-    err = -code if code is not None and code < 0 else ctypes.get_errno()
-    return ScxError(f"{what}: {os.strerror(err) if err else 'failed'}")
 
 
 def cgroup_id(path: Path | str) -> int:
@@ -75,79 +44,38 @@ def cgroup_id(path: Path | str) -> int:
 
 
 class Scheduler:
-    """koordd's scheduler, loaded into the kernel; `attach` starts it, `unload` (or the end of this
-    process) stops it."""
+    """koordd's scheduler, loaded into the kernel (through koordd's one loader, koordd/kernel/libbpf.py);
+    `attach` starts it, `unload` (or the end of this process: its link goes with the fd) stops it."""
 
     def __init__(self, obj_path: Path | str = OBJECT):
-        self._lib = lib = load_libbpf()
-        self._obj = lib.bpf_object__open_file(str(obj_path).encode(), None)
-        if not self._obj:
-            raise _fail(f"opening {obj_path}")
-        self._libbpf_link = None
-        self._link_fd = -1
+        self._obj = BpfObject(obj_path, prepare=self._prepare)
+        self._classes = self._obj.map("classes", ctypes.c_uint64, ctypes.c_uint32)
         self._written: set[int] = set()
-        try:
-            self._load()
-        except BaseException:
-            self.unload()
-            raise
 
-    def _load(self) -> None:
-        lib, obj = self._lib, self._obj
-        ops = lib.bpf_object__find_map_by_name(obj, b"koordd_ops")
-        classes = lib.bpf_object__find_map_by_name(obj, b"classes")
-        if not ops or not classes:
-            raise ScxError("the object has no koordd_ops or classes map")
+    @staticmethod
+    def _prepare(obj: BpfObject) -> None:
         for name in SLEEPABLE_PROGRAMS:
-            prog = lib.bpf_object__find_program_by_name(obj, name.encode())
-            if not prog or lib.bpf_program__set_flags(prog, BPF_F_SLEEPABLE):
-                raise ScxError(f"cannot mark {name} sleepable")
-        lib.bpf_map__set_map_flags(ops, BPF_F_LINK)
-        if (err := lib.bpf_object__load(obj)) < 0:
-            raise _fail("loading the scheduler (the kernel's reason is in libbpf's log above)", err)
-        self._ops = ops
-        self._classes_fd = lib.bpf_map__fd(classes)
+            obj.set_sleepable(name)
+        obj.set_map_flags("koordd_ops", BPF_F_LINK)
 
     def attach(self) -> None:
         """Start scheduling (fill `classes` first: until then every thread counts as LS)."""
-        lib, ops = self._lib, self._ops
-        # libbpf writes the struct_ops value (program fds filled in); with BPF_F_LINK that only
-        # stores it, and the link below registers it. libbpf 1.2+ makes the link itself.
-        self._libbpf_link = lib.bpf_map__attach_struct_ops(ops)
-        if not self._libbpf_link:
-            raise _fail("writing the struct_ops value")
-        map_fd = lib.bpf_map__fd(ops)
-        link_fd = lib.bpf_link__fd(self._libbpf_link)
-        if link_fd == map_fd:
-            link_fd = lib.bpf_link_create(map_fd, 0, BPF_STRUCT_OPS, None)
-            if link_fd < 0:
-                raise _fail("attaching the scheduler (bpf_link_create)", link_fd)
-            self._link_fd = link_fd
+        self._obj.attach_struct_ops("koordd_ops")
 
     def set_classes(self, classes: dict[int, str]) -> None:
         """Make `classes` (cgroup id -> class name) the map's whole content."""
-        key, value = ctypes.c_uint64(), ctypes.c_uint32()
         for cgid, cls in classes.items():
-            key.value, value.value = cgid, CLASS_VALUES[cls]
-            if (err := self._lib.bpf_map_update_elem(self._classes_fd, ctypes.byref(key),
-                                                     ctypes.byref(value), 0)) < 0:
-                raise _fail(f"classes[{cgid}] = {cls}", err)
+            try:
+                self._classes.update(ctypes.c_uint64(cgid), ctypes.c_uint32(CLASS_VALUES[cls]))
+            except BpfError as e:
+                raise ScxError(f"classes[{cgid}] = {cls}: {e}") from None
         for cgid in self._written - classes.keys():
-            key.value = cgid
-            self._lib.bpf_map_delete_elem(self._classes_fd, ctypes.byref(key))
+            self._classes.delete(ctypes.c_uint64(cgid))
         self._written = set(classes)
 
     def unload(self) -> None:
         """Detach (the kernel disables the scheduler when its link goes) and free everything."""
-        if self._link_fd >= 0:
-            os.close(self._link_fd)
-            self._link_fd = -1
-        if self._libbpf_link:
-            self._lib.bpf_link__destroy(self._libbpf_link)   # libbpf 1.1: frees only; 1.2+: detaches
-            self._libbpf_link = None
-        if self._obj:
-            self._lib.bpf_object__close(self._obj)
-            self._obj = None
+        self._obj.close()
 
 
 @dataclass(frozen=True)
@@ -190,7 +118,7 @@ def switch_to(classes: dict[int, str], old: Scheduler | None = None, *, sys_root
         scheduler = load()
         scheduler.set_classes(classes)      # before attaching: no thread is ever misclassified
         scheduler.attach()
-    except (OSError, ScxError) as err:
+    except (OSError, BpfError) as err:
         if scheduler is not None:
             scheduler.unload()
         return SwitchResult(None, f"loading failed, the kernel's scheduler runs: {err}",

@@ -1,9 +1,10 @@
 """Run-queue latency per cgroup: how long its threads waited runnable before they ran.
 
 Two sources, the better one the host allows, chosen at start():
-- "ebpf": koordd/bpf/runq_latency.c loaded with bcc; every wait goes into a log2 histogram of the
-  deepest sampled cgroup at or above the thread's own, so a round has p50/p99/max and an exact mean.
-  Needs bcc (python3-bpfcc), kernel headers at /lib/modules/$(uname -r)/build and tracefs.
+- "ebpf": koordd/bpf/runq_latency.bpf.o, a CO-RE object loaded by koordd's loader (libbpf); every wait
+  goes into a log2 histogram of the deepest sampled cgroup at or above the thread's own, so a round has
+  p50/p99/max and an exact mean. Needs libbpf1 and a kernel with BTF (/sys/kernel/btf/vmlinux); no
+  compiler, no headers.
 - "schedstat": Δrun_delay / Δtimeslices from /proc/<tid>/schedstat of every thread of the cgroup and
   below: a mean wait per timeslice only. One file read per thread per round.
 
@@ -18,17 +19,19 @@ import os
 from bisect import bisect_left
 from importlib.resources import files
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from koordd.core.histogram import quantile_us, slot_upper_us
 from koordd.core.snapshot import RUNQ_LATENCY, RunqLatency
 from koordd.kernel.bpf_shared import RUNQ_SLOTS
 from koordd.kernel.cgroupfs import DEFAULT_ROOT, Layout, LayoutError, detect_layout, thread_ids
 from koordd.kernel.host import Host, installed, yes
+from koordd.kernel.libbpf import BpfError, BpfObject, ProgramStats
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 log = logging.getLogger(__name__)
-PROGRAM = Path(str(files("koordd.bpf") / "runq_latency.c"))
+PROGRAM = Path(str(files("koordd.bpf") / "runq_latency.bpf.o"))
+KERNEL_BTF = Path("/sys/kernel/btf/vmlinux")
 SLOTS = RUNQ_SLOTS              # koordd_shared.h's: slot k holds waits of [2^(k-1), 2^k) µs
 EBPF, SCHEDSTAT = "ebpf", "schedstat"
 DEFAULT_SOURCES = (EBPF, SCHEDSTAT)     # in the order tried
@@ -70,35 +73,44 @@ def outermost(paths: Iterable[str]) -> list[str]:
 
 # --- the eBPF source ---------------------------------------------------------------------------
 
-class EbpfSource:
-    """The BPF program's maps, read as deltas per sampled cgroup."""
+class Hist(ctypes.Structure):
+    """The program's `struct hist`."""
+    _fields_ = [("slots", ctypes.c_uint64 * RUNQ_SLOTS), ("wait_ns", ctypes.c_uint64)]
 
-    def __init__(self, tree: Path, program: Path = PROGRAM):
-        self.tree, self.program = tree, program
-        self.bpf = None
+
+class EbpfSource:
+    """The BPF program's maps, read as deltas per sampled cgroup. `load` opens and loads the object
+    (koordd's loader; unit tests give a fake)."""
+
+    def __init__(self, tree: Path, program: Path = PROGRAM, load: Callable[[Path], BpfObject] = BpfObject,
+                 kernel_btf: Path = KERNEL_BTF):
+        self.tree, self.program, self.load, self.kernel_btf = tree, program, load, kernel_btf
+        self.obj: BpfObject | None = None
+        self.watched = self.resolved = self.waits = None    # the program's maps, once loaded
         self.ids: dict[str, int] = {}                    # sampled path -> v2 cgroup id
         self.prev: dict[int, tuple[list[int], int]] = {}  # id -> its cumulative (slots, wait_ns)
 
     def open(self) -> None:
-        build = Path("/lib/modules") / os.uname().release / "build"
+        if not self.kernel_btf.exists():
+            raise SensorUnavailable(f"the kernel has no BTF ({self.kernel_btf}: CONFIG_DEBUG_INFO_BTF), "
+                                    "which the CO-RE program is relocated against")
         try:
-            from bcc import BPF
-        except ImportError:
-            raise SensorUnavailable("bcc is not installed (apt-get install python3-bpfcc)") from None
-        if not build.exists():
-            raise SensorUnavailable(f"no kernel headers at {build} (see DEVELOPERS.md)")
-        if not Path("/sys/kernel/tracing/events/sched/sched_switch").exists():
-            raise SensorUnavailable("tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing)")
-        try:
-            # -I: the program includes koordd_shared.h, which lies beside it
-            self.bpf = BPF(src_file=str(self.program).encode(), cflags=[f"-I{self.program.parent}"])
-        except Exception as e:  # noqa: BLE001 - bcc raises plain Exception for compile and load errors
+            self.obj = self.load(self.program)
+            self.obj.attach_all()
+            self.watched = self.obj.map("watched", ctypes.c_uint64, ctypes.c_uint8)
+            self.resolved = self.obj.map("resolved", ctypes.c_uint64, ctypes.c_uint64)
+            self.waits = self.obj.map("waits", ctypes.c_uint64, Hist)
+        except BpfError as e:
+            self.close()
             raise SensorUnavailable(f"the BPF program did not load: {e}") from None
 
     def close(self) -> None:
-        if self.bpf is not None:
-            self.bpf.cleanup()
-            self.bpf = None
+        if self.obj is not None:
+            self.obj.close()
+            self.obj = None
+
+    def stats(self) -> list[ProgramStats]:
+        return self.obj.stats() if self.obj is not None else []
 
     def _watch(self, paths: Iterable[str]) -> None:
         """Keep the program's `watched` set to the sampled cgroups; a change empties its cache of
@@ -114,25 +126,21 @@ class EbpfSource:
                 continue            # not in the v2 tree (a v1-only cgroup) or gone
         if want == self.ids:
             return
-        watched, waits = self.bpf[b"watched"], self.bpf[b"waits"]
         for p, cid in self.ids.items():
             if want.get(p) != cid:
-                for table in (watched, waits):
-                    try:
-                        del table[ctypes.c_uint64(cid)]
-                    except KeyError:
-                        pass
+                for table in (self.watched, self.waits):
+                    table.delete(ctypes.c_uint64(cid))
                 self.prev.pop(cid, None)
         for p, cid in want.items():
             if self.ids.get(p) != cid:
-                watched[ctypes.c_uint64(cid)] = ctypes.c_uint8(1)
-        self.bpf[b"resolved"].clear()
+                self.watched.update(ctypes.c_uint64(cid), ctypes.c_uint8(1))
+        self.resolved.clear()
         self.ids = want
 
     def read(self, paths: Iterable[str]) -> dict[str, RunqLatency]:
         paths = list(paths)
         self._watch(paths)
-        by_id = {k.value: (list(v.slots), int(v.wait_ns)) for k, v in self.bpf[b"waits"].items()}
+        by_id = {k.value: (list(v.slots), int(v.wait_ns)) for k, v in self.waits.items()}
         delta: dict[int, tuple[list[int], int]] = {}
         for cid, (slots, wait_ns) in by_id.items():
             old = self.prev.get(cid)
