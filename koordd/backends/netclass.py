@@ -4,10 +4,11 @@ Both backends share one EgressClassifier (koordd/kernel/netclass.py): one BPF pr
 devices, loaded at first use.
 
 Kind "tc_filter", a target is a device name; knob `tc.classifier`:
-- "attached": koordd's classifier, loaded by this koordd process, on the device's clsact egress hook;
-- "detached": a clsact qdisc is there, without it (a classifier a previous koordd left after kill -9
-  counts as detached: its map is gone with that process, so it is replaced);
-- "none": no clsact qdisc at all.
+- "attached": koordd's classifier, loaded by this koordd process, on the device's egress hook (a tcx link,
+  or a clsact filter before Linux 6.6);
+- "detached": a clsact qdisc is there, without it (a clsact filter a previous koordd left after kill -9
+  counts as detached: its maps are koordd's no more, so it is replaced; a tcx link goes with its process);
+- "none": neither.
 Restoring "detached" removes koordd's filter; restoring "none" removes the clsact qdisc too.
 
 Kind "tc_class", a target is a cgroup (a class root); knob `net_class`: "ls", "be" or "none". With a
@@ -28,7 +29,6 @@ net_cls cgroup with a classid that is not koordd's is left alone (writing it is 
 from __future__ import annotations
 
 import errno
-import importlib.util
 import os
 from pathlib import Path
 
@@ -67,11 +67,8 @@ class SharedClassifier:
         self.failed: str | None = None
 
     def missing(self) -> str | None:
-        """What this host lacks to run the classifier at all (checked without loading it)."""
-        for module, package in (("bcc", "python3-bpfcc"), ("pyroute2", "pyroute2")):
-            if importlib.util.find_spec(module) is None:
-                return f"{module} is not installed ({package})"
-        return self.failed
+        """What this host lacks to run the classifier at all (the classifier's own check: no load)."""
+        return self.failed or self.classifier.missing()
 
     def get(self) -> EgressClassifier:
         if self.failed:
@@ -125,9 +122,9 @@ class ClassifierBackend(Backend):
             index = c.index_of(target)
         except DeviceGone:
             raise TargetGone(target) from None
-        if not c.has_clsact(index):
-            return "none"
-        return "attached" if target in self.here and c.has_filter(index) else "detached"
+        if target in self.here and c.has_filter(index):
+            return "attached"           # a tcx link needs no clsact qdisc
+        return "detached" if c.has_clsact(index) else "none"
 
     def still_koordds(self, target: str, knob: str, current: str, values) -> bool:
         # "attached" is this process's filter: the one a run before a kill attached reads "detached".

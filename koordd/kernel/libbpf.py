@@ -32,10 +32,15 @@ BPF_STRUCT_OPS = 44                 # enum bpf_attach_type
 BPF_TCX_EGRESS = 47
 BTF_KIND_DATASEC = 15
 RODATA = ".rodata"                  # `const volatile` globals: set before load, constants after
+PER_CPU_MAPS = {5, 6, 10}           # BPF_MAP_TYPE_PERCPU_HASH, _PERCPU_ARRAY, _LRU_PERCPU_HASH
 
 
 class BpfError(RuntimeError):
-    """A libbpf or kernel call failed; the message names the step and the kernel's reason."""
+    """A libbpf or kernel call failed; the message names the step and the kernel's reason (`errno`)."""
+
+    def __init__(self, message: str, errno: int = 0):
+        super().__init__(message)
+        self.errno = errno
 
 
 _p, _i, _u32, _u64, _s = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_char_p
@@ -60,6 +65,8 @@ _SIGNATURES = (
     ("bpf_map__key_size", _u32, [_p]),
     ("bpf_map__value_size", _u32, [_p]),
     ("bpf_map__max_entries", _u32, [_p]),
+    ("bpf_map__type", _i, [_p]),
+    ("libbpf_num_possible_cpus", _i, []),
     ("bpf_map__set_map_flags", _i, [_p, _u32]),
     ("bpf_map__initial_value", _p, [_p, ctypes.POINTER(ctypes.c_size_t)]),
     ("bpf_map__attach_struct_ops", _p, [_p]),
@@ -71,6 +78,7 @@ _SIGNATURES = (
     ("bpf_map_delete_elem", _i, [_i, _p]),
     ("bpf_map_get_next_key", _i, [_i, _p, _p]),
     ("bpf_obj_get_info_by_fd", _i, [_i, _p, ctypes.POINTER(_u32)]),
+    ("bpf_prog_query", _i, [_i, _i, _u32, ctypes.POINTER(_u32), _p, ctypes.POINTER(_u32)]),
     ("btf__find_by_name_kind", _i, [_p, _s, _u32]),
     ("btf__type_by_id", _p, [_p, _u32]),
     ("btf__name_by_offset", _s, [_p, _u32]),
@@ -146,7 +154,7 @@ def step(what: str) -> Iterator[Callable[[int | None], BpfError]]:
             for line in lines:
                 log.debug("libbpf: %s", line)
             last = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
-            return BpfError(f"{what}: {reason}" + (f" (libbpf: {last})" if last else ""))
+            return BpfError(f"{what}: {reason}" + (f" (libbpf: {last})" if last else ""), err)
         yield fail
 
 
@@ -194,6 +202,20 @@ class BpfMap:
     def clear(self) -> None:
         for key in self.keys():
             self.delete(key)
+
+
+def tcx_egress_programs(ifindex: int, most: int = 64) -> list[int]:
+    """The ids of the programs on a device's tcx egress hook, in run order (empty where the kernel has
+    no tcx)."""
+    ids, count, flags = (_u32 * most)(), _u32(most), _u32()
+    if libbpf().bpf_prog_query(ifindex, BPF_TCX_EGRESS, 0, ctypes.byref(flags), ids, ctypes.byref(count)) < 0:
+        return []
+    return list(ids[:count.value])
+
+
+def has_tcx() -> bool:
+    """Whether the kernel takes tcx links (Linux 6.6+): older ones refuse the query on loopback."""
+    return libbpf().bpf_prog_query(1, BPF_TCX_EGRESS, 0, None, None, ctypes.byref(_u32(0))) >= 0
 
 
 class ProgInfo(ctypes.Structure):
@@ -315,11 +337,17 @@ class BpfObject:
     # --- after the load -------------------------------------------------------------------------
 
     def map(self, name: str, key_type, value_type) -> BpfMap:
+        """A map by name, its keys and values as these ctypes types. A per-CPU map's values are arrays of
+        `value_type`, one per possible CPU (the kernel's layout: each rounded up to 8 bytes)."""
         m = self._map(name)
         for what, want, have in (("key", ctypes.sizeof(key_type), self.lib.bpf_map__key_size(m)),
                                  ("value", ctypes.sizeof(value_type), self.lib.bpf_map__value_size(m))):
             if want != have:        # a wrong size would make the kernel write past a ctypes buffer
                 raise BpfError(f"{self.path.name}: map {name}'s {what} is {have} bytes, not {want}")
+        if self.lib.bpf_map__type(m) in PER_CPU_MAPS:
+            if ctypes.sizeof(value_type) % 8:
+                raise BpfError(f"{self.path.name}: per-CPU map {name}'s value is not a multiple of 8 bytes")
+            value_type = value_type * self.lib.libbpf_num_possible_cpus()
         return BpfMap(name, self.lib.bpf_map__fd(m), key_type, value_type, self.lib.bpf_map__max_entries(m))
 
     def attach(self, program: str) -> None:
@@ -334,10 +362,13 @@ class BpfObject:
         for prog in self._programs():
             self.attach(self.lib.bpf_program__name(prog).decode())
 
+    def program_fd(self, program: str) -> int:
+        return self.lib.bpf_program__fd(self._program(program))
+
     def attach_tcx_egress(self, program: str, ifindex: int) -> int:
         """Run a tc program on a device's egress through a tcx link (kernel 6.6+): it goes when the
         link's fd closes. Returns the link fd (closed by `detach` or `close`)."""
-        fd = self.lib.bpf_program__fd(self._program(program))
+        fd = self.program_fd(program)
         with step(f"attaching {program} to device {ifindex}'s egress (tcx)") as fail:
             link = self.lib.bpf_link_create(fd, ifindex, BPF_TCX_EGRESS, None)
             if link < 0:

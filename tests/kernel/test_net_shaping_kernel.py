@@ -30,6 +30,7 @@ from koordd.core.backend import Backends
 from koordd.core.config import loop_options, make_settings
 from koordd.core.snapshot import CgroupSample, NET, NodeSample, Snapshot
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
+from koordd.kernel.libbpf import has_tcx, tcx_egress_programs
 from koordd.kernel.netclass import FILTER_PRIO
 from koordd.kernel.netlink import kernel_has_qdisc
 from koordd.loops.net_shaping import NetShaping
@@ -150,17 +151,23 @@ def test_be_stays_under_a_ceiling_that_follows_ls_traffic(veth, cgroup_dirs, tmp
 
 
 def test_after_kill_9_the_next_koordd_removes_what_the_first_put_on_the_device(veth, koordd):  # noqa: F811
-    """The tree and the classifier outlive a koordd killed with SIGKILL (a tc filter holds its BPF
-    program); the next koordd, with the loop off, finds them in its journal and removes them."""
-    opened_classifier().close()                     # skip (or fail) here where BPF cannot load
+    """The tree outlives a koordd killed with SIGKILL; its classifier, a tcx link, goes with the process
+    (a clsact filter, on kernels before 6.6, would stay: the next koordd replaces it). The next koordd,
+    with the loop off, finds the tree in its journal and removes it."""
+    probe = opened_classifier()                     # skip (or fail) here where BPF cannot load
+    probe.close()
     ipr, index = veth
     egress = 0xFFFFFFF3
+    tcx = has_tcx()
 
     def installed() -> tuple[list[str], bool]:
-        """koordd's qdiscs on the device, and whether its filter (by its preference) is on egress."""
+        """koordd's qdiscs on the device, and whether its classifier is on egress (a tcx program, or a
+        clsact filter with koordd's preference)."""
         kinds = sorted(m.get_attr("TCA_KIND") for m in ipr.get_qdiscs(index) if m["handle"])
-        ours = "clsact" in kinds and any(m["info"] >> 16 == FILTER_PRIO for m in ipr.get_filters(index, parent=egress))
+        ours = bool(tcx_egress_programs(index)) or "clsact" in kinds and any(
+            m["info"] >> 16 == FILTER_PRIO for m in ipr.get_filters(index, parent=egress))
         return kinds, ours
+    on_hook = ["htb"] if tcx else ["clsact", "htb"]
 
     def shaping(enabled: bool) -> str:
         return f'[loops.net_shaping]\nenabled = {"true" if enabled else "false"}\ninterval = "500ms"\n' \
@@ -169,10 +176,10 @@ def test_after_kill_9_the_next_koordd_removes_what_the_first_put_on_the_device(v
     assert wait_for(lambda: {(d["knob"], d["target"]) for d in koordd.decisions()} >=
                     {("tc.shaping", HOST), ("tc.classifier", HOST), ("net_class", koordd.env.cgroup("be"))}, 30), \
         koordd.log_text()
-    assert wait_for(lambda: installed() == (["clsact", "htb"], True), 10), (installed(), koordd.log_text())
+    assert wait_for(lambda: installed() == (on_hook, True), 10), (installed(), koordd.log_text())
     first.kill()
     first.wait(10)
-    assert installed() == (["clsact", "htb"], True)    # left as they were
+    assert installed() == (on_hook, not tcx)            # the tree left as it was; a tcx link gone
     second = koordd.start(koordd.write_config(enabled=False, extra=shaping(False)))
     assert wait_for(lambda: installed() == ([], False), 30), (installed(), koordd.log_text())
     assert wait_for(lambda: koordd.held() == [], 10), koordd.held()

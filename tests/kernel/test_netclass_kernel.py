@@ -1,10 +1,11 @@
-"""Egress classification by cgroup on the real kernel: koordd/bpf/net_classify.c on a veth whose peer sits
-in a network namespace of the test's own, HTB classes on it, UDP senders in cgroups of the test's
+"""Egress classification by cgroup on the real kernel: koordd/bpf/net_classify.bpf.o on a veth whose peer
+sits in a network namespace of the test's own, HTB classes on it, UDP senders in cgroups of the test's
 own (unified tree). Checks which HTB class each sender's packets were queued in, that a cgroup below
-a class root counts as the root, and that closing removes the filter and only the qdisc it added.
+a class root counts as the root, and that closing removes the classifier and only the qdisc it added,
+on both hooks: a tcx link (Linux 6.6+, this host's) and a clsact filter (older kernels, forced here).
 
-Needs root, a unified cgroup tree, network namespaces, bcc and pyroute2; skipped otherwise (failed
-where scripts/bpf-env set the host up for eBPF).
+Needs root, a unified cgroup tree, network namespaces, libbpf1 and pyroute2; skipped otherwise (failed
+where scripts/test set the host up for eBPF).
 """
 from __future__ import annotations
 
@@ -80,9 +81,16 @@ def cgroup_dirs():
             pass
 
 
+@pytest.fixture(params=["tcx", "clsact"])
+def hook(request):
+    """tcx: the kernel's own choice here; clsact: the path of kernels before 6.6, forced."""
+    return request.param
+
+
 @pytest.fixture
-def classifier():
+def classifier(hook):
     c = EgressClassifier()
+    c.tcx = None if hook == "tcx" else False
     try:
         c.open()
     except ClassifierError as e:
@@ -93,13 +101,14 @@ def classifier():
     c.close()
 
 
-def opened_classifier():
-    """A SharedClassifier with its program loaded, or skip (fail where scripts/bpf-env set the host up)."""
+def opened_classifier(hook: str = "tcx"):
+    """A SharedClassifier with its program loaded, or skip (fail where scripts/test set the host up)."""
     from koordd.backends.netclass import SharedClassifier
     shared = SharedClassifier()
+    shared.classifier.tcx = None if hook == "tcx" else False
     try:
         shared.get()
-    except Exception as e:  # noqa: BLE001 - Unsupported with bcc's reason
+    except Exception as e:  # noqa: BLE001 - Unsupported with the loader's reason
         if os.environ.get("KOORDD_REQUIRE_EBPF"):
             pytest.fail(f"scripts/bpf-env set this host up for eBPF, yet: {e}")
         pytest.skip(str(e))
@@ -151,16 +160,20 @@ def test_packets_go_to_the_class_of_their_cgroup_and_below(link, cgroup_dirs, cl
     assert final[BE] == after[BE] and final[OTHER] - after[OTHER] >= 20 * 1042
 
 
-def test_closing_removes_the_filter_and_only_the_qdisc_it_added(link, classifier):
+def test_closing_removes_the_filter_and_only_the_qdisc_it_added(link, classifier, hook):
     ipr, index = link
     egress = 0xFFFFFFF3
 
     def kinds():
         return sorted(m.get_attr("TCA_KIND") for m in ipr.get_qdiscs(index))
     classifier.attach(HOST)
-    assert kinds() == ["clsact", "htb"] and len(ipr.get_filters(index, parent=egress)) > 0
+    assert classifier.has_filter(index)
+    if hook == "tcx":           # a link: no qdisc, no filter
+        assert kinds() == ["htb"] and index in classifier.links
+    else:
+        assert kinds() == ["clsact", "htb"] and len(ipr.get_filters(index, parent=egress)) > 0
     classifier.detach(HOST)
-    assert kinds() == ["htb"] and ipr.get_filters(index, parent=egress) in ([], ())
+    assert kinds() == ["htb"] and ipr.get_filters(index, parent=egress) in ([], ()) and not classifier.has_filter(index)
     # A clsact qdisc that was there before (someone else's filters hang on it) stays.
     ipr.tc("add", "clsact", index)
     classifier.attach(HOST)
@@ -168,9 +181,11 @@ def test_closing_removes_the_filter_and_only_the_qdisc_it_added(link, classifier
     assert kinds() == ["clsact", "htb"] and len(ipr.get_filters(index, parent=egress)) == 0
 
 
-def test_the_knobs_shape_classify_and_restore_through_the_actuator(veth, cgroup_dirs, tmp_path):
+@pytest.mark.parametrize("hook", ["tcx", "clsact"])
+def test_the_knobs_shape_classify_and_restore_through_the_actuator(veth, cgroup_dirs, tmp_path, hook):
     """tc.shaping, tc.classifier and net_class together, as the net_shaping loop will ask for them;
-    then a second koordd (after kill -9 of the first) replaces the classifier it finds."""
+    then a second koordd (after kill -9 of the first): a tcx link went with the process, a clsact filter
+    is found and replaced."""
     from koordd.act.actuator import Actuator
     from koordd.core.backend import Backends
     from koordd.kernel.cgroupfs import CgroupFS
@@ -185,7 +200,7 @@ def test_the_knobs_shape_classify_and_restore_through_the_actuator(veth, cgroup_
     be = str(cgroup_dirs["be"].relative_to(fs.layout.unified))
 
     def koordd():
-        shared = opened_classifier()
+        shared = opened_classifier(hook)
         backends = Backends([TcBackend(), ClassifierBackend(shared), NetClassBackend(fs, shared)])
         journal = RestoreJournal(tmp_path / "state")
         return Actuator(backends, journal, DecisionLog(tmp_path / "state", send=lambda message, **f: None)), \
@@ -202,11 +217,14 @@ def test_the_knobs_shape_classify_and_restore_through_the_actuator(veth, cgroup_
     before = class_bytes(ipr, index)
     send_from(cgroup_dirs["be/job"], 40, 1000)
     assert class_bytes(ipr, index)[BE] - before[BE] == 40 * 1042
-    # kill -9: the filter outlives its process, its map does not. The next koordd replaces it.
+    # kill -9: the kernel closes the process's fds, the object's and its links' (nothing else runs).
+    # A tcx link goes with them; a clsact filter outlives its process, its maps are no koordd's.
+    backends.of_kind("tc_filter").shared.classifier.obj.close()
     act2, backends2, journal2 = koordd()
-    assert backends2.of_kind("tc_filter").read(HOST, "tc.classifier") == "detached"
+    left = "none" if hook == "tcx" else "detached"
+    assert backends2.of_kind("tc_filter").read(HOST, "tc.classifier") == left
     redo = act2.apply("net_shaping", wanted)
-    assert [(d.knob, d.old, d.new) for d in redo] == [("tc.classifier", "detached", "attached"),
+    assert [(d.knob, d.old, d.new) for d in redo] == [("tc.classifier", left, "attached"),
                                                       ("net_class", "none", "be")]
     before = class_bytes(ipr, index)
     send_from(cgroup_dirs["be"], 10, 1000)

@@ -1,4 +1,5 @@
-// Egress classification by cgroup, for tc: attached on clsact egress of a device koordd shapes.
+// Egress classification by cgroup, for tc: on the egress hook of a device koordd shapes (a tcx link,
+// or a clsact filter on kernels before 6.6: koordd/kernel/netclass.py).
 //
 // A packet's socket belongs to a cgroup v2; if that cgroup or one of its ancestors is a class root
 // koordd put in `classes`, the packet gets that class's tc class id in skb->priority, which HTB uses
@@ -17,11 +18,17 @@
 // whose next packet comes late -- its socket refilled only after the previous packet left, on a busy
 // or slow CPU -- catches up, instead of losing that time for good and staying below its ceiling.
 //
-// Header-independent: helpers and __sk_buff fields only, no kernel struct reads: it runs with
-// headers of another kernel version too.
+// A CO-RE object (scripts/build-bpf); it reads only __sk_buff fields and helpers, no kernel structs.
+// It returns "next" (TC_ACT_UNSPEC, tcx's TCX_NEXT) for what it lets pass, so programs and filters
+// after it on the hook still run; a packet it drops is TC_ACT_SHOT.
 
-#include <uapi/linux/bpf.h>
-#include <uapi/linux/pkt_cls.h>
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+
+char _license[] SEC("license") = "GPL";
+
+#define TC_ACT_UNSPEC (-1)              // linux/pkt_cls.h (macros: not in vmlinux.h)
+#define TC_ACT_SHOT 2
 
 #define MAX_LEVEL 16                    // cgroup levels below the root searched for a class root
 #define NSEC_PER_SEC 1000000000ULL
@@ -39,10 +46,33 @@ struct pace {
     u64 burst_ns;                       // unused time a class behind its rate may catch up on
 };
 
-BPF_HASH(classes, u64, u32, 4096);      // v2 cgroup id of a class root -> tc class id (major << 16 | minor)
-BPF_HASH(netcls, u32, u32, 16);         // net_cls.classid koordd writes -> tc class id
-BPF_PERCPU_HASH(sent, struct dev_class, u64, 1024);     // bytes classified, per device and class
-BPF_HASH(pace, struct dev_class, struct pace, 1024);    // classes paced on a device (EDT)
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 4096);
+    __type(key, u64);       // v2 cgroup id of a class root
+    __type(value, u32);     // tc class id (major << 16 | minor)
+} classes SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 16);
+    __type(key, u32);       // net_cls.classid koordd writes
+    __type(value, u32);     // tc class id
+} netcls SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+    __uint(max_entries, 1024);
+    __type(key, struct dev_class);
+    __type(value, u64);     // bytes classified, per device and class
+} sent SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 1024);
+    __type(key, struct dev_class);
+    __type(value, struct pace);     // classes paced on a device (EDT)
+} pace SEC(".maps");
 
 static __always_inline u32 class_of(struct __sk_buff *skb)
 {
@@ -51,13 +81,13 @@ static __always_inline u32 class_of(struct __sk_buff *skb)
         u64 id = bpf_skb_ancestor_cgroup_id(skb, level);
         if (id == 0)
             break;          // above the socket's own depth: no deeper ancestor
-        u32 *classid = classes.lookup(&id);
+        u32 *classid = bpf_map_lookup_elem(&classes, &id);
         if (classid)
             return *classid;
     }
-    u32 v1 = bpf_skb_cgroup_classid((void *)skb);     // bcc declares it on struct sk_buff
+    u32 v1 = bpf_skb_cgroup_classid(skb);
     if (v1) {
-        u32 *classid = netcls.lookup(&v1);
+        u32 *classid = bpf_map_lookup_elem(&netcls, &v1);
         if (classid)
             return *classid;
     }
@@ -82,7 +112,7 @@ static __always_inline int depart(struct __sk_buff *skb, struct pace *p)
 {
     u64 rate = p->rate;
     if (rate == 0)
-        return TC_ACT_OK;
+        return TC_ACT_UNSPEC;
     u64 now = bpf_ktime_get_ns();
     u64 t = skb->tstamp > now ? skb->tstamp : now;
     u64 delay = wire_len(skb) * NSEC_PER_SEC / rate;
@@ -106,22 +136,27 @@ static __always_inline int depart(struct __sk_buff *skb, struct pace *p)
         mine = __sync_fetch_and_add(&p->t_last, delay) + delay;
     if (mine > t)
         skb->tstamp = mine;
-    return TC_ACT_OK;
+    return TC_ACT_UNSPEC;
 }
 
+SEC("tc")
 int classify(struct __sk_buff *skb)
 {
     u32 classid = class_of(skb);
     if (classid == 0)
-        return TC_ACT_OK;
+        return TC_ACT_UNSPEC;
     skb->priority = classid;
     struct dev_class key = {.ifindex = skb->ifindex, .classid = classid};
-    struct pace *p = pace.lookup(&key);
+    struct pace *p = bpf_map_lookup_elem(&pace, &key);
     if (p && depart(skb, p) == TC_ACT_SHOT)
         return TC_ACT_SHOT;
-    u64 zero = 0;
-    u64 *bytes = sent.lookup_or_try_init(&key, &zero);
+    u64 *bytes = bpf_map_lookup_elem(&sent, &key);
+    if (!bytes) {
+        u64 zero = 0;
+        bpf_map_update_elem(&sent, &key, &zero, BPF_NOEXIST);
+        bytes = bpf_map_lookup_elem(&sent, &key);
+    }
     if (bytes)
-        *bytes += wire_len(skb);
-    return TC_ACT_OK;
+        *bytes += wire_len(skb);    // this CPU's own count: no other writer
+    return TC_ACT_UNSPEC;
 }
