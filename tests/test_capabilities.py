@@ -9,8 +9,10 @@ import koordd.kernel.host
 from koordd.backends.registry import builtin_classes
 from koordd.backends.tc import probe_netlink
 from koordd.kernel import perf
+from koordd.kernel.libbpf import BpfError
 from koordd.runtime import capabilities
 from koordd.runtime.capabilities import Capability, format_report, probe_all, report_json
+from koordd.sensors import runq
 from koordd.sensors.registry import builtin_sensors
 
 NAMES = ["cgroup", "cpu.max.burst", "cpu.idle", "knobs", "psi", "perf", "bpf", "resctrl", "sched_ext",
@@ -189,12 +191,19 @@ def test_perf_on_the_real_kernel_answers(host):
     assert "cgroup-mode counting" in host.probe()["perf"].detail
 
 
-def test_bpf_lists_three_facts(host, monkeypatch):
-    monkeypatch.setitem(sys.modules, "bcc", None)
+def test_bpf_needs_libbpf_and_the_kernels_btf(host, monkeypatch):
+    def no_libbpf():
+        raise BpfError("libbpf.so.1 is not installed (apt-get install libbpf1)")
+    monkeypatch.setattr(runq, "libbpf", no_libbpf)
     write(host.sys / "kernel/btf/vmlinux")
     bpf = host.probe()["bpf"]
     assert not bpf.available
-    assert "bcc not installed" in bpf.detail and "vmlinux: yes" in bpf.detail and "/build:" in bpf.detail
+    assert "libbpf: libbpf.so.1 is not installed" in bpf.detail and "vmlinux: yes" in bpf.detail
+    monkeypatch.setattr(runq, "libbpf", lambda: None)
+    assert host.probe()["bpf"].available
+    (host.sys / "kernel/btf/vmlinux").unlink()
+    bpf = host.probe()["bpf"]
+    assert not bpf.available and "vmlinux: no" in bpf.detail
 
 
 def test_resctrl(host):

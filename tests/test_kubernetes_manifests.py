@@ -91,14 +91,16 @@ def mounts_by_path(container, pod):
 @pytest.mark.parametrize("path, host, writable", [
     ("/sys/fs/cgroup", "/sys/fs/cgroup", True),          # the host's whole hierarchy, written
     ("/var/lib/koordd", "/var/lib/koordd", True),        # the restore journal outlives the pod
-    ("/sys/kernel/tracing", "/sys/kernel/tracing", True),  # bcc's tracepoint formats
-    ("/lib/modules", "/lib/modules", False),             # kernel headers for bcc ...
-    ("/usr/src", "/usr/src", False),                     # ... where /lib/modules/*/build links to
 ])
 def test_host_paths(koordd, pod, path, host, writable):
     mount, volume = mounts_by_path(koordd, pod)[path]
     assert volume["hostPath"]["path"] == host
     assert bool(mount.get("readOnly")) is not writable
+
+
+def test_no_kernel_headers_or_tracefs_from_the_host(koordd, pod):
+    """koordd's BPF programs are CO-RE objects attached by BTF: the pod needs neither."""
+    assert not {"/lib/modules", "/usr/src", "/sys/kernel/tracing"} & set(mounts_by_path(koordd, pod))
 
 
 def test_state_dir_and_cgroup_root_are_what_the_config_says(koordd, pod, config):

@@ -25,8 +25,8 @@ from koordd.core.histogram import quantile_us, slot_upper_us
 from koordd.core.snapshot import RUNQ_LATENCY, RunqLatency
 from koordd.kernel.bpf_shared import RUNQ_SLOTS
 from koordd.kernel.cgroupfs import DEFAULT_ROOT, Layout, LayoutError, detect_layout, thread_ids
-from koordd.kernel.host import Host, installed, yes
-from koordd.kernel.libbpf import BpfError, BpfObject, ProgramStats
+from koordd.kernel.host import Host, yes
+from koordd.kernel.libbpf import BpfError, BpfObject, ProgramStats, libbpf
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 log = logging.getLogger(__name__)
@@ -236,20 +236,18 @@ def v2_tree(layout: Layout) -> tuple[Path, str] | None:
     return None
 
 
-_DISTRO_BCC = Path("/usr/lib/python3/dist-packages/bcc")
-
-
 def probe_bpf(host: Host) -> tuple[bool, str]:
-    """What the eBPF source needs, without importing bcc (it loads LLVM, and koordd probes at every start):
-    whether the program really loads is the sensor's start to say (koordctl doctor's sensors line)."""
-    why = installed("bcc")
-    if why and _DISTRO_BCC.is_dir():
-        # python3-bpfcc installs for the distro interpreter only; a venv/pyenv python does not see it.
-        why += f" for this python (a copy is in {_DISTRO_BCC.parent}: run with /usr/bin/python3 or a venv with --system-site-packages)"
+    """What the eBPF source needs: libbpf (koordd's loader) and the kernel's BTF to relocate the CO-RE
+    program against. Whether the program really loads is the sensor's start to say (koordctl doctor's
+    sensors line)."""
+    try:
+        libbpf()
+        why = None
+    except BpfError as e:
+        why = str(e)
     btf = host.sys / "kernel/btf/vmlinux"
-    headers = Path("/lib/modules") / os.uname().release / "build"
-    facts = [f"bcc: {why or 'installed'}", f"BTF {btf}: {yes(btf.exists())}", f"headers {headers}: {yes(headers.exists())}"]
-    return why is None, "; ".join(facts)
+    facts = [f"libbpf: {why or 'installed'}", f"BTF {btf}: {yes(btf.exists())}"]
+    return why is None and btf.exists(), "; ".join(facts)
 
 
 class RunqLatencySensor(OptionalSensor):
