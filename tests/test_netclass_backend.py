@@ -94,11 +94,11 @@ def test_attached_means_by_this_koordd_and_restoring_removes_what_was_not_there(
 
 
 def test_a_classifier_that_cannot_load_makes_every_use_say_why_once_tried():
-    shared = SharedClassifier(FakeClassifier(fail="cannot load net_classify.c: boom"))
+    shared = SharedClassifier(FakeClassifier(fail="cannot load net_classify.bpf.o: boom"))
     b = ClassifierBackend(shared)
-    with pytest.raises(Unsupported, match="the egress classifier cannot run: cannot load net_classify.c: boom"):
+    with pytest.raises(Unsupported, match="the egress classifier cannot run: cannot load net_classify.bpf.o: boom"):
         b.read("eth0", "tc.classifier")
-    assert b.probe() == {"tc.classifier": "the egress classifier cannot run: cannot load net_classify.c: boom"}
+    assert b.probe() == {"tc.classifier": "the egress classifier cannot run: cannot load net_classify.bpf.o: boom"}
 
 
 def test_a_cgroups_class_is_its_entry_in_the_map(tmp_path):

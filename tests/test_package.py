@@ -83,12 +83,15 @@ def test_files_owner_and_modes(deb):
                        (f"/{SITE}/koordctl/cli.py", "-rw-r--r--"),
                        (f"/{SITE}/koordd/loops/be_suppress.py", "-rw-r--r--"),
                        (f"/{SITE}/koordd/bpf/koordd_sched.bpf.o", "-rw-r--r--"),
-                       (f"/{SITE}/koordd/bpf/runq_latency.c", "-rw-r--r--"),
+                       (f"/{SITE}/koordd/bpf/runq_latency.bpf.o", "-rw-r--r--"),
+                       (f"/{SITE}/koordd/bpf/net_classify.bpf.o", "-rw-r--r--"),
                        (f"/{SITE}/koordd/bpf/koordd_shared.h", "-rw-r--r--"),
                        ("/usr/share/doc/koordd/copyright", "-rw-r--r--"),
                        ("/usr/share/doc/koordd/changelog.gz", "-rw-r--r--")):
         assert path in entries, f"{path} is not in the package"
         assert entries[path][0] == mode, (path, entries[path])
+    # The BPF objects, not the types they were built against (2.7 MB no node reads).
+    assert f"/{SITE}/koordd/bpf/vmlinux.h" not in entries
     # Every module of koordd and koordctl in the tree, and no byte code, tests or scripts of the tree.
     for module in [*(ROOT / "koordd").rglob("*.py"), *(ROOT / "koordctl").rglob("*.py")]:
         assert f"/{SITE}/{module.relative_to(ROOT)}" in entries, module
@@ -152,7 +155,9 @@ def test_the_unpacked_package_imports_and_finds_its_loops_and_bpf_files(tree):
     code = ("import sys; import koordd.core.registry, koordd.kernel.scx, koordd.sensors.runq;"
             "assert koordd.core.registry.__file__.startswith(sys.argv[1]), koordd.core.registry.__file__;"
             "names = sorted(n for n, c in koordd.core.registry.load_registry().items() if c.__module__.startswith('koordd.'));"
+            "import koordd.kernel.netclass;"
             "assert koordd.kernel.scx.OBJECT.is_file() and koordd.sensors.runq.PROGRAM.is_file();"
+            "assert koordd.kernel.netclass.PROGRAM.is_file();"
             "print(' '.join(names))")
     site = str(tree / SITE)
     env = {**os.environ, "PYTHONPATH": site, "PYTHONDONTWRITEBYTECODE": "1"}

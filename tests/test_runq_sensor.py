@@ -179,13 +179,13 @@ def test_without_ebpf_the_sensor_falls_back_to_schedstat_and_says_why_once(tmp_p
     (tmp_path / "cg").mkdir()
     (tmp_path / "cg" / "cgroup.controllers").write_text("cpu memory\n")
     monkeypatch.setattr(EbpfSource, "open", lambda self: (_ for _ in ()).throw(
-        SensorUnavailable("bcc is not installed (apt-get install python3-bpfcc)")))
+        SensorUnavailable("libbpf.so.1 is not installed (apt-get install libbpf1)")))
     caplog.set_level(logging.INFO)
     sensor = RunqLatencySensor(tmp_path / "cg", sources=(EBPF, SCHEDSTAT))
     sensor.start()
-    assert sensor.kind == SCHEDSTAT and sensor.detail.startswith("schedstat, a mean only: eBPF unavailable: bcc")
+    assert sensor.kind == SCHEDSTAT and sensor.detail.startswith("schedstat, a mean only: eBPF unavailable: libbpf")
     [line] = [r.getMessage() for r in caplog.records if "run-queue" in r.getMessage()]
-    assert "bcc is not installed" in line and "mean wait per timeslice" in line
+    assert "libbpf.so.1 is not installed" in line and "mean wait per timeslice" in line
     assert sensor.sample(SensorContext(1.0, {})) == {}
     sensor.stop()
     assert sensor.kind is None
@@ -195,9 +195,9 @@ def test_without_either_source_the_sensor_is_unavailable_with_both_reasons(tmp_p
     (tmp_path / "cg").mkdir()
     (tmp_path / "cg" / "cgroup.controllers").write_text("cpu\n")
     (tmp_path / "proc").mkdir()
-    monkeypatch.setattr(EbpfSource, "open", lambda self: (_ for _ in ()).throw(SensorUnavailable("no headers")))
+    monkeypatch.setattr(EbpfSource, "open", lambda self: (_ for _ in ()).throw(SensorUnavailable("no BTF")))
     sensor = RunqLatencySensor(tmp_path / "cg", proc_root=tmp_path / "proc", sources=(EBPF, SCHEDSTAT))
-    with pytest.raises(SensorUnavailable, match=r"schedstat .*CONFIG_SCHED_INFO.*eBPF: no headers"):
+    with pytest.raises(SensorUnavailable, match=r"schedstat .*CONFIG_SCHED_INFO.*eBPF: no BTF"):
         sensor.start()
 
 

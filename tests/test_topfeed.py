@@ -207,14 +207,14 @@ def test_a_view_asking_for_members_gets_them_and_the_loops_do_not(daemon):
 
 
 def test_a_sensor_unavailable_for_the_view_says_why_in_the_document(daemon, caplog):
-    FakeRunq.unavailable = "bcc is not installed"
+    FakeRunq.unavailable = "libbpf.so.1 is not installed"
     ask(daemon)
     rounds(daemon, 2)
     doc = published(daemon)
-    assert doc["sensors"][RUNQ_LATENCY] == {"state": "unavailable", "reason": "bcc is not installed",
+    assert doc["sensors"][RUNQ_LATENCY] == {"state": "unavailable", "reason": "libbpf.so.1 is not installed",
                                             "loops": ["koordctl top"]}
     assert all(r["runq"] is None for r in doc["cgroups"])
-    assert f"sensor {RUNQ_LATENCY} unavailable (bcc is not installed): koordctl top runs without it" in caplog.text
+    assert f"sensor {RUNQ_LATENCY} unavailable (libbpf.so.1 is not installed): koordctl top runs without it" in caplog.text
 
 
 def test_stop_removes_what_was_published(daemon):

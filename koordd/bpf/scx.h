@@ -1,6 +1,6 @@
 // The few sched_ext declarations koordd_sched.bpf.c uses, written out instead of the kernel tree's
 // tools/sched_ext headers (not packaged by Debian). Types come from vmlinux.h, generated from the
-// running kernel's BTF by scripts/build-sched; the kfuncs are resolved by name against that BTF
+// kernel's BTF by scripts/build-bpf; the kfuncs are resolved by name against that BTF
 // when the object is loaded (Linux 6.13+ names: scx_bpf_dsq_insert, scx_bpf_dsq_move_to_local).
 #pragma once
 

@@ -51,13 +51,13 @@ def try_import(name: str):
         if e.name and (name == e.name or name.startswith(e.name + ".")):
             return None, f"{name} not installed"
         return None, f"import {name}: {e}"
-    except Exception as e:  # bcc raises OSError/Exception when libbcc is missing or broken
+    except Exception as e:  # a broken optional library may raise anything
         return None, f"import {name}: {type(e).__name__}: {e}"
 
 
 def installed(name: str) -> str | None:
-    """None when `name` can be imported, else why not, without importing it: bcc loads LLVM (some
-    60 MB of RSS), pyroute2 some 16 MB, and koordd probes at every start."""
+    """None when `name` can be imported, else why not, without importing it: pyroute2 is some 16 MB of
+    RSS, and koordd probes at every start."""
     try:
         found = importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):      # a None in sys.modules (tests) or a broken parent package

@@ -18,7 +18,7 @@ them) is under 10%, the floor while LS misses a target. LS may use the whole lin
 
 Limits: a socket keeps the cgroup it was created in; traffic forwarded from another network
 namespace (pods behind a veth) has no local socket on the host device: shape it on the pod's veth.
-Needs bcc, pyroute2 and a cgroup v2 tree (the unified one on hybrid hosts) or else a mounted v1
+Needs libbpf, pyroute2 and a cgroup v2 tree (the unified one on hybrid hosts) or else a mounted v1
 net_cls hierarchy (koordd then moves the class roots' threads into net_cls cgroups with its classids;
 see docs/net-shaping.md). On stop, the tree, the classifier and the map entries go, and the
 device gets the kernel's default root qdisc back (a clsact qdisc koordd did not add stays).

@@ -11,7 +11,7 @@ unified tree (hybrid hosts), or in the v2 tree:
   mem      memory_evict's scope: the test moves its memory limit between 160 and 512 MiB every 0.8 s
   mem/be   BE: a process holding 100 MiB, frozen by memory_evict while the limit is low and thawed
            while it is high
-and, where pyroute2 and bcc are installed, a veth pair (kdc<pid> here, its peer in a network namespace
+and, where pyroute2 and libbpf are installed, a veth pair (kdc<pid> here, its peer in a network namespace
 of the test's own) shaped by net_shaping.
 
 Each run's config enables a random subset of the loops, so a restart re-adopts some knobs (their loop
@@ -144,7 +144,7 @@ def koordd(tmp_path, tree):
 
 @pytest.fixture
 def device():
-    """HOST, a veth whose peer is in namespace NS; None where net_shaping cannot run (no pyroute2 or bcc)."""
+    """HOST, a veth whose peer is in namespace NS; None where net_shaping cannot run (no pyroute2 or libbpf)."""
     from koordd.backends.netclass import SharedClassifier
     if SharedClassifier().missing() is not None:
         yield None
@@ -370,7 +370,7 @@ def test_kill_9_at_random_moments_leaves_no_orphan(tree, koordd, device, capsys)
     with capsys.disabled():
         print()
     report(capsys, f"crash: seed {SEED} (KOORDD_CRASH_SEED={SEED} replays it), {KILLS} kills"
-                   f"{'' if device else '; net_shaping left out: pyroute2 or bcc missing'}"
+                   f"{'' if device else '; net_shaping left out: pyroute2 or libbpf missing'}"
                    "; llc_partition and sched_ext left out where the kernel has no resctrl or sched_ext")
     set_quota(tree, "ls", 50_000)
     tree.spawn_hog("ls")
@@ -466,7 +466,7 @@ def test_an_htb_tree_cut_short_by_a_kill_is_koordds_to_take_down_or_finish(devic
     its classes. The next start must take that down (restore) or finish it (loop on), not call it
     someone else's and leave it (the crash test caught a restore that "restored" it and left it there)."""
     if device is None:
-        pytest.skip("needs pyroute2 and bcc")
+        pytest.skip("needs pyroute2 and libbpf")
     from pyroute2 import IPRoute
     from koordd.kernel.netlink import LINK, OTHER_CLASS, ROOT
     from koordd.backends.tc import PARTIAL, TcBackend

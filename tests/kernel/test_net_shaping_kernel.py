@@ -9,7 +9,7 @@ and net sensor run one round a second, as the daemon would run them. With a 20 M
 
 Both enforcements: "htb" (rates from the kernel's HTB class counters) and "edt" (fq root, BE paced
 by the classifier, rates from its counters). Needs root, a unified cgroup tree, network
-namespaces, bcc, pyroute2 and iperf3 (scripts/test installs it); skipped otherwise.
+namespaces, libbpf, pyroute2 and iperf3 (scripts/test installs it); skipped otherwise.
 """
 from __future__ import annotations
 

@@ -95,7 +95,7 @@ def classifier(hook):
         c.open()
     except ClassifierError as e:
         if os.environ.get("KOORDD_REQUIRE_EBPF"):
-            pytest.fail(f"scripts/bpf-env set this host up for eBPF, yet: {e}")
+            pytest.fail(f"scripts/test set this host up for eBPF, yet: {e}")
         pytest.skip(str(e))
     yield c
     c.close()
@@ -110,7 +110,7 @@ def opened_classifier(hook: str = "tcx"):
         shared.get()
     except Exception as e:  # noqa: BLE001 - Unsupported with the loader's reason
         if os.environ.get("KOORDD_REQUIRE_EBPF"):
-            pytest.fail(f"scripts/bpf-env set this host up for eBPF, yet: {e}")
+            pytest.fail(f"scripts/test set this host up for eBPF, yet: {e}")
         pytest.skip(str(e))
     return shared
 

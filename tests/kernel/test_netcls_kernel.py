@@ -5,8 +5,8 @@ the cgroup, started before koordd classes it, has its UDP datagrams queued in HT
 the backend has moved it, and in the default class again after restoring "none", which also removes
 the net_cls cgroup.
 
-Needs root, a v1 cpu hierarchy, net_cls in the kernel, network namespaces, bcc and pyroute2;
-skipped otherwise (failed where scripts/bpf-env set the host up for eBPF).
+Needs root, a v1 cpu hierarchy, net_cls in the kernel, network namespaces, libbpf and pyroute2;
+skipped otherwise (failed where scripts/test set the host up for eBPF).
 """
 from __future__ import annotations
 

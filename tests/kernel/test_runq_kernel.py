@@ -25,7 +25,7 @@ def started(source: str) -> RunqLatencySensor:
         sensor.start()
     except SensorUnavailable as e:
         if source == EBPF and os.environ.get("KOORDD_REQUIRE_EBPF"):
-            pytest.fail(f"scripts/bpf-env set this host up for eBPF, yet: {e}")
+            pytest.fail(f"scripts/test set this host up for eBPF, yet: {e}")
         pytest.skip(f"run-queue latency from {source} unavailable here: {e}")
     return sensor
 

@@ -31,7 +31,7 @@ def test_the_runq_sensor_runs_ebpf_under_the_unit_only_while_a_loop_needs_it(koo
         f"{vm.koordd_status().get('sensors')}\n{vm.journal_text(cursor)}"
     log = vm.journal_text(cursor)
     assert "sensor runq_latency started" in log, log
-    assert "from schedstat" not in log, log             # the VM has bcc and the kernel's own headers
+    assert "from schedstat" not in log, log             # the VM has libbpf1 and BTF (and no headers)
     vm.wait_ticks("be_suppress", 2)
 
     vm.write_config(threshold)                           # no loop needs it any more: reload stops it
