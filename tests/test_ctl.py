@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from koordctl import doctor
 from koordctl.cli import main
 from koordctl.common import ago, table
-from koordd.act.owner import OwnerLock
+from koordd.act.owner import Holder, OwnerLock
 from koordd.runtime.capabilities import PROBES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -277,3 +278,29 @@ def test_decisions_bad_since(state, capsys):
 def test_decisions_none(tmp_path, capsys):
     assert main(["decisions", "--state-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out == f"no decisions recorded in {tmp_path}\n"
+
+
+def test_doctor_lists_the_running_koordds_bpf_programs(capsys, tmp_path, monkeypatch):
+    """From the running koordd's status file: each program, where it runs, its run time; each map's size."""
+    report = {"stats_enabled": True, "objects": [{"object": "runq_latency.bpf.o", "programs": [
+        {"name": "runq_switch", "section": "tp_btf/sched_switch", "id": 41, "attached": ["tp_btf/sched_switch"],
+         "run_time_ns": 3_000_000, "run_cnt": 10_000}], "maps": [
+        {"name": "waits", "max_entries": 16384, "key_size": 8, "value_size": 264, "attached": []}]}]}
+    (tmp_path / "status.json").write_text(json.dumps({"bpf": report}))
+    monkeypatch.setattr(doctor, "running_koordd", lambda: Holder(pid=4242, state_dir=str(tmp_path)))
+    assert main(["doctor", "--cgroup-root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "BPF programs loaded by koordd (pid 4242):\n  runq_latency.bpf.o\n" in out
+    assert "program runq_switch (id 41): tp_btf/sched_switch; 10000 runs, 300 ns each, 3.0 ms in all" in out
+    assert "map waits: 16384 entries of 8 + 264 bytes" in out
+    report["stats_enabled"] = False
+    (tmp_path / "status.json").write_text(json.dumps({"bpf": report}))
+    main(["doctor", "--cgroup-root", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "run time not counted" in out and "kernel.bpf_stats_enabled is 0" in out
+    (tmp_path / "status.json").write_text("{not json")          # a status file koordctl cannot read
+    main(["doctor", "--cgroup-root", str(tmp_path)])
+    assert "koordd (pid 4242) has written no report of them" in capsys.readouterr().out
+    monkeypatch.setattr(doctor, "running_koordd", lambda: None)
+    main(["doctor", "--cgroup-root", str(tmp_path)])
+    assert "BPF programs: no koordd runs on this host" in capsys.readouterr().out

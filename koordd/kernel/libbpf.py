@@ -17,6 +17,7 @@ import errno
 import logging
 import os
 import threading
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -251,6 +252,24 @@ class _VarSecinfo(ctypes.Structure):
     _fields_ = [("type", _u32), ("offset", _u32), ("size", _u32)]
 
 
+_LOADED: "weakref.WeakSet[BpfObject]" = weakref.WeakSet()     # every object this process has loaded
+
+
+def stats_enabled(proc: Path = Path("/proc")) -> bool | None:
+    """kernel.bpf_stats_enabled: whether the kernel counts each program's run time (None: unreadable)."""
+    try:
+        return (proc / "sys/kernel/bpf_stats_enabled").read_text().strip() == "1"
+    except OSError:
+        return None
+
+
+def report(proc: Path = Path("/proc")) -> dict:
+    """What this process has in the kernel, for koordctl doctor (through the status file): each loaded
+    object's programs (where they are attached, their run time and count) and maps (their sizes)."""
+    return {"stats_enabled": stats_enabled(proc),
+            "objects": sorted((o.describe() for o in list(_LOADED) if o.obj), key=lambda d: d["object"])}
+
+
 class BpfObject:
     """One CO-RE object: opened, prepared (`prepare(self)` before the load: flags, read-only data),
     loaded; its programs attached through links; everything freed by `close` (or by the kernel when
@@ -261,6 +280,8 @@ class BpfObject:
         self.lib = lib = libbpf()
         self.links: list[int] = []          # struct bpf_link pointers libbpf made
         self.link_fds: list[int] = []       # links made here with bpf_link_create
+        self.attached: dict[str, list[str]] = {}    # program (or struct_ops map) -> where it runs
+        self.tcx_fds: dict[int, tuple[str, str]] = {}   # tcx link fd -> (program, its hook's name)
         with step(f"opening {self.path}") as fail:
             self.obj = lib.bpf_object__open_file(str(self.path).encode(), None)
             if not self.obj:
@@ -274,6 +295,7 @@ class BpfObject:
         except BaseException:
             self.close()
             raise
+        _LOADED.add(self)
 
     # --- before the load ------------------------------------------------------------------------
 
@@ -353,10 +375,12 @@ class BpfObject:
     def attach(self, program: str) -> None:
         """Attach a program where its section says (tp_btf/, tracepoint/, raw_tp/...)."""
         with step(f"attaching {program}") as fail:
-            link = self.lib.bpf_program__attach(self._program(program))
+            prog = self._program(program)
+            link = self.lib.bpf_program__attach(prog)
             if not link:
                 raise fail()
         self.links.append(link)
+        self.attached.setdefault(program, []).append(self.lib.bpf_program__section_name(prog).decode())
 
     def attach_all(self) -> None:
         for prog in self._programs():
@@ -374,6 +398,9 @@ class BpfObject:
             if link < 0:
                 raise fail(link)
         self.link_fds.append(link)
+        hook = f"tcx egress of device {ifindex}"
+        self.tcx_fds[link] = (program, hook)
+        self.attached.setdefault(program, []).append(hook)
         return link
 
     def attach_struct_ops(self, name: str) -> None:
@@ -386,6 +413,7 @@ class BpfObject:
             if not link:
                 raise fail()
         self.links.append(link)
+        self.attached.setdefault(name, []).append("struct_ops")
         map_fd = self.lib.bpf_map__fd(ops)
         if self.lib.bpf_link__fd(link) == map_fd:
             with step(f"attaching {name} (bpf_link_create)") as fail:
@@ -398,6 +426,9 @@ class BpfObject:
         if link_fd in self.link_fds:
             self.link_fds.remove(link_fd)
             os.close(link_fd)
+            if link_fd in self.tcx_fds:
+                program, hook = self.tcx_fds.pop(link_fd)
+                self.attached[program].remove(hook)
 
     def stats(self) -> list[ProgramStats]:
         out = []
@@ -413,6 +444,19 @@ class BpfObject:
                                     info.run_time_ns, info.run_cnt))
         return out
 
+    def describe(self) -> dict:
+        """Its programs (where they run, their kernel ids and run time) and maps (their sizes)."""
+        stats = {s.name: s for s in self.stats()}
+        programs = [{"name": name, "section": s.attach, "id": s.prog_id, "attached": self.attached.get(name, []),
+                     "run_time_ns": s.run_time_ns, "run_cnt": s.run_cnt} for name, s in sorted(stats.items())]
+        maps = []
+        for m in self._maps():
+            name = self.lib.bpf_map__name(m).decode()
+            maps.append({"name": name, "max_entries": self.lib.bpf_map__max_entries(m),
+                         "key_size": self.lib.bpf_map__key_size(m), "value_size": self.lib.bpf_map__value_size(m),
+                         "attached": self.attached.get(name, [])})
+        return {"object": self.path.name, "programs": programs, "maps": maps}
+
     def close(self) -> None:
         """Detach everything (links first: the kernel stops running the programs) and free the object."""
         for fd in self.link_fds:
@@ -421,6 +465,8 @@ class BpfObject:
         for link in self.links:
             self.lib.bpf_link__destroy(link)    # libbpf 1.1 frees a struct_ops link only; our fd detaches it
         self.links = []
+        self.attached, self.tcx_fds = {}, {}
+        _LOADED.discard(self)
         if self.obj:
             self.lib.bpf_object__close(self.obj)
             self.obj = None

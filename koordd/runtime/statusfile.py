@@ -10,6 +10,7 @@ from typing import Callable
 
 from koordd.act.journal import write_atomic
 from koordd.core.feeds import STATUS_FILE
+from koordd.kernel import libbpf
 from koordd.runtime.result import RoundResult, Subscriber
 
 log = logging.getLogger("koordd")
@@ -31,7 +32,7 @@ class StatusFile(Subscriber):
                   "dry_run": self.dry_run, "cgroups": self.cgroups, "loops": result.loops, "sensors": result.sensors,
                   "held": [h.__dict__ for h in result.held],
                   "reclaimable": result.reclaimable.as_dict() if result.reclaimable is not None else None,
-                  "metrics": self.metrics_listen()}
+                  "metrics": self.metrics_listen(), "bpf": libbpf.report()}
         try:
             write_atomic(self.path, json.dumps(status, indent=1) + "\n", durable=False)
         except OSError as e:

@@ -1,0 +1,92 @@
+"""koordd's one BPF loader on the real kernel (koordd/kernel/libbpf.py): the shipped CO-RE objects load
+and attach with no compiler or headers, report where they run and what they cost, leave nothing behind
+when closed, and a failure says what failed in libbpf's and the kernel's words."""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+import pytest
+
+from koordd.kernel import libbpf
+from koordd.kernel.libbpf import BpfError, BpfObject, has_tcx, tcx_egress_programs
+from koordd.kernel.netclass import PROGRAM as NET_PROGRAM
+from koordd.sensors.runq import PROGRAM as RUNQ_PROGRAM
+from koordtest.kernel import wait_for
+
+pytestmark = pytest.mark.kernel
+
+
+def loaded(path) -> BpfObject:
+    try:
+        return BpfObject(path)
+    except BpfError as e:
+        if os.environ.get("KOORDD_REQUIRE_EBPF"):
+            pytest.fail(f"scripts/test set this host up for eBPF, yet: {e}")
+        pytest.skip(str(e))
+
+
+def prog_ids() -> set[int]:
+    """Every BPF program id the kernel has now."""
+    lib, out, cur = libbpf.libbpf(), set(), ctypes.c_uint32(0)
+    fn = lib.bpf_prog_get_next_id
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]
+    while fn(cur.value, ctypes.byref(cur)) == 0:
+        out.add(cur.value)
+    return out
+
+
+def test_the_run_queue_object_attaches_reports_itself_and_goes_when_closed():
+    before = prog_ids()
+    obj = loaded(RUNQ_PROGRAM)
+    try:
+        obj.attach_all()
+        d = obj.describe()
+        assert d["object"] == "runq_latency.bpf.o"
+        assert {p["name"]: p["attached"] for p in d["programs"]} == {
+            "runq_switch": ["tp_btf/sched_switch"], "runq_wakeup": ["tp_btf/sched_wakeup"],
+            "runq_wakeup_new": ["tp_btf/sched_wakeup_new"]}
+        sizes = {m["name"]: (m["max_entries"], m["key_size"], m["value_size"]) for m in d["maps"]}
+        assert sizes["waits"] == (16384, 8, 33 * 8) and sizes["queued"] == (65536, 4, 8)
+        ours = {p["id"] for p in d["programs"]}
+        assert ours <= prog_ids() - before
+        assert d in libbpf.report()["objects"]
+    finally:
+        obj.close()
+    # Nothing pinned, nothing left: the kernel frees them once no fd holds them (after an RCU grace period).
+    assert wait_for(lambda: not ours & prog_ids(), 30), ours & prog_ids()
+    assert obj not in libbpf._LOADED
+
+
+def test_a_tcx_link_goes_with_its_fd():
+    if not has_tcx():
+        pytest.skip("the kernel has no tcx links (Linux 6.6+)")
+    obj = loaded(NET_PROGRAM)
+    try:
+        fd = obj.attach_tcx_egress("classify", 1)           # loopback
+        assert len(tcx_egress_programs(1)) == 1
+        assert obj.describe()["programs"][0]["attached"] == ["tcx egress of device 1"]
+        obj.detach(fd)
+        assert tcx_egress_programs(1) == [] and obj.describe()["programs"][0]["attached"] == []
+        with pytest.raises(BpfError) as e:
+            obj.attach_tcx_egress("classify", 2 ** 31 - 1)  # no such device
+        assert e.value.errno == errno.ENODEV and "attaching classify to device" in str(e.value)
+    finally:
+        obj.close()
+
+
+def test_a_broken_object_fails_naming_the_step_and_libbpfs_reason(tmp_path):
+    broken = tmp_path / "broken.bpf.o"
+    broken.write_bytes(RUNQ_PROGRAM.read_bytes()[:4096])     # an ELF cut short
+    with pytest.raises(BpfError, match=r"^opening .*broken\.bpf\.o: .*\(libbpf: .+\)$"):
+        BpfObject(broken)
+
+
+def test_a_map_of_the_wrong_size_is_refused_before_the_kernel_writes_past_it():
+    obj = loaded(RUNQ_PROGRAM)
+    try:
+        with pytest.raises(BpfError, match="map waits's value is 264 bytes, not 8"):
+            obj.map("waits", ctypes.c_uint64, ctypes.c_uint64)
+    finally:
+        obj.close()
