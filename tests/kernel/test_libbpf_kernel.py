@@ -11,7 +11,7 @@ import pytest
 
 from koordd.kernel import libbpf
 from koordd.kernel.libbpf import BpfError, BpfObject, has_tcx, tcx_egress_programs
-from koordd.kernel.netclass import PROGRAM as NET_PROGRAM
+from koordd.kernel.netclass import PROGRAM as NET_PROGRAM, DevClass
 from koordd.sensors.runq import PROGRAM as RUNQ_PROGRAM
 from koordtest.kernel import wait_for
 
@@ -90,3 +90,25 @@ def test_a_map_of_the_wrong_size_is_refused_before_the_kernel_writes_past_it():
             obj.map("waits", ctypes.c_uint64, ctypes.c_uint64)
     finally:
         obj.close()
+
+
+def test_items_come_in_batches_every_one_of_them_per_cpu_values_as_arrays():
+    runq, net = loaded(RUNQ_PROGRAM), loaded(NET_PROGRAM)
+    try:
+        watched = runq.map("watched", ctypes.c_uint64, ctypes.c_uint8)
+        for cid in range(1, 601):                   # more than a batch: resumed from the kernel's token
+            watched.update(ctypes.c_uint64(cid), ctypes.c_uint8(cid % 7))
+        batched = watched._batched()
+        assert batched is not None, "the kernel refused BPF_MAP_LOOKUP_BATCH on a hash map"
+        assert sorted((k.value, v.value) for k, v in batched) == [(c, c % 7) for c in range(1, 601)]
+        watched.clear()
+        assert watched.items() == []
+
+        sent = net.map("sent", DevClass, ctypes.c_uint64)      # per-CPU: one value per possible CPU
+        per_cpu = sent.value_type(*range(1, len(sent.value_type()) + 1))
+        sent.update(DevClass(3, 0x10020), per_cpu)
+        [(key, value)] = sent.items()
+        assert (key.ifindex, key.classid, list(value)) == (3, 0x10020, list(per_cpu))
+    finally:
+        runq.close()
+        net.close()
