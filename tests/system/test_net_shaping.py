@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from koordd.kernel.libbpf import tcx_egress_programs
+
 from . import vm
 
 pytestmark = vm.only_in_vm
@@ -65,6 +67,13 @@ def root_qdiscs() -> str:
     return vm.sh("tc", "qdisc", "show", "dev", HOST).stdout
 
 
+def classifier_on_egress() -> bool:
+    """koordd's classifier on the device's egress through a tcx link (this kernel has tcx): what the
+    kernel says, and what `koordctl doctor` lists of the running koordd's programs."""
+    index = int(Path(f"/sys/class/net/{HOST}/ifindex").read_text())
+    return bool(tcx_egress_programs(index))
+
+
 def send(unit: str, slice_: str, port: int, *args: str) -> None:
     """iperf3 to the peer as a transient unit for 25 s, its JSON report (of the last 10 s) in /run/<unit>.json."""
     Path(f"/run/{unit}.json").unlink(missing_ok=True)          # iperf3 appends to its logfile
@@ -99,8 +108,12 @@ def test_be_follows_a_ceiling_set_by_ls_traffic_and_stop_removes_the_shaping(lin
     vm.write_config(CONFIG.format(enforce=enforce))
     cursor = vm.journal_cursor()
     vm.systemctl("start", vm.UNIT)
-    assert vm.wait_for(lambda: root in root_qdiscs() and "clsact" in root_qdiscs(), 60), \
+    assert vm.wait_for(lambda: root in root_qdiscs() and classifier_on_egress(), 60), \
         root_qdiscs() + vm.journal_text(cursor)
+    index = int(Path(f"/sys/class/net/{HOST}/ifindex").read_text())
+    doctor = vm.sh("koordctl", "doctor").stdout
+    assert f"program classify (id " in doctor and f"tcx egress of device {index}" in doctor, doctor
+    assert "clsact" not in root_qdiscs()            # a tcx link needs none
     if enforce == "edt":
         assert root_qdiscs().count("qdisc fq ") == 2, root_qdiscs()
     send("netbe", vm.BE, 5201)
@@ -126,4 +139,5 @@ def test_be_follows_a_ceiling_set_by_ls_traffic_and_stop_removes_the_shaping(lin
     vm.systemctl("stop", vm.UNIT)
     shown = root_qdiscs()
     assert root not in shown and "clsact" not in shown and "qdisc fq " not in shown, shown
+    assert not classifier_on_egress()               # the link went with koordd's fds
     assert vm.held() == []

@@ -121,7 +121,7 @@ def test_install_upgrade_keeps_the_operators_config_and_purge_leaves_nothing(hos
         knob_decisions(cursor, "cpu.idle")
     status = vm.sh("/usr/bin/koordctl", "status").stdout
     assert "qos_baseline" in status and "be_suppress" in status, status
-    assert list(Path("/usr/lib/python3/dist-packages/koordd").glob("__pycache__/daemon.*.pyc")), \
+    assert list(Path("/usr/lib/python3/dist-packages/koordd").glob("runtime/__pycache__/daemon.*.pyc")), \
         "postinst did not byte-compile koordd"
 
     # --- the operator edits the conffile; the running koordd reloads it by itself ---------------------------
