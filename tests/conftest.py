@@ -53,8 +53,12 @@ os.environ.setdefault("KOORDD_TEST_SKIP_CONFIG_OWNER_CHECK", "1")
 
 # One koordd per host (koordd/act/owner.py): each test's koordd, in-process or started as a process, locks a
 # file of the test's own, so tests running side by side (and a koordd service on the host) do not refuse
-# each other. The tests of the lock itself choose their file.
+# each other. The tests of the lock itself choose their file. The VM's system tests drive the koordd service
+# and koordctl beside it: they use the host's own lock, as an operator's would.
 @pytest.fixture(autouse=True)
-def owner_lock_of_the_test(tmp_path_factory, monkeypatch):
+def owner_lock_of_the_test(request, tmp_path_factory, monkeypatch):
     from koordd.act.owner import TEST_ENV
+    if "/system/" in str(request.node.fspath):
+        monkeypatch.delenv(TEST_ENV, raising=False)
+        return
     monkeypatch.setenv(TEST_ENV, str(tmp_path_factory.mktemp("owner") / "owner.lock"))

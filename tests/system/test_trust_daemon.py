@@ -41,11 +41,9 @@ def decisions_since(cursor: int) -> list[dict]:
 
 
 @pytest.fixture
-def service(hogs, monkeypatch):
-    # Not the test-only lock file tests/conftest.py gives every test: current_holder() here and the
-    # koordd started here use the host's own.
-    from koordd.act.owner import TEST_ENV
-    monkeypatch.delenv(TEST_ENV)
+def service(hogs):
+    # current_holder() here and the koordd started here use the host's own lock (tests/conftest.py gives
+    # system tests no lock file of their own).
     vm.write_config(vm.threshold_config())
     yield
     vm.stop_units(SECOND)
