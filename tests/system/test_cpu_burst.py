@@ -104,6 +104,12 @@ def start_and_wait_raised() -> str:
     return cursor
 
 
+def restored_just_before(cursor) -> bool:
+    """Whether koordd's last word on ls.slice's cpu.max since `cursor` put it back to its base."""
+    said = [d.get("KOORDD_OUTCOME") for d in vm.journal(cursor, "KOORDD_LOOP=cpu_burst", "KOORDD_KNOB=cpu.max")]
+    return bool(said) and said[-1] == "restored"
+
+
 def wait_back_at_base() -> None:
     load_node(True)
     assert vm.wait_for(lambda: vm.cpu_max(vm.LS) == BASE, TIMEOUT), \
@@ -143,17 +149,24 @@ def test_ls_gets_burst_and_quota_on_an_idle_node_and_gives_it_back_under_load(ls
 
 def test_kill_9_while_raised_then_the_restart_still_knows_the_base(ls_quota):
     start_and_wait_raised()
-    pid, restarts = vm.main_pid(), vm.n_restarts()
-    cursor = vm.journal_cursor()
-    # Each systemctl/journalctl above takes seconds under TCG: kill at a moment koordd holds a raised
-    # quota (it may have dipped back to base meanwhile and released it, then raised it again).
-    assert vm.wait_for(lambda: "cpu.max" in {h["knob"] for h in vm.held()}, TIMEOUT, 0.05), vm.held()
-    os.kill(pid, signal.SIGKILL)
-    assert vm.wait_for(lambda: not vm.pid_alive(pid), 10)
-    # The raised quota itself may not survive the crash: systemd re-applies ls.slice's CPUQuota= as
-    # soon as it handles the dead unit (it re-realizes the cgroups around it), as seen in this VM.
-    # What must survive is the journal: the originals, not what the crashed run had set.
-    held = {h["knob"]: h["original"] for h in vm.held() if h["target"] == vm.LS}
+    for attempt in range(3):
+        pid, restarts = vm.main_pid(), vm.n_restarts()
+        cursor = vm.journal_cursor()
+        # Each systemctl/journalctl above takes seconds under TCG: kill at a moment koordd holds a raised
+        # quota (it may have dipped back to base meanwhile and released it, then raised it again).
+        assert vm.wait_for(lambda: "cpu.max" in {h["knob"] for h in vm.held()}, TIMEOUT, 0.05), vm.held()
+        os.kill(pid, signal.SIGKILL)
+        assert vm.wait_for(lambda: not vm.pid_alive(pid), 10)
+        # The raised quota itself may not survive the crash: systemd re-applies ls.slice's CPUQuota= as
+        # soon as it handles the dead unit (it re-realizes the cgroups around it), as seen in this VM.
+        # What must survive is the journal: the originals, not what the crashed run had set.
+        held = {h["knob"]: h["original"] for h in vm.held() if h["target"] == vm.LS}
+        if "cpu.max" in held or not restored_just_before(cursor):
+            break
+        # koordd put the quota back to its base and let go of it between the look above and the kill
+        # (seen once, 67 ms apart): nothing of cpu.max to keep. The restarted koordd raises it again.
+        assert vm.wait_for(lambda: vm.is_active() == "active" and vm.n_restarts() > restarts, 60)
+        assert vm.wait_for(lambda: (vm.quota(vm.LS) or 0) >= RAISED, TIMEOUT), vm.journal_text(cursor)
     assert held == {"cpu.max": BASE, "cpu.max.burst": "0"}, vm.held()
 
     assert vm.wait_for(lambda: vm.is_active() == "active" and vm.main_pid() not in (0, pid)
