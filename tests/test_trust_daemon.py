@@ -127,6 +127,35 @@ def test_a_state_dir_changed_then_a_kill_9_abandons_no_hold(tmp_path):
     assert node.held() == []
 
 
+def test_a_start_refused_after_a_state_dir_change_still_leaves_the_old_holds_to_the_next(tmp_path, monkeypatch):
+    # Defect 8's sibling: the lock's file was the only note of where the killed koordd kept its holds, and
+    # the next koordd overwrote it before refusing (here: a state_dir others could write, exit 78). The one
+    # after it, on the fixed state_dir, must still carry them over and put BE's cpu.max back.
+    monkeypatch.delenv(SKIP_ENV, raising=False)
+    node = Node(tmp_path)
+    notify = NotifySocket(tmp_path / "notify.sock")
+    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path)}, wait=False)
+    notify.expect("READY=1")
+    wait_for(lambda: node.cpu_max() != MAX, what="BE capped")
+    node.state = tmp_path / "state-after"
+    node.write_config()
+    proc.kill()
+    proc.wait(timeout=30)
+    node.state.mkdir(mode=0o700)
+    node.state.chmod(0o770)
+    assert node.run("--once").returncode == 78, node.log()
+    node.state.chmod(0o700)
+    assert "carry_from" in owner.lock_path().read_text()
+    again_ready = NotifySocket(tmp_path / "notify-again.sock")
+    again = node.run(env={"NOTIFY_SOCKET": str(again_ready.path)}, wait=False)
+    again_ready.expect("READY=1")
+    assert "carried over" in node.log(), node.log()[-3000:]
+    assert json.loads(owner.lock_path().read_text())["carry_from"] == []
+    terminate(again, node)
+    assert node.cpu_max() == MAX, node.log()[-3000:]
+    assert node.held() == []
+
+
 def test_restores_at_start_are_guarded_by_the_classes_too(tmp_path):
     # Defect 7: a hold saying ls.slice was frozen, whose loop is not enabled now: the start's recovery
     # would "restore" the freeze. The guard knew only PID 1's and koordd's cgroups there; the classes too now.

@@ -368,6 +368,34 @@ def test_a_protected_classs_own_raised_limit_still_goes_back(tmp_path):
     assert d.outcome == RESTORED and cpu_max(rig, "ls.slice/pod") == "50000 100000"
 
 
+@pytest.mark.parametrize("target, knob, original, restored", [
+    ("kubepods.slice/pod-ls/ctr", "memory.max", "4096", False),        # inside the LS pod
+    ("kubepods.slice/pod-ls", "memory.high", "4096", False),
+    ("kubepods.slice/pod-ls", "cpuset.cpus", "0", False),
+    ("kubepods.slice/pod-ls", "cpu.max", "50000 100000", True),       # cpu_burst gives its quota back
+    ("kubepods.slice/pod-ls/ctr", "cpu.max.burst", "0", True),
+])
+def test_a_forged_hold_lowers_no_limit_of_a_protected_class_but_its_cpu_quota(tmp_path, target, knob, original,
+                                                                               restored):
+    """An LS class root and what lies inside it: a restore there may lower only the CPU limits a loop raises
+    on protected work (cpu_burst); any other limit a hold says to lower is refused and the hold dropped."""
+    tree = FakeCgroups(tmp_path, "v2").add("kubepods.slice/pod-ls/ctr")
+    tree.set("kubepods.slice/pod-ls", "cpuset", "cpuset.cpus", "0-1\n")
+    tree.set("kubepods.slice/pod-ls/ctr", "cpu", "cpu.max.burst", "20000\n")
+    rig = make_rig(tmp_path, tree)
+    forge(rig, {"target": target, "knob": knob, "original": original})
+    again = crash_and_start_again(tmp_path, rig)
+    again.act.protect({"kubepods.slice/pod-ls": "LS"})
+    before = again.act.backends.of_kind("cgroup").read(target, knob)
+    [d] = again.act.restore_all("koordd stopping")
+    now = again.act.backends.of_kind("cgroup").read(target, knob)
+    if restored:
+        assert d.outcome == RESTORED and now == original
+    else:
+        assert d.outcome == REFUSED and "protected: would" in d.error and now == before
+    assert again.journal.entries() == []
+
+
 def test_a_restore_the_kernel_rules_refuse_now_is_kept_for_later(tmp_path):
     """A kernel rule (v1: child above parent) is the state of the moment, not a forged value: kept."""
     rig = make_rig(tmp_path, mode="v1")
@@ -424,6 +452,30 @@ def test_holds_of_the_state_dir_before_a_change_are_carried_over(tmp_path):
     assert not (rig.state / RestoreJournal.FILE).exists() and not (new / RestoreJournal.MOVED_FROM).exists()
     assert len(list(rig.state.glob(f"{RestoreJournal.FILE}.carried-over.*"))) == 1
     assert RestoreJournal(new).entries() == []
+
+
+def test_holds_are_carried_through_a_state_dir_that_made_no_change(tmp_path):
+    """A killed with a hold; a koordd on C carried A's holds into memory but crashed (or stopped) before its
+    first change, so C's journal is empty and its moved-from.json names A; the next koordd, on B, is
+    told of C only. It follows C's moved-from.json to A."""
+    rig = make_rig(tmp_path)
+    rig.act.apply("be_suppress", [cap()])
+    c, b = tmp_path / "state-c", tmp_path / "state-b"
+    note_move(c, rig.state)
+    assert [h.target for h in RestoreJournal(c).entries()] == [BE]    # read, nothing written to C
+    note_move(b, c)
+    journal = RestoreJournal(b)
+    assert [(h.target, h.original) for h in journal.entries()] == [(BE, "max 100000")]
+    act = Actuator(rig.tree.fs, journal, DecisionLog(b, send=lambda *a, **k: None))
+    [d] = act.restore_all("koordd stopping")
+    assert d.outcome == RESTORED and cpu_max(rig) == "max 100000"
+
+
+def test_moved_from_files_that_name_each_other_are_read_once(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    note_move(a, b)
+    note_move(b, a)
+    assert RestoreJournal(a).entries() == [] and RestoreJournal(b).entries() == []
 
 
 def test_a_crash_while_carrying_over_loses_nothing(tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Mapping, TypeVar
 
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import Held, RestoreJournal
-from koordd.act.protect import EVICTING, harm
+from koordd.act.protect import GIVEN_BACK, harm
 from koordd.backends.registry import builtin_backends
 from koordd.core.backend import Backend, Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
 from koordd.core.decisions import APPLIED, DRY_RUN, Decision, LEFT, REFUSED, RESTORED
@@ -413,10 +413,11 @@ class Actuator:
         # the kubelet's own value (test_kubelet.py::test_override_lets_the_write_through_and_restores_go_through_anyway).
         what = harm(held.knob, value, current)
         why = self._guard().why(held.target) if what else None
-        # A protected class's own knob may go back below its current value (cpu_burst gives back the
-        # quota it raised); nothing is frozen, nor capped where PID 1, koordd or a protected class root
-        # lies below (a forged hold on system.slice).
-        if why and (held.knob in EVICTING or held.target.strip("/") in self._guard().holders):
+        # A protected class's own CPU limit may go back below its current value (cpu_burst gives back
+        # the quota it raised, the one limit a loop raises on protected work); nothing else is lowered
+        # there (a forged memory.max or cpuset), nothing is frozen, and nothing is capped where PID 1,
+        # koordd or a protected class root lies below (a forged hold on system.slice).
+        if why and (held.knob not in GIVEN_BACK or held.target.strip("/") in self._guard().holders):
             raise Forbidden(f"protected: would {what} {held.target or '/'}, which {why}")
         return value
 

@@ -249,6 +249,7 @@ class RestoreJournal:
     FILE = "originals.jsonl"
     V1_FILE = "originals.json"
     MOVED_FROM = "moved-from.json"  # state_dirs whose journals are carried over here (note_move)
+    MAX_CARRIED = 64                # state_dirs followed through moved-from.json files, at most
     VERSION = 4                     # 4: identity and written values; 3: targets of any kind; 2: cgroups
     READS = (2, 3, 4)
     COMPACT_MIN = 64                # lines before compaction is considered
@@ -289,10 +290,8 @@ class RestoreJournal:
             return
         except (OSError, ValueError) as e:
             raise JournalUnreadable(self.dir / self.MOVED_FROM, f"cannot be read: {e}") from None
-        for d in dirs if isinstance(dirs, list) else []:
-            if Path(str(d)).absolute() == self.dir.absolute():
-                continue                # this journal itself: read already
-            path = Path(str(d)) / self.FILE
+        for d in self._moved_from_chain(dirs):
+            path = Path(d) / self.FILE
             if path.exists():
                 held = _replay(path)[0]
             elif (path := Path(str(d)) / self.V1_FILE).exists():
@@ -309,6 +308,23 @@ class RestoreJournal:
             self._carried.append(path)
         self._carried.append(self.dir / self.MOVED_FROM)
         self._lines = 0
+
+    def _moved_from_chain(self, dirs) -> list[str]:
+        """The state_dirs `dirs` names and, in turn, those their own moved-from.json names (a koordd on
+        a carried state_dir that crashed before its first change had not merged them yet): each once,
+        this one's own never, at most MAX_CARRIED."""
+        here, out, todo = str(self.dir.absolute()), [], list(dirs) if isinstance(dirs, list) else []
+        while todo and len(out) < self.MAX_CARRIED:
+            d = todo.pop(0)
+            if not isinstance(d, str) or not d or str(Path(d).absolute()) in (here, *out):
+                continue
+            out.append(str(Path(d).absolute()))
+            try:
+                more = json.loads((Path(d) / self.MOVED_FROM).read_text())
+            except (OSError, ValueError):
+                continue        # none there (the usual case), or unreadable: its own journal is read all the same
+            todo += more if isinstance(more, list) else []
+        return out
 
     @staticmethod
     def _keep_aside(path: Path, why: str) -> None:

@@ -51,6 +51,9 @@ class Holder:
     state_dir: str | None = None
     since: float | None = None
     command: str | None = None
+    # State_dirs of holders before this one whose journals may still hold knobs and have not been carried
+    # into this holder's state_dir yet (OwnerLock.carried): a start refused before that passes them on.
+    carry_from: tuple[str, ...] = ()
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since)) if self.since else "unknown"
@@ -74,12 +77,27 @@ class UntrustedLock(Exception):
 class OwnerLock:
     """The lock, held: released by release() or when this process ends, however it ends."""
 
-    def __init__(self, fd: int, path: Path, previous: Holder | None = None):
+    def __init__(self, fd: int, path: Path, previous: Holder | None = None, record: dict | None = None):
         self.fd: int | None = fd
         self.path = path
         # Who held the host before, as the file still says: a koordd killed with holds in a state_dir
         # other than this one's left them there (the daemon carries them over: state.note_move).
         self.previous = previous
+        self.record = dict(record or {})
+
+    @property
+    def carry_from(self) -> tuple[str, ...]:
+        """The state_dirs whose holds this holder must carry over: the one before it used and those its
+        own predecessors had not carried yet (a start refused before carrying them, an untrusted
+        state_dir fixed since), oldest first."""
+        return tuple(self.record.get("carry_from", ()))
+
+    def carried(self, left: list[str] | tuple[str, ...] = ()) -> None:
+        """The holds of carry_from are noted in this holder's state_dir (journal.note_move, on disk),
+        but for those `left` (not trusted now): the next holder need only look there."""
+        if self.fd is not None and list(self.record.get("carry_from", ())) != list(left):
+            self.record["carry_from"] = list(left)
+            _write_record(self.fd, self.record)
 
     @classmethod
     def take(cls, config: Path | str, state_dir: Path | str, path: Path | None = None) -> "OwnerLock":
@@ -109,12 +127,16 @@ class OwnerLock:
                     os.close(fd)        # locked a file someone removed or replaced meanwhile: lock the new one
                     continue
                 previous = _holder(fd, st)
+                # Until this koordd has carried them over, the state_dirs before it stay in the file: a
+                # start refused after taking the lock (an untrusted state_dir, an unreadable journal) must
+                # not make the next one forget where the holds are.
+                before = [*previous.carry_from, *([previous.state_dir] if previous.state_dir else [])]
+                here = os.path.realpath(state_dir)
+                carry = [d for i, d in enumerate(before) if d not in before[:i] and os.path.realpath(d) != here]
                 record = {"pid": os.getpid(), "command": " ".join(sys.argv), "config": str(config),
-                          "state_dir": str(state_dir), "since": time.time()}
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
-                os.fchmod(fd, 0o644)            # readable whatever koordd's umask (077)
-                return cls(fd, path, previous if previous.pid is not None else None)
+                          "state_dir": str(state_dir), "since": time.time(), "carry_from": carry}
+                _write_record(fd, record)
+                return cls(fd, path, previous if previous.pid is not None else None, record)
             except BaseException:
                 os.close(fd)
                 raise
@@ -128,6 +150,12 @@ class OwnerLock:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def _write_record(fd: int, record: dict) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    os.fchmod(fd, 0o644)            # readable whatever koordd's umask (077)
 
 
 def _check(path: Path, st: os.stat_result) -> None:
@@ -155,8 +183,10 @@ def _holder(fd: int, st: os.stat_result) -> Holder:
     if pid is None:
         pid = _locker(st)
     since = field("since", (int, float))
+    carry = record.get("carry_from")
+    carry = tuple(d for d in carry if isinstance(d, str) and d)[:64] if isinstance(carry, list) else ()
     return Holder(pid, field("config", str), field("state_dir", str), float(since) if since else None,
-                  field("command", str))
+                  field("command", str), carry)
 
 
 def _locker(st: os.stat_result) -> int | None:

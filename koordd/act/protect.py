@@ -63,6 +63,11 @@ THROTTLING: dict[str, tuple[str, Callable[[str, str], bool]]] = {
 }
 
 
+# The limits a loop raises on protected work (cpu_burst on LS: its quota and burst), so that a restore
+# there may lower them again: every other restore that would tighten a protected cgroup is refused.
+GIVEN_BACK = frozenset({"cpu.max", "cpu.max.burst"})
+
+
 def harm(knob: str, new: str, original: str | None) -> str | None:
     """What the write would do to its target's workload, or None when it only helps or restores."""
     if knob in EVICTING:

@@ -82,22 +82,27 @@ def _open_state_dir(state_dir: Path, owner: OwnerLock | None) -> RestoreJournal:
 
 def _carry_over_previous_state_dir(state_dir: Path, owner: OwnerLock | None) -> None:
     """The koordd that held the host before used another state_dir (the config changed it, then that
-    koordd was killed before a clean stop restored its knobs): its journal's holds are carried over
-    here (state.note_move), not abandoned. A state_dir others could change is not read from."""
-    previous = owner.previous if owner is not None else None
-    if previous is None or not previous.state_dir:
+    koordd was killed before a clean stop restored its knobs), or a start before this one was refused
+    before it carried such holds: those journals' holds are carried over here (journal.note_move), not
+    abandoned. A state_dir others could change is not read from; it stays in the owner lock's record, so
+    a later start carries it once it is fixed."""
+    if owner is None:
         return
-    old = Path(previous.state_dir)
-    if os.path.realpath(old) == os.path.realpath(state_dir) or not (old / RestoreJournal.FILE).exists():
-        return
-    why = untrusted_state_dir(old, STATE_FILES)
-    if why:
-        log.error("the koordd before this one (pid %s) kept its restore journal in %s, which is not trusted "
-                  "(%s): its holds are not carried over", previous.pid, old, why)
-        return
-    log.warning("the koordd before this one (pid %s) kept its restore journal in %s: its holds are carried "
-                "over to %s", previous.pid, old, state_dir)
-    note_move(state_dir, old)
+    untrusted = []
+    for old in map(Path, owner.carry_from):
+        if os.path.realpath(old) == os.path.realpath(state_dir) or not any(
+                (old / f).exists() for f in (RestoreJournal.FILE, RestoreJournal.V1_FILE, RestoreJournal.MOVED_FROM)):
+            continue
+        why = untrusted_state_dir(old, STATE_FILES)
+        if why:
+            log.error("a koordd before this one kept its restore journal in %s, which is not trusted (%s): its "
+                      "holds are not carried over until it is", old, why)
+            untrusted.append(str(old))
+            continue
+        log.warning("a koordd before this one (pid %s) kept its restore journal in %s: its holds are carried "
+                    "over to %s", owner.previous.pid if owner.previous else "unknown", old, state_dir)
+        note_move(state_dir, old)
+    owner.carried(untrusted)
 
 
 def _keep_private(d: Path) -> None:
