@@ -20,12 +20,20 @@ SHIPPED_CONFIG = REPO / "config" / "koordd.toml"
 SERVICE_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 
 
-def koordd_command(koordd: str | None = None, profile: Path | None = None) -> list[str]:
-    """This venv's koordd (or `koordd`, e.g. another checkout's, to compare), under cProfile if asked."""
+def koordd_command(koordd: str | None = None, profile: Path | None = None, runq_source: str | None = None) -> list[str]:
+    """This venv's koordd (or `koordd`, e.g. another checkout's, to compare), under cProfile if asked.
+    `runq_source`: the run-queue sensor limited to that source (e.g. "schedstat", to measure the fallback
+    on a host where the eBPF program loads), set in the process before the daemon's main runs."""
     if koordd is None:
         script = Path(sys.executable).parent / "koordd"
         koordd = str(script) if script.exists() else None
     python = str(Path(koordd).parent / "python") if koordd else sys.executable
+    if runq_source is not None:
+        if profile is not None:
+            raise ValueError("runq_source and profile do not go together")
+        return [python, "-c", "import runpy, koordd.sensors.runq as r; "
+                f"r.DEFAULT_SOURCES = ({runq_source!r},); "
+                "runpy.run_module('koordd.runtime.daemon', run_name='__main__')"]
     if profile is not None:
         return [python, "-m", "cProfile", "-o", str(profile), "-m", "koordd.runtime.daemon"]
     return [koordd] if koordd else [sys.executable, "-m", "koordd.runtime.daemon"]

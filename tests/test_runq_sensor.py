@@ -173,6 +173,28 @@ def test_schedstat_mean_wait_per_timeslice_over_each_subtree(tmp_path, v2tree):
     assert got == {"be/pod2": RunqLatency(SCHEDSTAT, 5, 100.0), "be": RunqLatency(SCHEDSTAT, 5, 100.0)}
 
 
+def test_on_schedstat_the_sensor_reads_only_the_latency_sensitive_classes(tmp_path, v2tree, monkeypatch):
+    """The slack and the antagonist's victims read LS roots' waits: BE's pods cost no listing and no
+    schedstat read (issue 27: 63 ms/s over 502 cgroups, most of them BE's pods)."""
+    proc = FakeProc(tmp_path / "proc")
+    proc.root.mkdir()
+    threads(v2tree, "be/pod1", 11)
+    threads(v2tree, "ls", 21)
+    for tid in (11, 21):
+        proc.thread(tid, 0, 0)
+    sensor = RunqLatencySensor(v2tree, tmp_path / "proc", sources=(SCHEDSTAT,))
+    sensor.source = SchedstatSource(v2tree, "cgroup.threads", proc.root)
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, *a: opened.append(str(path)) or real_open(path, *a))
+    context = SensorContext(1.0, {"be": "BE", "be/pod1": "BE", "ls": "LS", "system": "SYSTEM"})
+    assert sensor.sample(context) == {}
+    proc.thread(11, 3_000_000, 10)
+    proc.thread(21, 20_000, 20)
+    assert sensor.sample(context) == {"ls": RunqLatency(SCHEDSTAT, 20, 1.0)}
+    assert opened and not any("/be" in p or "/11/" in p for p in opened), opened
+
+
 # --- choosing the source ----------------------------------------------------------------------------------
 
 def test_without_ebpf_the_sensor_falls_back_to_schedstat_and_says_why_once(tmp_path, monkeypatch, caplog):

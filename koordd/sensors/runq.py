@@ -6,7 +6,8 @@ Two sources, the better one the host allows, chosen at start():
   p50/p99/max and an exact mean. Needs libbpf1 and a kernel with BTF (/sys/kernel/btf/vmlinux); no
   compiler, no headers.
 - "schedstat": Δrun_delay / Δtimeslices from /proc/<tid>/schedstat of every thread of the cgroup and
-  below: a mean wait per timeslice only. One file read per thread per round.
+  below: a mean wait per timeslice only. One file read per thread per round, so only for the cgroups of
+  the latency-sensitive classes, whose waits the loops read; BE's and SYSTEM's stay out of the section.
 
 Cgroups are those of the v2 tree (the unified tree on hybrid hosts), where an id is the inode number
 of the cgroup's directory; a pure v1 host falls back to the cpu hierarchy's `tasks` for schedstat.
@@ -21,6 +22,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
+from koordd.core.classes import LATENCY_SENSITIVE
 from koordd.core.histogram import quantile_us, slot_upper_us
 from koordd.core.snapshot import RUNQ_LATENCY, RunqLatency
 from koordd.kernel.bpf_shared import RUNQ_SLOTS
@@ -165,6 +167,18 @@ class EbpfSource:
 
 # --- the schedstat source ----------------------------------------------------------------------
 
+def read_small(path: str) -> str:
+    """A kernel file of any length, read whole through its descriptor (no buffered file object)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks).decode("ascii", "replace")
+    finally:
+        os.close(fd)
+
+
 def read_schedstat(proc: Path, tid: int) -> tuple[int, int] | None:
     """(run_delay ns, timeslices) of a thread; None once it has exited."""
     try:
@@ -186,15 +200,21 @@ class SchedstatSource:
         self.prev: dict[int, tuple[int, int]] = {}    # tid -> (run_delay, timeslices) at the last read
 
     def _threads_by_dir(self, tops: Iterable[str]) -> dict[str, list[int]]:
+        """Each directory at or below `tops` -> its threads. One scandir (no stat: the entries' types) and
+        one read of the threads file per directory, both at the descriptor level: this runs over every
+        cgroup below the latency-sensitive roots each round."""
         out: dict[str, list[int]] = {}
-        for top in tops:
-            for dirpath, dirnames, _ in os.walk(self.tree / top):
-                rel = os.path.relpath(dirpath, self.tree)
-                try:
-                    tids = thread_ids(Path(dirpath, self.threads_file).read_text(errors="replace"), dirpath)
-                except OSError:     # gone, or a listing that is not thread ids (GarbledFile): left out
-                    continue
-                out["" if rel == "." else rel] = tids
+        root = str(self.tree)
+        todo = list(tops)
+        while todo:
+            rel = todo.pop()
+            d = f"{root}/{rel}" if rel else root
+            try:
+                with os.scandir(d) as entries:
+                    todo += [f"{rel}/{e.name}" if rel else e.name for e in entries if e.is_dir(follow_symlinks=False)]
+                out[rel] = thread_ids(read_small(f"{d}/{self.threads_file}"), d)
+            except OSError:     # gone, or a listing that is not thread ids (GarbledFile): left out
+                continue
         return out
 
     def read(self, paths: Iterable[str]) -> dict[str, RunqLatency]:
@@ -302,6 +322,10 @@ class RunqLatencySensor(OptionalSensor):
         return EBPF if isinstance(self.source, EbpfSource) else SCHEDSTAT if self.source else None
 
     def sample(self, context: SensorContext) -> Mapping[str, RunqLatency]:
+        if isinstance(self.source, SchedstatSource):
+            # A file per thread and a listing per cgroup, every round: only the waits loops read (the slack
+            # and the antagonist's victims, core/health.py: the latency-sensitive classes), not BE's pods.
+            return self.source.read(p for p, cls in context.cgroups.items() if cls in LATENCY_SENSITIVE)
         return self.source.read(context.cgroups)
 
     def stop(self) -> None:
