@@ -195,6 +195,27 @@ def test_on_schedstat_the_sensor_reads_only_the_latency_sensitive_classes(tmp_pa
     assert opened and not any("/be" in p or "/11/" in p for p in opened), opened
 
 
+def test_a_root_whose_children_are_all_leaves_is_listed_alone(tmp_path, monkeypatch):
+    """nr_descendants equal to the children listed: the pods are not listed one by one; one more below a
+    pod (the kernel's count says so) and every child is listed, its threads counted."""
+    tree = tmp_path / "cg"
+    for d in ("ls/pod1", "ls/pod2"):
+        (tree / d).mkdir(parents=True)
+    (tree / "ls" / "cgroup.stat").write_text("nr_descendants 2\nnr_dying_descendants 0\n")
+    threads(tree, "ls/pod1", 21)
+    src = SchedstatSource(tree, "cgroup.threads", tmp_path / "proc")
+    listed = []
+    real_scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path: listed.append(os.path.relpath(path, tree)) or real_scandir(path))
+    assert src._threads_by_dir(["ls"]) == {"ls/pod1": [21]} and listed == ["ls"]
+    (tree / "ls/pod2/job").mkdir()
+    threads(tree, "ls/pod2/job", 31)
+    (tree / "ls" / "cgroup.stat").write_text("nr_descendants 3\nnr_dying_descendants 0\n")
+    listed.clear()
+    assert src._threads_by_dir(["ls"]) == {"ls/pod1": [21], "ls/pod2/job": [31]}
+    assert sorted(listed) == ["ls", "ls/pod1", "ls/pod2", "ls/pod2/job"]
+
+
 # --- choosing the source ----------------------------------------------------------------------------------
 
 def test_without_ebpf_the_sensor_falls_back_to_schedstat_and_says_why_once(tmp_path, monkeypatch, caplog):

@@ -179,6 +179,19 @@ def read_small(path: str) -> str:
         os.close(fd)
 
 
+def descendants(cgroup_dir: str) -> int | None:
+    """nr_descendants of a v2 cgroup (its live cgroups below, at any depth); None where there is no
+    cgroup.stat (v1) or it cannot be read."""
+    try:
+        for line in read_small(f"{cgroup_dir}/cgroup.stat").splitlines():
+            name, _, value = line.partition(" ")
+            if name == "nr_descendants" and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        pass
+    return None
+
+
 def read_schedstat(proc: Path, tid: int) -> tuple[int, int] | None:
     """(run_delay ns, timeslices) of a thread; None once it has exited."""
     try:
@@ -200,18 +213,22 @@ class SchedstatSource:
         self.prev: dict[int, tuple[int, int]] = {}    # tid -> (run_delay, timeslices) at the last read
 
     def _threads_by_dir(self, tops: Iterable[str]) -> dict[str, list[int]]:
-        """Each directory at or below `tops` -> its threads. One scandir (no stat: the entries' types) and
-        one read of the threads file per directory, both at the descriptor level: this runs over every
-        cgroup below the latency-sensitive roots each round."""
+        """Each directory at or below `tops` -> its threads: one read of its threads file each, at the
+        descriptor level. Listing a cgroup's directory costs about three such reads (kernfs makes an entry
+        per file), so a directory whose children are all leaves (its cgroup.stat's nr_descendants equals
+        the children listed: a class root of pods) spares the listing of each child."""
         out: dict[str, list[int]] = {}
         root = str(self.tree)
-        todo = list(tops)
+        todo = [(top, True) for top in tops]
         while todo:
-            rel = todo.pop()
+            rel, may_have_children = todo.pop()
             d = f"{root}/{rel}" if rel else root
             try:
-                with os.scandir(d) as entries:
-                    todo += [f"{rel}/{e.name}" if rel else e.name for e in entries if e.is_dir(follow_symlinks=False)]
+                if may_have_children:
+                    with os.scandir(d) as entries:
+                        kids = [f"{rel}/{e.name}" if rel else e.name for e in entries if e.is_dir(follow_symlinks=False)]
+                    leaves = bool(kids) and descendants(d) == len(kids)
+                    todo += [(k, not leaves) for k in kids]
                 out[rel] = thread_ids(read_small(f"{d}/{self.threads_file}"), d)
             except OSError:     # gone, or a listing that is not thread ids (GarbledFile): left out
                 continue
