@@ -56,11 +56,15 @@ def test_contended_threads_wait_longer_in_both_sources_and_the_sources_agree(con
     ebpf, schedstat = started(EBPF), started(SCHEDSTAT)
     try:
         assert (ebpf.kind, schedstat.kind) == (EBPF, SCHEDSTAT)
-        for s in (ebpf, schedstat):
-            s.sample(SensorContext(time.monotonic(), paths))      # baseline
+        # schedstat reads only the latency-sensitive classes' cgroups (the waits the loops read): to
+        # compare the sources on the sleeper too, both cgroups are LS to it.
+        as_ls = {p: "LS" if cls else cls for p, cls in paths.items()}
+        for s, classes in ((ebpf, paths), (schedstat, as_ls)):
+            s.sample(SensorContext(time.monotonic(), classes))    # baseline
         time.sleep(WINDOW)
         by_ebpf = ebpf.sample(SensorContext(time.monotonic(), paths))
-        by_schedstat = schedstat.sample(SensorContext(time.monotonic(), paths))
+        by_schedstat = schedstat.sample(SensorContext(time.monotonic(), as_ls))
+        only_ls = schedstat.sample(SensorContext(time.monotonic(), paths))
     finally:
         ebpf.stop()
         schedstat.stop()
@@ -82,4 +86,5 @@ def test_contended_threads_wait_longer_in_both_sources_and_the_sources_agree(con
     # Attribution: each wait counted for its own thread's cgroup, and up to the parent only.
     assert be.count <= 4 * 200 * WINDOW, be            # the sleeper's own wakeups, not the loops' slices
     assert env.cgroup("be") + "/empty" not in by_ebpf and env.cgroup("be") + "/empty" not in by_schedstat
+    assert env.cgroup("be") not in only_ls and env.name not in only_ls, only_ls      # BE's threads not read
     assert parent is not None and parent.count == ls.count + be.count
