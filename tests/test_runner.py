@@ -12,7 +12,7 @@ from koordd.act.journal import RestoreJournal
 from koordd.core.config import parse_config
 from koordd.core.loop import Action, Loop
 from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
-from koordd.runtime.runner import MAX_BACKOFF, Runner
+from koordd.runtime.runner import FIRST_ROUND_AFTER, MAX_BACKOFF, Runner
 
 
 class Capper(Loop):
@@ -71,7 +71,7 @@ def setup(tmp_path):
 def test_a_crashing_loop_backs_off_and_the_other_still_acts(setup):
     tree, journal, runner = setup
     runner.configure(config(BOTH), now=0.0)
-    assert runner.due(0.0) == []                       # first tick one interval after start
+    assert runner.due(0.0) == []                       # first tick once two samples can make a rate
     runner.tick(runner.due(1.0), snapshot(1.0, {"be.slice": "BE"}))
     assert tree.read("be.slice", "cpu", "cpu.max").strip() == "20000 100000"
     crasher = runner.runs["crasher"]
@@ -80,6 +80,16 @@ def test_a_crashing_loop_backs_off_and_the_other_still_acts(setup):
     runner.tick([crasher], snapshot(3.0, {"be.slice": "BE"}))
     assert crasher.failures == 2 and crasher.next_due == 3.0 + 4.0
     assert runner.runs["capper"].failures == 0 and runner.runs["capper"].last_error is None
+
+
+def test_the_first_round_comes_half_a_second_after_the_start_or_one_interval_if_shorter(setup):
+    """READY and the first acts within a second of the start, whatever the intervals (issue 27's target:
+    start to first complete tick at most 1 s); a rate needs two samples, not a whole interval."""
+    _, _, runner = setup
+    runner.configure(config(BOTH.replace('interval = "1s"\n[loops.crasher]', 'interval = "10s"\n[loops.crasher]')
+                            .replace('interval = "1s"', 'interval = "0.2s"', 1)), now=100.0)
+    firsts = {n: round(r.next_due - 100.0, 6) for n, r in runner.runs.items()}
+    assert FIRST_ROUND_AFTER == 0.5 and sorted(firsts.values()) == [0.2, 0.5], firsts
 
 
 def test_backoff_is_capped(setup):

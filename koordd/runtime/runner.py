@@ -25,6 +25,7 @@ from koordd.core.snapshot import CGROUP_FIELDS, Snapshot
 log = logging.getLogger("koordd.runner")     # its name before the move: log lines unchanged
 MAX_BACKOFF = 60.0
 COALESCE = 0.05
+FIRST_ROUND_AFTER = 0.5    # seconds from a loop's start (the baseline snapshot) to its first round, at most
 
 
 @dataclass
@@ -113,9 +114,11 @@ class Runner:
                 continue
             impl = self.registry[name]
             if run is None:
-                # First tick one interval from now: usage rates need that much history.
+                # A rate needs two samples, not a whole interval between them: the first round comes
+                # FIRST_ROUND_AFTER the start's baseline snapshot (or one interval, if shorter), so koordd
+                # acts, and says READY, within a second of its start whatever the loops' intervals.
                 self.runs[name] = LoopRun(name, impl, settings, impl.initial_state(settings),
-                                          now + float(settings.interval))
+                                          now + min(float(settings.interval), FIRST_ROUND_AFTER))
                 log.info("loop %s started: %s", name, settings)
                 self._check_needs(self.runs[name])
             elif run.settings != settings:
