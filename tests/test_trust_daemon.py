@@ -380,6 +380,38 @@ def test_a_round_that_cannot_list_the_tree_releases_nothing(tmp_path, monkeypatc
     assert node.cpu_max() == MAX
 
 
+def test_a_start_that_cannot_list_the_tree_recovers_at_the_first_round_that_can(tmp_path, monkeypatch):
+    """A hold of a loop not enabled now (it went back at the start's recovery) waits while the tree cannot
+    be listed, and goes back at the first round that can list it, not only at the stop."""
+    node = Node(tmp_path)
+    node.tree.set("be.slice", "cpu", "cpu.weight", "7\n")
+    journal = RestoreJournal(node.state)
+    journal.add(Held("be.slice", "cpu.weight", "100", "avx_weight", 1.0))
+    journal.close()
+    daemon = Daemon(load_config(node.config, REGISTRY), REGISTRY)
+    scandir, root = os.scandir, str(node.tree.root)
+
+    def no_fds(path="."):
+        if str(path).startswith(root):
+            raise OSError(errno.EMFILE, "Too many open files", str(path))
+        return scandir(path)
+    monkeypatch.setattr(os, "scandir", no_fds)
+    try:
+        daemon.start()
+        assert daemon.recovery_pending and node.tree.read("be.slice", "cpu", "cpu.weight").strip() == "7"
+        daemon.round([])
+        assert daemon.recovery_pending                      # still cannot: still kept
+    finally:
+        monkeypatch.setattr(os, "scandir", scandir)
+    try:
+        daemon.round([])
+        assert not daemon.recovery_pending
+        assert node.tree.read("be.slice", "cpu", "cpu.weight").strip() == "100"
+        assert all(h.owner != "avx_weight" for h in daemon.journal.entries())
+    finally:
+        daemon.stop()
+
+
 def test_children_raise_on_a_listing_error_and_are_empty_for_a_gone_cgroup(tmp_path, monkeypatch):
     from koordtest.fakes.cgroup import FakeCgroups
     fs = FakeCgroups(tmp_path, "v2").add("be.slice/a").fs

@@ -59,6 +59,9 @@ class Daemon:
         self.stopping = False
         self.reload_at: float | None = None
         self.watcher: ConfigWatcher | None = None
+        # The start could not classify the tree (EMFILE, ENOMEM): what a previous run left waits for a
+        # round that can, and is recovered then.
+        self.recovery_pending = False
 
     # --- start ----------------------------------------------------------------
 
@@ -91,9 +94,14 @@ class Daemon:
         try:
             self.actuator.protect(self.sensors.class_roots())
         except OSError as e:
-            log.error("cannot list the cgroup tree to classify it (%s): what a previous run left is kept for the "
-                      "first round", e)
+            if not self.recovery_pending:
+                log.error("cannot list the cgroup tree to classify it (%s): what a previous run left is kept "
+                          "until a round can, and recovered then", e)
+            self.recovery_pending = True
             return
+        if self.recovery_pending:
+            log.info("the cgroup tree can be listed again: recovering what a previous run left")
+        self.recovery_pending = False
         for h in self.journal.entries():
             if self.dry_run:
                 log.info("%s %s changed by a previous run (original %r, loop %s) is left as it is (dry-run)",
@@ -169,6 +177,8 @@ class Daemon:
     def round(self, due, for_view: bool = False) -> None:
         """One round for the due loops; while koordctl top asks, with what it shows too, published
         when `for_view` (the view's interval is up). Its result goes to every subscriber."""
+        if self.recovery_pending and not self.stopping:
+            self._recover()
         result = self.rounds.run(due, for_view)
         for subscriber in self.subscribers:
             if result is None:
