@@ -156,6 +156,18 @@ def test_a_start_refused_after_a_state_dir_change_still_leaves_the_old_holds_to_
     assert node.held() == []
 
 
+def test_a_start_removes_the_temporaries_a_kill_left_in_its_state_dir(tmp_path):
+    node = Node(tmp_path)
+    node.state.mkdir(mode=0o700)
+    left = [node.state / f".{name}.k1ll3d" for name in ("status.json", "top.json", RestoreJournal.FILE)]
+    for path in left:
+        path.write_text("{}")
+    mine = node.state / ".operators-notes"
+    mine.write_text("kept")
+    assert node.run("--once").returncode == 0, node.log()
+    assert not any(p.exists() for p in left) and mine.read_text() == "kept"
+
+
 def test_restores_at_start_are_guarded_by_the_classes_too(tmp_path):
     # Defect 7: a hold saying ls.slice was frozen, whose loop is not enabled now: the start's recovery
     # would "restore" the freeze. The guard knew only PID 1's and koordd's cgroups there; the classes too now.

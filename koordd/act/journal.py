@@ -223,6 +223,22 @@ def _aside(path: Path, tag: str) -> Path:
     return candidate
 
 
+def sweep_temporaries(directory: Path, names: tuple[str, ...]) -> None:
+    """write_atomic's temporary files of `names` in `directory` that a kill -9 left behind. Only one
+    koordd writes a state_dir (the owner lock), so none of them is in use."""
+    prefixes = tuple(f".{n}." for n in names)
+    try:
+        found = [n for n in os.listdir(directory) if n.startswith(prefixes)]
+    except FileNotFoundError:
+        return
+    for name in found:
+        try:
+            os.unlink(directory / name)
+            log.info("%s: removed %s, left by a write that was cut short", directory, name)
+        except OSError:
+            pass
+
+
 def note_move(new_dir: Path | str, old_dir: Path | str) -> None:
     """Say in `new_dir` that holds may still be in the journal of `old_dir` (the state_dir before a
     config change): the next RestoreJournal on `new_dir` carries them over, so a crash between the
@@ -440,19 +456,8 @@ class RestoreJournal:
         self._carried = []
 
     def _sweep_temporaries(self) -> None:
-        """write_atomic's temporary files of this journal that a kill -9 mid-compaction left behind. Only
-        one koordd writes a state_dir (the lock), so none of them is in use."""
-        prefix = f".{self.FILE}."
-        try:
-            names = [n for n in os.listdir(self.dir) if n.startswith(prefix)]
-        except FileNotFoundError:
-            return
-        for name in names:
-            try:
-                os.unlink(self.dir / name)
-                log.info("%s: removed %s, left by a compaction that was cut short", self.path, name)
-            except OSError:
-                pass
+        """write_atomic's temporary files of this journal that a kill -9 mid-compaction left behind."""
+        sweep_temporaries(self.dir, (self.FILE,))
 
     def close(self) -> None:
         if self._fd is not None:

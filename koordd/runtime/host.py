@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from koordd.act.decision_log import DecisionLog
-from koordd.act.journal import RestoreJournal, note_move
+from koordd.act.journal import RestoreJournal, note_move, sweep_temporaries
 from koordd.act.owner import HostOwned, OwnerLock, current_holder, lock_path
 from koordd.core.config import Config
 from koordd.core.feeds import REQUEST_FILE, STATUS_FILE, TOP_FILE
@@ -76,6 +76,8 @@ def _open_state_dir(state_dir: Path, owner: OwnerLock | None) -> RestoreJournal:
         raise UntrustedState(f"{why}: koordd undoes what its state_dir's journal says, so it trusts the "
                              f"directory only if root alone can change it (chown root, chmod go-w)")
     _keep_private(state_dir)
+    if owner is not None:       # this koordd alone writes the state_dir now: no temporary is in use
+        sweep_temporaries(state_dir, STATE_FILES)
     _carry_over_previous_state_dir(state_dir, owner)
     return RestoreJournal(state_dir)
 
