@@ -9,6 +9,7 @@ from koordd.core.classes import BE, LATENCY_SENSITIVE
 from koordd.kernel import bpf_shared
 from koordd.kernel.bpf_shared import HEADER, read_defines
 from koordd.kernel.scx import CLASS_VALUES
+from koordd.sensors.app_latency import SLOTS as APP_SLOTS
 from koordd.sensors.runq import SLOTS
 
 BPF = files("koordd.bpf")
@@ -16,7 +17,7 @@ BPF = files("koordd.bpf")
 
 def test_each_define_of_the_header_is_read_and_exported():
     shared = read_defines(HEADER.read_text())
-    assert shared == {"CLASS_LS": 1, "CLASS_BE": 2, "RUNQ_SLOTS": 32}
+    assert shared == {"CLASS_LS": 1, "CLASS_BE": 2, "RUNQ_SLOTS": 32, "APP_SLOTS": 32}
     assert {name: getattr(bpf_shared, name) for name in shared} == shared
 
 
@@ -27,7 +28,7 @@ def test_the_reader_takes_integer_defines_and_skips_the_rest():
 
 def test_python_uses_the_headers_values():
     assert CLASS_VALUES == {**{c: bpf_shared.CLASS_LS for c in LATENCY_SENSITIVE}, BE: bpf_shared.CLASS_BE}
-    assert SLOTS == bpf_shared.RUNQ_SLOTS
+    assert SLOTS == bpf_shared.RUNQ_SLOTS and APP_SLOTS == bpf_shared.APP_SLOTS
 
 
 def test_no_bpf_program_defines_a_shared_name_itself():

@@ -11,4 +11,8 @@
 // [2^(k-1), 2^k) µs, slot 0 under 1 µs), read by koordd/sensors/runq.py.
 #define RUNQ_SLOTS 32
 
+// app_latency.c: slots of its per-cgroup response-time histogram, in the same log2 µs layout, read by
+// koordd/sensors/app_latency.py.
+#define APP_SLOTS 32
+
 #endif

@@ -35,6 +35,7 @@ BUILTIN: dict[str, dict[str, str]] = {
     SENSORS: {
         "gpus": "koordd.sensors.gpu:GpuSensor",
         "runq_latency": "koordd.sensors.runq:RunqLatencySensor",
+        "app_latency": "koordd.sensors.app_latency:AppLatencySensor",
         "cpi": "koordd.sensors.cpi:CpiSensor",
         "resctrl": "koordd.sensors.resctrl:ResctrlSensor",
         "net": "koordd.sensors.net:NetSensor",

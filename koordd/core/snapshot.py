@@ -88,6 +88,7 @@ RESCTRL = "resctrl"             # section: sensors.resctrl.ResctrlSection (info/
 NET = "net"                     # section: device -> sensors.net.NetSample, on devices koordd shapes
 AVX = "avx"                     # section: sensors.avx.AvxSection (per cgroup: AVX-512 use, where it ran, licence)
 SCHED_EXT = "sched_ext"         # section: sched_ext.SchedExtStatus (the kernel's sched_ext state)
+APP_LATENCY = "app_latency"     # section: cgroup path -> AppLatency, for the round since the last
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,21 @@ class RunqLatency:
     p99_us: float | None = None
     max_us: float | None = None
     slots: tuple[int, ...] = ()             # ebpf: the round's histogram (koordd.core.histogram), to merge rounds
+
+
+@dataclass(frozen=True)
+class AppLatency:
+    """The server-side response time of a latency-sensitive cgroup's request/response traffic this round
+    (TCP and UNIX stream sockets: from a request's first bytes arriving to the next send on its socket),
+    from a log2 histogram of every response (quantiles interpolated within their bucket, max its upper
+    bound); docs/app-latency.md says where it is wrong."""
+    count: int                              # responses this round (at least one: else no AppLatency)
+    mean_us: float
+    p50_us: float
+    p99_us: float
+    p999_us: float
+    max_us: float
+    slots: tuple[int, ...] = ()             # the round's histogram (koordd.core.histogram), to merge rounds
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 
 Two sources, the better one the host allows, chosen at start():
 - "ebpf": koordd/bpf/runq_latency.bpf.o, a CO-RE object loaded by koordd's loader (libbpf); every wait
-  goes into a log2 histogram of the deepest sampled cgroup at or above the thread's own, so a round has
-  p50/p99/max and an exact mean. Needs libbpf1 and a kernel with BTF (/sys/kernel/btf/vmlinux); no
-  compiler, no headers.
+  goes into a log2 histogram of the deepest sampled cgroup at or above the thread's own (read by
+  sensors/cgroup_hist.py, as the application latency's), so a round has p50/p99/max and an exact mean.
+  Needs libbpf1 and a kernel with BTF (/sys/kernel/btf/vmlinux); no compiler, no headers.
 - "schedstat": Δrun_delay / Δtimeslices from /proc/<tid>/schedstat of every thread of the cgroup and
   below: a mean wait per timeslice only. One file read per thread per round, so only for the cgroups of
   the latency-sensitive classes, whose waits the loops read; BE's and SYSTEM's stay out of the section.
@@ -14,10 +14,8 @@ of the cgroup's directory; a pure v1 host falls back to the cpu hierarchy's `tas
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-from bisect import bisect_left
 from importlib.resources import files
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
@@ -28,12 +26,12 @@ from koordd.core.snapshot import RUNQ_LATENCY, RunqLatency
 from koordd.kernel.bpf_shared import RUNQ_SLOTS
 from koordd.kernel.cgroupfs import DEFAULT_ROOT, Layout, LayoutError, detect_layout, thread_ids
 from koordd.kernel.host import Host, yes
-from koordd.kernel.libbpf import BpfError, BpfObject, ProgramStats, libbpf
+from koordd.kernel.libbpf import BpfError, BpfObject, libbpf
+from koordd.sensors.cgroup_hist import KERNEL_BTF, CgroupHistograms, below, enclosing  # enclosing: still runq's too
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 log = logging.getLogger(__name__)
 PROGRAM = Path(str(files("koordd.bpf") / "runq_latency.bpf.o"))
-KERNEL_BTF = Path("/sys/kernel/btf/vmlinux")
 SLOTS = RUNQ_SLOTS              # koordd_shared.h's: slot k holds waits of [2^(k-1), 2^k) µs
 EBPF, SCHEDSTAT = "ebpf", "schedstat"
 DEFAULT_SOURCES = (EBPF, SCHEDSTAT)     # in the order tried
@@ -50,22 +48,6 @@ def summarize(slots: list[int], wait_ns: int) -> RunqLatency | None:
                        slot_upper_us(top), tuple(slots[:top + 1]))
 
 
-def below(ordered: list[str], path: str) -> list[str]:
-    """Of the sorted `ordered`, `path` itself (if there) and the paths below it: two bisections, since
-    "/" sorts right before "0", whatever else shares the prefix ("be-x" next to "be/pod1") is outside."""
-    if not path:
-        return ordered
-    lo, hi = bisect_left(ordered, path + "/"), bisect_left(ordered, path + "0")
-    own = [path] if (i := bisect_left(ordered, path)) < len(ordered) and ordered[i] == path else []
-    return own + ordered[lo:hi]
-
-
-def enclosing(paths: Iterable[str]) -> dict[str, list[str]]:
-    """Each path -> itself and the paths below it, among `paths` (a class root and its pods)."""
-    ordered = sorted(paths)
-    return {p: below(ordered, p) for p in ordered}
-
-
 def outermost(paths: Iterable[str]) -> list[str]:
     """The paths no other of them encloses."""
     given = set(paths)
@@ -75,94 +57,15 @@ def outermost(paths: Iterable[str]) -> list[str]:
 
 # --- the eBPF source ---------------------------------------------------------------------------
 
-class Hist(ctypes.Structure):
-    """The program's `struct hist`."""
-    _fields_ = [("slots", ctypes.c_uint64 * RUNQ_SLOTS), ("wait_ns", ctypes.c_uint64)]
-
-
-class EbpfSource:
-    """The BPF program's maps, read as deltas per sampled cgroup. `load` opens and loads the object
-    (koordd's loader; unit tests give a fake)."""
+class EbpfSource(CgroupHistograms):
+    """The run-queue program's histograms of waits (its map `waits`), per sampled cgroup and round."""
 
     def __init__(self, tree: Path, program: Path = PROGRAM, load: Callable[[Path], BpfObject] = BpfObject,
                  kernel_btf: Path = KERNEL_BTF):
-        self.tree, self.program, self.load, self.kernel_btf = tree, program, load, kernel_btf
-        self.obj: BpfObject | None = None
-        self.watched = self.resolved = self.waits = None    # the program's maps, once loaded
-        self.ids: dict[str, int] = {}                    # sampled path -> v2 cgroup id
-        self.prev: dict[int, tuple[list[int], int]] = {}  # id -> its cumulative (slots, wait_ns)
-
-    def open(self) -> None:
-        if not self.kernel_btf.exists():
-            raise SensorUnavailable(f"the kernel has no BTF ({self.kernel_btf}: CONFIG_DEBUG_INFO_BTF), "
-                                    "which the CO-RE program is relocated against")
-        try:
-            self.obj = self.load(self.program)
-            self.obj.attach_all()
-            self.watched = self.obj.map("watched", ctypes.c_uint64, ctypes.c_uint8)
-            self.resolved = self.obj.map("resolved", ctypes.c_uint64, ctypes.c_uint64)
-            self.waits = self.obj.map("waits", ctypes.c_uint64, Hist)
-        except BpfError as e:
-            self.close()
-            raise SensorUnavailable(f"the BPF program did not load: {e}") from None
-
-    def close(self) -> None:
-        if self.obj is not None:
-            self.obj.close()
-            self.obj = None
-
-    def stats(self) -> list[ProgramStats]:
-        return self.obj.stats() if self.obj is not None else []
-
-    def _watch(self, paths: Iterable[str]) -> None:
-        """Keep the program's `watched` set to the sampled cgroups; a change empties its cache of
-        cgroup -> watched ancestor, and a cgroup that went away loses its histogram."""
-        want: dict[str, int] = {}
-        for p in paths:
-            if p in self.ids:
-                want[p] = self.ids[p]
-                continue
-            try:
-                want[p] = os.stat(self.tree / p).st_ino
-            except OSError:
-                continue            # not in the v2 tree (a v1-only cgroup) or gone
-        if want == self.ids:
-            return
-        for p, cid in self.ids.items():
-            if want.get(p) != cid:
-                for table in (self.watched, self.waits):
-                    table.delete(ctypes.c_uint64(cid))
-                self.prev.pop(cid, None)
-        for p, cid in want.items():
-            if self.ids.get(p) != cid:
-                self.watched.update(ctypes.c_uint64(cid), ctypes.c_uint8(1))
-        self.resolved.clear()
-        self.ids = want
+        super().__init__(tree, program, "waits", SLOTS, load, kernel_btf)
 
     def read(self, paths: Iterable[str]) -> dict[str, RunqLatency]:
-        paths = list(paths)
-        self._watch(paths)
-        by_id = {k.value: (list(v.slots), int(v.wait_ns)) for k, v in self.waits.items()}
-        delta: dict[int, tuple[list[int], int]] = {}
-        for cid, (slots, wait_ns) in by_id.items():
-            old = self.prev.get(cid)
-            if old is None:
-                delta[cid] = (slots, wait_ns)      # counted since this cgroup was first watched
-            else:
-                delta[cid] = ([a - b for a, b in zip(slots, old[0])], wait_ns - old[1])
-        self.prev = by_id
-        out = {}
-        for path, inside in enclosing(self.ids).items():
-            slots, wait_ns = [0] * SLOTS, 0
-            for q in inside:
-                d = delta.get(self.ids[q])
-                if d is not None:
-                    slots = [a + b for a, b in zip(slots, d[0])]
-                    wait_ns += d[1]
-            summary = summarize(slots, wait_ns)
-            if summary is not None:
-                out[path] = summary
-        return out
+        return {path: summarize(slots, wait_ns) for path, (slots, wait_ns) in self.deltas(paths).items()}
 
 
 # --- the schedstat source ----------------------------------------------------------------------

@@ -1,0 +1,198 @@
+// Application latency per cgroup: the server-side response time of request/response traffic on TCP and
+// UNIX stream sockets, as a log2 histogram per cgroup koordd watches (koordd/sensors/app_latency.py).
+//
+// A CO-RE object (scripts/build-bpf), in the layout of runq_latency.bpf.c (`watched`, `resolved`, one
+// `struct hist` per watched cgroup: koordd/sensors/cgroup_hist.py reads both). Two tracepoints, as
+// tp_btf (Linux 6.6+ has both; a kernel without kprobes or ftrace, where fentry cannot attach, has them too):
+//   - sk_data_ready, which every data_ready callback fires (sock_def_readable: TCP's data arriving, and a
+//     UNIX peer's unix_stream_sendmsg): a request's first bytes stamp the socket unless a stamp is pending;
+//   - sock_send_length, at the end of every sendmsg (write, send, sendfile, io_uring...): the first send
+//     on a stamped socket is the response; the time from the stamp to the end of that send is counted for
+//     the deepest watched cgroup at or above the SENDING task's (task->cgroups->dfl_cgrp).
+//
+// Why the sender's cgroup names the workload, not the socket's: a socket keeps the cgroup of the task
+// that made it. A UNIX server's accepted socket is made by the connecting client (unix_stream_connect),
+// and the listener of a socket-activated service by systemd: the socket's cgroup would credit the client
+// or PID 1 with the server's responses.
+//
+// Which sockets are stamped at all: those of a watched workload only, so the rest of the host's traffic
+// costs a lookup per arrival and per send. A socket qualifies once it has state in `requests`
+// (socket-local storage: freed with the socket, so no stamp outlives it or lands on its successor at the
+// same address), made
+//   - at an arrival, where the socket's own cgroup is watched (a TCP server's listener passes its cgroup
+//     on to the connections it accepts), or, for a UNIX connection not accepted yet, its listener's
+//     (Linux 6.10+: unix_sock.listener);
+//   - at a watched task's send on it: the requests after its first response are stamped (a UNIX
+//     connection whose first request comes after the accept, a socket-activated listener's).
+#include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include "koordd_shared.h"      // APP_SLOTS: the histogram's slots, as koordd/sensors/app_latency.py reads them
+
+char _license[] SEC("license") = "GPL";
+
+#define MAX_DEPTH 32        // cgroup levels searched upwards for a watched one
+#define AF_UNIX 1
+#define AF_INET 2
+#define AF_INET6 10
+#define SOCK_STREAM 1
+#define IPPROTO_TCP 6
+
+struct hist {
+    u64 slots[APP_SLOTS];   // log2 µs: slot k holds responses of [2^(k-1), 2^k) µs
+    u64 wait_ns;            // total response time (runq_latency's name for it: one reader): an exact mean
+};
+
+struct pending {
+    u64 since;              // when the pending request's first bytes arrived (ns); 0: none pending
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_SK_STORAGE);
+    __uint(map_flags, BPF_F_NO_PREALLOC);
+    __type(key, int);
+    __type(value, struct pending);
+} requests SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 16384);
+    __type(key, u64);       // cgroup v2 id koordd samples (kept by koordd)
+    __type(value, u8);
+} watched SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, u64);       // cgroup id
+    __type(value, u64);     // the deepest watched cgroup at or above it, 0: none. A cache koordd
+                            // empties whenever `watched` changes.
+} resolved SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 16384);
+    __type(key, u64);       // watched cgroup id
+    __type(value, struct hist);
+} responses SEC(".maps");
+
+// floor(log2(v)), 0 for 0 and 1 (as runq_latency.bpf.c: the slots keep one meaning)
+static __always_inline u32 log2_u32(u32 v)
+{
+    u32 r, shift;
+    r = (v > 0xFFFF) << 4; v >>= r;
+    shift = (v > 0xFF) << 3; v >>= shift; r |= shift;
+    shift = (v > 0xF) << 2; v >>= shift; r |= shift;
+    shift = (v > 0x3) << 1; v >>= shift; r |= shift;
+    r |= (v >> 1);
+    return r;
+}
+
+static __always_inline u32 slot_of(u64 us)
+{
+    u32 hi = us >> 32;
+    u32 slot = hi ? log2_u32(hi) + 32 + 1 : log2_u32(us) + 1;
+    return slot < APP_SLOTS ? slot : APP_SLOTS - 1;
+}
+
+// The deepest watched cgroup at or above cgroup `id` (0: none): the `resolved` cache's answer, else found by
+// walking up from `cg` (that cgroup) and kept there. The walk runs once per cgroup and change of `watched`.
+static __always_inline u64 watched_of(u64 id, struct cgroup *cg)
+{
+    u64 *hit = bpf_map_lookup_elem(&resolved, &id);
+    if (hit)
+        return *hit;
+    u64 found = 0;
+    for (int level = 0; level < MAX_DEPTH && cg; level++) {
+        u64 up = BPF_CORE_READ(cg, kn, id);
+        if (bpf_map_lookup_elem(&watched, &up)) {
+            found = up;
+            break;
+        }
+        // a cgroup's css `self` is its first member: the parent css is the parent cgroup
+        cg = (struct cgroup *)BPF_CORE_READ(cg, self.parent);
+    }
+    bpf_map_update_elem(&resolved, &id, &found, BPF_ANY);
+    return found;
+}
+
+// The hot paths read the kernel's structs directly through the tracepoints' typed pointers (CO-RE
+// relocated all the same, and no helper call: four runs a request, two on each side); the rare ones through
+// BPF_CORE_READ.
+
+// TCP or a UNIX stream: what carries requests and responses (UDP, netlink, UNIX datagrams do not count).
+static __always_inline bool is_stream(const struct sock *sk)
+{
+    if (sk->sk_type != SOCK_STREAM)
+        return false;
+    u16 family = sk->__sk_common.skc_family;
+    return family == AF_UNIX || ((family == AF_INET || family == AF_INET6) && sk->sk_protocol == IPPROTO_TCP);
+}
+
+// The watched cgroup of the cgroup a socket was made in (its v2 cgroup), or for a UNIX connection not
+// accepted yet, of its listener's: the connecting client made that socket.
+static __always_inline u64 watched_socket(const struct sock *sk)
+{
+    if (sk->__sk_common.skc_family == AF_UNIX && bpf_core_field_exists(((struct unix_sock *)sk)->listener)) {
+        struct sock *listener = BPF_CORE_READ((struct unix_sock *)sk, listener);
+        if (listener) {
+            struct cgroup *cg = BPF_CORE_READ(listener, sk_cgrp_data.cgroup);
+            return cg ? watched_of(BPF_CORE_READ(cg, kn, id), cg) : 0;
+        }
+    }
+    struct cgroup *cg = sk->sk_cgrp_data.cgroup;
+    return cg ? watched_of(cg->kn->id, cg) : 0;
+}
+
+static __always_inline u64 watched_task(void)
+{
+    struct cgroup *cg = bpf_get_current_task_btf()->cgroups->dfl_cgrp;
+    return watched_of(cg->kn->id, cg);
+}
+
+SEC("tp_btf/sk_data_ready")
+int BPF_PROG(app_arrival, const struct sock *sk)
+{
+    if (!sk || !is_stream(sk))
+        return 0;
+    struct pending *p = bpf_sk_storage_get(&requests, (struct sock *)sk, 0, 0);
+    if (!p) {
+        if (!watched_socket(sk))
+            return 0;
+        p = bpf_sk_storage_get(&requests, (struct sock *)sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+        if (!p)
+            return 0;
+    }
+    if (!p->since)
+        p->since = bpf_ktime_get_ns();      // a request's first bytes: the rest of it keeps this stamp
+    return 0;
+}
+
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(app_sent, struct sock *sk, int ret)
+{
+    if (ret <= 0 || !sk || !is_stream(sk))
+        return 0;           // nothing sent: no response yet
+    u64 cgroup = watched_task();
+    if (!cgroup)
+        return 0;
+    // Made if missing: on a socket a watched task answers on, the requests that follow are stamped.
+    struct pending *p = bpf_sk_storage_get(&requests, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+    if (!p || !p->since)
+        return 0;
+    u64 took = bpf_ktime_get_ns() - p->since;
+    p->since = 0;
+
+    struct hist *h = bpf_map_lookup_elem(&responses, &cgroup);
+    if (!h) {
+        struct hist zero = {};
+        bpf_map_update_elem(&responses, &cgroup, &zero, BPF_NOEXIST);
+        h = bpf_map_lookup_elem(&responses, &cgroup);
+        if (!h)
+            return 0;
+    }
+    __sync_fetch_and_add(&h->slots[slot_of(took / 1000)], 1);
+    __sync_fetch_and_add(&h->wait_ns, took);
+    return 0;
+}

@@ -1,0 +1,135 @@
+"""Per-cgroup histograms a BPF program keeps in the kernel, read as deltas per sampled cgroup.
+
+koordd's histogram programs (runq_latency: run-queue waits; app_latency: response times) share one
+layout: a `watched` set of the v2 cgroup ids koordd samples, a `resolved` cache (cgroup id -> the deepest
+watched cgroup at or above it) koordd empties whenever that set changes, and a hash of watched cgroup id
+-> `struct hist {u64 slots[N]; u64 wait_ns;}` (log2 µs, koordd/core/histogram.py), each event counted
+once, for the deepest watched cgroup at or above its own. The sum over a sampled cgroup's subtree is
+koordd's to add (`enclosing`).
+
+Cgroups are those of the v2 tree (the unified tree on hybrid hosts), where an id is the inode number of
+the cgroup's directory.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from bisect import bisect_left
+from functools import cache
+from pathlib import Path
+from typing import Callable, Iterable
+
+from koordd.kernel.libbpf import BpfError, BpfObject, ProgramStats
+from koordd.sensors.contract import SensorUnavailable
+
+KERNEL_BTF = Path("/sys/kernel/btf/vmlinux")
+Counts = tuple[list[int], int]      # (slots, total ns) of a histogram
+
+
+def below(ordered: list[str], path: str) -> list[str]:
+    """Of the sorted `ordered`, `path` itself (if there) and the paths below it: two bisections, since
+    "/" sorts right before "0", whatever else shares the prefix ("be-x" next to "be/pod1") is outside."""
+    if not path:
+        return ordered
+    lo, hi = bisect_left(ordered, path + "/"), bisect_left(ordered, path + "0")
+    own = [path] if (i := bisect_left(ordered, path)) < len(ordered) and ordered[i] == path else []
+    return own + ordered[lo:hi]
+
+
+def enclosing(paths: Iterable[str]) -> dict[str, list[str]]:
+    """Each path -> itself and the paths below it, among `paths` (a class root and its pods)."""
+    ordered = sorted(paths)
+    return {p: below(ordered, p) for p in ordered}
+
+
+@cache
+def hist_type(slots: int) -> type[ctypes.Structure]:
+    """The programs' `struct hist` with `slots` slots."""
+    return type(f"Hist{slots}", (ctypes.Structure,),
+                {"_fields_": [("slots", ctypes.c_uint64 * slots), ("wait_ns", ctypes.c_uint64)]})
+
+
+class CgroupHistograms:
+    """A histogram program's maps, read as deltas per sampled cgroup. `load` opens and loads the object
+    (koordd's loader; unit tests give a fake); `histograms` names its map of watched cgroup -> hist."""
+
+    def __init__(self, tree: Path, program: Path, histograms: str, slots: int,
+                 load: Callable[[Path], BpfObject] = BpfObject, kernel_btf: Path = KERNEL_BTF):
+        self.tree, self.program, self.histograms, self.slots = tree, program, histograms, slots
+        self.load, self.kernel_btf = load, kernel_btf
+        self.obj: BpfObject | None = None
+        self.watched = self.resolved = self.waits = None    # the program's maps, once loaded
+        self.ids: dict[str, int] = {}                    # sampled path -> v2 cgroup id
+        self.prev: dict[int, Counts] = {}                # id -> its cumulative (slots, wait_ns)
+
+    def open(self) -> None:
+        if not self.kernel_btf.exists():
+            raise SensorUnavailable(f"the kernel has no BTF ({self.kernel_btf}: CONFIG_DEBUG_INFO_BTF), "
+                                    "which the CO-RE program is relocated against")
+        try:
+            self.obj = self.load(self.program)
+            self.obj.attach_all()
+            self.watched = self.obj.map("watched", ctypes.c_uint64, ctypes.c_uint8)
+            self.resolved = self.obj.map("resolved", ctypes.c_uint64, ctypes.c_uint64)
+            self.waits = self.obj.map(self.histograms, ctypes.c_uint64, hist_type(self.slots))
+        except BpfError as e:
+            self.close()
+            raise SensorUnavailable(f"the BPF program did not load: {e}") from None
+
+    def close(self) -> None:
+        if self.obj is not None:
+            self.obj.close()
+            self.obj = None
+
+    def stats(self) -> list[ProgramStats]:
+        return self.obj.stats() if self.obj is not None else []
+
+    def _watch(self, paths: Iterable[str]) -> None:
+        """Keep the program's `watched` set to the sampled cgroups; a change empties its cache of
+        cgroup -> watched ancestor, and a cgroup that went away loses its histogram."""
+        want: dict[str, int] = {}
+        for p in paths:
+            if p in self.ids:
+                want[p] = self.ids[p]
+                continue
+            try:
+                want[p] = os.stat(self.tree / p).st_ino
+            except OSError:
+                continue            # not in the v2 tree (a v1-only cgroup) or gone
+        if want == self.ids:
+            return
+        for p, cid in self.ids.items():
+            if want.get(p) != cid:
+                for table in (self.watched, self.waits):
+                    table.delete(ctypes.c_uint64(cid))
+                self.prev.pop(cid, None)
+        for p, cid in want.items():
+            if self.ids.get(p) != cid:
+                self.watched.update(ctypes.c_uint64(cid), ctypes.c_uint8(1))
+        self.resolved.clear()
+        self.ids = want
+
+    def deltas(self, paths: Iterable[str]) -> dict[str, Counts]:
+        """Each sampled path -> (slots, total ns) counted in its subtree since the last read (since it
+        was first watched, the first time); a path whose subtree counted nothing is left out."""
+        self._watch(list(paths))
+        by_id = {k.value: (list(v.slots), int(v.wait_ns)) for k, v in self.waits.items()}
+        delta: dict[int, Counts] = {}
+        for cid, (slots, total_ns) in by_id.items():
+            old = self.prev.get(cid)
+            if old is None:
+                delta[cid] = (slots, total_ns)      # counted since this cgroup was first watched
+            else:
+                delta[cid] = ([a - b for a, b in zip(slots, old[0])], total_ns - old[1])
+        self.prev = by_id
+        out = {}
+        for path, inside in enclosing(self.ids).items():
+            slots, total_ns = [0] * self.slots, 0
+            for q in inside:
+                d = delta.get(self.ids[q])
+                if d is not None:
+                    slots = [a + b for a, b in zip(slots, d[0])]
+                    total_ns += d[1]
+            if sum(slots) > 0:
+                out[path] = (slots, total_ns)
+        return out

@@ -1,0 +1,143 @@
+"""The application latency sensor on the real kernel: servers in a cgroup of ours answer each request after
+a known delay, a client outside our cgroups drives them, and the sensor counts each response once, in the
+delay's bucket, for the server's cgroup only (TCP and UNIX stream sockets); a server in an unwatched (BE)
+cgroup and the client's own sends count nowhere."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from koordd.core.histogram import slot_lower_us, slot_upper_us
+from koordd.kernel.libbpf import BpfError, libbpf
+from koordd.sensors.app_latency import AppLatencySensor
+from koordd.sensors.cgroup_hist import KERNEL_BTF
+from koordd.sensors.contract import SensorContext, SensorUnavailable
+
+pytestmark = pytest.mark.kernel
+TRACEPOINTS = (b"btf_trace_sk_data_ready", b"btf_trace_sock_send_length")
+
+# One request per line, each answered after `delay` seconds; prints its address once listening.
+SERVER = r"""
+import socket, sys, threading, time
+kind, delay, where = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+if kind == "tcp":
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    where = str(s.getsockname()[1])
+else:
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(where)
+s.listen(16)
+print(where, flush=True)
+
+def answer(c):
+    with c, c.makefile("rb") as requests:
+        for _ in requests:
+            time.sleep(delay)
+            c.sendall(b"ok\n")
+
+while True:
+    threading.Thread(target=answer, args=(s.accept()[0],), daemon=True).start()
+"""
+
+
+def lacks_ebpf() -> str | None:
+    """What this host lacks for any of koordd's BPF programs, if anything: libbpf or the kernel's BTF."""
+    try:
+        libbpf()
+    except BpfError as e:
+        return str(e)
+    return None if KERNEL_BTF.exists() else f"no {KERNEL_BTF}"
+
+
+def lacks_tracepoints() -> str | None:
+    """The program's tracepoints the kernel lacks (before Linux 6.6), if any."""
+    btf = KERNEL_BTF.read_bytes()
+    missing = [t.decode() for t in TRACEPOINTS if t not in btf]
+    return f"the kernel has no {', '.join(missing)} (Linux 6.6+)" if missing else None
+
+
+@pytest.fixture
+def sensor():
+    s = AppLatencySensor()
+    try:
+        s.start()
+    except SensorUnavailable as e:
+        if (why := lacks_ebpf()) and not os.environ.get("KOORDD_REQUIRE_EBPF"):
+            pytest.skip(f"application latency unavailable here: {why}")
+        if not why and (why := lacks_tracepoints()):
+            pytest.skip(f"application latency unavailable here: {why}")
+        pytest.fail(f"the application latency program should load here, yet: {e}")
+    yield s
+    s.stop()
+
+
+def serve(env, child: str, kind: str, delay: float, where: str = "-") -> str:
+    """A server in `child`; its address (a TCP port, or the UNIX socket's path)."""
+    p = env.spawn(child, [sys.executable, "-c", SERVER, kind, str(delay), where], stdout=subprocess.PIPE)
+    line = p.stdout.readline().decode().strip()
+    assert line, f"the {kind} server in {child} did not start"
+    return line
+
+
+def drive(kind: str, address: str, n: int) -> list[float]:
+    """n requests one after another on one connection, from this process (outside our cgroups): each
+    round trip in µs, as the client sees it."""
+    if kind == "tcp":
+        c = socket.create_connection(("127.0.0.1", int(address)))
+    else:
+        c = socket.socket(socket.AF_UNIX)
+        c.connect(address)
+    took = []
+    with c:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            c.sendall(b"request\n")
+            answer = b""
+            while not answer.endswith(b"\n"):
+                chunk = c.recv(64)
+                assert chunk, "the server hung up"
+                answer += chunk
+            took.append((time.perf_counter() - t0) * 1e6)
+    return took
+
+
+def slot_of(us: float) -> int:
+    return int(us).bit_length()         # as the program's slot_of: [2^(k-1), 2^k) µs
+
+
+@pytest.mark.parametrize("kind, delay, n", [("tcp", 0.003, 200), ("unix", 0.024, 40)])
+def test_each_response_is_counted_once_in_its_delays_bucket_for_the_servers_cgroup(cgroups, sensor, tmp_path,
+                                                                                  kind, delay, n):
+    env = cgroups
+    ls, be = env.cgroup("ls"), env.cgroup("be")
+    context = SensorContext(0.0, {env.name: "", ls: "LS", be: "BE"})
+    served = serve(env, "ls", kind, delay, str(tmp_path / "ls.sock"))
+    unwatched = serve(env, "be", kind, delay, str(tmp_path / "be.sock"))
+    sensor.sample(context)                                          # baseline
+    client = drive(kind, served, n)
+    drive(kind, unwatched, n)
+    got = sensor.sample(context)
+    mine = got.get(ls)
+    client_p50 = sorted(client)[n // 2]
+    print(f"\n[kernel] {kind}, {n} requests answered after {delay * 1e3:g} ms: sensor {mine}; "
+          f"client round trip p50 {client_p50:.0f} µs, mean {sum(client) / n:.0f} µs")
+
+    # Every response counted once: the client's requests (its sends) and the BE server's answers nowhere.
+    # A UNIX connection's first request may come after the accept, on a socket the client made, before
+    # the server's first answer marks it: at most that one is missed. And a request that arrives before
+    # the server's previous send has returned (the client got the answer during that send) finds the
+    # previous stamp still pending: its response is missed (seen once in 200 under TCG in the VM).
+    assert set(got) == {ls}, got
+    assert mine is not None and n - 2 <= mine.count <= n, mine
+    # The server sleeps `delay` before each answer: the response time is at least that, in its bucket
+    # (or the next, on a busy host), and within the client's round trip of the same requests (the last
+    # ones: only the first can be missed).
+    delay_us, counted = delay * 1e6, client[n - mine.count:]
+    assert delay_us <= mine.mean_us <= sum(counted) / len(counted), (mine, client_p50)
+    assert slot_lower_us(slot_of(delay_us)) <= mine.p50_us <= slot_upper_us(slot_of(delay_us) + 1), mine
