@@ -53,10 +53,10 @@ def cmd_status(args: argparse.Namespace) -> int:
                 ("LOOP", "INTERVAL", "TICKS", "LAST TICK", "FAILURES", "LAST ERROR"))
           if loops else "no loops enabled")
     sensors = {name: s for name, s in (status.get("sensors") or {}).items() if s.get("loops")}
-    if sensors:                  # only those an enabled loop needs: the others are stopped by design
+    if sensors:                  # only those an enabled loop or an SLO needs: the others are stopped by design
         print()
         print(table([(name, s.get("state"), ", ".join(s.get("loops") or ()), s.get("reason") or "")
-                     for name, s in sorted(sensors.items())], ("SENSOR", "STATE", "FOR LOOPS", "REASON")))
+                     for name, s in sorted(sensors.items())], ("SENSOR", "STATE", "USED BY", "REASON")))
     print()
     print(f"held knobs (from {source}):" if held else f"held knobs (from {source}): none")
     if held:

@@ -1,6 +1,7 @@
-"""Every decide() reads only the sample fields and sections its loop's needs() name: the sensors read only
-what the enabled loops' needs() name, so a loop reading one it does not name would see nothing on a real
-host. tests/conftest.py wraps every shipped loop's decide() with reads_only_what_it_needs in every test."""
+"""Every decide() reads only the sample fields and sections its loop's needs() name (or the classes' SLOs
+are measured by): the sensors read only what the enabled loops' needs() name, so a loop reading one it does
+not name would see nothing on a real host. tests/conftest.py wraps every shipped loop's decide() with
+reads_only_what_it_needs in every test."""
 from __future__ import annotations
 
 import dataclasses
@@ -67,7 +68,9 @@ def reads_only_what_it_needs(cls):
         assert not unnamed, f"{cls.name}.decide read {sorted(unnamed)}, which its needs() does not name"
         unnamed = seen_of_members - cls.member_needs(settings)
         assert not unnamed, f"{cls.name}.decide read {sorted(unnamed)} of members; member_needs() does not name it"
-        unnamed = seen_sections - cls.needs(settings)
+        # The sections the classes' SLOs are measured by run whatever the loops need (runtime/service.py).
+        slo_sections = snapshot.slo_sections() if hasattr(snapshot, "slo_sections") else frozenset()
+        unnamed = seen_sections - cls.needs(settings) - slo_sections
         assert not unnamed, f"{cls.name}.decide read the section {sorted(unnamed)}, which its needs() does not name"
         return out
 

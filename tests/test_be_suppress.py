@@ -141,8 +141,12 @@ def test_a_be_cgroup_without_cpu_max_still_gets_an_action_so_the_refusal_is_reco
 
 # --- rule "slack": LS health sizes BE (Heracles) ---------------------------------------------------------
 
+import dataclasses  # noqa: E402
+
 from koordd.core.health import HealthTargets  # noqa: E402
-from koordd.core.snapshot import RUNQ_LATENCY, RunqLatency  # noqa: E402
+from koordd.core.histogram import quantile_us  # noqa: E402
+from koordd.core.slo import SloTarget  # noqa: E402
+from koordd.core.snapshot import APP_LATENCY, AppLatency, RUNQ_LATENCY, RunqLatency  # noqa: E402
 
 
 def health(t, ls_usage, be_quota, p99_us=None, mean_us=None, psi=None, be_usage=0.5, cpus=4):
@@ -235,6 +239,35 @@ def test_each_ls_class_is_judged_by_its_own_health_targets():
     [act] = [a for a in BeSuppress.decide(snap(1000), s, BeSuppress.initial_state(s)) if a.value]
     assert act.reason["worst"] == {"cgroup": "api", "signal": "runq_p99_us", "value": 6000, "target": 10_000.0}
     assert act.reason["slack"] == 0.4 and act.reason["step"] == "grow"
+
+
+def test_an_slo_missed_shrinks_be_while_the_run_queue_and_psi_look_healthy():
+    # Memory-bandwidth interference: LS's threads do not wait for a CPU (run-queue p99 0.5 ms of 2 ms,
+    # PSI 1% of 20%) but its answers are slow: 5% of them take 8-16 ms against a 5 ms p99 SLO. The
+    # SLO's slack is the worst: BE gives back at once, and at the second round below zero drops to its
+    # floor. The app_latency section is read although be_suppress's needs() do not name it: the daemon
+    # runs that sensor for the SLO (conftest's check allows the snapshot's slo_sections()).
+    def snap(t, slots):
+        s = health(t, 1.0, 200_000, p99_us=500, psi=1.0)
+        app = AppLatency(sum(slots), 0.0, 0.0, quantile_us(slots, 0.99), quantile_us(slots, 0.999), 0.0, slots)
+        return dataclasses.replace(s, sections={**s.sections, APP_LATENCY: {"ls": app}},
+                                   slo={"ls": SloTarget(5000.0)})
+    slow, fast = (0,) * 10 + (950, 0, 0, 0, 50), (0,) * 10 + (1000,)
+    s = settings(rule="slack")
+    state = BeSuppress.initial_state(s)
+    [act] = [a for a in BeSuppress.decide(snap(1.0, slow), s, state) if a.value]
+    assert act.reason["worst"]["signal"] == "app_p99_us" and act.reason["worst"]["target"] == 5000.0
+    assert act.reason["slack"] < 0 and act.reason["step"] == "shrink (below zero)" and quota_of([act]) == [140_000]
+    [act] = [a for a in BeSuppress.decide(snap(2.0, slow), s, state) if a.value]
+    assert act.reason["step"] == "floor" and quota_of([act]) == [2000]
+    # The same rounds without the SLO: run-queue and PSI alone say LS is healthy, and BE grows.
+    no_slo = [dataclasses.replace(snap(1.0, slow), slo={})]
+    assert slack_run(no_slo) == [([300_000], 3.0)]
+    # Answers back under 1 ms: the SLO has 80%+ slack again, the run queue's 75% decides, BE grows.
+    state = BeSuppress.initial_state(s)
+    [act] = [a for a in BeSuppress.decide(snap(1.0, fast), s, state) if a.value]
+    assert act.reason["worst"]["signal"] == "runq_p99_us" and act.reason["step"] == "grow"
+    assert APP_LATENCY not in BeSuppress.needs(s)       # the SLO, not the loop, runs the sensor
 
 
 def test_without_any_ls_signal_slack_holds_what_be_has():

@@ -11,6 +11,7 @@ from koordd.core.config import (CLASS_NAMES, ClassRule, ConfigError, DAEMON_OPTI
     locate_keys, make_settings, parse_config)
 from koordd.core.health import DEFAULT_HEALTH, HealthTargets
 from koordd.core.options import COMMON_LOOP_OPTIONS, Duration, Option
+from koordd.core.slo import SloTarget
 
 
 # Fake loops: the real plugins are not imported here.
@@ -122,7 +123,7 @@ def test_absent_loops_get_defaults_and_are_disabled():
     ("[loops.be_suppress]\nenabled = true\n\ntreshold_percent = 70\n",
      ["koordd.toml:4: loops.be_suppress.treshold_percent: unknown key (did you mean 'threshold_percent'?)"]),
     ("[[classes]]\nname = 'BE'\ncgroups = ['be.slice']\npriority = 1\n",
-     ["koordd.toml:4: classes[0].priority: unknown key (known: name, cgroups, health)"]),
+     ["koordd.toml:4: classes[0].priority: unknown key (known: name, cgroups, health, slo)"]),
     # wrong types and ranges, at the key's own line
     ("[loops.be_suppress]\nenabled = true\nthreshold_percent = 150\n",
      ["koordd.toml:3: loops.be_suppress.threshold_percent: must be <= 100, got 150"]),
@@ -170,6 +171,30 @@ def test_absent_loops_get_defaults_and_are_disabled():
       "koordd.toml:6: classes[0].health.runq_p90: unknown key (did you mean 'runq_p99'?)"]),
     ("[[classes]]\nname = 'LS'\ncgroups = ['ls.slice']\nhealth = 3\n",
      ["koordd.toml:4: classes[0].health: expected a table, got an integer"]),
+    # an SLO: LS classes only, latency_p99 required, every key checked at its own line
+    ("[[classes]]\nname = 'LS'\ncgroups = ['ls.slice']\n[classes.slo]\nlatency_p999 = '20ms'\n",
+     ["koordd.toml:4: classes[0].slo: missing 'latency_p99' (the response time the class must meet at its 99th "
+      "percentile, e.g. \"5ms\")"]),
+    ("[[classes]]\nname = 'BE'\ncgroups = ['be.slice']\n[classes.slo]\nlatency_p99 = '5ms'\n",
+     ["koordd.toml:4: classes[0].slo: only LS, LSR and LSE classes declare an SLO, not BE"]),
+    ("[[classes]]\nname = 'SYSTEM'\ncgroups = ['system.slice']\nslo = { latency_p99 = '5ms' }\n",
+     ["koordd.toml:4: classes[0].slo: only LS, LSR and LSE classes declare an SLO, not SYSTEM"]),
+    ("[[classes]]\nname = 'LS'\ncgroups = ['ls.slice']\n[classes.slo]\nlatency_p99 = '5ms'\nlatency_p90 = '1ms'\n",
+     ["koordd.toml:6: classes[0].slo.latency_p90: unknown key (did you mean 'latency_p99'?)"]),
+    ("[[classes]]\nname = 'LS'\ncgroups = ['ls.slice']\n[classes.slo]\nlatency_p99 = '5ms'\n"
+     "violation_target = 60\nsource = 'prometheus'\n",
+     ["koordd.toml:6: classes[0].slo.violation_target: must be <= 50, got 60",
+      "koordd.toml:7: classes[0].slo.source: must be one of 'measured', got 'prometheus'"]),
+    ("[[classes]]\nname = 'LS'\ncgroups = ['ls.slice']\n[classes.slo]\nlatency_p99 = '5ms'\n"
+     "violation_target = 0.001\n",
+     ["koordd.toml:6: classes[0].slo.violation_target: must be >= 0.01, got 0.001"]),
+    ("[[classes]]\nname = 'LS'\ncgroups = ['ls.slice']\n[classes.slo]\nlatency_p99 = '2m'\n",
+     ["koordd.toml:5: classes[0].slo.latency_p99: must be <= 60, got 120"]),
+    ("[[classes]]\nname = 'LS'\ncgroups = ['ls.slice']\n[classes.slo]\nlatency_p99 = '5ms'\nlatency_p999 = '2ms'\n",
+     ["koordd.toml:6: classes[0].slo.latency_p999: must be 0 (none) or at least latency_p99, got 0.002s under "
+      "0.005s"]),
+    ("[[classes]]\nname = 'LS'\ncgroups = ['ls.slice']\nslo = 'fast'\n",
+     ["koordd.toml:4: classes[0].slo: expected a table, got a string"]),
 ])
 def test_errors(text, want):
     assert errors(text) == want
@@ -333,6 +358,29 @@ def test_each_ls_rule_declares_its_own_health_targets_and_the_rest_take_the_defa
     assert c.health_of("cache.slice") is None and c.health_of("nowhere") is None      # the defaults apply
     assert c.health_of("/db.slice/") == HealthTargets(500.0, 100.0, 5.0)
     assert DEFAULT_HEALTH == HealthTargets(2000.0, 500.0, 20.0)
+
+
+def test_an_ls_rule_may_declare_an_slo_and_the_others_have_none():
+    c = parse("""\
+        [[classes]]
+        name = "LS"
+        cgroups = ["cache.slice"]
+        [classes.slo]
+        latency_p99 = "2ms"
+        [[classes]]
+        name = "LS"
+        cgroups = ["batch-api.slice"]
+        [[classes]]
+        name = "LSR"
+        cgroups = ["db.slice"]
+        slo = { latency_p99 = "5ms", latency_p999 = "20ms", source = "measured", violation_target = 5 }
+        """)
+    assert c.slo_of("cache.slice") == SloTarget(2000.0, 0.0, "measured", 1.0)
+    assert c.slo_of("cache.slice").quantile == pytest.approx(0.99) and c.slo_of("cache.slice").section == "app_latency"
+    assert c.slo_of("/db.slice/") == SloTarget(5000.0, 20_000.0, "measured", 5.0)
+    assert c.slo_of("db.slice").quantile == pytest.approx(0.95)
+    assert c.slo_of("batch-api.slice") is None and c.slo_of("nowhere") is None
+    assert c.health_of("cache.slice") is None        # an SLO leaves the health targets at their defaults
 
 
 def test_class_names():

@@ -113,3 +113,23 @@ def test_durations_are_written_the_way_the_config_reads_them(seconds, text):
     assert format_duration(seconds) == text
     assert parse_duration(text) == seconds
     assert toml_text(Option("d", Duration, Duration(seconds), "", min=0, max=86400), Duration(seconds)) == f'"{text}"'
+
+
+def test_the_shipped_slo_example_is_off_and_valid_once_uncommented():
+    # The LS class's [classes.slo] is shipped commented out (no SLO: the application latency sensor is not
+    # loaded); uncommented, it names every SLO option, each with a comment, and validates.
+    from koordd.core.config import parse_config
+    from koordd.core.slo import SLO_OPTIONS, SloTarget
+    assert all(rule.get("slo") is None for rule in tomllib.loads(SHIPPED)["classes"])
+    lines = SHIPPED.splitlines()
+    start = lines.index("# [classes.slo]")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("# "):
+            break
+        block.append(line[2:])
+    example = {o.split("=")[0].strip() for o in block[1:]}
+    assert example == {o.name for o in SLO_OPTIONS} and all("#" in line for line in block[1:])
+    uncommented = "\n".join(lines[:start] + block + lines[start + len(block):])
+    config = parse_config(uncommented, "koordd.toml", LOOPS)
+    assert config.slo_of("ls.slice") == SloTarget(5000.0)

@@ -1,11 +1,16 @@
-"""LS health: the p99 over enough waits (RunqWindow), and the slack over every LS signal."""
+"""LS health: the p99 over enough waits (RunqWindow), the SLOs' violation rate and window, and the slack
+over every LS signal."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 from koordd.core.health import DEFAULT_HEALTH, RunqWindow, ls_signals, worst_slack
 from koordd.core.histogram import merged, quantile_us
-from koordd.core.snapshot import CgroupSample, NodeSample, RunqLatency, Snapshot
+from koordd.core.slo import SloTarget, SloWindow, reading, violation_rate
+from koordd.core.snapshot import (APP_LATENCY, AppLatency, CgroupSample, NodeSample, Pressure, PressureStat,
+                                  RUNQ_LATENCY, RunqLatency, Snapshot)
 
 
 def hist(**slots: int) -> tuple[int, ...]:
@@ -74,3 +79,83 @@ def test_worst_slack_picks_the_furthest_signal_and_honours_raised_targets():
     assert slack == pytest.approx(0.5) and worst == {"cgroup": "a", "signal": "runq_p99_us", "value": 1000.0,
                                                      "target": 2000.0}
     assert worst_slack([]) is None
+
+
+# --- SLOs (core/slo.py): the application's own latency against its class's declared target ----------------
+
+def test_the_violation_rate_counts_requests_over_the_target_interpolating_in_its_slot():
+    h = hist(s5=90, s7=10)                                  # 90 answers in [16, 32) µs, 10 in [64, 128) µs
+    assert violation_rate(h, 128.0) == 0.0 and violation_rate(h, 10.0) == 1.0
+    assert violation_rate(h, 64.0) == pytest.approx(0.10)
+    assert violation_rate(h, 96.0) == pytest.approx(0.05)   # half of the slot's 10 lie above 96 µs
+    assert violation_rate((), 1000.0) is None
+    # The rate and the quantile read a histogram the same way: the (1 - rate)-quantile is the target.
+    assert quantile_us(h, 1 - violation_rate(h, 96.0)) == pytest.approx(96.0)
+
+
+def test_an_slo_reading_takes_the_quantile_its_violation_target_allows():
+    h = hist(s10=900, s14=100)                              # 10% of the answers take 8-16 ms
+    p99 = SloTarget(5000.0)
+    got = reading(h, p99)
+    assert got.count == 1000 and got.violations == pytest.approx(0.10) and got.tail_us > 8192
+    assert reading(h, SloTarget(5000.0, violation_target=20)).tail_us < 1024     # the p80: in the fast slot
+    assert reading((), p99) is None
+
+
+def test_the_slo_window_takes_enough_responses_and_no_older_round_than_its_window():
+    w = SloWindow(min_responses=1000, window=10.0)
+    target = SloTarget(1000.0, 4000.0)
+    for t in range(9):                                       # 200 fast answers a second
+        w.reading("ls", float(t), hist(s8=200), target)
+    # 3 slow answers in the latest 1000 (five rounds): 0.3%, under the 1% a p99 allows; alone they would be
+    # 1.5% of their round's.
+    calm = w.reading("ls", 9.0, hist(s8=197, s13=3), target)
+    assert calm.count == 1000 and calm.tail_us < 256 and calm.violations == pytest.approx(3 / 1000)
+    assert reading(hist(s8=197, s13=3), target).tail_us > 4096
+    # A busy service is judged by its latest round alone.
+    busy = w.reading("ls", 10.0, hist(s8=900, s13=100), target)
+    assert busy.count == 1000 and busy.tail_us > 4096 and busy.p999_us > 4096
+    assert w.reading("ls", 30.0, hist(s8=10), target).count == 10        # the rest are older than 10 s
+    w.forget_except([])
+    assert w.rounds == {}
+
+
+def slo_snapshot(t=1.0, runq_p99=500.0, app=None, slo=None):
+    """One LS class root with an SLO (5 ms p99, 20 ms p99.9 by default) and one BE."""
+    slo = slo if slo is not None else SloTarget(5000.0, 20_000.0)
+    return Snapshot(time=t, wall=0.0, node=NodeSample(cpu_count=2, cpu_used=1.0),
+                    cgroups={"ls": CgroupSample(path="ls", cls="LS", cpu_pressure=PressureStat(
+                        Pressure(2.0, 0, 0, 0), None)), "be": CgroupSample(path="be", cls="BE")},
+                    sections={RUNQ_LATENCY: {"ls": RunqLatency("ebpf", 500, 100.0, 100.0, runq_p99, 512.0)},
+                              APP_LATENCY: {"ls": app} if app is not None else {}},
+                    slo={"ls": slo})
+
+
+def app_latency(slots) -> AppLatency:
+    return AppLatency(sum(slots), 0.0, quantile_us(slots, 0.5), quantile_us(slots, 0.99),
+                      quantile_us(slots, 0.999), 0.0, slots)
+
+
+def test_an_slo_adds_the_applications_latency_and_its_slack_can_be_the_worst():
+    # The run queue is calm (p99 0.5 ms of 2 ms: 75% slack) and so is PSI, but 5% of the answers take
+    # 8-16 ms (membw interference does not show as run-queue waits): the SLO's p99 is past 5 ms.
+    slow = app_latency(hist(s10=950, s14=50))
+    signals = ls_signals(slo_snapshot(app=slow), None, None, SloWindow())
+    by_name = {name: (value, target) for _, name, value, target in signals}
+    assert set(by_name) == {"cpu_pressure_avg10", "app_p99_us", "app_p999_us"}
+    assert by_name["app_p99_us"][0] > 8192 and by_name["app_p99_us"][1] == 5000.0
+    assert by_name["app_p999_us"][1] == 20_000.0
+    runq = {"ls": RunqLatency("ebpf", 500, 100.0, 100.0, 500.0, 512.0)}
+    slack, worst = worst_slack(ls_signals(slo_snapshot(app=slow), runq, RunqWindow(), SloWindow()))
+    assert worst["signal"] == "app_p99_us" and slack < -0.6
+    # Without a p99.9 target there is no p99.9 signal; without an SLO, no application signal at all.
+    assert [n for _, n, _, _ in ls_signals(slo_snapshot(app=slow, slo=SloTarget(5000.0)), None)] == \
+        ["cpu_pressure_avg10", "app_p99_us"]
+    no_slo = dataclasses.replace(slo_snapshot(app=slow), slo={})
+    assert [n for _, n, _, _ in ls_signals(no_slo, runq)] == ["runq_p99_us", "cpu_pressure_avg10"]
+    # A round without answers measures nothing: not late, not healthy, just no application signal.
+    assert [n for _, n, _, _ in ls_signals(slo_snapshot(), None)] == ["cpu_pressure_avg10"]
+    # Fast answers give the SLO slack: the worst signal is the run queue's again.
+    fast = app_latency(hist(s10=1000))
+    slack, worst = worst_slack(ls_signals(slo_snapshot(app=fast), runq, RunqWindow(), SloWindow()))
+    assert worst["signal"] == "runq_p99_us" and slack == pytest.approx(0.75)

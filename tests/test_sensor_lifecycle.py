@@ -13,6 +13,7 @@ from koordd.core.registry import SENSORS
 from koordd.core.config import parse_config
 from koordd.core.feeds import STATUS_FILE
 from koordd.core.loop import Loop
+from koordd.core.slo import SloTarget
 from koordd.runtime.daemon import Daemon
 from koordd.sensors import lifecycle, registry
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
@@ -298,3 +299,63 @@ def test_a_loop_needing_an_unavailable_sensor_runs_without_its_section(daemon, c
     assert status(daemon)["sensors"]["widget"] == {"state": "unavailable", "reason": "no widget here",
                                                    "loops": ["widget_loop"]}
     daemon.stop()
+
+
+# --- the SLOs: a class that declares one runs the sensor its latency comes from ---------------------------
+
+class FakeAppLatency(Widget):
+    """The application latency sensor's stand-in (no BPF): notes its calls into Widget.calls."""
+    name = "app_latency"
+
+
+SLO_CONFIG = """
+[daemon]
+cgroup_root = "{root}"
+state_dir = "{state}"
+[[classes]]
+name = "LS"
+cgroups = ["ls.slice"]
+{slo}
+[[classes]]
+name = "BE"
+cgroups = ["be.slice"]
+[loops.widget_loop]
+enabled = false
+"""
+
+
+def test_the_application_latency_sensor_runs_only_while_a_class_declares_an_slo(tmp_path, monkeypatch, caplog):
+    tree = FakeCgroups(tmp_path, "v2").add("be.slice").add("ls.slice")
+    for where in ("koordd.runtime.wiring", "koordd.runtime.capabilities"):
+        monkeypatch.setattr(f"{where}.load_sensor_registry", lambda: {"app_latency": FakeAppLatency})
+    loops = {"widget_loop": WidgetLoop}
+    path = tmp_path / "koordd.toml"
+
+    def configure(slo: str):
+        path.write_text(SLO_CONFIG.format(root=tree.root, state=tmp_path / "state", slo=slo))
+        return parse_config(path.read_text(), path, loops)
+
+    d = Daemon(configure(""), loops)                 # no SLO: nothing loads the sensor
+    d.start()
+    rounds(d, 1)
+    assert Widget.calls == []
+    assert d.sensors.optional.status()["app_latency"]["state"] == "stopped"
+    configure('[classes.slo]\nlatency_p99 = "5ms"')
+    d.reload()
+    assert Widget.calls == ["start"]
+    snapshot = d.rounds.run([]).snapshot             # the snapshot carries the SLO and the sensor's section
+    assert snapshot.slo_of("ls.slice") == SloTarget(5000.0) and snapshot.slo_of("be.slice") is None
+    assert snapshot.section("app_latency") == {"ls.slice": 1, "be.slice": 1}     # the fake answers for every cgroup
+    rounds(d, 1)
+    assert status(d)["sensors"]["app_latency"] == {"state": "running", "reason": None,
+                                                     "loops": ["the SLO of class LS"]}
+    configure("")                                    # a reload that removes every SLO stops it again
+    d.reload()
+    assert Widget.calls[-1] == "stop" and d.sensors.optional.status()["app_latency"]["state"] == "stopped"
+    # Where it cannot start, the log names the SLO that goes without it.
+    Widget.start_error = SensorUnavailable("no BTF")
+    configure('[classes.slo]\nlatency_p99 = "5ms"')
+    d.reload()
+    assert warnings_about(caplog, "app_latency") == ["sensor app_latency unavailable (no BTF): the SLO of class LS "
+                                                     "runs without it"]
+    d.stop()

@@ -31,10 +31,12 @@ from koordd.core.listen import is_loopback, parse_listen
 from koordd.core.loop import NODE
 from koordd.core.options import COMMON_LOOP_OPTIONS, ClassList, Option, PatternList
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
+from koordd.core.slo import SLO_OPTIONS, SloTarget
 from koordd.core.trust import untrusted
 
 DEFAULT_PATH = Path("/etc/koordd/koordd.toml")
 TOP_LEVEL = ("daemon", "classes", "loops", "metrics", "reclaimable")
+CLASS_KEYS = ("name", "cgroups", "health", "slo")       # of a [[classes]] rule
 
 DAEMON_OPTIONS: tuple[Option, ...] = (
     Option("cgroup_root", str, "", 'cgroup hierarchy root; "" detects v2, v1 or hybrid under /sys/fs/cgroup '
@@ -137,10 +139,11 @@ def loop_options(loop_cls: type) -> tuple[Option, ...]:
 @dataclass(frozen=True)
 class ClassRule:
     """cgroups matching any of `patterns` (globs per path component) belong to QoS class `name`;
-    `health`: the targets an LS, LSR or LSE rule declares (None: the defaults)."""
+    `health`: the targets an LS, LSR or LSE rule declares (None: the defaults); `slo`: its SLO (None: none)."""
     name: str
     patterns: tuple[str, ...]
     health: HealthTargets | None = None
+    slo: SloTarget | None = None
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,11 @@ class Config:
         """The health targets the rule of `cgroup` declares, or None (the defaults apply)."""
         rule = self.rule_for(cgroup)
         return rule.health if rule else None
+
+    def slo_of(self, cgroup: str) -> SloTarget | None:
+        """The SLO the rule of `cgroup` declares, or None."""
+        rule = self.rule_for(cgroup)
+        return rule.slo if rule else None
 
 
 def load_config(path: Path | str, registry: Mapping[str, type]) -> Config:
@@ -401,8 +409,8 @@ class _Checker:
             return None
         bad = len(self.errors)
         for key in entry:
-            if key not in ("name", "cgroups", "health"):
-                self.unknown(kp + (key,), ("name", "cgroups", "health"), "key")
+            if key not in CLASS_KEYS:
+                self.unknown(kp + (key,), CLASS_KEYS, "key")
         name = entry.get("name")
         if "name" not in entry:
             self.error(kp, f"missing 'name' (one of {', '.join(CLASS_NAMES)})")
@@ -427,7 +435,8 @@ class _Checker:
                 except ValueError as e:
                     self.error(kp + ("cgroups", j), str(e))
         health = self.health(entry["health"], name, kp + ("health",)) if "health" in entry else None
-        return ClassRule(name, tuple(patterns), health) if len(self.errors) == bad else None
+        slo = self.slo(entry["slo"], name, kp + ("slo",)) if "slo" in entry else None
+        return ClassRule(name, tuple(patterns), health, slo) if len(self.errors) == bad else None
 
     def health(self, value: Any, name: Any, kp: tuple) -> HealthTargets | None:
         """A class's [classes.health] table: targets of latency-sensitive work, so LS classes only."""
@@ -439,6 +448,23 @@ class _Checker:
             return None
         settings, _ = self.section(HEALTH_OPTIONS, table, kp)
         return HealthTargets.from_values(settings.as_dict())
+
+    def slo(self, value: Any, name: Any, kp: tuple) -> SloTarget | None:
+        """A class's [classes.slo] table: the latency its requests must meet, so LS classes only."""
+        table = self.table(value, kp)
+        if table is None:
+            return None
+        if name in CLASS_NAMES and name not in LATENCY_SENSITIVE:
+            self.error(kp, f"only LS, LSR and LSE classes declare an SLO, not {name}")
+            return None
+        settings, ok = self.section(SLO_OPTIONS, table, kp)
+        if "latency_p99" not in table:
+            self.error(kp, 'missing \'latency_p99\' (the response time the class must meet at its 99th '
+                           'percentile, e.g. "5ms")')
+        elif ok and 0 < settings.latency_p999 < settings.latency_p99:
+            self.error(kp + ("latency_p999",), f"must be 0 (none) or at least latency_p99, got "
+                                               f"{settings.latency_p999:g}s under {settings.latency_p99:g}s")
+        return SloTarget.from_values(settings.as_dict())
 
     def loops(self, value: Any, registry: Mapping[str, type]) -> Mapping[str, Settings]:
         checked: dict[str, tuple[Settings, bool]] = {}

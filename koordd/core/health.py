@@ -3,17 +3,19 @@
 Each LS, LSR or LSE class rule may declare its targets in a `[classes.health]` table; a key left out
 takes the default below. Loops that size best-effort work by LS health (be_suppress's rule "slack")
 read the same slack: 1 - measured / target for every LS cgroup and signal, the worst one wins, so
-10% slack means the worst LS signal is at 90% of its target. Pure: everything comes from the snapshot.
+10% slack means the worst LS signal is at 90% of its target. A class that declares an SLO
+(`[classes.slo]`, core/slo.py) adds its application's own latency to its signals. Pure: everything
+comes from the snapshot.
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from koordd.core.classes import LATENCY_SENSITIVE
-from koordd.core.histogram import merged, quantile_us
+from koordd.core.histogram import HistogramWindow, quantile_us
 from koordd.core.options import Duration, Option
+from koordd.core.slo import SloWindow, reading
 
 
 HEALTH_OPTIONS = (
@@ -49,45 +51,33 @@ MIN_WAITS = 200      # a p99 of fewer waits is little more than their maximum: o
 WINDOW = 5.0         # seconds: no older round counts
 
 
-class RunqWindow:
+class RunqWindow(HistogramWindow):
     """Each LS cgroup's recent rounds of run-queue waits (eBPF histograms), so that its p99 is taken
-    over at least MIN_WAITS waits: a cgroup that waits often is judged by its latest round alone, one
-    that waits rarely by its latest rounds together, none older than WINDOW seconds. A harm that lasts
-    shows all the same (20 bad waits of 200 are 10%, well past the 1% a p99 ignores); one wild wait
-    in a quiet second no longer decides. Loop state: the policy feeds it, no I/O."""
+    over at least MIN_WAITS waits and no older round than WINDOW seconds counts (HistogramWindow)."""
 
     def __init__(self, min_waits: int = MIN_WAITS, window: float = WINDOW):
-        self.min_waits, self.window = min_waits, window
-        self.rounds: dict[str, deque[tuple[float, tuple[int, ...]]]] = {}
+        super().__init__(min_waits, window)
 
     def p99(self, path: str, now: float, slots: tuple[int, ...]) -> float | None:
         """Add this round's histogram of `path` and return its p99 over enough recent waits."""
-        rounds = self.rounds.setdefault(path, deque())
-        rounds.append((now, slots))
-        while now - rounds[0][0] > self.window:
-            rounds.popleft()
-        taken, count = [], 0
-        for _, h in reversed(rounds):
-            taken.append(h)
-            count += sum(h)
-            if count >= self.min_waits:
-                break
-        return quantile_us(merged(taken), 0.99)
-
-    def forget_except(self, paths: Iterable[str]) -> None:
-        keep = set(paths)
-        for path in [p for p in self.rounds if p not in keep]:
-            del self.rounds[path]
+        return quantile_us(self.add(path, now, slots), 0.99)
 
 
-def ls_signals(snapshot, runq: Mapping | None, window: RunqWindow | None = None) -> list[Signal]:
+def ls_signals(snapshot, runq: Mapping | None, window: RunqWindow | None = None,
+               slo_window: SloWindow | None = None) -> list[Signal]:
     """Every LS cgroup's signals this tick against its class's targets. `runq`: the run-queue latency
     section (cgroup -> RunqLatency), or None without that sensor; `window`: where the p99 is taken
-    over enough waits (fed with this round), else the round's own p99."""
+    over enough waits (fed with this round), else the round's own p99. A class root with an SLO
+    (core/slo.py) adds its application latency where its source measured any this round: at the SLO's
+    quantile (the p99 at the default violation_target) against `latency_p99` ("app_p99_us"), and the
+    p99.9 against `latency_p999` where one is declared ("app_p999_us"); `slo_window`: where those are
+    taken over enough responses, else the round's own."""
     out: list[Signal] = []
     ls = snapshot.of_class(*LATENCY_SENSITIVE)
     if window is not None:
         window.forget_except(c.path for c in ls)
+    if slo_window is not None:
+        slo_window.forget_except(c.path for c in ls if snapshot.slo_of(c.path) is not None)
     for c in ls:
         t = snapshot.health_of(c.path)
         r = (runq or {}).get(c.path)
@@ -99,6 +89,28 @@ def ls_signals(snapshot, runq: Mapping | None, window: RunqWindow | None = None)
             out.append((c.path, "runq_mean_us", r.mean_us, t.runq_mean_us))
         if c.cpu_pressure is not None and c.cpu_pressure.some is not None:
             out.append((c.path, "cpu_pressure_avg10", c.cpu_pressure.some.avg10, t.cpu_pressure))
+        out += _slo_signals(snapshot, c.path, slo_window)
+    return out
+
+
+def _slo_signals(snapshot, path: str, slo_window: SloWindow | None) -> list[Signal]:
+    """The SLO signals of class root `path`: none without an SLO or without a measurement this round (a
+    service that answered nothing is not late)."""
+    slo = snapshot.slo_of(path)
+    if slo is None:
+        return []
+    app = (snapshot.section(slo.section) or {}).get(path)      # an AppLatency of the round, or None
+    if app is None:
+        return []
+    if app.slots:
+        got = slo_window.reading(path, snapshot.time, app.slots, slo) if slo_window is not None \
+            else reading(app.slots, slo)
+        tail, p999 = (got.tail_us, got.p999_us) if got is not None else (app.p99_us, app.p999_us)
+    else:
+        tail, p999 = app.p99_us, app.p999_us
+    out = [(path, "app_p99_us", tail, slo.latency_p99_us)]
+    if slo.latency_p999_us > 0:
+        out.append((path, "app_p999_us", p999, slo.latency_p999_us))
     return out
 
 

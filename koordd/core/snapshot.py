@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from koordd.core.health import DEFAULT_HEALTH, HealthTargets
+from koordd.core.slo import SloTarget
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,8 @@ RESCTRL = "resctrl"             # section: sensors.resctrl.ResctrlSection (info/
 NET = "net"                     # section: device -> sensors.net.NetSample, on devices koordd shapes
 AVX = "avx"                     # section: sensors.avx.AvxSection (per cgroup: AVX-512 use, where it ran, licence)
 SCHED_EXT = "sched_ext"         # section: sched_ext.SchedExtStatus (the kernel's sched_ext state)
-APP_LATENCY = "app_latency"     # section: cgroup path -> AppLatency, for the round since the last
+APP_LATENCY = "app_latency"     # section: cgroup path -> AppLatency, for the round since the last (core/slo.py's
+                                # SOURCES["measured"]: the sensor runs where a class declares an SLO)
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,7 @@ class Snapshot:
     held: Mapping[tuple[str, str], str] = field(default_factory=dict)   # (cgroup, knob) -> koordd's original
     supported: frozenset[str] = frozenset()                             # knobs this host has
     health: Mapping[str, HealthTargets] = field(default_factory=dict)   # class root -> its rule's targets
+    slo: Mapping[str, SloTarget] = field(default_factory=dict)          # class root -> its rule's SLO, if any
 
     def section(self, name: str, default: Any = None) -> Any:
         """The section optional sensor `name` produced this round, or `default` when there is none."""
@@ -169,6 +172,15 @@ class Snapshot:
     def health_of(self, path: str) -> HealthTargets:
         """The health targets of class root `path`: its rule's, or the defaults."""
         return self.health.get(path, DEFAULT_HEALTH)
+
+    def slo_of(self, path: str) -> SloTarget | None:
+        """The SLO of class root `path`: its rule's, or None where it declares none."""
+        return self.slo.get(path)
+
+    def slo_sections(self) -> frozenset[str]:
+        """The sections the class roots' SLOs are measured by: the daemon runs their sensors whatever the
+        loops need (runtime/service.py), so any loop may read them for the roots with an SLO."""
+        return frozenset(t.section for t in self.slo.values())
 
     def find(self, path: str) -> CgroupSample | None:
         if path in self.cgroups:

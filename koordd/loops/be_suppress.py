@@ -5,7 +5,10 @@ Two rules decide how much CPU BE may use (`rule`):
 - "slack" (Heracles' way): LS health, not LS usage, decides. Slack is how far the worst LS, LSR or
   LSE cgroup is from its class's health targets (`[classes.health]`), as a fraction of them:
   run-queue latency p99 against `runq_p99` (where only schedstat is there, the mean against
-  `runq_mean`) and `cpu.pressure` "some" avg10 against `cpu_pressure`. The p99 is taken over at
+  `runq_mean`) and `cpu.pressure` "some" avg10 against `cpu_pressure`; where the class declares an
+  SLO (`[classes.slo]`, core/slo.py), also its service's own response times at the SLO's quantile
+  against `latency_p99` (and p99.9 against `latency_p999`), over at least 1000 responses (at most 10 s),
+  so harm that shows in no run queue (memory bandwidth, cache, reclaim) counts too. The run-queue p99 is taken over at
   least 200 waits: the latest round's where LS waits often, its latest rounds' together (at most
   5 s) where it waits rarely, so one wild wait in a quiet second does not decide. While slack is 10% or more,
   BE's allowance grows by `slack_grow_percent` of the node per tick up to the whole node, where the
@@ -66,6 +69,7 @@ from dataclasses import dataclass, field
 from koordd.core.cgroup import CFS_QUOTA_MIN, MAX_CPUS, format_cpu_max, format_cpulist, parse_cpu_max, parse_cpulist
 from koordd.core.classes import NON_BE
 from koordd.core.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_slack
+from koordd.core.slo import SloWindow
 from koordd.core.interference import Detector
 from koordd.core.loop import Action, Loop, restore
 from koordd.core.options import Duration, Option
@@ -90,6 +94,7 @@ class State:
     floor_since: float = 0.0                         # rule slack: when BE went to its floor
     raised: dict = field(default_factory=dict)       # rule slack: (cgroup, signal) -> (target, until)
     runq: RunqWindow = field(default_factory=RunqWindow)   # rule slack: recent rounds' waits per LS cgroup
+    slo: SloWindow = field(default_factory=SloWindow)      # rule slack: recent rounds' responses per SLO
     detector: Detector | None = None                 # antagonists: baselines, outliers, BE CPU series
     capped: dict[str, float] = field(default_factory=dict)   # BE cgroup capped as an antagonist -> until
 
@@ -235,7 +240,7 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     to the floor."""
     now = snapshot.time
     state.raised = {k: v for k, v in state.raised.items() if v[1] > now}      # (target, until)
-    signals = ls_signals(snapshot, snapshot.section(RUNQ_LATENCY), state.runq)
+    signals = ls_signals(snapshot, snapshot.section(RUNQ_LATENCY), state.runq, state.slo)
     found = worst_slack(signals, {k: t for k, (t, _) in state.raised.items()})
     if found is None:
         return None

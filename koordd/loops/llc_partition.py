@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 from koordd.core.classes import WORKLOAD_CLASSES
 from koordd.core.health import RunqWindow, ls_signals, worst_slack
+from koordd.core.slo import SloWindow
 from koordd.core.loop import Action, Loop, NODE, restore
 from koordd.core.options import ClassList, Duration, Option
 from koordd.core.schemata import L3Info, l3_line, l3_ways, mb_line, mb_value, ways_mask
@@ -82,6 +83,7 @@ class State:
     be_ways: int | None = None                      # adaptive: BE's ways now
     cooldown_until: float = 0.0                     # adaptive: no growth before then
     runq: RunqWindow = field(default_factory=RunqWindow)
+    slo: SloWindow = field(default_factory=SloWindow)      # LS slack: recent rounds' responses per SLO
 
 
 class LlcPartition(Loop):
@@ -172,7 +174,7 @@ def _l3_of(cls: str, l3: L3Info, snapshot: Snapshot, settings, state: State) -> 
     least = min(max(l3.min_cbm_bits, 1, math.ceil(l3.ways * settings.be_l3_min / 100)), most)
     if state.be_ways is None:
         state.be_ways = least
-    found = worst_slack(ls_signals(snapshot, snapshot.section(RUNQ_LATENCY), state.runq))
+    found = worst_slack(ls_signals(snapshot, snapshot.section(RUNQ_LATENCY), state.runq, state.slo))
     now = snapshot.time
     if found is None:
         step = "hold (no LS signal)"

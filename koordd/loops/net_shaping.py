@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from koordd.core.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_slack
+from koordd.core.slo import SloWindow
 from koordd.core.loop import Action, Loop, NODE, restore
 from koordd.core.options import Option
 from koordd.core.snapshot import NET, RUNQ_LATENCY, Snapshot
@@ -65,6 +66,7 @@ class DeviceRates(Option):
 class State:
     ceil: dict[str, int] = field(default_factory=dict)    # device -> BE ceil asked last round
     runq: RunqWindow = field(default_factory=RunqWindow)
+    slo: SloWindow = field(default_factory=SloWindow)      # LS slack: recent rounds' responses per SLO
 
 
 class NetShaping(Loop):
@@ -102,7 +104,7 @@ class NetShaping(Loop):
     def decide(snapshot: Snapshot, settings, state: State) -> list[Action]:
         net = snapshot.section(NET) or {}
         actions: list[Action] = []
-        health = worst_slack(ls_signals(snapshot, snapshot.section(RUNQ_LATENCY), state.runq)) \
+        health = worst_slack(ls_signals(snapshot, snapshot.section(RUNQ_LATENCY), state.runq, state.slo)) \
             if settings.follow_health and settings.devices else None
         for entry in settings.devices:
             device, _, rate = entry.partition(":")

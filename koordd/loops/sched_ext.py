@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 from koordd.core.classes import WORKLOAD_CLASSES
 from koordd.core.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_slack
+from koordd.core.slo import SloWindow
 from koordd.core.loop import Action, Loop, NODE, restore
 from koordd.core.options import ClassList, Duration, Option
 from koordd.core.snapshot import RUNQ_LATENCY, SCHED_EXT, SchedExtStatus, Snapshot
@@ -54,6 +55,7 @@ CLASSES = WORKLOAD_CLASSES
 class State:
     unhealthy_at: float | None = None           # ls_slack: when LS's slack was last under scheduler_slack
     runq: RunqWindow = field(default_factory=RunqWindow)
+    slo: SloWindow = field(default_factory=SloWindow)      # LS slack: recent rounds' responses per SLO
 
 
 class SchedExt(Loop):
@@ -126,7 +128,7 @@ def _scheduler_wanted(snapshot: Snapshot, settings, state: State) -> tuple[bool,
     """Whether koordd's scheduler should run this round, and why."""
     if settings.scheduler_when == "always":
         return True, {"why": "scheduler_when = always"}
-    health = worst_slack(ls_signals(snapshot, snapshot.section(RUNQ_LATENCY), state.runq))
+    health = worst_slack(ls_signals(snapshot, snapshot.section(RUNQ_LATENCY), state.runq, state.slo))
     if health is None:
         return _held(snapshot.time, settings, state, {"why": "no LS health signal"})
     slack, worst = health

@@ -13,6 +13,7 @@ from koordd.core.config import DAEMON_OPTIONS, METRICS_OPTIONS, loop_options
 from koordd.core.health import HEALTH_OPTIONS
 from koordd.core.options import COMMON_LOOP_OPTIONS, Duration, Option
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
+from koordd.core.slo import SLO_OPTIONS
 from koordd.core.registry import load_registry
 
 BEGIN = "<!-- config reference: made by scripts/gen-docs from the options in the code; do not edit -->"
@@ -51,13 +52,14 @@ def _row(key: str, option: Option) -> str:
 
 
 def reference_table(loops: Mapping[str, type]) -> str:
-    """The table of every key: [daemon], [metrics], [reclaimable], a class's [classes.health], the keys
-    every loop has, then each loop's own, by name."""
+    """The table of every key: [daemon], [metrics], [reclaimable], a class's [classes.health] and
+    [classes.slo], the keys every loop has, then each loop's own, by name."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
     rows += [_row(f"daemon.{o.name}", o) for o in DAEMON_OPTIONS]
     rows += [_row(f"metrics.{o.name}", o) for o in METRICS_OPTIONS]
     rows += [_row(f"reclaimable.{o.name}", o) for o in RECLAIMABLE_OPTIONS]
     rows += [_row(f"classes.health.{o.name}", o) for o in HEALTH_OPTIONS]
+    rows += [_row(f"classes.slo.{o.name}", o) for o in SLO_OPTIONS]
     rows += [_row(f"loops.<name>.{o.name}", o) for o in COMMON_LOOP_OPTIONS]
     common = {o.name for o in COMMON_LOOP_OPTIONS}
     for name in sorted(loops):

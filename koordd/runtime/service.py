@@ -16,6 +16,7 @@ from pathlib import Path
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import Held
 from koordd.core.config import Config, ConfigError
+from koordd.core import slo
 from koordd.core.kubelet import KubeletRule
 from koordd.kernel.cgroupfs import DEFAULT_ROOT, detect_layout
 from koordd.runtime import notify, reload as rereading, wiring
@@ -113,8 +114,12 @@ class Daemon:
                                     "left changed by a previous run whose loop is not enabled now")
 
     def _require_sensors(self) -> None:
-        """Run the optional sensors the enabled loops need, and those koordctl top shows while it asks."""
+        """Run the optional sensors the enabled loops need, those the classes' SLOs are measured by (the
+        application latency sensor while a class declares an SLO), and those koordctl top shows while it asks."""
         users = self.runner.sensor_users()
+        slos = ((rule.name, rule.slo) for rule in self.config.classes if rule.slo is not None)
+        for sensor, who in slo.sensor_users(slos).items():
+            users.setdefault(sensor, []).extend(who)
         for sensor, viewer in self.top.sensor_users(self.sensors.optional.names).items():
             users.setdefault(sensor, []).append(viewer)
         self.sensors.optional.require(users)
@@ -267,7 +272,7 @@ class Daemon:
         set_level(new.daemon.log_level)
         self.config = new
         self.metrics.configure(new.metrics)
-        self.sensors.set_classes(new.classify, wiring.patterns(new), new.health_of)
+        self.sensors.set_classes(new.classify, wiring.patterns(new), new.health_of, new.slo_of)
         # Which knobs this host has, file by file, from every backend: probed again.
         unsupported, before = self.backends.probe(), self.actuator.unsupported
         self.sensors.set_supported(wiring.supported(self.backends, unsupported))

@@ -47,7 +47,8 @@ def build(config: Config, registry, layout: Layout, claim: HostClaim, dry_run: b
                         processes=process_cgroups(),     # PID 1's and koordd's: never evicted or throttled
                         kubelet=KubeletRule.of(config.daemon))     # before the loops' first writes
     sensors = Sensors(fs, config.classify, patterns(config), optional=SensorManager(load_sensor_registry()),
-                      supported=supported(backends, unsupported), health_of=config.health_of)
+                      supported=supported(backends, unsupported), health_of=config.health_of,
+                      slo_of=config.slo_of)
     return Parts(fs, backends, actuator, sensors, Runner(registry, actuator, sensors=sensors.optional.names))
 
 

@@ -8,6 +8,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from koordd.backends.cgroup import KNOBS, unsupported_knobs
 from koordd.core.health import HealthTargets
+from koordd.core.slo import SloTarget
 from koordd.core.snapshot import CGROUP_FIELDS, Snapshot
 from koordd.kernel.cgroupfs import CgroupFS
 from koordd.sensors.cgroup import CgroupSensor
@@ -17,6 +18,7 @@ from koordd.sensors.node import NodeSensor
 
 Classify = Callable[[str], "str | None"]
 HealthOf = Callable[[str], "HealthTargets | None"]
+SloOf = Callable[[str], "SloTarget | None"]
 
 
 def find_classified(fs: CgroupFS, classify: Classify, max_depth: int,
@@ -58,11 +60,12 @@ def _reach(patterns: Sequence[str]) -> Callable[[str], bool]:
 class Sensors:
     def __init__(self, fs: CgroupFS, classify: Classify, patterns: Sequence[str],
                  proc_root="/proc", sys_root="/sys", optional: SensorManager | None = None,
-                 supported: frozenset[str] | None = None, health_of: HealthOf | None = None):
+                 supported: frozenset[str] | None = None, health_of: HealthOf | None = None,
+                 slo_of: SloOf | None = None):
         self.fs = fs
         self.node = NodeSensor(proc_root, sys_root)
         self.cgroups = CgroupSensor(fs)
-        self.set_classes(classify, patterns, health_of)
+        self.set_classes(classify, patterns, health_of, slo_of)
         # The optional sensors (GPU, ...): the daemon starts those the enabled loops need (require()).
         self.optional = optional if optional is not None else SensorManager({})
         # Knobs this host has, for loops to choose from: the daemon's, probed from every backend; else
@@ -81,10 +84,13 @@ class Sensors:
         """Stop the optional sensors (the cgroup files are the CgroupFS's to close)."""
         self.optional.stop_all("koordd stopping")
 
-    def set_classes(self, classify: Classify, patterns: Sequence[str], health_of: HealthOf | None = None) -> None:
-        """`health_of`: a class root -> the health targets its rule declares (None: the defaults)."""
+    def set_classes(self, classify: Classify, patterns: Sequence[str], health_of: HealthOf | None = None,
+                    slo_of: SloOf | None = None) -> None:
+        """`health_of`: a class root -> the health targets its rule declares (None: the defaults);
+        `slo_of`: a class root -> the SLO its rule declares (None: none)."""
         self.classify = classify
         self.health_of = health_of or (lambda cg: None)
+        self.slo_of = slo_of or (lambda cg: None)
         self.patterns = tuple(patterns)
         self.max_depth = max((p.count("/") + 1 for p in patterns), default=0)
 
@@ -122,8 +128,9 @@ class Sensors:
         sampled = {**classes, **{m.path: classes[root] for root, ms in members.items() for m in ms}}
         sections = self.optional.sample(SensorContext(now, sampled))
         health = {cg: t for cg, cls in classes.items() if cls and (t := self.health_of(cg)) is not None}
+        slo = {cg: t for cg, cls in classes.items() if cls and (t := self.slo_of(cg)) is not None}
         return Snapshot(time=now, wall=time.time(), node=self.node.sample(now), cgroups=samples, sections=sections,
-                        members=members, held=dict(held or {}), supported=self.supported, health=health)
+                        members=members, held=dict(held or {}), supported=self.supported, health=health, slo=slo)
 
     def fill_members(self, snapshot: Snapshot, fields: frozenset[str]) -> Snapshot:
         """The snapshot with its members (listed by snapshot(member_fields=frozenset())) read: `fields`

@@ -54,10 +54,10 @@ def stop_sensor(sensor: OptionalSensor) -> None:
 
 def users_text(users: tuple[str, ...]) -> str:
     """Who goes without a sensor, for its log line: "loop a runs", "loops a, b run", "koordctl top runs",
-    "loop a and koordctl top run"."""
-    loops = [u for u in users if u != VIEW_USER]
+    "loop a and koordctl top run", "the SLO of class LS runs" (a user other than a loop, named as it is)."""
+    loops = [u for u in users if " " not in u]     # a loop's name is one word; VIEW_USER and an SLO's are not
     parts = [f"loop {loops[0]}" if len(loops) == 1 else f"loops {', '.join(loops)}"] if loops else []
-    parts += [VIEW_USER] if VIEW_USER in users else []
+    parts += [u for u in users if " " in u]
     return f"{' and '.join(parts)} {'runs' if len(users) == 1 else 'run'}"
 
 
