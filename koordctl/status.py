@@ -46,6 +46,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         *((("metrics", f"http://{status['metrics']}/metrics"),) if status.get("metrics") else ()),
         *((("reclaimable", reclaimable_text(status["reclaimable"])),) if status.get("reclaimable") else ()),
     ]))
+    report = status.get("report")
+    if isinstance(report, dict):
+        print()
+        print("\n".join(report_lines(report)))
     loops = status.get("loops") or {}
     print()
     print(table([(name, f"{r.get('interval', 0):g}s", r.get("ticks"), ago(r.get("last_tick"), now),
@@ -73,3 +77,36 @@ def reclaimable_text(r: dict) -> str:
     cpus = f"{cpu['reclaimable']:.2f} CPUs" if cpu else "? CPUs"
     mem = f"{memory['reclaimable'] / 2**30:.1f} GiB" if memory else "? GiB"
     return f"{cpus}, {mem} (of {r.get('ls_cgroups', 0)} LS cgroups' limits, unused over the window)"
+
+
+def report_lines(r: dict, most: int = 5) -> list[str]:
+    """A short view of the node report (koordd/core/report.py, README "Node report"): the fairness index,
+    the tenants with the largest dominant shares, and each workload's latency and violation rate."""
+    def pct(x) -> str:
+        return "?" if x is None else f"{100 * x:.1f}%"
+
+    fair = (r.get("fairness") or {}).get("jain_index")
+    tenants = sorted(r.get("tenants") or [], key=lambda t: -(t.get("dominant_share") or 0))
+    out = [f"node report (schema {r.get('schema')}): {len(tenants)} tenants, fairness (Jain) "
+           + ("?" if fair is None else f"{fair:.3f}")]
+    cap, use = r.get("capacity") or {}, r.get("usage") or {}
+
+    def num(x, scale: float = 1.0, fmt: str = ".2f") -> str:
+        return "?" if x is None else format(x / scale, fmt)
+    out.append(f"node: {num(use.get('cpu_cores'))} of {num(cap.get('cpu_cores'), fmt='g')} CPUs, "
+               f"{num(use.get('memory_bytes'), 2**30, '.1f')} of {num(cap.get('memory_bytes'), 2**30, '.1f')} GiB used")
+    if tenants:
+        out.append(table([(t.get("name"), pct(t.get("cpu_share")), pct(t.get("memory_share")),
+                           pct(t.get("dominant_share"))) for t in tenants[:most]],
+                         ("TENANT", "CPU", "MEMORY", "DOMINANT")))
+        if len(tenants) > most:
+            out.append(f"... and {len(tenants) - most} more (koordctl status --json)")
+    workloads = r.get("workloads") or []
+    if workloads:
+        def ms(us) -> str:
+            return "?" if us is None else f"{us / 1000:.2f}ms"
+        out.append(table([(w.get("cgroup"), w.get("class"), f"{ms(w.get('latency_us'))} / {ms(w.get('target_us'))}",
+                           f"{pct(w.get('violation_rate'))} (of {pct(w.get('violation_target'))})", w.get("requests"))
+                          for w in workloads[:most]],
+                         ("WORKLOAD", "CLASS", "LATENCY / TARGET", "OVER TARGET", "REQUESTS")))
+    return out

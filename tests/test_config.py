@@ -114,7 +114,7 @@ def test_absent_loops_get_defaults_and_are_disabled():
 @pytest.mark.parametrize("text, want", [
     # unknown names, with a suggestion when one is close
     ("[deamon]\n", ["koordd.toml:1: deamon: unknown table (did you mean 'daemon'?)"]),
-    ("x = 1\n[daemon]\n", ["koordd.toml:1: x: unknown table (known: daemon, classes, loops, metrics, reclaimable)"]),
+    ("x = 1\n[daemon]\n", ["koordd.toml:1: x: unknown table (known: daemon, classes, loops, metrics, reclaimable, report)"]),
     ("[daemon]\nlog_levl = 'info'\n",
      ["koordd.toml:2: daemon.log_levl: unknown key (did you mean 'log_level'?)"]),
     ("[loops.be_supress]\nenabled = true\n",

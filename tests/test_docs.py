@@ -12,6 +12,7 @@ from koordd.core.config import DAEMON_OPTIONS, METRICS_OPTIONS, loop_options
 from koordd.core.health import HEALTH_OPTIONS
 from koordd.core.options import Duration, Option, parse_duration
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
+from koordd.core.report import REPORT_OPTIONS
 from koordd.runtime.docs import BEGIN, END, format_duration, reference_table, shipped_loops, toml_text, with_reference
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,7 +76,7 @@ def documented_keys(text: str) -> dict[str, dict[str, str]]:
 
 def shipped_sections() -> list[tuple[str, tuple[Option, ...]]]:
     return [("daemon", DAEMON_OPTIONS), ("metrics", METRICS_OPTIONS), ("reclaimable", RECLAIMABLE_OPTIONS),
-            ("classes.health", HEALTH_OPTIONS)] + [(f"loops.{name}", loop_options(cls)) for name, cls in sorted(LOOPS.items())]
+            ("report", REPORT_OPTIONS), ("classes.health", HEALTH_OPTIONS)] + [(f"loops.{name}", loop_options(cls)) for name, cls in sorted(LOOPS.items())]
 
 
 @pytest.mark.parametrize("section, options", shipped_sections(), ids=lambda x: x if isinstance(x, str) else "")

@@ -21,7 +21,9 @@ from koordd.core.config import ConfigError, METRICS_OPTIONS, make_settings, pars
 from koordd.core.histogram import merged
 from koordd.core.reclaimable import Capacity, Reclaimable
 from koordd.core.registry import load_registry
-from koordd.core.snapshot import (CPI, CgroupSample, CpiSample, NodeSample, Pressure, PressureStat, RUNQ_LATENCY,
+from koordd.core.report import REPORT_OPTIONS, ReportWindow, build as build_report
+from koordd.core.slo import SloTarget
+from koordd.core.snapshot import (APP_LATENCY, AppLatency, CPI, CgroupSample, CpiSample, NodeSample, Pressure, PressureStat, RUNQ_LATENCY,
     RunqLatency, Snapshot, Throttling)
 from koordd.runtime.capabilities import Capability
 from koordd.runtime.metrics import (Exporter, HEALTH_STALE, MetricsServer, Published, RoundStats, SERIES, families,
@@ -118,6 +120,15 @@ def test_allow_list_options_are_checked():
 
 # --- series -------------------------------------------------------------------------------------------
 
+def node_report():
+    """A node report with one workload (an SLO and its responses) and the class roots as tenants."""
+    ls = CgroupSample("ls.slice", "LS", cpu_usage=1.0, memory_current=1 << 30)
+    snap = Snapshot(time=10.0, wall=1.0, node=NodeSample(4, 1.5, 8 << 30, 6 << 30), cgroups={"ls.slice": ls},
+                    sections={APP_LATENCY: {"ls.slice": AppLatency(100, 1, 1, 1, 1, 1, slots=(0,) * 10 + (100,))}},
+                    slo={"ls.slice": SloTarget(1000.0)})
+    return build_report(snap, make_settings(REPORT_OPTIONS, {}), ReportWindow())
+
+
 def test_every_series_made_is_declared_with_its_labels():
     runq = {"ls.slice": RunqLatency("ebpf", 300, 40.0, 30.0, 900.0, 2048.0, slots=(0, 10, 100, 150, 40))}
     cpi = {"ls.slice": CpiSample(3e9, 2e9, 1.0)}
@@ -130,7 +141,8 @@ def test_every_series_made_is_declared_with_its_labels():
                   held_values={("cgroup", "be.slice", "cpu.max"): "50000 100000"},
                   capabilities=(Capability("psi", True, ""), Capability("perf", False, "")),
                   sensors={"runq_latency": {"state": "running"}}, rounds=RoundStats(3, 0.002, 0.006, 0.005),
-                  reclaimable=Reclaimable(Capacity(0.8, 4, 2, 1.1, 1.0, 0.1), None, 1, 60.0))
+                  reclaimable=Reclaimable(Capacity(0.8, 4, 2, 1.1, 1.0, 0.1), None, 1, 60.0),
+                  report=node_report())
     made = {fam.name for fam in families(p)}
     for fam in families(p):
         kind, labels, _ = SERIES[fam.name + ("_total" if fam.type == "counter" else "")]

@@ -17,6 +17,7 @@ from koordd.core.config import ConfigError, DAEMON_OPTIONS, METRICS_OPTIONS, loo
 from koordd.core.health import HEALTH_OPTIONS
 from koordd.core.options import Duration, Option
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
+from koordd.core.report import REPORT_OPTIONS
 from koordd.core.registry import load_registry
 from koordd.core.schemata import L3Info, MBInfo, ResctrlInfo
 from koordd.core.snapshot import (AVX, CPI, CgroupSample, CpiSample, CpuTopology, NET, NodeSample, Pressure,
@@ -32,7 +33,7 @@ CLASS_HEAD = '[[classes]]\nname = "LS"\ncgroups = ["ls"]\n'
 
 # (TOML header that opens the table, its dotted name in messages, its options)
 SECTIONS = [("[daemon]", "daemon", DAEMON_OPTIONS), ("[metrics]", "metrics", METRICS_OPTIONS),
-            ("[reclaimable]", "reclaimable", RECLAIMABLE_OPTIONS),
+            ("[reclaimable]", "reclaimable", RECLAIMABLE_OPTIONS), ("[report]", "report", REPORT_OPTIONS),
             (CLASS_HEAD + "[classes.health]", "classes[0].health", HEALTH_OPTIONS)] + [
     (f"[loops.{name}]", f"loops.{name}", loop_options(cls)) for name, cls in sorted(REGISTRY.items())]
 NUMBERS = [(head, dotted, o) for head, dotted, opts in SECTIONS for o in opts if o.type in NUMBER_TYPES]

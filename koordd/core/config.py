@@ -31,11 +31,12 @@ from koordd.core.listen import is_loopback, parse_listen
 from koordd.core.loop import NODE
 from koordd.core.options import COMMON_LOOP_OPTIONS, ClassList, Option, PatternList
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
+from koordd.core.report import REPORT_OPTIONS, url_problem
 from koordd.core.slo import SLO_OPTIONS, SloTarget
 from koordd.core.trust import untrusted
 
 DEFAULT_PATH = Path("/etc/koordd/koordd.toml")
-TOP_LEVEL = ("daemon", "classes", "loops", "metrics", "reclaimable")
+TOP_LEVEL = ("daemon", "classes", "loops", "metrics", "reclaimable", "report")
 CLASS_KEYS = ("name", "cgroups", "health", "slo")       # of a [[classes]] rule
 
 DAEMON_OPTIONS: tuple[Option, ...] = (
@@ -154,6 +155,7 @@ class Config:
     loops: Mapping[str, Settings]  # every registered loop; absent sections hold the defaults
     metrics: Settings = field(default_factory=lambda: make_settings(METRICS_OPTIONS, {}))
     reclaimable: Settings = field(default_factory=lambda: make_settings(RECLAIMABLE_OPTIONS, {}))
+    report: Settings = field(default_factory=lambda: make_settings(REPORT_OPTIONS, {}))     # the node report
     # "<file>:<line>: warning: ..." for what is valid but likely not meant (koordctl validate prints
     # them, koordd logs them at start and reload): class roots nesting across BE (nested_classes).
     warnings: tuple[str, ...] = ()
@@ -215,13 +217,14 @@ def parse_config(text: str, path: Path | str, registry: Mapping[str, type]) -> C
     metrics = c.metrics(data.get("metrics", {}))
     reclaimable, _ = c.section(RECLAIMABLE_OPTIONS, c.table(data.get("reclaimable", {}), ("reclaimable",)) or {},
                                ("reclaimable",))
+    report = c.report(data.get("report", {}))
     if c.errors:
         # Stable sort: file order, with line-less errors (none today) first.
         raise ConfigError(f"{path}:{ln}: {msg}" if ln else f"{path}: {msg}"
                           for ln, msg in sorted(c.errors, key=lambda e: e[0] or 0))
     warnings = tuple(f"{path}:{_line_of(c.lines, ('classes', i, 'cgroups'))}: warning: {msg}"
                      for i, msg in nested_classes(classes))
-    return Config(path, daemon, classes, loops, metrics, reclaimable, warnings)
+    return Config(path, daemon, classes, loops, metrics, reclaimable, warnings=warnings, report=report)
 
 
 def nested_classes(rules: tuple[ClassRule, ...]) -> list[tuple[int, str]]:
@@ -390,6 +393,13 @@ class _Checker:
             # The series name every cgroup and knob koordd sees: off the node only when asked for.
             self.error(("metrics", "listen"), f"{host} is not a loopback address; the endpoint serves on the node "
                                               "only unless allow_remote = true")
+        return s
+
+    def report(self, value: Any) -> Settings:
+        """[report]: the node report's tenants and where it is pushed (koordd/core/report.py)."""
+        s, _ = self.section(REPORT_OPTIONS, self.table(value, ("report",)) or {}, ("report",))
+        if (why := url_problem(s.url)) is not None:
+            self.error(("report", "url"), why)
         return s
 
     def classes(self, value: Any) -> tuple[ClassRule, ...]:

@@ -13,6 +13,7 @@ from koordd.core.config import DAEMON_OPTIONS, METRICS_OPTIONS, loop_options
 from koordd.core.health import HEALTH_OPTIONS
 from koordd.core.options import COMMON_LOOP_OPTIONS, Duration, Option
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
+from koordd.core.report import REPORT_OPTIONS, TenantMap
 from koordd.core.slo import SLO_OPTIONS
 from koordd.core.registry import load_registry
 
@@ -33,6 +34,8 @@ def format_duration(seconds: float) -> str:
 
 def toml_text(option: Option, value: Any) -> str:
     """`value` as it is written in the config file."""
+    if isinstance(option, TenantMap):           # name -> patterns: an inline table
+        return "{" + ", ".join(f'"{n}" = ' + toml_text(Option(n, tuple, (), ""), ps) for n, ps in value) + "}"
     if option.type is Duration or isinstance(value, Duration):
         return f'"{format_duration(value)}"'
     if isinstance(value, bool):
@@ -52,12 +55,13 @@ def _row(key: str, option: Option) -> str:
 
 
 def reference_table(loops: Mapping[str, type]) -> str:
-    """The table of every key: [daemon], [metrics], [reclaimable], a class's [classes.health] and
+    """The table of every key: [daemon], [metrics], [reclaimable], [report], a class's [classes.health] and
     [classes.slo], the keys every loop has, then each loop's own, by name."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
     rows += [_row(f"daemon.{o.name}", o) for o in DAEMON_OPTIONS]
     rows += [_row(f"metrics.{o.name}", o) for o in METRICS_OPTIONS]
     rows += [_row(f"reclaimable.{o.name}", o) for o in RECLAIMABLE_OPTIONS]
+    rows += [_row(f"report.{o.name}", o) for o in REPORT_OPTIONS]
     rows += [_row(f"classes.health.{o.name}", o) for o in HEALTH_OPTIONS]
     rows += [_row(f"classes.slo.{o.name}", o) for o in SLO_OPTIONS]
     rows += [_row(f"loops.<name>.{o.name}", o) for o in COMMON_LOOP_OPTIONS]

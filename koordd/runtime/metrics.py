@@ -31,6 +31,7 @@ from koordd.core.cgroup import parse_cpulist, pattern_rank
 from koordd.core.histogram import merged, quantile_us
 from koordd.core.listen import parse_listen
 from koordd.core.reclaimable import Reclaimable, cpu_given
+from koordd.core.report import NodeReport
 from koordd.core.snapshot import CPI, CgroupSample, PressureStat, RUNQ_LATENCY, Snapshot, own_usage
 from koordd.runtime.capabilities import Capability
 from koordd.runtime.endpoint import HttpServer
@@ -122,6 +123,19 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
                                         "window, less the margin"),
     "koordd_reclaimable_basis": (GAUGE, ("resource", "part"), "the figures behind reclaimable (cores or bytes): "
                                  "node, given, needs, peak, system"),
+    # the node report (koordd/core/report.py; README "Node report"): workloads with an SLO, tenants' shares
+    "koordd_report_workload_latency_seconds": (GAUGE, CG + ("quantile",), "response time of an LS class root with "
+                                               "an SLO over the report's window, at its SLO's quantile and 0.999"),
+    "koordd_report_workload_target_seconds": (GAUGE, CG, "the SLO's latency_p99"),
+    "koordd_report_workload_requests": (GAUGE, CG, "requests answered over the report's window"),
+    "koordd_report_workload_violation_ratio": (GAUGE, CG, "requests over latency_p99 / requests, over the "
+                                               "report's window"),
+    "koordd_report_tenant_share_ratio": (GAUGE, ("tenant", "resource"), "the tenant's share of the node, 0..1: "
+                                         "resource cpu (cores used / CPUs), memory (bytes / MemTotal), dominant "
+                                         "(the larger)"),
+    "koordd_report_tenants": (GAUGE, (), "tenants in the node report"),
+    "koordd_report_fairness_index": (GAUGE, (), "Jain's fairness index over the tenants' dominant shares: 1 all "
+                                     "equal, 1/n one tenant holds everything"),
 }
 
 
@@ -140,6 +154,7 @@ class Published:
     capabilities: tuple[Capability, ...] = ()
     sensors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)     # SensorManager.status()
     reclaimable: Reclaimable | None = None
+    report: NodeReport | None = None
 
 
 # --- series from a Published: pure -------------------------------------------------------------------
@@ -187,6 +202,7 @@ def families(p: Published) -> list:
         _classes(out, p.snapshot)
         _cgroups(out, p.snapshot, p.settings)
     _reclaimable(out, p.reclaimable)
+    _report(out, p.report, p.settings)
     return list(out.families.values())
 
 
@@ -372,6 +388,31 @@ def _reclaimable(out: _Series, r: Reclaimable | None) -> None:
         out.add(name, [], cap.reclaimable)
         for part in ("node", "given", "needs", "peak", "system"):
             out.add("koordd_reclaimable_basis", [resource, part], getattr(cap, part))
+
+
+def _report(out: _Series, r: NodeReport | None, settings) -> None:
+    """The node report's own figures (the node's and the reclaimable ones are above): workloads of the
+    allowed classes and tenants, each at most max_cgroups, the rest counted as dropped."""
+    if r is None:
+        return
+    cap = int(settings.max_cgroups)
+    classes, patterns = set(settings.cgroup_classes), tuple(settings.cgroup_patterns)
+    shown = [w for w in r.workloads if w.cls in classes
+             or (bool(patterns) and pattern_rank(w.cgroup, patterns) < len(patterns))]
+    for w in shown[:cap]:
+        labels = [w.cgroup or "/", w.cls]
+        for q, us in ((w.quantile, w.tail_us), (0.999, w.p999_us)):
+            out.add("koordd_report_workload_latency_seconds", labels + [f"{q:g}"], None if us is None else us / 1e6)
+        out.add("koordd_report_workload_target_seconds", labels, w.target_us / 1e6)
+        out.add("koordd_report_workload_requests", labels, w.requests)
+        out.add("koordd_report_workload_violation_ratio", labels, w.violation_rate)
+    out.add("koordd_metrics_series_dropped", ["report_workloads"], max(0, len(shown) - cap))
+    for t in r.tenants[:cap]:
+        for resource, value in (("cpu", t.cpu_share), ("memory", t.memory_share), ("dominant", t.dominant_share)):
+            out.add("koordd_report_tenant_share_ratio", [t.name, resource], value)
+    out.add("koordd_metrics_series_dropped", ["report_tenants"], max(0, len(r.tenants) - cap))
+    out.add("koordd_report_tenants", [], len(r.tenants))
+    out.add("koordd_report_fairness_index", [], r.fairness)
 
 
 # --- the endpoint ------------------------------------------------------------------------------------

@@ -74,4 +74,4 @@ class MetricsFeed(Subscriber):
             settings=self.settings, started=self.started, info=self.info, snapshot=result.snapshot,
             rounds=result.rounds, loops=result.loops, decisions=result.decisions, held=result.held,
             held_values=result.held_values, capabilities=self.capabilities(), sensors=result.sensors,
-            reclaimable=result.reclaimable))
+            reclaimable=result.reclaimable, report=result.report))

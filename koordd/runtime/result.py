@@ -1,4 +1,4 @@
-"""What a round hands its subscribers (the status file, the metrics endpoint, koordctl top's feed), and
+"""What a round hands its subscribers (the status file, the metrics endpoint, koordctl top's feed, the report's pusher), and
 what they give it: each reader says what it wants read of the class roots and their members.
 
 A subscriber gets one RoundResult after every round that sampled the node, and `skipped()` after one
@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from koordd.act.journal import Held
 from koordd.core.reclaimable import Reclaimable
+from koordd.core.report import NodeReport
 from koordd.core.snapshot import Snapshot
 
 
@@ -33,6 +34,7 @@ class RoundResult:
     held_values: Mapping[tuple[str, str, str], str | None] = field(default_factory=dict)  # (kind, target, knob)
     decisions: Mapping[tuple[str, str, str], int] = field(default_factory=dict)  # (loop, outcome, knob) -> n
     reclaimable: Reclaimable | None = None
+    report: NodeReport | None = None                # the node report (koordd/core/report.py)
     rounds: RoundStats = RoundStats()
 
 

@@ -16,6 +16,7 @@ from koordd.act.actuator import Actuator
 from koordd.act.journal import RestoreJournal
 from koordd.core.reclaimable import (FIELDS as RECLAIMABLE_FIELDS, Reclaimable, ReclaimableState,
     observe as observe_reclaimable)
+from koordd.core.report import FIELDS as REPORT_FIELDS, NodeReport, ReportWindow, build as build_report
 from koordd.core.snapshot import Snapshot
 from koordd.runtime.result import Reader, RoundResult, RoundStats
 from koordd.runtime.runner import LoopRun, Runner, Timing
@@ -43,15 +44,36 @@ class ReclaimableFigure(Reader):
             self.last = None
 
 
+class ReportFigure(Reader):
+    """The node report (koordd/core/report.py), its window of the workloads' response times kept across
+    rounds; made after the reclaimable figure, which it includes."""
+
+    def __init__(self, settings, node: str):
+        self.settings, self.node = settings, node     # [report]; a reload hands the new ones
+        self.window = ReportWindow()
+        self.last: NodeReport | None = None
+
+    def needs(self) -> frozenset[str]:
+        return REPORT_FIELDS
+
+    def observe(self, snapshot: Snapshot, reclaimable: Reclaimable | None) -> None:
+        try:
+            self.last = build_report(snapshot, self.settings, self.window, reclaimable, self.node)
+        except Exception:  # noqa: BLE001 - a figure koordd only publishes must not cost it the round
+            log.exception("computing the node report failed")
+            self.last = None
+
+
 class Rounds:
     """Runs rounds, and keeps their count and time (for the metrics)."""
 
     def __init__(self, sensors: Sensors, runner: Runner, actuator: Actuator, journal: RestoreJournal,
-                 reclaimable: ReclaimableFigure, readers: Sequence[Reader]):
-        """`readers`: those beside the loops and the reclaimable figure (koordctl top's feed, the metrics)."""
+                 reclaimable: ReclaimableFigure, readers: Sequence[Reader], report: ReportFigure | None = None):
+        """`readers`: those beside the loops, the reclaimable figure and the node report (koordctl top's feed,
+        the metrics); `report`: None makes none (tests of other parts)."""
         self.sensors, self.runner, self.actuator, self.journal = sensors, runner, actuator, journal
-        self.reclaimable = reclaimable
-        self.readers = (reclaimable, *readers)
+        self.reclaimable, self.report = reclaimable, report
+        self.readers = (reclaimable, *((report,) if report is not None else ()), *readers)
         self.done, self.timing = 0, Timing()
 
     def needs(self) -> frozenset[str]:
@@ -83,6 +105,8 @@ class Rounds:
         if due:
             self.runner.tick(due, only_members_of(snapshot, loop_members))
         self.reclaimable.observe(snapshot)
+        if self.report is not None:
+            self.report.observe(snapshot, self.reclaimable.last)
         self.timing.last_seconds = 0.0          # a round that failed above leaves the last one's
         self.timing.add_since(since)
         self.done += 1
@@ -98,7 +122,8 @@ class Rounds:
                 del latest[key]
         return RoundResult(snapshot, for_view, loops=self.runner.status(), sensors=self.sensors.optional.status(),
                            held=held, held_values=dict(latest), decisions=dict(self.actuator.decisions.counts),
-                           reclaimable=self.reclaimable.last, rounds=RoundStats(self.done, **asdict(self.timing)))
+                           reclaimable=self.reclaimable.last,
+                           report=self.report.last if self.report is not None else None, rounds=RoundStats(self.done, **asdict(self.timing)))
 
 
 def only_members_of(snapshot: Snapshot, classes: set[str]) -> Snapshot:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -25,7 +26,8 @@ from koordd.runtime.configwatch import ConfigWatcher
 from koordd.runtime.host import HostClaim
 from koordd.runtime.logs import set_level
 from koordd.runtime.metricsfeed import MetricsFeed
-from koordd.runtime.round import ReclaimableFigure, Rounds
+from koordd.runtime.reportpush import ReportPusher
+from koordd.runtime.round import ReclaimableFigure, ReportFigure, Rounds
 from koordd.runtime.statusfile import StatusFile
 from koordd.runtime.topfeed import TopFeed
 from koordd.runtime.wakeup import Wakeup
@@ -53,9 +55,11 @@ class Daemon:
         self.status = StatusFile(self.state_dir, self.started, str(config.path), self.dry_run, self.layout.describe(),
                                  lambda: self.metrics.listen)
         self.reclaimable = ReclaimableFigure(config.reclaimable)
+        self.report = ReportFigure(config.report, socket.gethostname())
+        self.pusher = ReportPusher()        # [report] url: a thread of its own POSTs the latest report
         self.rounds = Rounds(self.sensors, self.runner, self.actuator, self.journal, self.reclaimable,
-                             readers=(self.top, self.metrics))
-        self.subscribers = (self.top, self.status, self.metrics)     # in this order after every round
+                             readers=(self.top, self.metrics), report=self.report)
+        self.subscribers = (self.top, self.status, self.metrics, self.pusher)    # in this order after every round
         self.wake = Wakeup()                # set by signal handlers: no lock (koordd/runtime/wakeup.py)
         self.stopping = False
         self.reload_at: float | None = None
@@ -133,6 +137,7 @@ class Daemon:
             self._install_signals()
             # First: /healthz says "starting" while the journal is recovered and the first snapshot taken.
             self.metrics.configure(self.config.metrics)
+            self.pusher.configure(self.config.report)
         self.start()
         if once:
             time.sleep(min([float(s.interval) for s in self.config.loops.values() if s.enabled] + [1.0]))
@@ -220,6 +225,7 @@ class Daemon:
         self.journal.close()
         self._write_status()
         self.metrics.stop()
+        self.pusher.stop()
         log.info("koordd stopped; %d knobs left held", len(self.journal.entries()))
         self.claim.release()
 
@@ -280,6 +286,8 @@ class Daemon:
             wiring.log_missing_knobs(unsupported, self.fs)
         self.sensors.reprobe()
         self.reclaimable.settings = new.reclaimable
+        self.report.settings = new.report
+        self.pusher.configure(new.report)
         self.actuator.reconfigure(KubeletRule.of(new.daemon), unsupported)     # before the loops' first writes
         self.runner.configure(new)          # the loops no longer enabled give their knobs back
         self._require_sensors()

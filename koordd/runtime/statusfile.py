@@ -32,6 +32,7 @@ class StatusFile(Subscriber):
                   "dry_run": self.dry_run, "cgroups": self.cgroups, "loops": result.loops, "sensors": result.sensors,
                   "held": [h.__dict__ for h in result.held],
                   "reclaimable": result.reclaimable.as_dict() if result.reclaimable is not None else None,
+                  "report": result.report.as_dict() if result.report is not None else None,
                   "metrics": self.metrics_listen(), "bpf": libbpf.report()}
         try:
             write_atomic(self.path, json.dumps(status, indent=1) + "\n", durable=False)
