@@ -46,6 +46,9 @@ struct hist {
 
 struct pending {
     u64 since;              // when the pending request's first bytes arrived (ns); 0: none pending
+    u64 next;               // when the request after it arrived, while its answer was on its way (ns); 0: none
+    u32 mark;               // TCP: write_seq when `since` was stamped; the answer has gone out once it moved
+    u32 answered;           // UNIX: the peer has been handed data from this socket since `since`
 };
 
 struct {
@@ -151,11 +154,44 @@ static __always_inline u64 watched_task(void)
     return watched_of(cg->kn->id, cg);
 }
 
+// TCP: the socket's write_seq, which moves as soon as an answer is queued (before its sendmsg returns).
+static __always_inline u32 write_seq(const struct sock *sk)
+{
+    struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
+    return tp ? tp->write_seq : 0;
+}
+
+// UNIX: data arriving on `sk` was sent by its peer: the peer's pending request has its answer on the way.
+static __always_inline void peer_answers(const struct sock *sk)
+{
+    struct unix_sock *u = bpf_skc_to_unix_sock((void *)sk);
+    if (!u)
+        return;
+    struct sock *peer = u->peer;
+    if (!peer)
+        return;
+    struct pending *q = bpf_sk_storage_get(&requests, peer, 0, 0);
+    if (q && q->since)
+        q->answered = 1;
+}
+
+// Whether the pending request's answer has started to go out: a request arriving now is the next one (its
+// client got the answer before the server's send returned, where the response is counted), not more bytes
+// of the pending one.
+static __always_inline bool answer_underway(const struct sock *sk, struct pending *p)
+{
+    if (sk->__sk_common.skc_family == AF_UNIX)
+        return p->answered;
+    return write_seq(sk) != p->mark;
+}
+
 SEC("tp_btf/sk_data_ready")
 int BPF_PROG(app_arrival, const struct sock *sk)
 {
     if (!sk || !is_stream(sk))
         return 0;
+    if (sk->__sk_common.skc_family == AF_UNIX)
+        peer_answers(sk);
     struct pending *p = bpf_sk_storage_get(&requests, (struct sock *)sk, 0, 0);
     if (!p) {
         if (!watched_socket(sk))
@@ -164,8 +200,14 @@ int BPF_PROG(app_arrival, const struct sock *sk)
         if (!p)
             return 0;
     }
-    if (!p->since)
-        p->since = bpf_ktime_get_ns();      // a request's first bytes: the rest of it keeps this stamp
+    u64 now = bpf_ktime_get_ns();
+    if (!p->since) {
+        p->since = now;                     // a request's first bytes: the rest of it keeps this stamp
+        p->mark = write_seq(sk);
+        p->answered = 0;
+    } else if (!p->next && answer_underway(sk, p)) {
+        p->next = now;                      // the next request, come while the answer is being sent
+    }
     return 0;
 }
 
@@ -182,7 +224,11 @@ int BPF_PROG(app_sent, struct sock *sk, int ret)
     if (!p || !p->since)
         return 0;
     u64 took = bpf_ktime_get_ns() - p->since;
-    p->since = 0;
+    // The next request, if it came while this answer went out, is the pending one now.
+    p->since = p->next;
+    p->next = 0;
+    p->mark = write_seq(sk);
+    p->answered = 0;
 
     struct hist *h = bpf_map_lookup_elem(&responses, &cgroup);
     if (!h) {

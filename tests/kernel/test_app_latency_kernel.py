@@ -88,11 +88,12 @@ def test_each_response_is_counted_once_in_its_delays_bucket_for_the_servers_cgro
 
     # Every response counted once: the client's requests (its sends) and the BE server's answers nowhere.
     # A UNIX connection's first request may come after the accept, on a socket the client made, before
-    # the server's first answer marks it: at most that one is missed. And a request that arrives before
-    # the server's previous send has returned (the client got the answer during that send) finds the
-    # previous stamp still pending: its response is missed (seen once in 200 under TCG in the VM).
+    # the server's first answer marks it: at most that one is missed. A request that arrives before the
+    # server's previous send has returned (its client got the answer during that send) is the next one,
+    # not part of the pending one: counted all the same (a TCP socket's write_seq has moved, a UNIX
+    # peer has been handed data).
     assert set(got) == {ls}, got
-    assert mine is not None and n - 2 <= mine.count <= n, mine
+    assert mine is not None and (n - 1 if kind == "unix" else n) <= mine.count <= n, mine
     # The server sleeps `delay` before each answer: the response time is at least that, in its bucket
     # (or the next, on a busy host), and within the client's round trip of the same requests (the last
     # ones: only the first can be missed).

@@ -18,6 +18,9 @@ def test_doctor_says_the_runq_sensor_starts_with_ebpf():
     import json
     caps = {c["name"]: c for c in json.loads(vm.sh("koordctl", "doctor", "--json").stdout)}
     assert "runq_latency: starts (ebpf)" in caps["sensors"]["detail"], caps["sensors"]
+    # The application latency program (the SLOs' sensor) loads on this kernel too: its tracepoints, its
+    # socket storage and the helpers it calls pass this kernel's verifier.
+    assert "app_latency: starts" in caps["sensors"]["detail"], caps["sensors"]
 
 
 def test_the_runq_sensor_runs_ebpf_under_the_unit_only_while_a_loop_needs_it(koordd_stopped):
