@@ -4,12 +4,13 @@
     koordctl doctor [--json] [--cgroup-root DIR]
     koordctl status [--json] [--config F] [--state-dir DIR]             exit 0 running, 1 not
     koordctl decisions [--loop L] [--since T] [-n N] [--json] [--config F] [--state-dir DIR]
+    koordctl slo [--json] [--ascii] [--config F] [--state-dir DIR]     exit 0 running, 1 not
     koordctl top [--interval T] [--sort KEY] [--class C] [--members] [--json] [--config F] [--state-dir DIR]
                                                 exit 0, 1 when koordd is not running or does not answer
     koordctl demo [--phase T] [--period T] [--loops L,L] [--plot FILE | --no-plot]
                                                 exit 0, 1 on a failure, 128+N when stopped by signal N
 
-status and decisions only read files under the daemon's state_dir (--state-dir; else that of --config; else the
+status, decisions and slo only read files under the daemon's state_dir (--state-dir; else that of --config; else the
 running koordd's, as the host lock names it; else that of the config the last koordd's status names; else
 /etc/koordd/koordd.toml's), and status the host lock's file (which koordd writes the host's knobs: koordd/act/owner.py);
 they never change anything there. top writes one file there, top.request, which
@@ -106,6 +107,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--since", metavar="T", help='a duration ago ("10m", "2h") or an ISO 8601 time')
     s.add_argument("-n", type=int, metavar="N", help="only the last N")
     s.set_defaults(func="koordctl.decisions:cmd_decisions")
+    s = sub.add_parser("slo", parents=[as_json, state],
+                       help="each SLO's target, its latency over the last minutes, and what be_suppress did")
+    s.add_argument("--ascii", action="store_true", help="draw the chart in ASCII (the default where the "
+                   "terminal's encoding is not UTF-8)")
+    s.set_defaults(func="koordctl.slo:cmd_slo")
     s = sub.add_parser("top", parents=[state], help="live per-cgroup view of what koordd samples")
     s.add_argument("--json", action="store_true", help="one sample as JSON, then exit")
     s.add_argument("--interval", type=interval, default=DEFAULT_INTERVAL, metavar="T",

@@ -18,13 +18,20 @@ the node's usage and capacity, and its reclaimable capacity (koordd/core/reclaim
 
 A class root nested in another (an LS job in be.slice) counts its own usage, not its parent's
 (Snapshot.own_usage). Pure: `build()` is a function of the snapshot, the settings, the reclaimable
-figure and its own state (the window of histograms).
+figure and its own state (the window of histograms, and the workloads' history).
+
+    history       per workload, one point per HISTORY_STEP seconds over the last HISTORY_SECONDS (the
+                  workload's figures of that round: time, latency at the SLO's quantile, p99.9, violation
+                  rate, slack = 1 - latency / target, requests), for at most HISTORY_WORKLOADS workloads
+                  (those seen first keep their place); in status.json (`slo_history`, for koordctl slo),
+                  not in the pushed report
 """
 from __future__ import annotations
 
 import sys
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from koordd.core.classes import LATENCY_SENSITIVE
 from koordd.core.cgroup import normalize_cgroup, pattern_rank
@@ -36,6 +43,11 @@ from koordd.core.snapshot import Snapshot, own_usage
 SCHEMA = 1              # the report's schema version: a field's meaning changed, or one was removed
 WINDOW = SLO_WINDOW     # seconds of response times a workload's figures are taken over (all of them)
 URL_SCHEMES = ("http", "https")
+HISTORY_STEP = 10.0         # seconds between two points of a workload's history
+HISTORY_SECONDS = 600.0     # how far back the history goes
+HISTORY_POINTS = int(HISTORY_SECONDS / HISTORY_STEP)    # 60
+HISTORY_WORKLOADS = 16      # workloads with a history, at most (as the metrics' max_cgroups bounds series)
+HISTORY_FIELDS = ("time", "latency_us", "latency_p999_us", "violation_rate", "slack", "requests")
 
 
 class TenantMap(Option):
@@ -152,6 +164,7 @@ class NodeReport:
     tenants: tuple[Tenant, ...]
     fairness: float | None          # Jain's index over the tenants' dominant shares
     reclaimable: Reclaimable | None
+    history: Mapping[str, Any] | None = None    # History.as_dict() of this round; not part of as_dict()
 
     def as_dict(self) -> dict:
         def r(x, n=6):
@@ -209,12 +222,73 @@ def tenant_of(root: str, tenants: Sequence[tuple[str, Sequence[str]]]) -> str:
     return root or "/"
 
 
+def slack(w: Workload) -> float | None:
+    """Heracles' slack of a workload's latency against its target: 1 - latency / target."""
+    return None if w.tail_us is None or not w.target_us else 1 - w.tail_us / w.target_us
+
+
+class History:
+    """Each workload's recent figures, one point per `step` seconds of the monotonic clock over the last
+    `span` seconds, for at most `most` workloads (those seen first keep their place; the others are
+    counted as left out). State only: the report's builder feeds it every round, no I/O."""
+
+    def __init__(self, most: int = HISTORY_WORKLOADS, step: float = HISTORY_STEP, span: float = HISTORY_SECONDS):
+        self.most, self.step, self.span = most, step, span
+        self.points: dict[str, deque[tuple[float, tuple]]] = {}    # cgroup -> (monotonic time, point)
+        self.slos: dict[str, dict] = {}                             # cgroup -> its class and targets, latest
+        self.left_out = 0
+
+    def observe(self, now: float, wall: float, workloads: Sequence[Workload], roots: Iterable[str]) -> None:
+        """Add this round's `workloads` (a point for each whose latest is `step` seconds old or more) at
+        monotonic `now`, Unix `wall`; forget the cgroups no longer among `roots` (the SLO roots)."""
+        keep = set(roots)
+        for path in [p for p in self.points if p not in keep]:
+            del self.points[path]
+        left_out = 0
+        for w in workloads:
+            if w.cgroup not in keep:
+                continue
+            points = self.points.get(w.cgroup)
+            if points is None:
+                if len(self.points) >= self.most:
+                    left_out += 1
+                    continue
+                points = self.points[w.cgroup] = deque(maxlen=max(1, int(self.span / self.step)))
+            self.slos[w.cgroup] = {"class": w.cls, "target_us": w.target_us,
+                                   "target_p999_us": w.target_p999_us or None,
+                                   "violation_target": _r(w.violation_target, 6)}
+            if points and now - points[-1][0] < self.step:
+                continue
+            s = slack(w)
+            points.append((now, (round(wall, 1), _r(w.tail_us, 1), _r(w.p999_us, 1), _r(w.violation_rate, 5),
+                                 _r(s, 4), w.requests)))
+        for path, points in list(self.points.items()):
+            while points and now - points[0][0] > self.span:
+                points.popleft()
+            if not points:
+                del self.points[path]
+        for path in [p for p in self.slos if p not in self.points]:
+            del self.slos[path]
+        self.left_out = left_out
+
+    def as_dict(self) -> dict:
+        return {"step_seconds": self.step, "seconds": self.span, "fields": list(HISTORY_FIELDS),
+                "workloads": {path: [list(p) for _, p in points] for path, points in sorted(self.points.items())},
+                "slos": {path: dict(self.slos[path]) for path in sorted(self.points)}, "left_out": self.left_out}
+
+
+def _r(x: float | None, n: int) -> float | None:
+    return None if x is None else round(x, n)
+
+
 class ReportWindow(SloWindow):
     """Each workload's response times over the last WINDOW seconds, all of them (the report states a rate
-    over a fixed window, not the loops' "at least 1000 responses"): core/slo.py's window, state only."""
+    over a fixed window, not the loops' "at least 1000 responses"): core/slo.py's window, state only; and
+    the workloads' history (History)."""
 
-    def __init__(self, window: float = WINDOW):
+    def __init__(self, window: float = WINDOW, history: History | None = None):
         super().__init__(min_responses=sys.maxsize, window=window)
+        self.history = history if history is not None else History()
 
 
 def workloads(snapshot: Snapshot, window: ReportWindow) -> tuple[Workload, ...]:
@@ -231,6 +305,7 @@ def workloads(snapshot: Snapshot, window: ReportWindow) -> tuple[Workload, ...]:
             continue
         out.append(Workload(c.path, c.cls, got.count, round(slo.quantile, 6), got.tail_us, got.p999_us,
                             slo.latency_p99_us, slo.latency_p999_us, got.violations, slo.violation_target / 100))
+    window.history.observe(snapshot.time, snapshot.wall, out, (c.path for c in roots))
     return tuple(out)
 
 
@@ -260,9 +335,10 @@ def build(snapshot: Snapshot, settings, window: ReportWindow, reclaimable: Recla
     ts = tenants(snapshot, settings.tenants)
     used = n.memory_total - n.memory_available if n.memory_total is not None and n.memory_available is not None \
         else None
-    return NodeReport(node, snapshot.wall, float(n.cpu_count), n.memory_total, n.cpu_used, used,
-                      workloads(snapshot, window), ts,
-                      jain_index([t.dominant_share for t in ts if t.dominant_share is not None]), reclaimable)
+    ws = workloads(snapshot, window)
+    return NodeReport(node, snapshot.wall, float(n.cpu_count), n.memory_total, n.cpu_used, used, ws, ts,
+                      jain_index([t.dominant_share for t in ts if t.dominant_share is not None]), reclaimable,
+                      window.history.as_dict())
 
 
 # What build() reads of each class root (already read every round for the reclaimable figure).
