@@ -182,9 +182,9 @@ def test_absent_loops_get_defaults_and_are_disabled():
     ("[[classes]]\nname = 'LS'\ncgroups = ['ls.slice']\n[classes.slo]\nlatency_p99 = '5ms'\nlatency_p90 = '1ms'\n",
      ["koordd.toml:6: classes[0].slo.latency_p90: unknown key (did you mean 'latency_p99'?)"]),
     ("[[classes]]\nname = 'LS'\ncgroups = ['ls.slice']\n[classes.slo]\nlatency_p99 = '5ms'\n"
-     "violation_target = 60\nsource = 'prometheus'\n",
+     "violation_target = 60\nsource = 'graphite'\n",
      ["koordd.toml:6: classes[0].slo.violation_target: must be <= 50, got 60",
-      "koordd.toml:7: classes[0].slo.source: must be one of 'measured', got 'prometheus'"]),
+      "koordd.toml:7: classes[0].slo.source: must be one of 'measured', 'prometheus', 'probe', got 'graphite'"]),
     ("[[classes]]\nname = 'LS'\ncgroups = ['ls.slice']\n[classes.slo]\nlatency_p99 = '5ms'\n"
      "violation_target = 0.001\n",
      ["koordd.toml:6: classes[0].slo.violation_target: must be >= 0.01, got 0.001"]),

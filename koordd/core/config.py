@@ -32,7 +32,7 @@ from koordd.core.loop import NODE
 from koordd.core.options import COMMON_LOOP_OPTIONS, ClassList, Option, PatternList
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
 from koordd.core.report import REPORT_OPTIONS, url_problem
-from koordd.core.slo import SLO_OPTIONS, SloTarget
+from koordd.core.slo import ALL_OPTIONS, REQUIRED, SOURCE_OPTIONS, SloTarget, source_problems
 from koordd.core.trust import untrusted
 
 DEFAULT_PATH = Path("/etc/koordd/koordd.toml")
@@ -467,7 +467,19 @@ class _Checker:
         if name in CLASS_NAMES and name not in LATENCY_SENSITIVE:
             self.error(kp, f"only LS, LSR and LSE classes declare an SLO, not {name}")
             return None
-        settings, ok = self.section(SLO_OPTIONS, table, kp)
+        settings, ok = self.section(ALL_OPTIONS, table, kp)
+        source = settings.source
+        mine = {o.name for o in SOURCE_OPTIONS.get(source, ())}
+        for other, options in SOURCE_OPTIONS.items():
+            for o in options:
+                if other != source and o.name in table and o.name not in mine:
+                    self.error(kp + (o.name,), f"is an option of source = {other!r}, not of {source!r}")
+                    ok = False
+        for key in REQUIRED.get(source, ()):
+            if key not in table:
+                self.error(kp, f"missing {key!r} (source = {source!r} requires it)")
+        for key, why in source_problems({k: v for k, v in settings.as_dict().items() if k in table}).items():
+            self.error(kp + (key,), why)
         if "latency_p99" not in table:
             self.error(kp, 'missing \'latency_p99\' (the response time the class must meet at its 99th '
                            'percentile, e.g. "5ms")')

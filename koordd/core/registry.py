@@ -36,6 +36,8 @@ BUILTIN: dict[str, dict[str, str]] = {
         "gpus": "koordd.sensors.gpu:GpuSensor",
         "runq_latency": "koordd.sensors.runq:RunqLatencySensor",
         "app_latency": "koordd.sensors.app_latency:AppLatencySensor",
+        "slo_prometheus": "koordd.sensors.slo_prometheus:SloPrometheusSensor",
+        "slo_probe": "koordd.sensors.slo_probe:SloProbeSensor",
         "cpi": "koordd.sensors.cpi:CpiSensor",
         "resctrl": "koordd.sensors.resctrl:ResctrlSensor",
         "net": "koordd.sensors.net:NetSensor",

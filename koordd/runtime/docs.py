@@ -14,7 +14,7 @@ from koordd.core.health import HEALTH_OPTIONS
 from koordd.core.options import COMMON_LOOP_OPTIONS, Duration, Option
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
 from koordd.core.report import REPORT_OPTIONS, TenantMap
-from koordd.core.slo import SLO_OPTIONS
+from koordd.core.slo import PROBE_OPTIONS, PROMETHEUS_OPTIONS, SLO_OPTIONS, LabelMatchers
 from koordd.core.registry import load_registry
 
 BEGIN = "<!-- config reference: made by scripts/gen-docs from the options in the code; do not edit -->"
@@ -36,6 +36,8 @@ def toml_text(option: Option, value: Any) -> str:
     """`value` as it is written in the config file."""
     if isinstance(option, TenantMap):           # name -> patterns: an inline table
         return "{" + ", ".join(f'"{n}" = ' + toml_text(Option(n, tuple, (), ""), ps) for n, ps in value) + "}"
+    if isinstance(option, LabelMatchers):       # label -> value: an inline table
+        return "{" + ", ".join(f'{k} = "{v}"' for k, v in value) + "}"
     if option.type is Duration or isinstance(value, Duration):
         return f'"{format_duration(value)}"'
     if isinstance(value, bool):
@@ -44,7 +46,7 @@ def toml_text(option: Option, value: Any) -> str:
         return f"{value:g}"
     if isinstance(value, (tuple, list)):
         return "[" + ", ".join(f'"{v}"' for v in value) + "]"
-    return f'"{value}"'
+    return '"' + str(value).replace("\\", "\\\\").replace("\r", "\\r").replace("\n", "\\n") + '"'
 
 
 def _row(key: str, option: Option) -> str:
@@ -63,7 +65,7 @@ def reference_table(loops: Mapping[str, type]) -> str:
     rows += [_row(f"reclaimable.{o.name}", o) for o in RECLAIMABLE_OPTIONS]
     rows += [_row(f"report.{o.name}", o) for o in REPORT_OPTIONS]
     rows += [_row(f"classes.health.{o.name}", o) for o in HEALTH_OPTIONS]
-    rows += [_row(f"classes.slo.{o.name}", o) for o in SLO_OPTIONS]
+    rows += [_row(f"classes.slo.{o.name}", o) for o in SLO_OPTIONS + PROMETHEUS_OPTIONS + PROBE_OPTIONS]
     rows += [_row(f"loops.<name>.{o.name}", o) for o in COMMON_LOOP_OPTIONS]
     common = {o.name for o in COMMON_LOOP_OPTIONS}
     for name in sorted(loops):

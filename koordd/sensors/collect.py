@@ -126,9 +126,9 @@ class Sensors:
         members = {root: tuple(self.cgroups.sample(c, classes[root], now, member_fields) for c in kids)
                    for root, kids in children.items() if kids}
         sampled = {**classes, **{m.path: classes[root] for root, ms in members.items() for m in ms}}
-        sections = self.optional.sample(SensorContext(now, sampled))
-        health = {cg: t for cg, cls in classes.items() if cls and (t := self.health_of(cg)) is not None}
         slo = {cg: t for cg, cls in classes.items() if cls and (t := self.slo_of(cg)) is not None}
+        sections = self.optional.sample(SensorContext(now, sampled, slo))
+        health = {cg: t for cg, cls in classes.items() if cls and (t := self.health_of(cg)) is not None}
         return Snapshot(time=now, wall=time.time(), node=self.node.sample(now), cgroups=samples, sections=sections,
                         members=members, held=dict(held or {}), supported=self.supported, health=health, slo=slo)
 

@@ -25,10 +25,11 @@ after it was unavailable, the core makes a fresh one.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
 from koordd.core.probe import Probe
+from koordd.core.slo import SloTarget
 
 
 class SensorUnavailable(Exception):
@@ -42,6 +43,9 @@ class SensorContext:
     # Every cgroup sampled this round -> its class ("" for one a loop watches without a class). Class members
     # (pods) are there too, with their root's class, so a per-cgroup sensor can key its values by path.
     cgroups: Mapping[str, str]
+    # Each class root whose rule declares an SLO -> that SLO: a sensor measuring a declared source
+    # (core/slo.py's SOURCES) learns from it which roots to measure, and where from.
+    slos: Mapping[str, SloTarget] = field(default_factory=dict)
 
 
 class OptionalSensor:
