@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from koordtest.fakes.bpf import FakeMap
 from koordd.core.histogram import quantile_us
 from koordd.core.snapshot import RunqLatency
 from koordd.kernel.libbpf import BpfError, BpfObject
@@ -47,20 +48,6 @@ def test_enclosing_groups_a_root_with_its_pods_only():
 
 
 # --- eBPF source over fake maps -----------------------------------------------------------------------
-
-class FakeMap(dict):
-    """A loaded map as koordd's loader gives it (koordd/kernel/libbpf.py BpfMap): ctypes keys and values,
-    items() yields (key with .value, value); kept here by plain int key."""
-
-    def update(self, k, v, flags=0):
-        self[k.value] = v
-
-    def delete(self, k) -> bool:
-        return self.pop(k.value, None) is not None
-
-    def items(self):
-        return [(SimpleNamespace(value=k), v) for k, v in super().items()]
-
 
 class FakeBpf:
     """The runq program's three maps; `count` is the program counting waits."""
