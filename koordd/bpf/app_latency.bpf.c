@@ -29,20 +29,16 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include "koordd_shared.h"      // APP_SLOTS: the histogram's slots, as koordd/sensors/app_latency.py reads them
+#define HIST_SLOTS APP_SLOTS
+#include "cgroup_hist.h"        // struct hist, `watched`, `resolved`, slot_of, watched_of, count_in
 
 char _license[] SEC("license") = "GPL";
 
-#define MAX_DEPTH 32        // cgroup levels searched upwards for a watched one
 #define AF_UNIX 1
 #define AF_INET 2
 #define AF_INET6 10
 #define SOCK_STREAM 1
 #define IPPROTO_TCP 6
-
-struct hist {
-    u64 slots[APP_SLOTS];   // log2 µs: slot k holds responses of [2^(k-1), 2^k) µs
-    u64 wait_ns;            // total response time (runq_latency's name for it: one reader): an exact mean
-};
 
 struct pending {
     u64 since;              // when the pending request's first bytes arrived (ns); 0: none pending
@@ -61,64 +57,9 @@ struct {
 struct {
     __uint(type, BPF_MAP_TYPE_HASH);
     __uint(max_entries, 16384);
-    __type(key, u64);       // cgroup v2 id koordd samples (kept by koordd)
-    __type(value, u8);
-} watched SEC(".maps");
-
-struct {
-    __uint(type, BPF_MAP_TYPE_HASH);
-    __uint(max_entries, 65536);
-    __type(key, u64);       // cgroup id
-    __type(value, u64);     // the deepest watched cgroup at or above it, 0: none. A cache koordd
-                            // empties whenever `watched` changes.
-} resolved SEC(".maps");
-
-struct {
-    __uint(type, BPF_MAP_TYPE_HASH);
-    __uint(max_entries, 16384);
     __type(key, u64);       // watched cgroup id
     __type(value, struct hist);
 } responses SEC(".maps");
-
-// floor(log2(v)), 0 for 0 and 1 (as runq_latency.bpf.c: the slots keep one meaning)
-static __always_inline u32 log2_u32(u32 v)
-{
-    u32 r, shift;
-    r = (v > 0xFFFF) << 4; v >>= r;
-    shift = (v > 0xFF) << 3; v >>= shift; r |= shift;
-    shift = (v > 0xF) << 2; v >>= shift; r |= shift;
-    shift = (v > 0x3) << 1; v >>= shift; r |= shift;
-    r |= (v >> 1);
-    return r;
-}
-
-static __always_inline u32 slot_of(u64 us)
-{
-    u32 hi = us >> 32;
-    u32 slot = hi ? log2_u32(hi) + 32 + 1 : log2_u32(us) + 1;
-    return slot < APP_SLOTS ? slot : APP_SLOTS - 1;
-}
-
-// The deepest watched cgroup at or above cgroup `id` (0: none): the `resolved` cache's answer, else found by
-// walking up from `cg` (that cgroup) and kept there. The walk runs once per cgroup and change of `watched`.
-static __always_inline u64 watched_of(u64 id, struct cgroup *cg)
-{
-    u64 *hit = bpf_map_lookup_elem(&resolved, &id);
-    if (hit)
-        return *hit;
-    u64 found = 0;
-    for (int level = 0; level < MAX_DEPTH && cg; level++) {
-        u64 up = BPF_CORE_READ(cg, kn, id);
-        if (bpf_map_lookup_elem(&watched, &up)) {
-            found = up;
-            break;
-        }
-        // a cgroup's css `self` is its first member: the parent css is the parent cgroup
-        cg = (struct cgroup *)BPF_CORE_READ(cg, self.parent);
-    }
-    bpf_map_update_elem(&resolved, &id, &found, BPF_ANY);
-    return found;
-}
 
 // The hot paths read the kernel's structs directly through the tracepoints' typed pointers (CO-RE
 // relocated all the same, and no helper call: four runs a request, two on each side); the rare ones through
@@ -230,15 +171,6 @@ int BPF_PROG(app_sent, struct sock *sk, int ret)
     p->mark = write_seq(sk);
     p->answered = 0;
 
-    struct hist *h = bpf_map_lookup_elem(&responses, &cgroup);
-    if (!h) {
-        struct hist zero = {};
-        bpf_map_update_elem(&responses, &cgroup, &zero, BPF_NOEXIST);
-        h = bpf_map_lookup_elem(&responses, &cgroup);
-        if (!h)
-            return 0;
-    }
-    __sync_fetch_and_add(&h->slots[slot_of(took / 1000)], 1);
-    __sync_fetch_and_add(&h->wait_ns, took);
+    count_in(&responses, cgroup, took);
     return 0;
 }

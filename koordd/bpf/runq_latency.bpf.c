@@ -14,16 +14,12 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include "koordd_shared.h"      // RUNQ_SLOTS: the histogram's slots, as koordd/sensors/runq.py reads them
+#define HIST_SLOTS RUNQ_SLOTS
+#include "cgroup_hist.h"        // struct hist, `watched`, `resolved`, slot_of, watched_of, count_in
 
 char _license[] SEC("license") = "GPL";
 
-#define MAX_DEPTH 32        // cgroup levels searched upwards for a watched one
 #define TASK_RUNNING 0
-
-struct hist {
-    u64 slots[RUNQ_SLOTS];  // log2 µs: slot k holds waits of [2^(k-1), 2^k) µs
-    u64 wait_ns;            // total wait: an exact mean
-};
 
 struct {
     __uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -31,21 +27,6 @@ struct {
     __type(key, u32);       // thread id
     __type(value, u64);     // when it became runnable (ns)
 } queued SEC(".maps");
-
-struct {
-    __uint(type, BPF_MAP_TYPE_HASH);
-    __uint(max_entries, 16384);
-    __type(key, u64);       // cgroup v2 id koordd samples (kept by koordd)
-    __type(value, u8);
-} watched SEC(".maps");
-
-struct {
-    __uint(type, BPF_MAP_TYPE_HASH);
-    __uint(max_entries, 65536);
-    __type(key, u64);       // cgroup id
-    __type(value, u64);     // the deepest watched cgroup at or above it, 0: none. A cache koordd
-                            // empties whenever `watched` changes.
-} resolved SEC(".maps");
 
 struct {
     __uint(type, BPF_MAP_TYPE_HASH);
@@ -66,25 +47,6 @@ static __always_inline long task_state(struct task_struct *t)
     return BPF_CORE_READ((struct task_struct___before_5_14 *)t, state);
 }
 
-// floor(log2(v)), 0 for 0 and 1 (as bcc's bpf_log2: the slots keep their meaning)
-static __always_inline u32 log2_u32(u32 v)
-{
-    u32 r, shift;
-    r = (v > 0xFFFF) << 4; v >>= r;
-    shift = (v > 0xFF) << 3; v >>= shift; r |= shift;
-    shift = (v > 0xF) << 2; v >>= shift; r |= shift;
-    shift = (v > 0x3) << 1; v >>= shift; r |= shift;
-    r |= (v >> 1);
-    return r;
-}
-
-static __always_inline u32 slot_of(u64 us)
-{
-    u32 hi = us >> 32;
-    u32 slot = hi ? log2_u32(hi) + 32 + 1 : log2_u32(us) + 1;
-    return slot < RUNQ_SLOTS ? slot : RUNQ_SLOTS - 1;
-}
-
 static __always_inline int stamp(struct task_struct *p)
 {
     u32 tid = BPF_CORE_READ(p, pid);
@@ -95,25 +57,10 @@ static __always_inline int stamp(struct task_struct *p)
     return 0;
 }
 
-static __always_inline u64 watched_of(struct task_struct *p)
+static __always_inline u64 watched_task(struct task_struct *p)
 {
     struct cgroup *cg = BPF_CORE_READ(p, cgroups, dfl_cgrp);
-    u64 own = BPF_CORE_READ(cg, kn, id);
-    u64 *hit = bpf_map_lookup_elem(&resolved, &own);
-    if (hit)
-        return *hit;
-    u64 found = 0;
-    for (int level = 0; level < MAX_DEPTH && cg; level++) {
-        u64 id = BPF_CORE_READ(cg, kn, id);
-        if (bpf_map_lookup_elem(&watched, &id)) {
-            found = id;
-            break;
-        }
-        // a cgroup's css `self` is its first member: the parent css is the parent cgroup
-        cg = (struct cgroup *)BPF_CORE_READ(cg, self.parent);
-    }
-    bpf_map_update_elem(&resolved, &own, &found, BPF_ANY);
-    return found;
+    return watched_of(BPF_CORE_READ(cg, kn, id), cg);
 }
 
 SEC("tp_btf/sched_wakeup")
@@ -141,18 +88,8 @@ int BPF_PROG(runq_switch, bool preempt, struct task_struct *prev, struct task_st
     u64 waited = bpf_ktime_get_ns() - *since;
     bpf_map_delete_elem(&queued, &tid);
 
-    u64 cgroup = watched_of(next);
-    if (!cgroup)
-        return 0;
-    struct hist *h = bpf_map_lookup_elem(&waits, &cgroup);
-    if (!h) {
-        struct hist zero = {};
-        bpf_map_update_elem(&waits, &cgroup, &zero, BPF_NOEXIST);
-        h = bpf_map_lookup_elem(&waits, &cgroup);
-        if (!h)
-            return 0;
-    }
-    __sync_fetch_and_add(&h->slots[slot_of(waited / 1000)], 1);
-    __sync_fetch_and_add(&h->wait_ns, waited);
+    u64 cgroup = watched_task(next);
+    if (cgroup)
+        count_in(&waits, cgroup, waited);
     return 0;
 }
