@@ -132,15 +132,18 @@ class KoorddProcess:
 # --- the shipped config, pointed at a benchmark's cgroups ---------------------------------------------
 
 def shipped_config(classes: dict[str, list[str]], state_dir: Path, shipped: Path = SHIPPED_CONFIG,
-                   changes: tuple[tuple[str, Any], ...] = ()) -> str:
+                   changes: tuple[tuple[str, Any], ...] = (), slo: dict[str, dict] | None = None) -> str:
     """config/koordd.toml as shipped, except: the class rules named in `classes` match only the given
-    cgroups (the other classes stay as shipped), the state lives in `state_dir`, and each of `changes`
-    ("loops.sched_ext.scheduler", "koordd") sets one option."""
+    cgroups (the other classes stay as shipped), the state lives in `state_dir`, each of `changes`
+    ("loops.sched_ext.scheduler", "koordd") sets one option, and a class named in `slo` gets that
+    [classes.slo] table."""
     data = tomllib.loads(shipped.read_text())
     data.setdefault("daemon", {})["state_dir"] = str(state_dir)
     for rule in data.get("classes", []):
         if rule["name"] in classes:
             rule["cgroups"] = list(classes[rule["name"]])
+        if slo and rule["name"] in slo:
+            rule["slo"] = dict(slo[rule["name"]])
     for dotted, value in changes:
         *tables, key = dotted.split(".")
         table = data

@@ -2,13 +2,14 @@
 the server does, and latency counts from the intended send time."""
 from __future__ import annotations
 
+import math
 import socket
 import threading
 import time
 
 import pytest
 
-from koordtest.bench.openloop import poisson_schedule, run_open_loop, summary
+from koordtest.bench.openloop import poisson_schedule, run_open_loop, sine_rate, summary
 
 
 def test_schedule_is_poisson_at_the_rate():
@@ -100,3 +101,45 @@ def test_warm_up_requests_are_sent_but_not_counted():
     out = run_open_loop([[client]], b"\n", times, which, start, drain=0.5, record_from=0.05)
     counted = [t for t in times if t >= 0.05]
     assert len(out.latencies) == len(out.send_lags) == len(counted) < len(times)
+
+
+def test_a_sine_schedule_is_low_at_the_ends_and_high_half_way():
+    times, _ = poisson_schedule(rate=3000, seconds=30, servers=1, seed=8, low_rate=600)
+    third = [sum(1 for t in times if lo <= t < lo + 2) / 2 for lo in (0, 14, 28)]
+    # sine_rate over [0,2), [14,16), [28,30): about 830, 3000, 830 per second (Poisson: within 5 sigma)
+    assert third[0] == pytest.approx(830, abs=5 * (830 / 2) ** 0.5 * 2)
+    assert third[1] == pytest.approx(2990, abs=5 * (3000 / 2) ** 0.5)
+    assert third[2] == pytest.approx(830, abs=5 * (830 / 2) ** 0.5 * 2)
+    assert len(times) == pytest.approx(600 * 30 + 2400 * 30 * 2 / math.pi, rel=0.03)
+
+
+def test_a_sine_needs_a_low_rate_under_the_rate():
+    with pytest.raises(ValueError):
+        poisson_schedule(rate=100, seconds=1, servers=1, seed=1, low_rate=200)
+    assert sine_rate(0, 10, 1, 5) == 1 and sine_rate(5, 10, 1, 5) == 5 and sine_rate(10, 10, 1, 5) == pytest.approx(1)
+
+
+def test_responses_end_at_the_terminator_not_at_a_newline():
+    """memcached's multi-key get: lines inside a response, one terminator at its end."""
+    client, server = socket.socketpair()
+    times, which = poisson_schedule(rate=500, seconds=0.04, servers=1, seed=9)
+    start = time.monotonic() + 0.02
+    stalling_server(server, start, reply=b"VALUE k0 0 1\r\nv\r\nVALUE k1 0 1\r\nv\r\nEND\r\n")
+    out = run_open_loop([[client]], b"\n", times, which, start, drain=0.5, terminator=b"END\r\n")
+    assert len(out.latencies) == len(times) and out.errors == 0 and not out.unfinished
+
+
+def test_windows_hold_each_request_by_its_intended_send_time():
+    from array import array
+    from koordtest.bench.openloop import Outcome, window_p99s
+    # 10 s counted: a slow first window, a fast second one, one request never answered in the second
+    out = Outcome(latencies=array("d", [0.5] * 100 + [0.001] * 100), send_lags=array("d"), errors=0,
+                  unfinished=array("d", [2.0]), sent_at=array("d", [i * 0.05 for i in range(100)]
+                                                             + [5 + i * 0.05 for i in range(100)]),
+                  unfinished_at=array("d", [9.9]))
+    windows = window_p99s(out, seconds=10, window=5)
+    assert [w["count"] for w in windows] == [100, 101]
+    assert windows[0]["p99"] == 0.5 and windows[1]["p99"] == 0.001     # 1 of 101 over: the p99 holds
+    # a last window shorter than half a window joins the one before: 12 s in 10 s windows is one
+    assert len(window_p99s(out, seconds=12, window=10)) == 1
+    assert summary(out, rate=20, seconds=10, client_cpu=0.0, window=5)["windows"] == windows

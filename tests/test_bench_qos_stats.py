@@ -92,3 +92,36 @@ def test_summarise_without_baselines_leaves_ratios_unknown():
     rows = summarise([r for r in RUNS if r["setup"] == "no-control"], ncpu=2, setup_order=["no-control"])
     assert rows[0].latency["p99"] is None and rows[0].be_work is None
     assert rows[0].latency_ms["p99"] == Spread(5.0, 4.0, 6.0, 2)
+
+
+def _slo_run(setup, p99, windows, be_work=None, halves=None, load=50):
+    return {"setup": setup, "load": load, "be_work": be_work, "be_work_halves": halves,
+            "ls": {"p99": p99, "windows": [{"count": 100, "p99": w} for w in windows]}}
+
+
+def test_the_oracle_is_the_static_setting_with_the_most_be_work_that_meets_the_slo():
+    from koordtest.bench.qos_stats import oracle, slo_verdicts
+    runs = [_slo_run("ls-alone", 1.0, [1.0, 1.0]),
+            {"setup": "be-alone", "load": None, "ls": None, "be_work": 100.0},
+            _slo_run("be-cpu-max-10", 1.0, [1.0, 1.0], be_work=10.0),
+            _slo_run("be-cpu-max-30", 1.05, [1.0, 1.08], be_work=30.0),
+            _slo_run("be-cpu-max-50", 1.05, [1.0, 1.2], be_work=50.0),      # one window over: not met
+            _slo_run("be-cpu-max-70", 1.2, [1.0, 1.0], be_work=70.0),       # the whole run over: not met
+            _slo_run("koordd", 1.02, [1.0, 1.09], be_work=45.0),
+            _slo_run("be-cpu-max-90", 0.9, [0.9], be_work=90.0, load=20)]   # another load: not judged here
+    verdicts = {v.setup: v for v in slo_verdicts(runs, 50, target=1.1)}
+    assert set(verdicts) == {"be-cpu-max-10", "be-cpu-max-30", "be-cpu-max-50", "be-cpu-max-70", "koordd"}
+    assert [verdicts[s].meets for s in ("be-cpu-max-10", "be-cpu-max-30", "be-cpu-max-50", "be-cpu-max-70")] == \
+        [True, True, False, False]
+    assert verdicts["be-cpu-max-50"].windows_met == 0.5 and verdicts["koordd"].be_work == pytest.approx(0.45)
+    best = oracle(list(verdicts.values()), ["be-cpu-max-10", "be-cpu-max-30", "be-cpu-max-50", "be-cpu-max-70"])
+    assert best.setup == "be-cpu-max-30"                       # koordd meets it too, but is not a candidate
+    assert oracle([verdicts["be-cpu-max-70"]], ["be-cpu-max-70"]) is None
+
+
+def test_be_work_with_a_switching_antagonist_is_the_mean_of_each_halfs_ratio():
+    from koordtest.bench.qos_stats import be_work_ratio
+    alone = {"be_work_halves": [1000.0, 10.0]}                 # two kinds, two units
+    assert be_work_ratio({"be_work_halves": [500.0, 10.0]}, alone) == pytest.approx(0.75)
+    assert be_work_ratio({"be_work": 5.0}, {"be_work": 10.0}) == 0.5
+    assert be_work_ratio({"be_work": 5.0}, None) is None

@@ -7,7 +7,7 @@ import tomllib
 import pytest
 
 from koordtest.koordd_proc import SHIPPED_CONFIG, shipped_config, to_toml
-from koordtest.bench.qos_run import SETUPS, run_order
+from koordtest.bench.qos_run import ORACLE_SETUPS, SETUPS, run_order
 from koordtest.bench.static_knobs import StaticKnobs, read_knobs
 from koordd.core.config import parse_config
 from koordd.runtime.docs import shipped_loops
@@ -53,13 +53,22 @@ STATIC = {s.name: s.knobs(2) for s in SETUPS if s.knobs}
 
 
 def test_static_setups():
+    oracle = {f"be-cpu-max-{pct}": {"cpu.max": f"{2000 * pct} 100000"} for pct in range(10, 100, 10)}
     assert STATIC == {"be-weight-1": {"cpu.weight": "1"}, "be-idle": {"cpu.idle": "1"},
-                      "be-thread-idle": {"cpu.weight": "1"}, "be-quota-half": {"cpu.max": "100000 100000"}}
+                      "be-thread-idle": {"cpu.weight": "1"}, "be-quota-half": {"cpu.max": "100000 100000"}, **oracle}
     assert [s.name for s in SETUPS if s.idle_threads] == ["be-thread-idle"]
+    assert ORACLE_SETUPS == ("be-idle", *oracle)
 
 
-V1_FILES = {"cpu.weight": ("cpu.shares", "10"), "cpu.idle": ("cpu.idle", "1"),
-            "cpu.max": ("cpu.cfs_quota_us", "100000")}
+def test_the_slo_reaches_koordd_as_its_ls_class_declares_it(tmp_path):
+    text = shipped_config({"LS": ["q/ls"], "BE": ["q/be"]}, tmp_path / "state", slo={"LS": {"latency_p99": "2500us"}})
+    config = parse_config(text, "bench.toml", shipped_loops())         # koordd accepts it
+    [ls] = [rule for rule in config.classes if rule.name == "LS"]
+    assert ls.slo.latency_p99_us == 2500 and ls.slo.source == "measured"
+
+
+V1_FILES = {"cpu.weight": ("cpu.shares", lambda v: "10"), "cpu.idle": ("cpu.idle", lambda v: "1"),
+            "cpu.max": ("cpu.cfs_quota_us", lambda v: v.split()[0])}
 
 
 @pytest.mark.parametrize("setup", sorted(STATIC))
@@ -73,7 +82,7 @@ def test_static_knobs_are_written_in_the_hosts_files_and_put_back(tree, setup):
         assert read_knobs(fs, "bench/be", [knob]) == {knob: value}
         if tree.v1:      # koordd's translation: weight 1 is cpu.shares 10, cpu.max the CFS quota
             file, raw = V1_FILES[knob]
-            assert tree.read("bench/be", "cpu", file).strip() == raw
+            assert tree.read("bench/be", "cpu", file).strip() == raw(value)
     assert read_knobs(fs, "bench/be", names) == before
 
 

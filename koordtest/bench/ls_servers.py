@@ -5,6 +5,10 @@ port of the host is taken), all in the LS cgroup.
 - probe: koordtest.bench.probe, a fixed amount of hashing per request.
 - redis: Debian's redis-server (no persistence, no TCP), holding two sets of --redis-set-size members
   that overlap by half; a request is SINTERCARD of the two (Redis 7), whose reply is one line.
+- memcached: Debian's memcached (one worker thread, no TCP or UDP), holding --memcached-keys small items;
+  a request is one get of many keys (one in ten stored), whose answer ends in "END\r\n". A single get
+  costs memcached a few microseconds, more requests per second than the Python load generator sends on
+  time: many keys in one get make a request cost about what a redis request does, with a small answer.
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ def worker_env() -> dict:
 class Probe:
     name = "probe"
     request = b"\n"
+    response_end = b"\n"
 
     def __init__(self, bytes_per_request: int, work_us: float):
         self.bytes, self.work_us = bytes_per_request, work_us
@@ -59,6 +64,7 @@ class Probe:
 class Redis:
     name = "redis"
     request = resp("SINTERCARD", "2", "bench:a", "bench:b")
+    response_end = b"\n"
 
     def __init__(self, binary: str, set_size: int):
         self.binary, self.set_size = binary, set_size
@@ -83,6 +89,58 @@ class Redis:
     def describe(self) -> str:
         version = subprocess.run([self.binary, "--version"], capture_output=True, text=True).stdout.strip()
         return f"redis: {version}; SINTERCARD of two sets of {self.set_size} members (half shared)"
+
+
+class Memcached:
+    name = "memcached"
+    response_end = b"END\r\n"
+    VALUE = b"v" * 64            # never holds the terminator
+    HIT_EVERY = 10               # one key in ten is stored: a small answer to a large lookup
+
+    def __init__(self, binary: str, keys: int):
+        self.binary, self.keys = binary, keys
+        self.request = b"get " + b" ".join(b"%x" % i for i in range(keys)) + b"\r\n"
+
+    def command(self, sock: Path, workdir: Path) -> list[str]:
+        # -u root: memcached refuses to run as root unless told to; -U 0: no UDP; -p 0: no TCP
+        return [self.binary, "-s", str(sock), "-a", "0700", "-t", "1", "-U", "0", "-p", "0", "-m", "64",
+                "-u", "root"]
+
+    def prepare(self, sock: Path) -> None:
+        """Store every HIT_EVERY-th key; the get's answer holding each of them proves they are there."""
+        stored = range(0, self.keys, self.HIT_EVERY)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(str(sock))
+            for i in stored:
+                s.sendall(b"set %x 0 0 %d\r\n%s\r\n" % (i, len(self.VALUE), self.VALUE))
+                if _read_until(s, b"\r\n") != b"STORED\r\n":
+                    raise RuntimeError(f"memcached at {sock}: set {i:x} was not stored")
+            s.sendall(self.request)
+            got = _read_until(s, self.response_end)
+        if got.count(b"VALUE ") != len(stored):
+            raise RuntimeError(f"memcached at {sock}: the get found {got.count(b'VALUE ')} of {len(stored)} items")
+
+    def describe(self) -> str:
+        version = subprocess.run([self.binary, "-V"], capture_output=True, text=True).stdout.strip()
+        return (f"memcached: {version}; a request is one get of {self.keys} keys, one in {self.HIT_EVERY} stored "
+                f"({len(self.VALUE)}-byte items)")
+
+
+def _read_until(s: socket.socket, end: bytes) -> bytes:
+    reply = b""
+    while not reply.endswith(end):
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        reply += chunk
+    return reply
+
+
+def find_memcached(install: bool) -> str:
+    """memcached's path, installed with apt first when missing and `install`."""
+    if not shutil.which("memcached"):
+        apt_install("memcached", install, alternative="--ls redis")
+    return shutil.which("memcached") or "/usr/bin/memcached"
 
 
 def _call(s: socket.socket, command: bytes) -> bytes:

@@ -3,8 +3,14 @@ rate), whatever the server answers, and each latency is counted from the request
 time. A server that stalls therefore shows the whole queue it built up (no coordinated omission), and a
 client that sends late shows its lag in the latencies instead of hiding it.
 
-Servers are UNIX sockets speaking one line per request and one line per response (the probe, and redis
-with a command whose reply is one line); a response line starting with "-" is an error (redis). Each
+The rate is fixed, or (--low-rate) follows half a sine over the whole sending time, from the low rate up
+to --rate half way and back down: arrivals are drawn at --rate and kept with probability rate(t)/--rate
+(thinning), which gives Poisson arrivals at rate(t). The summary has the p99 of each --window seconds of
+the counted time as well as of all of it, each request in the window of its intended send time.
+
+Servers are UNIX sockets answering each request in order with a response that ends in a fixed terminator:
+one line for the probe and redis (a command whose reply is one line; a reply starting with "-" is an error),
+"END\r\n" for a memcached multi-key get (--response-end-hex). Each
 request goes to one server chosen at random (so each server still sees Poisson arrivals), over one of
 `connections` connections to it in turn; a connection answers in order.
 
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import os
 import random
 import resource
@@ -39,20 +46,30 @@ PR_SET_TIMERSLACK = 29
 RT_PRIORITY = 1          # the lowest real-time priority: above every normal task, below the kernel's own
 
 
-def poisson_schedule(rate: float, seconds: float, servers: int, seed: int) -> tuple[array, array]:
+def poisson_schedule(rate: float, seconds: float, servers: int, seed: int,
+                     low_rate: float | None = None) -> tuple[array, array]:
     """(intended send times in seconds from the start, server index of each request): Poisson
-    arrivals at `rate` per second over `seconds`, each to a server drawn uniformly. A pure function of
-    its arguments: nothing the servers do can move a request."""
+    arrivals at `rate` per second over `seconds`, each to a server drawn uniformly; with `low_rate`, at
+    sine_rate(t) instead (thinning). A pure function of its arguments: nothing the servers do can move a
+    request."""
     if rate <= 0 or seconds <= 0 or servers < 1:
         raise ValueError("rate and seconds must be positive and there must be a server")
+    if low_rate is not None and not 0 < low_rate <= rate:
+        raise ValueError("low_rate must be positive and at most rate")
     rng = random.Random(seed)
     times, which = array("d"), array("i")
     t = rng.expovariate(rate)
     while t < seconds:
-        times.append(t)
-        which.append(rng.randrange(servers))
+        if low_rate is None or rng.random() * rate < sine_rate(t, seconds, low_rate, rate):
+            times.append(t)
+            which.append(rng.randrange(servers))
         t += rng.expovariate(rate)
     return times, which
+
+
+def sine_rate(t: float, seconds: float, low: float, high: float) -> float:
+    """low at 0 and at `seconds`, high half way, along half a sine."""
+    return low + (high - low) * math.sin(math.pi * min(max(t / seconds, 0.0), 1.0))
 
 
 @dataclass
@@ -60,7 +77,7 @@ class _Connection:
     sock: socket.socket
     pending: deque = field(default_factory=deque)    # intended send times (absolute) of requests in flight
     unsent: bytes = b""                              # what the socket buffer did not take yet
-    partial: bytes = b""                             # start of a response line not complete yet
+    partial: bytes = b""                             # start of a response not complete yet
 
 
 @dataclass
@@ -69,19 +86,23 @@ class Outcome:
     send_lags: array          # seconds from intended to actual send, every request counted
     errors: int               # responses that were errors
     unfinished: array         # seconds from intended send to the drain deadline, of requests never answered
+    sent_at: array = field(default_factory=lambda: array("d"))       # intended send time of each latency,
+    unfinished_at: array = field(default_factory=lambda: array("d"))  # and of each unfinished one, seconds
+                                                                      # from the start of the counted time
 
 
 def run_open_loop(conns: list[list[socket.socket]], request: bytes, times: array, which: array,
-                  start_at: float, drain: float, record_from: float = 0.0) -> Outcome:
+                  start_at: float, drain: float, record_from: float = 0.0, terminator: bytes = b"\n") -> Outcome:
     """Send `request` to server which[i] at start_at + times[i] (time.monotonic() clock), read every
-    response as it comes, and stop when all are answered or `drain` seconds after the last send time.
-    Requests intended before start_at + record_from (the warm-up) are sent and read, not counted."""
+    response (ending in `terminator`) as it comes, and stop when all are answered or `drain` seconds after
+    the last send time. Requests intended before start_at + record_from (the warm-up) are sent and read,
+    not counted."""
     servers = [[_Connection(s) for s in group] for group in conns]
     by_fd = {c.sock.fileno(): c for group in servers for c in group}
     turn = [0] * len(servers)
     for c in by_fd.values():
         c.sock.setblocking(False)
-    latencies, lags, unfinished = array("d"), array("d"), array("d")
+    latencies, lags, unfinished, sent_at = array("d"), array("d"), array("d"), array("d")
     errors = 0
     deadline = start_at + (times[-1] if times else 0.0) + drain
     counted_from = start_at + record_from
@@ -115,18 +136,20 @@ def run_open_loop(conns: list[list[socket.socket]], request: bytes, times: array
             got = time.monotonic()
             if not data:
                 raise ConnectionError("server closed the connection")
-            lines = (c.partial + data).split(b"\n")
-            c.partial = lines.pop()
-            for line in lines:
+            responses = (c.partial + data).split(terminator)
+            c.partial = responses.pop()
+            for response in responses:
                 intended = c.pending.popleft()
                 in_flight -= 1
                 if intended >= counted_from:
                     latencies.append(got - intended)
-                    errors += line.startswith(b"-")
+                    sent_at.append(intended - counted_from)
+                    errors += response.startswith(b"-") or response.startswith(b"ERROR") \
+                        or b"_ERROR" in response[:16]
     end = time.monotonic()
-    for c in by_fd.values():
-        unfinished.extend(end - t for t in c.pending if t >= counted_from)
-    return Outcome(latencies, lags, errors, unfinished)
+    late = [t for c in by_fd.values() for t in c.pending if t >= counted_from]
+    return Outcome(latencies, lags, errors, array("d", (end - t for t in late)), sent_at,
+                   array("d", (t - counted_from for t in late)))
 
 
 def _flush(c: _Connection) -> None:
@@ -149,11 +172,29 @@ def connect(paths: list[str], per_server: int) -> list[list[socket.socket]]:
     return conns
 
 
-def summary(outcome: Outcome, rate: float, seconds: float, client_cpu: float) -> dict:
+def window_p99s(outcome: Outcome, seconds: float, window: float) -> list[dict]:
+    """count and p99 (seconds; None without requests) of each `window` seconds of the counted time, each
+    request (unfinished ones with their wait so far) in the window of its intended send time; a last
+    window shorter than half a window joins the one before it."""
+    n = max(1, round(seconds / window)) if window > 0 else 1
+    width = seconds / n
+    buckets: list[list[float]] = [[] for _ in range(n)]
+    pairs = list(zip(outcome.sent_at, outcome.latencies)) + list(zip(outcome.unfinished_at, outcome.unfinished))
+    for at, latency in pairs:
+        buckets[min(max(int(at / width), 0), n - 1)].append(latency)
+    out = []
+    for b in buckets:
+        b.sort()
+        out.append({"count": len(b), "p99": percentile(b, 99) if b else None})
+    return out
+
+
+def summary(outcome: Outcome, rate: float, seconds: float, client_cpu: float, window: float = 10.0) -> dict:
     """The JSON the orchestrator reads: unfinished requests count with their (lower-bound) latency."""
     lat = latency_summary(list(outcome.latencies) + list(outcome.unfinished))
     lags = sorted(outcome.send_lags)
-    return {**lat, "answered": len(outcome.latencies), "errors": outcome.errors,
+    return {**lat, "windows": window_p99s(outcome, seconds, window), "answered": len(outcome.latencies),
+            "errors": outcome.errors,
             "unfinished": len(outcome.unfinished), "sent": len(lags), "target_rate": rate,
             "achieved_rate": len(outcome.latencies) / seconds,
             "send_lag_p50": percentile(lags, 50) if lags else None,
@@ -171,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--socket", action="append", required=True, help="a server's UNIX socket (repeat)")
     p.add_argument("--request-hex", required=True, help="one request, hex-encoded")
     p.add_argument("--rate", type=float, required=True, help="requests per second, all servers together")
+    p.add_argument("--low-rate", type=float, help="follow half a sine from this rate up to --rate and back")
+    p.add_argument("--window", type=float, default=10.0, help="seconds per window of the windows' p99s")
+    p.add_argument("--response-end-hex", default="0a", help="what ends a response, hex-encoded (default: newline)")
     p.add_argument("--warmup", type=float, default=0.0, help="seconds sent first and not counted")
     p.add_argument("--seconds", type=float, required=True, help="seconds counted, after the warm-up")
     p.add_argument("--start-at", type=float, required=True, help="time.monotonic() when sending starts")
@@ -191,16 +235,17 @@ def main(argv: list[str] | None = None) -> int:
             scheduling = "SCHED_FIFO"
         except OSError as e:       # e.g. a v1 cpu cgroup without RT runtime: say so in the summary
             scheduling = f"normal (SCHED_FIFO refused: {e.strerror})"
-    times, which = poisson_schedule(args.rate, args.warmup + args.seconds, len(args.socket), args.seed)
+    times, which = poisson_schedule(args.rate, args.warmup + args.seconds, len(args.socket), args.seed, args.low_rate)
     conns = connect(args.socket, args.connections)
     time.sleep(max(args.start_at - time.monotonic(), 0.0))
     cpu0 = _cpu_seconds()
     outcome = run_open_loop(conns, bytes.fromhex(args.request_hex), times, which, args.start_at, args.drain,
-                            record_from=args.warmup)
+                            record_from=args.warmup, terminator=bytes.fromhex(args.response_end_hex))
     cpu = _cpu_seconds() - cpu0
     elapsed = max(time.monotonic() - args.start_at, args.warmup + args.seconds)
     with open(args.out, "w") as f:
-        json.dump({**summary(outcome, args.rate, args.seconds, cpu / elapsed), "scheduling": scheduling}, f)
+        json.dump({**summary(outcome, args.rate, args.seconds, cpu / elapsed, args.window),
+                   "scheduling": scheduling}, f)
     return 0
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from koordtest.bench.qos_stats import BE_ALONE, LS_ALONE, Row, Spread, baselines, ratio
+from koordtest.bench.qos_stats import (BE_ALONE, LS_ALONE, WINDOWS_MET, Row, SloVerdict, Spread, baselines,
+    be_work_ratio, oracle, ratio, slo_verdicts)
 
 COLUMNS = ("LS load", "setup", "LS p50", "LS p99", "LS p99.9", "BE work", "BE share of LS-idle CPU",
            "LS p99 (ms)", "other CPU", "client CPU")
@@ -60,6 +61,41 @@ def markdown(rows: Sequence[Row], command: str, about: Sequence[str], notes: Seq
     return "\n".join(out) + "\n"
 
 
+def slo_table(runs: Sequence[dict], targets: dict, candidates: Sequence[str]) -> str:
+    """Per load: each run against the SLO's target, the static oracle (the candidate with the most BE work
+    that meets the SLO) marked, and koordd's BE work as a share of the oracle's."""
+    out = []
+    for load, target in sorted(targets.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+        verdicts = slo_verdicts(runs, load, target)
+        best = oracle(verdicts, candidates)
+        out += [f"LS load {'sine' if load is None else f'{load}%'}: SLO p99 <= {target * 1000:.2f} ms",
+                "", "| setup | LS p99 (ms) | 10 s windows meeting the SLO | meets the SLO | BE work | "
+                "BE work / oracle |", "|---|---|---|---|---|---|"]
+        for v in sorted(verdicts, key=lambda v: _rank(v.setup, candidates)):
+            mark = " **(oracle)**" if best is not None and v is best else ""
+            share = "-" if best is None or v.be_work is None else f"{100 * v.be_work / best.be_work:.0f}%"
+            out.append(f"| {v.setup}{mark} | {v.p99 * 1000:.2f} | {100 * v.windows_met:.0f}% of {v.windows} | "
+                       f"{'yes' if v.meets else 'no'} | {_pct(v.be_work)} | {share} |")
+        if best is None:
+            out.append("")
+            out.append("No static setting met the SLO at this load.")
+        out.append("")
+    out.append(f"Meets the SLO: p99 over the whole run at or under the target and in at least "
+               f"{100 * WINDOWS_MET:.0f}% of its 10 s windows. BE work: over {BE_ALONE}'s (with the antagonist "
+               "switching half way, the mean of the halves' ratios).")
+    return "\n".join(out)
+
+
+def _rank(setup: str, candidates: Sequence[str]) -> tuple:
+    if setup in candidates:
+        return (0, candidates.index(setup))
+    return (1, setup)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
 def plot(runs: Sequence[dict], setup_order: Sequence[str], path: Path, title: str) -> None:
     """One panel per LS load: LS p99 (ms, log scale) against BE work over BE alone."""
     import matplotlib
@@ -67,7 +103,7 @@ def plot(runs: Sequence[dict], setup_order: Sequence[str], path: Path, title: st
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    be_base = baselines(runs)[1]
+    alone = next((r for r in runs if r["setup"] == BE_ALONE), None)
     loads = sorted({r["load"] for r in runs if r["load"] is not None})
     setups = [s for s in setup_order if any(r["setup"] == s and r["ls"] for r in runs)]
     colors = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(setups)}
@@ -78,7 +114,7 @@ def plot(runs: Sequence[dict], setup_order: Sequence[str], path: Path, title: st
     ms_2_5 = FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else "")   # between decades: 2 and 5
     for ax, load in zip(axes[0], loads):
         for s in setups:
-            points = [(ratio(r["be_work"], be_base) or 0.0, r["ls"]["p99"] * 1000)
+            points = [(be_work_ratio(r, alone) or 0.0, r["ls"]["p99"] * 1000)
                       for r in runs if r["setup"] == s and r["load"] == load and r["ls"] and r["ls"]["p99"]]
             if points:
                 ax.scatter(*zip(*points), label=s, color=colors[s], s=28, alpha=0.85)

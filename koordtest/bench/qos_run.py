@@ -60,7 +60,8 @@ SETUPS = (
           knobs=lambda ncpu: {"cpu.weight": "1"}, idle_threads=True),
     Setup("be-quota-half", "BE cpu.max at half the node's CPUs",
           knobs=lambda ncpu: {"cpu.max": f"{ncpu * PERIOD_US // 2} {PERIOD_US}"}),
-    Setup("koordd", "koordd with config/koordd.toml as shipped, its LS and BE classes on the benchmark's cgroups",
+    Setup("koordd", "koordd with config/koordd.toml as shipped, its LS and BE classes on the benchmark's cgroups "
+          "(with --slo-factor: LS declares its SLO, [classes.slo] latency_p99 = the benchmark's target)",
           koordd=True),
     Setup("koordd-scx", "the same, plus koordd's own sched_ext scheduler (loop sched_ext: LS and BE on SCHED_EXT, "
           "scheduler = koordd; qos_baseline's be_cpu_idle off, as a thread has one policy)", koordd=True,
@@ -68,7 +69,19 @@ SETUPS = (
                           ("loops.sched_ext.scheduler", "koordd"), ("loops.qos_baseline.be_cpu_idle", False)),
           needs_sched_ext=True),
 )
+ORACLE_PERCENTS = tuple(range(10, 100, 10))
+
+
+def _quota_of_node(percent: int) -> Callable[[int], dict[str, str]]:
+    return lambda ncpu: {"cpu.max": f"{max(ncpu * PERIOD_US * percent // 100, 1000)} {PERIOD_US}"}
+
+
+# The static oracle's candidates (--oracle): BE capped at a share of the node. With be-idle they are the
+# static settings the oracle picks from: the one with the most BE work that meets the SLO.
+SETUPS += tuple(Setup(f"be-cpu-max-{pct}", f"BE cpu.max at {pct}% of the node's CPUs", knobs=_quota_of_node(pct))
+                for pct in ORACLE_PERCENTS)
 SETUP_NAMES = tuple(s.name for s in SETUPS)
+ORACLE_SETUPS = ("be-idle",) + tuple(f"be-cpu-max-{pct}" for pct in ORACLE_PERCENTS)
 
 
 def run_order(setups: list[str], loads: list[int], reps: int, seed: int) -> list[tuple[int, str, int | None]]:
@@ -98,8 +111,13 @@ class Bench:
     warmup: float
     drain: float
     realtime_client: bool
-    koordd_config: Callable[[Path, tuple], str]     # (state dir, a setup's config_changes) -> the config
-    koordd_command: list[str]
+    koordd_config: Callable[[Path, tuple, float | None], str]   # (state dir, a setup's config_changes, the LS
+    koordd_command: list[str]                                    # SLO's p99 target in seconds or None) -> config
+    switch_to: str | None = None     # the antagonist kind BE switches to half way through the window
+    low_rate: float | None = None    # LS rate follows half a sine from this up to the run's rate and back
+    window: float = 10.0             # seconds per window of the client's window p99s
+    app_latency: object = None       # koordd.sensors.app_latency.ResponseTimes, opened: the kernel's view of LS
+    slo_target: dict = field(default_factory=dict)     # load -> the LS p99 target (seconds) given to koordd
     originals: dict[str, dict[str, str]] = field(default_factory=dict)   # cgroup -> knob -> value
 
     def remember_knobs(self) -> None:
@@ -112,8 +130,8 @@ class Bench:
                 raise RuntimeError(f"{when}: knobs of {cg} are {now}, not {values} as before the benchmark")
 
 
-def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: Path) -> dict:
-    """One run; `rate` is the LS request rate (None for a setup without LS)."""
+def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: Path, load: int | None = None) -> dict:
+    """One run; `rate` is the LS request rate (None for a setup without LS), `load` its name (the SLO's key)."""
     workdir.mkdir(parents=True)
     bench.check_knobs(f"before {setup.name}")
     env = worker_env()
@@ -135,23 +153,20 @@ def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: 
         with static:
             counters = workdir / "be.counters"
             if setup.be:
-                make_counters(str(counters), bench.ncpu)
-                for i in range(bench.ncpu):
-                    argv = python_module("koordtest.bench.antagonist", "--kind", bench.antagonist,
-                                         "--counters", str(counters), "--slot", str(i),
-                                         "--memory", str(bench.be_memory // bench.ncpu))
-                    with open(workdir / f"be{i}.log", "w") as log:
-                        workers.append(bench.tree.spawn(BE, argv, env=env, stdout=log, stderr=log,
-                                                        idle_policy=setup.idle_threads))
+                workers += start_antagonist(bench, setup, bench.antagonist, counters, workdir, env)
                 record["be_policy"] = sorted({_policy_name(w.pid) for w in workers})
-            koordd = KoorddProcess(bench.koordd_config(workdir / "koordd" / "state", setup.config_changes),
+            slo = bench.slo_target.get(load) if setup.koordd else None
+            if slo is not None:
+                record["slo_target"] = slo
+            koordd = KoorddProcess(bench.koordd_config(workdir / "koordd" / "state", setup.config_changes, slo),
                                    workdir / "koordd", bench.koordd_command) if setup.koordd else None
             if koordd:
                 # Before any request: the window measures koordd running, not its start (see wait_ready).
                 record["koordd_ready_s"] = round(koordd.start().wait_ready(), 2)
             try:
-                record.update(_window(bench, setup, rate, seed, sockets, counters, workdir, koordd))
-                dead = [p.args[0] for p in servers + workers if p.poll() is not None]
+                record.update(_window(bench, setup, rate, seed, sockets, counters, workdir, koordd, workers, env))
+                retired = record.pop("retired", [])      # the first antagonist's workers, killed half way
+                dead = [p.args[0] for p in servers + workers if p.poll() is not None and p not in retired]
                 if dead:
                     raise RuntimeError(f"{setup.name}: {len(dead)} LS/BE processes died during the run "
                                        f"(logs in {workdir})")
@@ -168,6 +183,20 @@ def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: 
     return record
 
 
+def start_antagonist(bench: Bench, setup: Setup, kind: str, counters: Path, workdir: Path,
+                     env: dict) -> list[subprocess.Popen]:
+    """One `kind` worker per CPU in the BE cgroup, counting into the fresh counter file `counters`."""
+    make_counters(str(counters), bench.ncpu)
+    workers = []
+    for i in range(bench.ncpu):
+        argv = python_module("koordtest.bench.antagonist", "--kind", kind, "--counters", str(counters),
+                             "--slot", str(i), "--memory", str(bench.be_memory // bench.ncpu))
+        with open(workdir / f"be-{kind}{i}.log", "w") as log:
+            workers.append(bench.tree.spawn(BE, argv, env=env, stdout=log, stderr=log,
+                                            idle_policy=setup.idle_threads))
+    return workers
+
+
 def _policy_name(pid: int) -> str:
     try:
         policy = os.sched_getscheduler(pid)
@@ -177,7 +206,7 @@ def _policy_name(pid: int) -> str:
 
 
 def _window(bench: Bench, setup: Setup, rate: float | None, seed: int, sockets: list[Path], counters: Path,
-            workdir: Path, koordd: KoorddProcess | None) -> dict:
+            workdir: Path, koordd: KoorddProcess | None, workers: list, env: dict) -> dict:
     # The client sends from `sending` on, through the warm-up (so that koordd and the caches see LS at
     # its load before the window), and counts the requests of the window only.
     sending = time.monotonic() + CLIENT_STARTUP
@@ -186,7 +215,10 @@ def _window(bench: Bench, setup: Setup, rate: float | None, seed: int, sockets: 
     if setup.ls:
         args = ["--request-hex", bench.ls_kind.request.hex(), "--rate", f"{rate:.3f}", "--start-at", f"{sending:.6f}",
                 "--warmup", str(bench.warmup), "--seconds", str(bench.seconds), "--seed", str(seed),
-                "--drain", str(bench.drain), "--out", str(workdir / "client.json")]
+                "--drain", str(bench.drain), "--out", str(workdir / "client.json"), "--window", str(bench.window),
+                "--response-end-hex", bench.ls_kind.response_end.hex()]
+        if bench.low_rate is not None:
+            args += ["--low-rate", f"{bench.low_rate:.3f}"]
         if bench.realtime_client:
             args.append("--realtime")
         for s in sockets:
@@ -196,7 +228,7 @@ def _window(bench: Bench, setup: Setup, rate: float | None, seed: int, sockets: 
                                       stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
                                       preexec_fn=die_with_parent)
     try:
-        return _measure(bench, setup, start_at, counters, workdir, koordd, client)
+        return _measure(bench, setup, start_at, counters, workdir, koordd, client, workers, env)
     finally:
         if client is not None and client.poll() is None:
             client.kill()
@@ -204,15 +236,37 @@ def _window(bench: Bench, setup: Setup, rate: float | None, seed: int, sockets: 
 
 
 def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdir: Path,
-             koordd: KoorddProcess | None, client: subprocess.Popen | None) -> dict:
+             koordd: KoorddProcess | None, client: subprocess.Popen | None, workers: list, env: dict) -> dict:
     time.sleep(max(start_at - time.monotonic(), 0))
     meter = CpuMeter(bench.fs, [bench.tree.path(c) for c in (LS, BE)], bench.ncpu)
     wall0 = time.time()
-    work0, scanned0 = (read_counters(str(counters)) if setup.be else 0), reclaim_scans()
-    time.sleep(max(start_at + bench.seconds - time.monotonic(), 0))
+    if bench.app_latency is not None and setup.ls:
+        bench.app_latency.read([bench.tree.path(LS)])         # what came before the window is dropped
+    scanned0 = reclaim_scans()
+    out: dict = {}
+    if setup.be and bench.switch_to:
+        # The first antagonist for the first half, then the other: each half's work over its own counters
+        out["be_work_halves"] = [_work_over(counters, bench.seconds / 2) / (bench.seconds / 2)]
+        for w in workers:
+            w.kill()
+            w.wait()
+        out["retired"] = list(workers)
+        second = counters.with_name("be-second.counters")
+        workers += start_antagonist(bench, setup, bench.switch_to, second, workdir, env)
+        out["be_work_halves"].append(_work_over(second, start_at + bench.seconds - time.monotonic())
+                                     / (bench.seconds / 2))
+        work = None
+    else:
+        work0 = read_counters(str(counters)) if setup.be else 0
+        time.sleep(max(start_at + bench.seconds - time.monotonic(), 0))
+        work = (read_counters(str(counters)) - work0) / bench.seconds if setup.be else None
     cpu = meter.stop()
-    work1, scanned1 = (read_counters(str(counters)) if setup.be else 0), reclaim_scans()
-    out: dict = {"be_cpu_max": read_knobs(bench.fs, bench.tree.path(BE), ["cpu.max"]).get("cpu.max")}
+    scanned1 = reclaim_scans()
+    if bench.app_latency is not None and setup.ls:
+        seen = bench.app_latency.read([bench.tree.path(LS)]).get(bench.tree.path(LS))
+        out["sensor"] = None if seen is None else {"count": seen.count, "p50": seen.p50_us / 1e6,
+                                                   "p99": seen.p99_us / 1e6, "p999": seen.p999_us / 1e6}
+    out["be_cpu_max"] = read_knobs(bench.fs, bench.tree.path(BE), ["cpu.max"]).get("cpu.max")
     if koordd:
         koordd.check_running()
         failures = {n: r["failures"] for n, r in koordd.status()["loops"].items() if r["failures"]}
@@ -235,9 +289,14 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
         ls = json.loads((workdir / "client.json").read_text())
     cores = {LS: cpu[bench.tree.path(LS)], BE: cpu[bench.tree.path(BE)], "node": cpu["node"]}
     cores["other"] = max(cores["node"] - cores[LS] - cores[BE] - (ls["client_cpu"] if ls else 0.0), 0.0)
-    return {**out, "ls": ls, "cpu": cores,
-            "be_work": (work1 - work0) / bench.seconds if setup.be else None,
-            "reclaim_scanned": scanned1 - scanned0}
+    return {**out, "ls": ls, "cpu": cores, "be_work": work, "reclaim_scanned": scanned1 - scanned0}
+
+
+def _work_over(counters: Path, seconds: float) -> int:
+    """Work the counters gain over the next `seconds`."""
+    start = read_counters(str(counters))
+    time.sleep(max(seconds, 0))
+    return read_counters(str(counters)) - start
 
 
 def window_decisions(decisions: list[dict], start: float, end: float) -> list[dict]:

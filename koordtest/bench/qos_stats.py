@@ -122,3 +122,51 @@ def summarise(runs: Sequence[dict], ncpu: int, setup_order: Sequence[str]) -> li
             client_cpu=median_spread(r["ls"].get("client_cpu") for r in group if r["ls"]),
         ))
     return rows
+
+
+# --- the SLO and the static oracle (--slo-factor) ---------------------------------------------------
+
+WINDOWS_MET = 0.95       # share of a run's windows whose p99 must meet the target
+
+
+def be_work_ratio(run: dict, alone: dict | None) -> float | None:
+    """BE work of a run over BE alone's: one ratio, or with the antagonist switching half way, the mean of
+    each half's ratio to BE alone's same half (the kinds count different units)."""
+    if alone is None:
+        return None
+    if run.get("be_work_halves") and alone.get("be_work_halves"):
+        halves = [ratio(w, a) for w, a in zip(run["be_work_halves"], alone["be_work_halves"])]
+        return None if None in halves else sum(halves) / len(halves)
+    return ratio(run.get("be_work"), alone.get("be_work"))
+
+
+@dataclass(frozen=True)
+class SloVerdict:
+    """How one run did against the SLO's p99 target."""
+    setup: str
+    p99: float                      # over the whole window, seconds
+    windows_met: float              # share of the windows with p99 <= target
+    windows: int
+    be_work: float | None           # over BE alone
+    meets: bool                     # windows_met >= WINDOWS_MET and p99 <= target
+
+
+def slo_verdicts(runs: Sequence[dict], load: int | None, target: float) -> list[SloVerdict]:
+    """Every run with LS and BE at `load` judged against `target` (seconds)."""
+    alone = next((r for r in runs if r["setup"] == BE_ALONE), None)
+    out = []
+    for r in runs:
+        if r["load"] != load or not r["ls"] or r["setup"] == LS_ALONE:
+            continue
+        windows = [w for w in r["ls"].get("windows", []) if w["count"]]
+        met = sum(1 for w in windows if w["p99"] <= target) / len(windows) if windows else 0.0
+        p99 = r["ls"]["p99"]
+        out.append(SloVerdict(r["setup"], p99, met, len(windows), be_work_ratio(r, alone),
+                              met >= WINDOWS_MET and p99 is not None and p99 <= target))
+    return out
+
+
+def oracle(verdicts: Sequence[SloVerdict], candidates: Sequence[str]) -> SloVerdict | None:
+    """The static setting with the most BE work among the `candidates` that meet the SLO; None if none does."""
+    meeting = [v for v in verdicts if v.setup in candidates and v.meets and v.be_work is not None]
+    return max(meeting, key=lambda v: v.be_work, default=None)
