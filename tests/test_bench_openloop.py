@@ -143,3 +143,15 @@ def test_windows_hold_each_request_by_its_intended_send_time():
     # a last window shorter than half a window joins the one before: 12 s in 10 s windows is one
     assert len(window_p99s(out, seconds=12, window=10)) == 1
     assert summary(out, rate=20, seconds=10, client_cpu=0.0, window=5)["windows"] == windows
+
+
+def test_requests_behind_a_stalled_server_wait_whole_and_in_order():
+    """Large requests (memcached's multi-key get) behind a server that reads nothing for a while: the socket
+    buffer fills, the rest waits in the client, and every request still arrives whole and in order."""
+    client, server = socket.socketpair()
+    request = b"get " + b"x" * 8000 + b"\n"
+    times, which = poisson_schedule(rate=2000, seconds=0.2, servers=1, seed=10)
+    start = time.monotonic() + 0.02
+    stalling_server(server, start + 0.3)
+    out = run_open_loop([[client]], request, times, which, start, drain=2.0)
+    assert len(out.latencies) == len(times) and not out.unfinished
