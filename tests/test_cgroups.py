@@ -233,3 +233,14 @@ def test_a_thread_list_longer_than_a_page_is_read_whole(tmp_path, monkeypatch, k
     assert fs.read(None, "a", "cgroup.threads").split() == tids
     calls.clear()
     assert fs.read(None, "a", "cpu.max") == "max 100000\n" and calls == [0]     # a short file: one pread
+
+
+@pytest.mark.parametrize("mode", ["v1", "hybrid"])
+def test_v1_thread_lists_are_never_kept_open(tmp_path, mode):
+    """The kernel hands a kept v1 `tasks`/`cgroup.procs` its old list for a second: always opened afresh."""
+    tree = FakeCgroups(tmp_path, mode).add("a")
+    fs = CgroupFS(tree.layout, keep_open=True)
+    for filename in ("tasks", "cgroup.procs"):
+        fs.read("cpu", "a", filename)
+    fs.read("cpu", "a", "cpu.shares")
+    assert [path.rsplit("/", 1)[1] for path in fs._open] == ["cpu.shares"]

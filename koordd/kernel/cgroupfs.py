@@ -171,13 +171,20 @@ class CgroupFS:
             if not os.path.isdir(d):
                 raise CgroupGone(cgroup) from None
             raise
-        if self.keep_open and len(self._open) < self.max_open:
+        if self.keep_open and len(self._open) < self.max_open and not self._v1_pid_list(controller, filename):
             self._open[path] = (cgroup, fd)
             return _pread_all(fd)
         try:
             return _pread_all(fd)
         finally:
             os.close(fd)
+
+    def _v1_pid_list(self, controller: str | None, filename: str) -> bool:
+        """A v1 hierarchy's `tasks` or `cgroup.procs`: the kernel keeps the list it built for an open file
+        and hands it out again to a re-read of that file for a second after (CGROUP_PIDLIST_DESTROY_DELAY),
+        so a kept file would miss the threads started since; only a fresh open lists them."""
+        return filename in ("tasks", "cgroup.procs") and controller is not None \
+            and controller not in self.layout.v2_controllers
 
     def _close(self, path: str) -> None:
         _, fd = self._open.pop(path)
