@@ -134,3 +134,32 @@ def plot(runs: Sequence[dict], setup_order: Sequence[str], path: Path, title: st
     fig.tight_layout(rect=(0, 0, 1 - 2.0 / width, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def window_plot(runs: Sequence[dict], targets: dict, path: Path, title: str,
+                setups: Sequence[str] = (LS_ALONE, "be-idle", "koordd")) -> None:
+    """One panel per load: each 10 s window's LS p99 (ms, log scale) of `setups`, and the SLO's target."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    loads = sorted(targets)
+    fig, axes = plt.subplots(1, len(loads), figsize=(6.0 * len(loads), 4.0), squeeze=False)
+    for ax, load in zip(axes[0], loads):
+        for s in setups:
+            for r in runs:
+                if r["setup"] == s and r["load"] == load and r["ls"] and r["ls"].get("windows"):
+                    p99 = [w["p99"] * 1000 if w["p99"] is not None else float("nan") for w in r["ls"]["windows"]]
+                    ax.plot(range(1, len(p99) + 1), p99, marker="o", label=s)
+                    break
+        ax.axhline(targets[load] * 1000, color="black", linestyle="--", label="SLO")
+        ax.set_yscale("log")
+        ax.set_xlabel("10 s window")
+        ax.set_ylabel("LS p99 (ms)")
+        ax.set_title(f"LS load {load}%")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
