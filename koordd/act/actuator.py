@@ -182,6 +182,7 @@ class Actuator:
         try:
             old = backend.read(a.target, a.knob)
             new = backend.validate(a.target, a.knob, a.value)
+            old = backend.scope(a.knob, old, new)
         except TargetGone:
             return None
         except (Unsupported, InvalidValue, OutsideRoot) as e:
@@ -286,7 +287,7 @@ class Actuator:
         is koordd's doing: journaled as written, so a restore puts the original back over it."""
         kind = backend.kind
         try:
-            now = old if unchanged else backend.read(target, knob)
+            now = old if unchanged else backend.scope(knob, backend.read(target, knob), old)
         except (OSError, TargetGone, ValueError, Unsupported):
             now = old
         if now == old and not partial:
@@ -335,7 +336,7 @@ class Actuator:
             if backend is None or held.knob not in backend.knobs:
                 raise Unsupported(f"no backend of kind {held.kind!r} serves {held.knob!r} (the package that "
                                   f"brought it is not installed?); kept in the restore journal")
-            current = backend.read(held.target, held.knob)
+            current = backend.scope(held.knob, backend.read(held.target, held.knob), held.original)
             unchanged = backend.same(current, held.original)
             left = None if unchanged else self._not_koordds(held, backend, current)
             if left is not None:

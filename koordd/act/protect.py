@@ -20,11 +20,14 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from koordd.backends.cgroup import KNOBS
+from koordd.backends.oom import parse as parse_oom_score
+from koordd.core.blkio import tighter as blkio_tighter
 from koordd.core.cgroup import normalize_cgroup, parse_cpulist
 from koordd.core.protected import Protected
 
 # Acts on the tasks themselves: refused on a protected cgroup whatever the value (thawing excepted).
-EVICTING = {"cgroup.kill": "kill", "memory.reclaim": "reclaim memory of", "cgroup.freeze": "freeze"}
+EVICTING = {"cgroup.kill": "kill", "memory.reclaim": "reclaim memory of", "cgroup.freeze": "freeze",
+            "cgroup.prekill": "run the prekill hook of"}      # the prelude to a kill (memory_evict)
 
 
 def _lower(magnitude: Callable[[str], float]) -> Callable[[str, str], bool]:
@@ -41,6 +44,19 @@ def _cpus(text: str) -> float:
     return float("inf") if not text.strip() else len(parse_cpulist(text))
 
 
+def _oom_raised(new: str, original: str) -> bool:
+    """oom_score_adj: whether `new` puts any process above the lowest value it had (the kernel's OOM
+    killer would take it sooner). Readings may be "mixed ..." (koordd/backends/oom.py)."""
+    try:
+        new_common, new_own = parse_oom_score(new)
+        old_common, old_own = parse_oom_score(original)
+    except ValueError:
+        return True                 # a value we cannot compare is not one we may write here
+    if new_common is None or old_common is None:
+        return False                # no processes: nothing is made likelier to die
+    return max([new_common, *new_own.values()]) > min([old_common, *old_own.values()])
+
+
 def _by_magnitude(knob: str) -> Callable[[str, str], bool]:
     """Tighter by the knob table's own magnitude (koordd/backends/cgroup.py), the one the write order uses."""
     return _lower(KNOBS[knob].magnitude)
@@ -53,7 +69,14 @@ THROTTLING: dict[str, tuple[str, Callable[[str, str], bool]]] = {
     "cpuset.cpus": ("shrink the CPUs of", _lower(_cpus)),
     "memory.max": ("cap the memory of", _by_magnitude("memory.max")),
     "memory.high": ("throttle the memory of", _by_magnitude("memory.high")),
+    # Less swap pushes anon memory into RAM or the OOM killer instead: a cap like memory.max.
+    "memory.swap.max": ("cap the swap of", _by_magnitude("memory.swap.max")),
     "cpu.idle": ("make idle", lambda new, old: new.strip() == "1" and old.strip() != "1"),
+    # io_qos: a lower rbps/wbps/riops/wiops on any device (koordd/core/blkio.py); io.weight is a share.
+    "io.max": ("cap the IO of", blkio_tighter),
+    # oom_shaping: BE's processes first in the OOM killer's line, and BE pods killed whole.
+    "oom_score_adj": ("raise the OOM score of", _oom_raised),
+    "memory.oom.group": ("make the OOM killer take all of", lambda new, old: new.strip() == "1" and old.strip() != "1"),
     "sched_policy": ("demote the threads of", lambda new, old: new in ("idle", "batch") and new != old),
     "scheduler_class": ("put in the BE class", lambda new, old: new == "BE" and new != old),
     "net_class": ("shape the egress of", lambda new, old: new == "be" and new != old),
@@ -65,7 +88,8 @@ THROTTLING: dict[str, tuple[str, Callable[[str, str], bool]]] = {
 
 # The limits a loop raises on protected work (cpu_burst on LS: its quota and burst), so that a restore
 # there may lower them again: every other restore that would tighten a protected cgroup is refused.
-GIVEN_BACK = frozenset({"cpu.max", "cpu.max.burst"})
+# oom_score_adj alike: oom_shaping lowers LS's scores, and its restore raises them back.
+GIVEN_BACK = frozenset({"cpu.max", "cpu.max.burst", "oom_score_adj"})
 
 
 def harm(knob: str, new: str, original: str | None) -> str | None:

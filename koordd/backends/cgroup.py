@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
-from koordd.core.backend import Backend, BackendSet, InvalidValue, Unsupported
+from koordd.core import blkio
+from koordd.core.backend import Backend, BackendSet, InvalidValue, PartialWrite, Unsupported
 from koordd.core.cgroup import (CFS_PERIOD_RANGE, CFS_QUOTA_MIN, format_cpu_max, format_cpulist, parent_of,
     parse_cpu_max, parse_cpulist, parse_int)
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, Layout, LayoutError
@@ -56,6 +58,7 @@ class Knob:
     from_v1: Callable[[str], str] = lambda v: v
     v1_read: Callable[[CgroupFS, str], str] | None = None          # v1 forms spread over files
     v1_write: Callable[[CgroupFS, str, str], None] | None = None
+    v2_write: Callable[[CgroupFS, str, str], None] | None = None   # a v2 value written in several writes (io.max)
     check: Callable[[str, "KnobContext"], None] = lambda v, ctx: None
     oneshot: bool = False                     # a command (memory.reclaim, cgroup.kill): never read or restored
     magnitude: Callable[[str], float] | None = None   # for write order: parents first when raising
@@ -116,7 +119,10 @@ class Knob:
     def write(self, fs: CgroupFS, cgroup: str, value: str) -> None:
         self._require(fs)
         if self.uses_v2(fs):
-            fs.write(self.controller, cgroup, self.v2_file, value)
+            if self.v2_write is not None:
+                self.v2_write(fs, cgroup, value)
+            else:
+                fs.write(self.controller, cgroup, self.v2_file, value)
         elif self.v1_write is not None:
             self.v1_write(fs, cgroup, value)
         else:
@@ -247,6 +253,92 @@ def _memory_from_v1(raw: str) -> str:
     return "max" if int(raw) >= V1_MEMORY_UNLIMITED else raw
 
 
+# --- block IO (koordd/core/blkio.py: the canonical text) ---------------------------------------------
+
+SYS_DEV_BLOCK = "/sys/dev/block"        # MAJ:MIN -> the device's sysfs directory (tests point it elsewhere)
+# io.max field -> the v1 file that carries it (blkio.throttle.*_device: "MAJ:MIN value" lines, 0 = no limit)
+V1_THROTTLE = {"rbps": "blkio.throttle.read_bps_device", "wbps": "blkio.throttle.write_bps_device",
+               "riops": "blkio.throttle.read_iops_device", "wiops": "blkio.throttle.write_iops_device"}
+V1_BFQ_WEIGHT_MAX = 1000                # blkio.bfq.weight (and v2 io.bfq.weight) take 1..1000
+
+
+def _norm_io_max(text: str) -> str:
+    try:
+        return blkio.normalize_io_max(text)
+    except ValueError as e:
+        raise InvalidValue(str(e)) from None
+
+
+def _norm_io_weight(text: str) -> str:
+    try:
+        return blkio.normalize_io_weight(text)
+    except ValueError as e:
+        raise InvalidValue(str(e)) from None
+
+
+def _check_io_max(value: str, ctx: KnobContext) -> None:
+    # The kernel answers ENODEV for a partition or a device that is not there: say which, and what to name.
+    for dev in blkio.parse_io_max(value):
+        d = os.path.join(SYS_DEV_BLOCK, dev)
+        if not os.path.exists(d):
+            raise InvalidValue(f"io.max: no block device {dev} on this host ({SYS_DEV_BLOCK}/{dev})")
+        if os.path.exists(os.path.join(d, "partition")):
+            whole = read(Path(os.path.realpath(d)).parent / "dev")
+            raise InvalidValue(f"io.max: {dev} is a partition; the kernel limits whole disks"
+                               + (f" (name {whole})" if whole else ""))
+
+
+def _check_io_weight(value: str, ctx: KnobContext) -> None:
+    if not KNOBS["io.weight"].uses_v2(ctx.fs) and blkio.weight_of(value) > V1_BFQ_WEIGHT_MAX:
+        raise InvalidValue(f"io.weight {blkio.weight_of(value)} is above {V1_BFQ_WEIGHT_MAX}, the most "
+                           f"blkio.bfq.weight (cgroup v1) takes")
+
+
+def _write_v2_io_max(fs: CgroupFS, cgroup: str, value: str) -> None:
+    """One write per device: the kernel parses one line per write. A later line refused after an earlier
+    one landed is a PartialWrite, so the journal keeps what did land."""
+    lines = [line for line in value.splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        try:
+            fs.write("io", cgroup, "io.max", line)
+        except CgroupGone:
+            raise
+        except OSError as e:
+            if i == 0:
+                raise
+            raise PartialWrite(e.errno, f"{e.strerror or e} (io.max line {line!r}; earlier lines landed)") from None
+
+
+def _read_v1_io_max(fs: CgroupFS, cgroup: str) -> str:
+    devices: dict[str, dict] = {}
+    for field, filename in V1_THROTTLE.items():
+        for line in fs.read("blkio", cgroup, filename).splitlines():
+            if not line.strip():
+                continue
+            dev_text, _, raw = line.strip().partition(" ")
+            dev = blkio.parse_device(dev_text)
+            n = int(raw)
+            devices.setdefault(dev, blkio.unlimited())[field] = n if n > 0 else None
+    return blkio.format_io_max(devices)
+
+
+def _write_v1_io_max(fs: CgroupFS, cgroup: str, value: str) -> None:
+    """Each device's four fields, each in its throttle file (0 removes a limit); a refusal after a write
+    landed is a PartialWrite."""
+    wrote = False
+    for dev, limits in blkio.parse_io_max(value).items():
+        for field, filename in V1_THROTTLE.items():
+            try:
+                fs.write("blkio", cgroup, filename, f"{dev} {limits[field] or 0}")
+            except CgroupGone:
+                raise
+            except OSError as e:
+                if not wrote:
+                    raise
+                raise PartialWrite(e.errno, f"{e.strerror or e} ({filename} of {dev}; earlier writes landed)") from None
+            wrote = True
+
+
 KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("cpu.max", "cpu", "CPU bandwidth limit: \"<quota_us|max> <period_us>\"",
          "cpu.max", None, _norm_cpu_max, v1_read=_read_v1_cpu_max, v1_write=_write_v1_cpu_max,
@@ -269,6 +361,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          magnitude=_memory_magnitude),
     Knob("memory.low", "memory", "best-effort memory protection, bytes", "memory.low", None, _norm_memory),
     Knob("memory.min", "memory", "hard memory protection, bytes", "memory.min", None, _norm_memory),
+    Knob("memory.swap.max", "memory", "swap limit, bytes or max (v2; 0 = no swap)", "memory.swap.max", None,
+         _norm_memory, magnitude=_memory_magnitude),
+    # v2 only (4.19+): v1's OOM killer takes one process at a time, whatever is asked (oom_shaping).
+    Knob("memory.oom.group", "memory", "1 = the OOM killer kills the whole cgroup, never part of it (v2)",
+         "memory.oom.group", None, _norm_uint("memory.oom.group", 0, 1)),
     Knob("memory.reclaim", "memory", "proactive reclaim of this many bytes (5.19+)", "memory.reclaim", None,
          _norm_uint("memory.reclaim", 1), oneshot=True),
     Knob("cgroup.freeze", None, "1 = every task of the cgroup is frozen (v1: freezer.state)",
@@ -278,6 +375,15 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("cgroup.kill", None, "1 = SIGKILL every task of the subtree (5.14+; v1: freeze, kill, thaw)",
          "cgroup.kill", None, _norm_uint("cgroup.kill", 1, 1), v1_controller="memory",
          v1_write=lambda fs, cg, v: _kill_v1(fs, cg), oneshot=True),
+    # io_qos. io.weight: the default weight ("default N"; per-device weights are left alone), iocost's on
+    # v2, BFQ's blkio.bfq.weight on v1. io.max: per device; a write changes the devices it names only, and
+    # the backend scopes koordd's hold to them (CgroupBackend.scope), on v1 over the four throttle files.
+    Knob("io.weight", "io", "proportional IO weight \"default N\", 1..10000 (v2 iocost; v1: blkio.bfq.weight, 1..1000)",
+         "io.weight", "blkio.bfq.weight", _norm_io_weight, v1_controller="blkio",
+         to_v1=lambda v: str(blkio.weight_of(v)), check=_check_io_weight),     # v1 reads "N": normalize takes it
+    Knob("io.max", "io", "IO limits per device: \"MAJ:MIN rbps=N wbps=N riops=N wiops=N\" lines, N or max "
+         "(v1: blkio.throttle.*_device)", "io.max", None, _norm_io_max, v1_controller="blkio",
+         v1_read=_read_v1_io_max, v1_write=_write_v1_io_max, v2_write=_write_v2_io_max, check=_check_io_max),
 )}
 
 
@@ -343,6 +449,70 @@ def probe_cpu_idle(host: Host) -> tuple[bool, str]:
     return _cpu_knob(host.layout, "cpu.idle", "cpu.idle", "5.15+")
 
 
+def probe_memory_reclaim(host: Host) -> tuple[bool, str]:
+    """memory.reclaim (proactive_reclaim, memory_evict's first step): cgroup v2 with the memory controller,
+    Linux 5.19+; and whether the host swaps at all (proactive_reclaim's be_swap_max, memory.swap.max)."""
+    swaps = read(host.proc / "swaps")
+    devices = len(swaps.splitlines()) - 1 if swaps else 0
+    swap = f"swap: {devices} device(s) in {host.proc / 'swaps'}" if swaps is not None else "swap: unknown"
+    layout = host.layout
+    if "memory" not in layout.v2_controllers or layout.unified is None:
+        return False, (f"the memory controller is not on cgroup v2 here ({layout.describe()}): no memory.reclaim, "
+                       f"proactive_reclaim does nothing; {swap}")
+    root = layout.unified
+    if "memory" not in (read(root / "cgroup.subtree_control") or "").split():
+        return False, f"memory not enabled in {root}/cgroup.subtree_control, so no cgroup has memory.reclaim; {swap}"
+    found = find_knob(root, "memory.reclaim")
+    if found is None:
+        return False, f"no memory.reclaim in {root} or its children (needs Linux 5.19+); {swap}"
+    return True, f"found {found}; {swap}"
+
+
+def probe_io(host: Host) -> tuple[bool, str]:
+    """Block IO control (io_qos): where limits go (v2 io.max, v1 blkio.throttle.*), whether weights act
+    (iocost's io.weight on v2, BFQ's weight and which disks schedule with BFQ), and iocost's root files."""
+    layout = host.layout
+    schedulers = {}
+    try:
+        for q in sorted((host.sys / "block").iterdir()):
+            text = read(q / "queue/scheduler") or ""
+            chosen = next((w[1:-1] for w in text.split() if w.startswith("[")), None)
+            if chosen is not None and not q.name.startswith(("loop", "ram", "zram")):
+                schedulers[q.name] = chosen
+    except OSError:
+        pass
+    bfq_disks = [d for d, sch in schedulers.items() if sch == "bfq"]
+    bfq = (f"BFQ schedules {', '.join(bfq_disks)}" if bfq_disks else
+           "BFQ schedules no disk (weights act only where a disk's scheduler is bfq"
+           + (f"; now: {', '.join(f'{d}={sch}' for d, sch in schedulers.items())})" if schedulers else ")"))
+    if "io" in layout.v2_controllers and layout.unified is not None:
+        root = layout.unified
+        enabled = "io" in (read(root / "cgroup.subtree_control") or "").split()
+        iocost = (root / "io.cost.qos").is_file()
+        throttle = find_knob(root, "io.max") is not None if enabled else None
+        facts = [f"cgroup v2 io controller{'' if enabled else f' (not enabled in {root}/cgroup.subtree_control)'}",
+                 "io.max: " + ("yes" if throttle else "unknown until io is enabled below the root" if throttle is None
+                               else "no (kernel without CONFIG_BLK_DEV_THROTTLING)"),
+                 "iocost: " + (f"yes ({root}/io.cost.qos, io.cost.model; io.weight acts through it)" if iocost
+                               else "no (kernel without CONFIG_BLK_CGROUP_IOCOST: io.weight acts only through BFQ's "
+                                    "io.bfq.weight)"), bfq]
+        return enabled and throttle is not False, "; ".join(facts)
+    if "blkio" in layout.v1:
+        root = layout.v1["blkio"]
+        throttle = (root / "blkio.throttle.read_bps_device").is_file()
+        weight = find_knob(root, "blkio.bfq.weight")
+        try:
+            bfq_loaded = weight is not None or any(p.name.startswith("blkio.bfq.") for p in root.iterdir())
+        except OSError:
+            bfq_loaded = False
+        facts = [f"cgroup v1 blkio ({root})",
+                 "blkio.throttle: " + ("yes" if throttle else "no (kernel without CONFIG_BLK_DEV_THROTTLING)"),
+                 "blkio.bfq.weight: " + ("yes" if bfq_loaded else "no (BFQ not loaded: modprobe bfq)"),
+                 bfq, "iocost: no (cgroup v2 only)"]
+        return throttle, "; ".join(facts)
+    return False, f"no io controller on cgroup v2 and no v1 blkio hierarchy ({layout.describe()})"
+
+
 def probe_knobs(host: Host) -> tuple[bool, str]:
     """The knobs the cgroup layout offers whose files this kernel lacks (probed file by file, as the
     backend's probe() does at start and on reload)."""
@@ -362,7 +532,8 @@ class CgroupBackend(Backend):
     the hierarchy root ("be.slice/job1"), the same name on v2 and on every v1 hierarchy."""
     kind = "cgroup"
     knobs = KNOBS
-    features = {"cpu.max.burst": probe_cpu_burst, "cpu.idle": probe_cpu_idle, "knobs": probe_knobs}
+    features = {"cpu.max.burst": probe_cpu_burst, "cpu.idle": probe_cpu_idle, "knobs": probe_knobs, "io": probe_io,
+                "memory.reclaim": probe_memory_reclaim}
     cgroup_targets = True
 
     def __init__(self, fs: CgroupFS):
@@ -381,6 +552,10 @@ class CgroupBackend(Backend):
 
     def validate(self, target: str, knob: str, value: str) -> str:
         return validate(self.fs, target, knob, value)
+
+    def scope(self, knob: str, current: str, wanted: str) -> str:
+        # io.max: koordd's hold is on the devices it writes; another device's limit is someone else's.
+        return blkio.scope(current, wanted) if knob == "io.max" else current
 
     def write(self, target: str, knob: str, value: str) -> None:
         KNOBS[knob].write(self.fs, target, value)

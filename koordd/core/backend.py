@@ -80,6 +80,12 @@ class Backend:
         it is never set to ("mixed") lets those through, for write() to put back as it does."""
         return self.validate(target, knob, value)
 
+    def scope(self, knob: str, current: str, wanted: str) -> str:
+        """Of `current` (the knob as read), the part a write of `wanted` sets: what is compared with it,
+        journaled as the original and put back by a restore. All of it for a knob that is one value;
+        io.max names devices, and a write changes only those it names."""
+        return current
+
     def same(self, current: str, wanted: str) -> bool:
         """Whether a knob reading `current` already is `wanted` (nothing to write)."""
         return current == wanted

@@ -28,7 +28,7 @@ from koordd.core.classes import CLASS_NAMES, WORKLOAD_CLASSES
 from koordd.core.health import HEALTH_OPTIONS, HealthTargets, LATENCY_SENSITIVE
 from koordd.core.kubelet import KUBELET_OPTIONS
 from koordd.core.listen import is_loopback, parse_listen
-from koordd.core.loop import NODE
+from koordd.core.loop import COMMANDS, NODE
 from koordd.core.options import COMMON_LOOP_OPTIONS, ClassList, Option, PatternList
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
 from koordd.core.report import REPORT_OPTIONS, url_problem
@@ -513,6 +513,8 @@ class _Checker:
                 continue
             clashes: dict[str, list[tuple[str, str]]] = {}
             for pair in sorted(registry[name].writes(s)):
+                if pair[1] in COMMANDS:
+                    continue        # an act, not a value: nothing for two loops to fight over
                 first = owner.setdefault(pair, name)
                 if first != name:
                     clashes.setdefault(first, []).append(pair)

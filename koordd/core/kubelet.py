@@ -16,7 +16,9 @@ own write (`cpu.idle` = 1 makes every `cpu.weight` write fail with EINVAL; a `cp
 a new quota makes that `cpu.max` write fail). Everything else is free: `cpu.max` of a QoS cgroup
 (be_suppress), `cpu.max` and `memory.max` of a BestEffort pod (the kubelet gives those no limit),
 `memory.high` above the containers, thread policies, and the commands (`cgroup.kill`,
-`memory.reclaim`, `cgroup.freeze`), which are acts, not values the kubelet sets.
+`memory.reclaim`, `cgroup.freeze`), which are acts, not values the kubelet sets. `oom_score_adj` (a
+process knob koordd sets for a whole cgroup) is the kubelet's on all of its cgroups: the kubelet's own
+values stand, and koordd's oom_shaping writes it only on cgroups outside the kubelet's roots.
 
 `KubeletRule` carries the config (`[daemon] kubelet_owned`, `kubelet_override`, `kubelet_cgroups`)
 and is what the actuator asks before a write (koordd/act/actuator.py); docs/kubernetes.md has the table.
@@ -41,6 +43,11 @@ _PIDS = "pids.max: --pod-max-pids / node allocatable"
 _HUGETLB = "hugetlb limits: hugepage requests"
 _MEMORY_QOS_MIN = "memory.min: MemoryQoS (cgroup v2) reserves memory requests"
 _MEMORY_QOS_LOW = "memory.low: MemoryQoS's TieredReservation protects Burstable requests"
+_BLOCKIO = ("io.weight/io.max (blkio.* on v1): the runtime applies the container's blockio class (containerd's "
+            "and CRI-O's blockio_config_file, the blockio.resources.beta.kubernetes.io annotations)")
+# koordd's oom_score_adj (koordd/backends/oom.py) reaches every process below its target, so at every level.
+_OOM = ("oom_score_adj: the kubelet gives each container's processes its QoS class's score (Guaranteed -997, "
+        "BestEffort 1000, Burstable 2..999 from its memory request)")
 
 OWNED: dict[str, dict[str, str]] = {
     ROOT: {
@@ -51,6 +58,7 @@ OWNED: dict[str, dict[str, str]] = {
         "memory.low": _MEMORY_QOS_LOW,
         "pids.max": _PIDS,
         "hugetlb": _HUGETLB,
+        "oom_score_adj": _OOM,
     },
     QOS: {
         "cpu.weight": _WEIGHT,
@@ -59,12 +67,14 @@ OWNED: dict[str, dict[str, str]] = {
         "memory.min": _MEMORY_QOS_MIN,
         "memory.low": _MEMORY_QOS_LOW,
         "hugetlb": _HUGETLB,
+        "oom_score_adj": _OOM,
     },
     POD: {
         "cpu.weight": "cpu.weight (cpu.shares on v1): the sum of the pod's CPU requests (BestEffort: the minimum)",
         "cpu.idle": _IDLE,
         "pids.max": _PIDS,
         "hugetlb": _HUGETLB,
+        "oom_score_adj": _OOM,
         "memory.min": _MEMORY_QOS_MIN,
         "memory.low": _MEMORY_QOS_LOW,
         # Only pods with limits: BestEffort pods have none (see _BESTEFFORT_FREE).
@@ -84,8 +94,13 @@ OWNED: dict[str, dict[str, str]] = {
         "memory.min": _MEMORY_QOS_MIN,
         "memory.low": _MEMORY_QOS_LOW,
         "memory.swap.max": "memory.swap.max: the kubelet's swap behaviour",
+        "memory.oom.group": "memory.oom.group: the kubelet (1.28+, cgroup v2) sets it to 1 on every container "
+                            "unless singleProcessOOMKill",
         "pids.max": _PIDS,
         "hugetlb": _HUGETLB,
+        "oom_score_adj": _OOM,
+        "io.weight": _BLOCKIO,
+        "io.max": _BLOCKIO,
     },
 }
 # A BestEffort pod has no limits: the kubelet writes neither its cpu.max nor its memory.max.

@@ -7,7 +7,8 @@ A loop is a class in `koordd/loops/` registered under the entry-point group
   each named with why; the loop's section is then refused like a bad value.
 - `writes(settings)` when the config loads: the (class, knob) pairs the loop
   may write (NODE instead of a class for a node-wide target: the sched_ext state,
-  a network device); two enabled loops may not claim the same pair.
+  a network device); two enabled loops may not claim the same pair (a command,
+  COMMANDS, excepted).
 - `watches(settings)`: cgroups it needs sampled although no class names them.
 - `members_of(settings)`: classes whose roots' children it needs sampled one by one.
 - `needs(settings)`: the CgroupSample fields decide() reads, and the optional
@@ -41,6 +42,10 @@ from koordd.core.snapshot import CGROUP_FIELDS
 
 
 NODE = "node"      # the owner of node-wide targets in writes(); no class has this name
+# Knobs that are commands (the backends' oneshot knobs: an act, never read or restored): two loops
+# asking for one leave no value to fight over, so writes() may name them in more than one enabled loop
+# (memory_evict's reclaim of a victim next to proactive_reclaim's steps).
+COMMANDS = frozenset({"memory.reclaim", "cgroup.kill"})
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,10 @@ BUILTIN: dict[str, dict[str, str]] = {
         "qos_baseline": "koordd.loops.qos_baseline:QosBaseline",
         "sched_ext": "koordd.loops.sched_ext:SchedExt",
         "avx_weight": "koordd.loops.avx_weight:AvxWeight",
+        "io_qos": "koordd.loops.io_qos:IoQos",
+        "proactive_reclaim": "koordd.loops.proactive_reclaim:ProactiveReclaim",
+        "core_sched": "koordd.loops.core_sched:CoreSched",
+        "oom_shaping": "koordd.loops.oom_shaping:OomShaping",
     },
     SENSORS: {
         "gpus": "koordd.sensors.gpu:GpuSensor",
@@ -43,6 +47,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "net": "koordd.sensors.net:NetSensor",
         "sched_ext": "koordd.sensors.sched_ext:SchedExtSensor",
         "avx": "koordd.sensors.avx:AvxSensor",
+        "block_devices": "koordd.sensors.blockdev:BlockDeviceSensor",
     },
     BACKENDS: {      # in this order: the cgroup knobs first, as the actuator has always had them
         "cgroup": "koordd.backends.cgroup:BACKENDS",
@@ -51,6 +56,11 @@ BUILTIN: dict[str, dict[str, str]] = {
         "tc": "koordd.backends.tc:BACKENDS",
         "netclass": "koordd.backends.netclass:BACKENDS",
         "scx": "koordd.backends.scx:BACKENDS",
+        "iocost": "koordd.backends.iocost:BACKENDS",
+        "core_sched": "koordd.backends.core_sched:BACKENDS",
+        "sysctl": "koordd.backends.sysctl:BACKENDS",
+        "oom": "koordd.backends.oom:BACKENDS",
+        "prekill": "koordd.backends.prekill:BACKENDS",
     },
 }
 WHAT = {LOOPS: "loop", SENSORS: "sensor", BACKENDS: "backend"}     # for the log lines

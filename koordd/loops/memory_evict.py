@@ -38,11 +38,20 @@ victim of its own. Never acts on an LS, LSR, LSE or SYSTEM cgroup, nor on a BE c
 one of those below it (an LS job in be.slice: not a victim, and neither is be.slice) or above it,
 the cgroups the actuator's guard refuses (koordd/act/protect.py).
 
-Writes, on BE cgroups: `memory.reclaim`, `cgroup.kill` (commands, nothing to restore) and
-`cgroup.freeze` (restored).
+Prekill hook (off unless `prekill_command` is set, oomd's and systemd-oomd's request): right before
+each kill, the command (an array: argv[0] an absolute path, no shell) runs with the victim's cgroup
+path as its last argument (also in KOORDD_CGROUP, its directory in KOORDD_CGROUP_DIR), for at most
+`prekill_timeout` (then its process group is killed): to dump a heap, drain a node-local queue, or
+tell a scheduler why. It is its own action (`cgroup.prekill`, koordd/backends/prekill.py), run by
+the actuator, not by this loop; one that fails or times out is one refused decision (a log line)
+and the kill goes ahead. Every loop's round waits for it: keep it short.
+
+Writes, on BE cgroups: `memory.reclaim`, `cgroup.kill`, `cgroup.prekill` (commands, nothing to
+restore) and `cgroup.freeze` (restored).
 """
 from __future__ import annotations
 
+import json
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -57,6 +66,19 @@ MiB = 1 << 20
 KILL_SETTLE = 15.0           # s a killed victim that is still present counts as freed (systemd-oomd waits 15 s)
 MIN_RECLAIM = MiB            # smaller shares go straight to the next step: reclaim would not help
 PRESSURE_RECLAIM_FRACTION = 0.25   # of its usage, for a victim of a pressure-only round
+
+
+class Argv(Option):
+    """A command as an array of strings, argv[0] an absolute path (no PATH lookup, no shell); () for none."""
+
+    def convert(self, value):
+        if not isinstance(value, (list, tuple)) or not all(isinstance(a, str) for a in value):
+            raise ValueError("expected an array of strings (argv[0] an absolute path), e.g. [\"/usr/local/bin/dump\"]")
+        if value and not value[0].startswith("/"):
+            raise ValueError(f"argv[0] must be an absolute path, got {value[0]!r}")
+        if any("\0" in a for a in value):
+            raise ValueError("an argument holds a NUL byte")
+        return tuple(value)
 
 
 class CgroupPath(Option):
@@ -100,11 +122,16 @@ class MemoryEvict(Loop):
         Option("thaw_delay", Duration, Duration(30.0),
                "calm time (below the lower mark, no pressure) before a frozen victim is thawed", min=0, max=3600),
         Option("reclaim", bool, True, "try memory.reclaim on a victim first, where the host has it"),
+        Argv("prekill_command", tuple, (), "command run with the victim's cgroup path before each kill (argv, "
+             "no shell); [] = none"),
+        Option("prekill_timeout", Duration, Duration(5.0), "how long the prekill command may run before it is "
+               "killed and the kill goes ahead", min=0.1, max=60),
     )
 
     @staticmethod
     def writes(settings) -> frozenset[tuple[str, str]]:
-        return frozenset({("BE", "memory.reclaim"), ("BE", "cgroup.freeze"), ("BE", "cgroup.kill")})
+        out = {("BE", "memory.reclaim"), ("BE", "cgroup.freeze"), ("BE", "cgroup.kill")}
+        return frozenset(out | {("BE", "cgroup.prekill")} if settings.prekill_command else out)
 
     @staticmethod
     def needs(settings) -> frozenset[str]:
@@ -330,6 +357,11 @@ def _act(victims, need, settings, state: State, snapshot: Snapshot, now, reason,
             state.kills.append(now)
             state.killed[c.path] = now
             state.reclaimed.pop(c.path, None)
+            if settings.prekill_command:
+                # Right before the kill, in the same batch: the actuator runs it, and the kill follows
+                # whether or not it succeeds.
+                actions.append(Action(c.path, "cgroup.prekill", _hook(settings), {**why, "step": "prekill"},
+                                      f"{trigger}: prekill hook for {c.path} before the kill"))
             actions.append(Action(c.path, "cgroup.kill", "1", {**why, "step": "kill"},
                                   f"{trigger}: killing {c.path} ({_mib(used)}){goal}"))
             # A frozen task dies only once thawed (v1): ours goes back to its original, anyone
@@ -366,6 +398,12 @@ def _settle(actions: list[Action], decisions: list, state: State) -> None:
                 state.kills.remove(t)
         elif a.knob == "cgroup.freeze" and a.value == "1":
             state.frozen.pop(a.target, None)
+
+
+def _hook(settings) -> str:
+    """cgroup.prekill's value (koordd/backends/prekill.py hook_value): the command and its timeout."""
+    return json.dumps({"argv": list(settings.prekill_command), "timeout": float(settings.prekill_timeout)},
+                      separators=(",", ":"), sort_keys=True)
 
 
 def _where(scope: str) -> str:

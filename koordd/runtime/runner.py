@@ -274,7 +274,7 @@ class Runner:
             guard[:] = guard or [Protected.of_snapshot(snapshot)]
             backend = backends.of_kind(h.kind)
             return standing_harm(guard[0], h.target, h.knob, h.original,
-                                 lambda: backend.read(h.target, h.knob)) is None
+                                 lambda: backend.scope(h.knob, backend.read(h.target, h.knob), h.original)) is None
         return changes + self.actuator.restore_where(
             harmless, f"{run.name}'s throttle lifted: the cgroup is, holds or lies inside LS, LSR, LSE or SYSTEM work")
 

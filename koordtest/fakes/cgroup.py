@@ -172,7 +172,7 @@ class FakeCgroups:
                      "cpu.weight": "100", "cpu.idle": "0", "cpuset.cpus": "", "cpuset.mems": "",
                      "cpuset.cpus.effective": inherited.strip(), "cpuset.mems.effective": "0",
                      "memory.current": "0", "memory.max": "max", "memory.high": "max", "memory.low": "0",
-                     "memory.min": "0", "memory.reclaim": "", "memory.stat": _v2_memory_stat(0),
+                     "memory.min": "0", "memory.reclaim": "", "memory.swap.max": "max", "memory.stat": _v2_memory_stat(0),
                      "cgroup.freeze": "0", "cgroup.kill": ""}
             if not self.memory:
                 files = {k: v for k, v in files.items() if not k.startswith("memory.")}
