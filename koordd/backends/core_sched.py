@@ -31,7 +31,7 @@ import re
 
 from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
 from koordd.core.cgroup import parent_of
-from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, thread_ids
+from koordd.kernel.cgroupfs import CgroupFS
 from koordd.kernel.core_sched import Prctl, probe, smt
 from koordd.backends.threads import cgroup_threads
 
@@ -88,23 +88,8 @@ class CoreSchedBackend(Backend):
         """The threads of the cgroup and below it, less those of a cgroup below it that has a label of its
         own (an LS job in be.slice, written "LS"): else the two writes would undo each other every round,
         and the LS job would get BE's cookie."""
-        others = [t for t in self.written if t != target and (not target or t.startswith(target + "/"))]
-        if not others:
-            return cgroup_threads(self.fs, target)
-        controller = self.fs.walk_controller()
-        filename = "tasks" if controller is not None else "cgroup.threads"
-        if not self.fs.exists(controller, target):
-            raise TargetGone(target)
-        out: list[int] = []
-        stack = [target]
-        while stack:
-            cg = stack.pop()
-            try:
-                out += thread_ids(self.fs.read(controller, cg, filename), f"{cg}/{filename}")
-            except (CgroupGone, FileNotFoundError):
-                continue
-            stack += [c for c in self.fs.children(controller, cg) if c not in others]
-        return out
+        others = {t for t in self.written if t != target and (not target or t.startswith(target + "/"))}
+        return cgroup_threads(self.fs, target, others)
 
     def _cookies(self, target: str) -> dict[int, int]:
         """tid -> cookie id, for the threads of the cgroup and below it that are still there."""

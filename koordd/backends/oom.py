@@ -32,8 +32,9 @@ from typing import Sequence
 
 from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, PartialWrite, TargetGone
 from koordd.core.cgroup import parent_of
-from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, LayoutError, thread_ids
+from koordd.kernel.cgroupfs import CgroupFS, LayoutError
 from koordd.kernel.host import Host, find_knob, read
+from koordd.backends.threads import cgroup_members
 
 log = logging.getLogger("koordd.backend")
 
@@ -142,27 +143,7 @@ class OomScoreBackend(Backend):
 
     def pids(self, target: str) -> list[int]:
         """Process ids in cgroup `target` and every cgroup below it; TargetGone when it is not there."""
-        controller = self.fs.walk_controller()
-        if not self.fs.exists(controller, target):
-            raise TargetGone(target)
-        out: list[int] = []
-        stack = [target]
-        while stack:
-            cg = stack.pop()
-            d = self.fs.dir(controller, cg)
-            try:
-                # Opened afresh every time, never through the daemon's kept-open fds (CgroupFS keep_open):
-                # v1 caches a cgroup.procs list per open file and hands it out again to a re-read within
-                # a second (cgroup_pidlist_start), so a kept fd read every tick never shows a new process.
-                with open(d / "cgroup.procs") as f:
-                    out += thread_ids(f.read(), f"{cg}/cgroup.procs")
-            except (CgroupGone, FileNotFoundError):
-                continue            # removed while we walked
-            except OSError as e:
-                if e.errno != errno.EOPNOTSUPP:     # a threaded v2 cgroup lists no processes
-                    raise
-            stack += self.fs.children(controller, cg)
-        return sorted(set(out))
+        return sorted(set(cgroup_members(self.fs, target, "cgroup.procs", "cgroup.procs")))
 
     def _stat(self, pid: int) -> tuple[int, bool]:
         """(start time, whether it is a kernel thread) from /proc/PID/stat."""

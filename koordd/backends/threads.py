@@ -45,11 +45,19 @@ def _normalize(value: str) -> str:
     return v
 
 
-def cgroup_threads(fs: CgroupFS, target: str) -> list[int]:
-    """Thread ids in cgroup `target` and every cgroup below it (v2 `cgroup.threads`, v1 `tasks`);
-    TargetGone when the cgroup is not there."""
+def cgroup_threads(fs: CgroupFS, target: str, leave_out: frozenset[str] | set[str] = frozenset()) -> list[int]:
+    """Thread ids in cgroup `target` and every cgroup below it (v2 `cgroup.threads`, v1 `tasks`), except
+    the subtrees of `leave_out`; TargetGone when the cgroup is not there."""
+    return cgroup_members(fs, target, "cgroup.threads", "tasks", leave_out)
+
+
+def cgroup_members(fs: CgroupFS, target: str, v2_file: str, v1_file: str,
+                   leave_out: frozenset[str] | set[str] = frozenset()) -> list[int]:
+    """The ids listed in `v2_file` (v1: `v1_file`) of cgroup `target` and every cgroup below it but the
+    subtrees of `leave_out`: threads or processes. TargetGone when the cgroup is not there. CgroupFS opens
+    v1 lists afresh for every read (a kept one would be a second old)."""
     controller = fs.walk_controller()
-    filename = "tasks" if controller is not None else "cgroup.threads"
+    filename = v1_file if controller is not None else v2_file
     if not fs.exists(controller, target):
         raise TargetGone(target)
     out: list[int] = []
@@ -60,7 +68,10 @@ def cgroup_threads(fs: CgroupFS, target: str) -> list[int]:
             out += thread_ids(fs.read(controller, cg, filename), f"{cg}/{filename}")
         except (CgroupGone, FileNotFoundError):
             continue        # removed while we walked
-        stack += fs.children(controller, cg)
+        except OSError as e:
+            if e.errno != errno.EOPNOTSUPP:     # a threaded v2 cgroup lists no processes
+                raise
+        stack += [c for c in fs.children(controller, cg) if c not in leave_out]
     return out
 
 
