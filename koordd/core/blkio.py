@@ -62,16 +62,23 @@ def parse_amount(text: str, field: str) -> int | None:
 def parse_limits(text: str, where: str = "io.max") -> Limits:
     """"rbps=10M wiops=100" -> all four fields (those not named: None, no limit)."""
     out: Limits = {f: None for f in FIELDS}
-    seen = set()
-    for token in text.split():
-        key, sep, value = token.partition("=")
-        if not sep or key not in FIELDS:
-            raise ValueError(f"{where}: expected {'/'.join(FIELDS)}=<value>, got {token[:40]!r}")
-        if key in seen:
-            raise ValueError(f"{where}: {key} given twice")
-        seen.add(key)
+    for key, value in key_values(text, FIELDS, where).items():
         out[key] = parse_amount(value, key)
     return out
+
+
+def key_values(text: str, keys, where: str) -> dict[str, str]:
+    """"a=1 b=2" -> {"a": "1", "b": "2"}, each key one of `keys` and given once, else ValueError naming
+    `where`."""
+    got: dict[str, str] = {}
+    for token in text.split():
+        key, sep, value = token.partition("=")
+        if not sep or key not in keys:
+            raise ValueError(f"{where}: expected {'/'.join(keys)}=<value>, got {token[:40]!r}")
+        if key in got:
+            raise ValueError(f"{where}: {key} given twice")
+        got[key] = value
+    return got
 
 
 def parse_io_max(text: str) -> dict[str, Limits]:
@@ -251,14 +258,7 @@ def normalize_iocost(knob: str, text: str) -> str:
     """"key=value ..." of one disk's io.cost.qos or io.cost.model line (without the device), in the
     kernel's order and form (rpct=95 -> rpct=95.00); the keys not given are left out."""
     keys = IOCOST_KEYS[knob]
-    got: dict[str, str] = {}
-    for token in text.split():
-        key, sep, value = token.partition("=")
-        if not sep or key not in keys:
-            raise ValueError(f"{knob}: expected {'/'.join(keys)}=<value>, got {token[:40]!r}")
-        if key in got:
-            raise ValueError(f"{knob}: {key} given twice")
-        got[key] = _iocost_value(knob, key, keys[key], value)
+    got = {key: _iocost_value(knob, key, keys[key], value) for key, value in key_values(text, keys, knob).items()}
     if not got:
         example = "enable=1 ctrl=auto" if knob == "io.cost.qos" else "ctrl=auto"
         raise ValueError(f"{knob}: no parameters (e.g. {example})")
