@@ -7,6 +7,8 @@ a kernel with sched_ext:
   CPU, is woken late by how much (the fair class with both normal, BE as SCHED_IDLE as the static
   `cpu.idle = 1` gives it, and koordd's scheduler preempting BE at LS's wake-up): figures printed,
   and with koordd's scheduler LS may not wait for BE's 5 ms slices;
+- cpu.weight: two LS services at CPUWeight 100 and 300, busy on one CPU, get 1:3 of it under koordd's
+  scheduler (weighted virtual time per cgroup), as they do under the fair class;
 - kill -9 of koordd: the kernel unloads the scheduler with it, systemd restarts koordd, which loads
   it again; `systemctl stop` unloads it, puts the policies back, and holds nothing.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 
@@ -144,3 +147,40 @@ def test_kill_9_unloads_it_the_restart_loads_it_again_and_stop_restores(busy):
     assert read("state") == "disabled" and read("root/ops") == ""
     assert {policy(p) for p in pids.values()} == {os.SCHED_OTHER}
     assert not [h for h in vm.held() if h["knob"] in ("scheduler", "scheduler_class", "sched_policy")], vm.held()
+
+
+WEIGHTED = {"weightlo": 100, "weighthi": 300}
+
+
+def cpu_shares(pids: dict[str, int], seconds: float) -> dict[str, int]:
+    """CPU ticks each of `pids` gets over `seconds`."""
+    before = {unit: vm.cpu_ticks(pid) for unit, pid in pids.items()}
+    time.sleep(seconds)
+    return {unit: vm.cpu_ticks(pid) - before[unit] for unit, pid in pids.items()}
+
+
+@pytest.fixture
+def weighted(koordd_stopped):
+    if not os.path.isfile(f"{SCHED_EXT_DIR}/state"):
+        pytest.fail(f"this kernel has no {SCHED_EXT_DIR}/state (CONFIG_SCHED_CLASS_EXT)")
+    assert read("state") == "disabled", f"a BPF scheduler is loaded already: {read('root/ops')}"
+    vm.stop_units(*WEIGHTED)
+    yield {unit: vm.pinned_busy_loop(unit, vm.LS, CPU, f"CPUWeight={weight}") for unit, weight in WEIGHTED.items()}
+    vm.systemctl("stop", vm.UNIT, check=False)
+    vm.stop_units(*WEIGHTED)
+    assert vm.wait_for(lambda: read("state") == "disabled", 30), read("state")
+
+
+def test_it_shares_a_contested_cpu_by_cpu_weight(weighted):
+    pids = weighted
+    weights = {unit: int((vm.CGROUP / vm.LS / f"{unit}.service" / "cpu.weight").read_text()) for unit in pids}
+    assert weights == WEIGHTED, weights
+    fair = cpu_shares(pids, 15)
+    start_koordd()
+    assert vm.wait_for(lambda: {policy(p) for p in pids.values()} == {SCHED_EXT}, 30)
+    ext = cpu_shares(pids, 30)
+    assert read("state") == "enabled" and read("root/ops") == "koordd", "the kernel ejected it (dmesg)"
+    ratio = ext["weighthi"] / max(ext["weightlo"], 1)
+    print(f"CPU ticks of two busy loops on CPU {CPU} at cpu.weight 100 and 300: fair class {fair} "
+          f"({fair['weighthi'] / max(fair['weightlo'], 1):.2f}:1), koordd's scheduler {ext} ({ratio:.2f}:1)")
+    assert 2.4 <= ratio <= 3.75, (fair, ext)

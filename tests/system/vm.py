@@ -327,9 +327,11 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def pinned_busy_loop(unit: str, slice_: str, cpu: int) -> int:
-    """A Python busy loop as the transient service `unit` in `slice_`, pinned to `cpu`; its pid."""
-    sh("systemd-run", f"--slice={slice_}", f"--unit={unit}", "python3", "-c", "while True: pass")
+def pinned_busy_loop(unit: str, slice_: str, cpu: int, *properties: str) -> int:
+    """A Python busy loop as the transient service `unit` in `slice_` (with systemd `properties`, such
+    as "CPUWeight=300"), pinned to `cpu`; its pid."""
+    sh("systemd-run", f"--slice={slice_}", f"--unit={unit}", *(f"--property={p}" for p in properties),
+       "python3", "-c", "while True: pass")
     cgroup = f"{slice_}/{unit}.service"
     wait_tasks(cgroup, 1)
     pid = int((CGROUP / cgroup / "cgroup.procs").read_text().split()[0])
