@@ -101,6 +101,10 @@ def libbpf() -> ctypes.CDLL:
     return lib
 
 
+VA_LIST_BYTES = 32          # sizeof(va_list): 24 on x86-64, 32 on arm64 (the larger is kept and put back)
+MAX_MESSAGE = 16 << 20      # libbpf's largest verifier log
+
+
 class _LibbpfLog:
     """libbpf's messages, kept while a step runs so a failure can quote them (its log callback gets a
     printf format and a va_list: libc's vsnprintf formats them)."""
@@ -119,8 +123,17 @@ class _LibbpfLog:
         lib.libbpf_set_print(ctypes.cast(self._callback, ctypes.c_void_p))
 
     def _print(self, level: int, fmt: bytes, args: int) -> int:
+        # The verifier's log of a failed load comes as one message, often far over 4 KiB, and the reason
+        # it failed is its end: a message that does not fit is formatted again into a buffer its size
+        # (up to MAX_MESSAGE). vsnprintf consumes the va_list, which on x86-64 and arm64 is a pointer to
+        # a small struct of the caller's: its bytes are kept and put back first, which is va_copy there.
+        saved = ctypes.string_at(args, VA_LIST_BYTES) if args else b""
         buf = ctypes.create_string_buffer(4096)
-        self._vsnprintf(buf, len(buf), fmt, args)
+        needed = self._vsnprintf(buf, len(buf), fmt, args)
+        if saved and len(buf) <= needed:
+            ctypes.memmove(args, saved, len(saved))
+            buf = ctypes.create_string_buffer(min(needed + 1, MAX_MESSAGE))
+            self._vsnprintf(buf, len(buf), fmt, args)
         text = buf.value.decode(errors="replace").rstrip("\n")
         if self.lines is not None:
             self.lines.extend(text.splitlines())

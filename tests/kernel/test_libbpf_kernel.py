@@ -83,6 +83,15 @@ def test_a_broken_object_fails_naming_the_step_and_libbpfs_reason(tmp_path):
         BpfObject(broken)
 
 
+def test_a_libbpf_message_over_4_kib_is_kept_whole_to_its_reason(tmp_path):
+    # A failed load's verifier log is one message, its reason at the end: it once came cut at 4 KiB.
+    # A path of 5000 characters makes libbpf's own "failed to open PATH: REASON" message that long.
+    path = tmp_path / ("x" * 200) / ("y" * 5000 + ".bpf.o")
+    with pytest.raises(BpfError) as failed:
+        BpfObject(path)
+    assert str(failed.value).endswith(f"{path.name}: {os.strerror(errno.ENAMETOOLONG)})"), str(failed.value)[-200:]
+
+
 def test_a_map_of_the_wrong_size_is_refused_before_the_kernel_writes_past_it():
     obj = loaded(RUNQ_PROGRAM)
     try:
