@@ -254,26 +254,121 @@ def test_dynamic_cuts_at_once_and_raises_in_steps():
     calm = CgroupSample("ls.slice", "LS", io_pressure=io(1.0))
     assert wbps_of(IoQos.decide(snap(BE, calm), s, state)) == ceiling          # at the ceiling already
     hot = CgroupSample("ls.slice", "LS", io_pressure=io(30.0))
-    assert wbps_of(IoQos.decide(snap(BE, hot), s, state)) == ceiling // 2      # cut 50% at once
+    cut = IoQos.decide(snap(BE, hot), s, state)
+    assert wbps_of(cut) == ceiling // 2 and cut[0].reason["knee"] == 1.0        # cut 50% at once
     assert wbps_of(IoQos.decide(snap(BE, hot), s, state)) == ceiling // 4
     for _ in range(20):
         IoQos.decide(snap(BE, hot), s, state)
     assert wbps_of(IoQos.decide(snap(BE, hot), s, state)) == round(ceiling * 0.05)   # the floor
+    assert state.knee == 0.05                                                  # cut at the floor: the knee
     between = CgroupSample("ls.slice", "LS", io_pressure=io(9.5))               # under target, over 90% of it
     assert wbps_of(IoQos.decide(snap(BE, between), s, state)) == round(ceiling * 0.05)
+    # Three calm rounds in a row (calm_rounds) before a raise; at the knee, it adds 10% of the limit.
+    for _ in range(2):
+        held = IoQos.decide(snap(BE, calm), s, state)
+        assert wbps_of(held) == round(ceiling * 0.05) and held[0].reason["step"].startswith("hold (calm")
     raised = IoQos.decide(snap(BE, calm), s, state)
-    assert wbps_of(raised) == round(ceiling * 0.15) and raised[0].reason["step"] == "raise"
-    for _ in range(20):
+    assert wbps_of(raised) == round(ceiling * 0.055) and raised[0].reason["step"] == "raise"
+    # Above the knee, calm: each raise adds the distance already come above it (at least 10%): it speeds up.
+    fractions = []
+    for _ in range(30):
         IoQos.decide(snap(BE, calm), s, state)
+        fractions.append(state.fraction)
+    steps = [b - a for a, b in zip(fractions, fractions[1:]) if b > a][:-1]     # the last one stops at 1.0
+    assert steps == sorted(steps) and steps[-1] > 2 * steps[0]
     assert wbps_of(IoQos.decide(snap(BE, calm), s, state)) == ceiling
     # rbps was max in be_io_max: it stays max whatever the fraction.
     assert blkio.parse_io_max(IoQos.decide(snap(BE, hot), s, state)[0].value)["8:0"]["rbps"] is None
 
 
+def test_dynamic_a_calm_round_right_after_a_cut_does_not_raise():
+    s, state = dynamic(), State()
+    hot = CgroupSample("ls.slice", "LS", io_pressure=io(30.0))
+    calm = CgroupSample("ls.slice", "LS", io_pressure=io(1.0))
+    between = CgroupSample("ls.slice", "LS", io_pressure=io(9.5))
+    IoQos.decide(snap(BE, hot), s, state)
+    assert state.fraction == 0.5 and state.knee == 1.0
+    after = IoQos.decide(snap(BE, calm), s, state)
+    assert state.fraction == 0.5 and after[0].reason["step"] == "hold (calm, fewer than calm_rounds)"
+    assert after[0].reason["calm"] == 1
+    # A round that is not calm starts the count again.
+    IoQos.decide(snap(BE, between), s, state)
+    IoQos.decide(snap(BE, calm), s, state)
+    IoQos.decide(snap(BE, calm), s, state)
+    assert state.fraction == 0.5
+    # The third calm round in a row raises: half the way up to the knee (the limit that was cut).
+    assert IoQos.decide(snap(BE, calm), s, state)[0].reason["step"] == "raise" and state.fraction == 0.75
+    # calm_rounds = 1: the next calm round raises, as the old dynamic mode did.
+    quick = State(fraction=0.5, knee=1.0)
+    IoQos.decide(snap(BE, calm), dynamic(calm_rounds=1), quick)
+    assert quick.fraction == 0.75
+
+
+@pytest.mark.parametrize("fraction, knee, raised", [
+    (0.25, 1.0, 0.625),       # far below the knee: half the way up to it
+    (0.95, 1.0, 1.045),       # just under it: at least 10% of the limit, past the knee in one small step
+    (0.4, 0.4, 0.44),         # at the knee: 10% of the limit
+    (0.6, 0.4, 0.8),          # above it, calm: the distance already come above it
+    (0.5, None, 0.55),        # no knee known: 10% of the limit
+])
+def test_dynamic_raise_sizes(fraction, knee, raised):
+    from koordd.loops.io_qos import raised as raise_of
+    assert raise_of(fraction, knee, 0.10) == pytest.approx(raised)
+
+
+def simulate(s, state, pressure_of, rounds):
+    """(fraction, step) per round against a simulated LS whose io.pressure is pressure_of(BE's limit)."""
+    out = []
+    for _ in range(rounds):
+        ls = CgroupSample("ls.slice", "LS", io_pressure=io(pressure_of(state.fraction)))
+        step = IoQos.decide(snap(BE, ls), s, state)[0].reason["step"]
+        out.append((state.fraction, step.split(":")[0].split(" ")[0]))
+    return out
+
+
+@pytest.mark.parametrize("calm_rounds", [1, 3, 5])
+def test_dynamic_settles_under_the_knee_of_a_graded_ls(calm_rounds):
+    # LS's pressure: 4% alone, growing with BE's limit: over the 10% target above 40% of be_io_max, over
+    # 90% of it (no raise) above a third.
+    s, state = dynamic(calm_rounds=calm_rounds), State()
+    rounds = simulate(s, state, lambda f: 4 + 15 * f, 200)
+    cuts = [i for i, (_, step) in enumerate(rounds) if step == "cut"]
+    assert cuts and cuts[-1] < 20                      # it finds the knee, then cuts no more
+    settled = {round(f, 6) for f, _ in rounds[30:]}
+    assert len(settled) == 1 and 1 / 3 <= settled.pop() <= 0.4    # just under the knee, still
+
+
+@pytest.mark.parametrize("calm_rounds, most", [(3, 0.03), (1, 0.06)])
+def test_dynamic_converges_under_a_sharp_knee_and_probes_it_rarely(calm_rounds, most):
+    # LS's pressure jumps over the target above 30% of be_io_max (no band in between to hold in).
+    # The old dynamic mode alternated cut and raise every other round (here: a harmful round in two); now
+    # the limit stays under the knee and tries it again (one harmful round, then a cut) less and less often.
+    rounds = simulate(dynamic(calm_rounds=calm_rounds), State(), lambda f: 30.0 if f > 0.3 else 4.0, 400)
+    late = rounds[100:]
+    harmful = [f for f, _ in late if f > 0.3]
+    assert 0 < len(harmful) <= most * len(late)       # it still tries, rarely
+    assert all(0.15 <= f <= 0.35 for f, _ in late)
+    steps = [step for _, step in late if step in ("cut", "raise")]
+    alternations = sum(a == "cut" and b == "raise" and c == "cut" for a, b, c in zip(steps, steps[1:], steps[2:]))
+    assert alternations == 0
+
+
+def test_dynamic_finds_a_higher_knee_again():
+    # The knee was at 30%; LS now tolerates BE up to 80%: the limit climbs past the old knee, faster and
+    # faster, and settles under the new one.
+    s, state = dynamic(), State()
+    simulate(s, state, lambda f: 30.0 if f > 0.3 else 4.0, 200)
+    rounds = simulate(s, state, lambda f: 30.0 if f > 0.8 else 4.0, 200)
+    # At most 16 * calm_rounds rounds before it tries past the old knee, then a few raises.
+    first_over = next(i for i, (f, _) in enumerate(rounds) if f > 0.8)
+    assert first_over < 16 * 3 + 20
+    assert all(0.4 <= f <= 0.9 for f, _ in rounds[first_over + 20:])
+
+
 def test_dynamic_prefers_the_rounds_own_pressure_to_avg10():
     s, state = dynamic(), State()
     # avg10 still shows an old stall, but over the last round LS waited 2% of the time: raise, do not cut.
-    state.fraction = 0.5
+    state.fraction, state.calm = 0.5, 2
     ls = CgroupSample("ls.slice", "LS", io_pressure=io(40.0, growth=20_000.0))
     actions = IoQos.decide(snap(BE, ls), s, state)
     assert actions[0].reason["ls_io_pressure"] == 2.0 and actions[0].reason["step"] == "raise"
@@ -281,9 +376,9 @@ def test_dynamic_prefers_the_rounds_own_pressure_to_avg10():
 
 def test_dynamic_holds_without_any_ls_signal():
     s, state = dynamic(), State()
-    state.fraction = 0.3
+    state.fraction, state.calm = 0.3, 2
     actions = IoQos.decide(snap(BE, LS), s, state)
-    assert state.fraction == 0.3 and actions[0].reason["step"] == "hold (no LS signal)"
+    assert state.fraction == 0.3 and actions[0].reason["step"] == "hold (no LS signal)" and state.calm == 0
 
 
 def test_problems():
