@@ -56,16 +56,22 @@ def reads_only_what_it_needs(cls):
 
     def decide(snapshot, settings, state):
         seen: set[str] = set()
+        seen_of_own: set[str] = set()           # of the class roots of the loop's own classes (class_needs)
         seen_of_members: set[str] = set()
         seen_sections: set[str] = set()
         if dataclasses.is_dataclass(snapshot):
+            own = cls.members_of(settings)
             snapshot = dataclasses.replace(
-                snapshot, cgroups={k: spy(v, seen) for k, v in snapshot.cgroups.items()},
+                snapshot, cgroups={k: spy(v, seen_of_own if getattr(v, "cls", None) in own else seen)
+                                   for k, v in snapshot.cgroups.items()},
                 members={k: tuple(spy(m, seen_of_members) for m in v) for k, v in snapshot.members.items()},
                 sections=SpiedSections(snapshot.sections, seen_sections))
         out = original(snapshot, settings, state)
         unnamed = seen - cls.needs(settings)
         assert not unnamed, f"{cls.name}.decide read {sorted(unnamed)}, which its needs() does not name"
+        unnamed = seen_of_own - cls.needs(settings) - cls.class_needs(settings)
+        assert not unnamed, f"{cls.name}.decide read {sorted(unnamed)} of its classes' roots; neither needs() nor " \
+                            "class_needs() names it"
         unnamed = seen_of_members - cls.member_needs(settings)
         assert not unnamed, f"{cls.name}.decide read {sorted(unnamed)} of members; member_needs() does not name it"
         # The sections the classes' SLOs are measured by run whatever the loops need (runtime/service.py).

@@ -12,7 +12,7 @@ from koordd.core.config import ConfigError, loop_options, make_settings, parse_c
 from koordd.core.decisions import APPLIED, DRY_RUN, REFUSED, Decision
 from koordd.core.loop import COMMANDS, Action
 from koordd.core.registry import builtin, LOOPS
-from koordd.core.snapshot import CgroupSample, NodeSample, Pressure, PressureStat, Snapshot
+from koordd.core.snapshot import CgroupSample, NodeSample, Pressure, PressureStat, Refaults, Snapshot
 from koordd.loops.proactive_reclaim import ProactiveReclaim, parse_size, pressure_percent
 
 MiB = 1 << 20
@@ -31,9 +31,11 @@ def psi(percent: float | None, growth: bool = True) -> PressureStat | None:
     return PressureStat(Pressure(percent, 0, 0, 0, growth=percent * 1e4 if growth else None), None)
 
 
-def cg(path, current_mib=1000, pressure=0.0, cls="BE", growth=True):
+def cg(path, current_mib=1000, pressure=0.0, cls="BE", growth=True, refault_mib=None):
+    """`refault_mib`: memory.stat's cumulative refaults (file), None where the snapshot has none."""
     return CgroupSample(path=path, cls=cls, memory_current=None if current_mib is None else int(current_mib * MiB),
-                        memory_pressure=psi(pressure, growth))
+                        memory_pressure=psi(pressure, growth),
+                        memory_refaults=None if refault_mib is None else Refaults(int(refault_mib * MiB), 0))
 
 
 def snap(*cgroups, t=100.0, supported=V2, held=(), members=None):
@@ -250,3 +252,96 @@ def test_through_the_actuator_on_a_fake_v2_tree_and_swap_restored(tmp_path):
     [d] = act.restore_all("stopping")
     assert (d.target, d.knob, d.new, d.outcome) == ("be", "memory.swap.max", "max", RESTORED)
     assert tree.read("be", None, "memory.swap.max") == "max"
+
+
+# --- refaults: the step that reached the working set --------------------------------------------------
+
+
+def test_refaults_above_the_share_of_the_last_step_back_off_under_the_psi_target():
+    run = Run(psi_target=0.5, min_step="4M", grow_percent=100, backoff="30s", refault_percent=25)
+    assert run.reclaims(snap(cg("be", refault_mib=10), t=100)) == {"be": 4 * MiB}
+    assert run.reclaims(snap(cg("be", refault_mib=10), t=101)) == {"be": 8 * MiB}
+    # 2.5 MiB read back after the 8 MiB step: more than 25% of it, with PSI far under the target.
+    assert run.reclaims(snap(cg("be", pressure=0.05, refault_mib=12.5), t=102)) == {}
+    st = run.state.cgroups["be"]
+    assert st.step == 4 * MiB and st.backoff_until == 132.0
+    # Left alone for the backoff although quiet, then from min_step again.
+    assert run.reclaims(snap(cg("be", refault_mib=12.5), t=110)) == {}
+    assert run.reclaims(snap(cg("be", refault_mib=12.5), t=133)) == {"be": 4 * MiB}
+
+
+def test_refaults_under_the_share_do_not_stop_the_step_and_show_in_the_reason():
+    run = Run(min_step="4M", grow_percent=100, max_step_percent=5.0, refault_percent=25)
+    run(snap(cg("be", refault_mib=0), t=100))                       # 4 MiB asked
+    [a] = run(snap(cg("be", refault_mib=1), t=101))                  # 1 MiB back: exactly 25%, not over
+    assert int(a.value) == 8 * MiB and a.reason["step"] == "grow"
+    assert a.reason["refault_bytes"] == 1 * MiB and a.reason["refault_limit_bytes"] == 1 * MiB
+    assert "refaults 1.0 MiB" in a.message
+    [a] = run(snap(cg("be", refault_mib=2), t=102))                  # 1 MiB after 8 MiB
+    assert int(a.value) == 16 * MiB and a.reason["refault_bytes"] == MiB
+    # The first round: nothing to compare with, no step to judge.
+    [a] = Run()(snap(cg("be", refault_mib=500)))
+    assert a.reason["refault_bytes"] is None and a.reason["refault_limit_bytes"] is None
+
+
+def test_refaults_without_a_step_before_are_not_judged():
+    """A workload's own refaults while the loop took nothing (backoff, blind) say nothing of a step."""
+    run = Run(psi_target=0.1, min_step="1M", backoff="10s")
+    run(snap(cg("be", refault_mib=0), t=100))
+    assert run.reclaims(snap(cg("be", pressure=0.2, refault_mib=0), t=101)) == {}     # PSI: back off
+    assert run.reclaims(snap(cg("be", refault_mib=50), t=105)) == {}                  # still backing off
+    # Past the backoff, 50 MiB more refaulted, but the round before asked nothing: reclaimed from.
+    assert run.reclaims(snap(cg("be", refault_mib=100), t=112)) == {"be": 1 * MiB}
+    st = run.state.cgroups["be"]
+    assert st.refaults == 100 * MiB
+
+
+def test_refault_counters_that_go_backwards_or_are_missing_leave_it_to_psi():
+    run = Run(min_step="4M", grow_percent=100, max_step_percent=5.0)
+    run(snap(cg("be", refault_mib=100), t=100))
+    # Recreated under the same name: its counters start again near 0. Not a growth, and not judged.
+    [a] = run(snap(cg("be", refault_mib=3), t=101))
+    assert a.reason["refault_bytes"] is None and int(a.value) == 8 * MiB
+    # From the new reading on, growth is judged again: 3 -> 6 MiB after an 8 MiB step is 37%.
+    assert run.reclaims(snap(cg("be", refault_mib=6), t=102)) == {}
+    # Missing (a v1 memory.stat, an old kernel, a file that did not parse): PSI alone.
+    run = Run(min_step="4M", grow_percent=100, max_step_percent=5.0)
+    for i in range(3):
+        [a] = run(snap(cg("be"), t=100 + i))
+        assert a.reason["refault_bytes"] is None
+    assert int(a.value) == 16 * MiB
+    # Missing for a round between two readings: that round is not judged, nor the one after it.
+    run(snap(cg("be", refault_mib=0), t=103))
+    run(snap(cg("be"), t=104))
+    [a] = run(snap(cg("be", refault_mib=40), t=105))
+    assert a.reason["refault_bytes"] is None
+
+
+def test_a_refused_step_is_not_what_refaults_are_judged_by():
+    run = Run(min_step="4M", grow_percent=100, max_step_percent=5.0)
+    run(snap(cg("be", refault_mib=0), t=100), refuse={"be"})
+    [a] = run(snap(cg("be", refault_mib=10), t=101))
+    assert a.reason["refault_limit_bytes"] is None
+
+
+def test_refault_percent_0_turns_it_off_and_reads_no_memory_stat():
+    run = Run(min_step="4M", grow_percent=100, refault_percent=0)
+    run(snap(cg("be", refault_mib=0), t=100))
+    [a] = run(snap(cg("be", refault_mib=100), t=101))
+    assert int(a.value) == 8 * MiB and a.reason["refault_bytes"] is None
+    assert ProactiveReclaim.class_needs(run.settings) == frozenset()
+    assert "memory_refaults" not in ProactiveReclaim.member_needs(run.settings)
+    on = settings()
+    assert on.refault_percent == 25.0
+    # Read of BE's roots and pods alone: never of every class root (needs()).
+    assert ProactiveReclaim.class_needs(on) == {"memory_refaults"} <= ProactiveReclaim.member_needs(on)
+    assert "memory_refaults" not in ProactiveReclaim.needs(on)
+
+
+def test_huge_refault_counts_do_not_break_the_arithmetic():
+    run = Run(min_step="4M")
+    run(snap(cg("be", refault_mib=0), t=100))
+    huge = CgroupSample("be", "BE", memory_current=1000 * MiB, memory_pressure=psi(0.0),
+                        memory_refaults=Refaults((1 << 64) * 4096, (1 << 64) * 4096))
+    assert run.reclaims(snap(huge, t=101)) == {}                     # far above the share: back off
+    assert run.state.cgroups["be"].refaults == (1 << 65) * 4096

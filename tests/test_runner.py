@@ -268,3 +268,36 @@ def test_needs_words_are_cgroup_fields_or_registered_sensors(tmp_path, caplog):
     assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
     runner.tick(runner.due(1.0), snapshot(1.0, {"be.slice": "BE"}))
     assert runner.runs["needs_sensors"].failures == 0 and runner.runs["needs_sensors"].ticks == 1
+
+
+class Reclaimer(Loop):
+    """Reads a costly field of its own classes' roots alone (class_needs)."""
+    name = "reclaimer"
+
+    @staticmethod
+    def members_of(settings):
+        return frozenset({"BE"})
+
+    @staticmethod
+    def class_needs(settings):
+        return frozenset({"memory_refaults"})
+
+    @staticmethod
+    def needs(settings):
+        return frozenset({"memory_current"})
+
+    @staticmethod
+    def decide(snapshot, settings, state):
+        return []
+
+
+def test_class_needs_are_per_class_and_not_in_needs(tmp_path, caplog):
+    registry = {"capper": Capper, "reclaimer": Reclaimer}
+    runner = Runner(registry, Actuator(FakeCgroups(tmp_path, "v2").fs, RestoreJournal(tmp_path / "s"),
+                                       DecisionLog(tmp_path / "s")))
+    runner.configure(parse_config("[loops.reclaimer]\nenabled = true\n", "k.toml", registry))
+    assert runner.class_needs() == {"BE": {"memory_refaults"}}
+    assert "memory_refaults" not in runner.needs()
+    assert not [r for r in caplog.records if r.levelno == logging.ERROR]      # a cgroup field: no error line
+    runner.configure(parse_config("[loops.capper]\nenabled = true\n", "k.toml", registry))
+    assert runner.class_needs() == {}

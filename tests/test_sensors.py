@@ -1,6 +1,7 @@
 """Sensors on literal kernel text: PSI, /proc + /sys for the node, fake cgroup trees for cgroups."""
 from __future__ import annotations
 
+import logging
 import time
 from types import SimpleNamespace
 
@@ -430,3 +431,106 @@ def test_a_decide_reading_a_section_its_needs_do_not_name_fails_under_the_spy():
     with pytest.raises(AssertionError, match=r"read the section \['gpus'\]"):
         reads_only_what_it_needs(ReadsGpus).__func__(snap, None, None)
     assert reads_only_what_it_needs(NamesGpus).__func__(snap, None, None) == []
+
+
+# --- memory.stat's refault counters (proactive_reclaim) -------------------------------------------------
+
+STAT = "anon 4096\nfile 8192\nworkingset_refault_anon {anon}\nworkingset_refault_file {file}\nworkingset_restore_file 1\n"
+
+
+def test_refaults_are_memory_stat_s_page_counts_in_bytes_read_with_memory_anon_in_one_read(tmp_path, monkeypatch):
+    from koordd.backends.cgroup import PAGE_SIZE
+    from koordd.core.snapshot import Refaults
+    tree = FakeCgroups(tmp_path, "v2").add(JOB)
+    tree.set(JOB, "memory", "memory.stat", STAT.format(anon=3, file=250))
+    sensor = CgroupSensor(tree.fs)
+    read = []
+    real_read = sensor.fs.read
+    monkeypatch.setattr(sensor.fs, "read", lambda c, cg, name: read.append(name) or real_read(c, cg, name))
+    s = sensor.sample(JOB, "BE", 1.0, frozenset({"memory_anon", "memory_refaults"}))
+    assert s.memory_refaults == Refaults(250 * PAGE_SIZE, 3 * PAGE_SIZE) and s.memory_refaults.total == 253 * PAGE_SIZE
+    assert s.memory_anon == 4096 and read == ["memory.stat"]
+    # Not asked for: not read.
+    read.clear()
+    assert sensor.sample(JOB, "BE", 2.0, frozenset({"memory_current"})).memory_refaults is None
+    assert read == ["memory.current"]
+
+
+@pytest.mark.parametrize("text", [
+    STAT.format(anon=0, file="12x"), STAT.format(anon=-1, file=0), STAT.format(anon=0, file=1 << 64),
+    STAT.format(anon=0, file="9" * 5000), STAT.format(anon=0, file=""), "workingset_refault_file 1.5\n",
+], ids=["word", "negative", "past-u64", "huge", "empty", "float"])
+def test_garbled_refault_counters_read_as_unknown_with_one_warning(tmp_path, text, caplog):
+    tree = FakeCgroups(tmp_path, "v2").add(JOB).add("be.slice/other")
+    for cg in (JOB, "be.slice/other"):
+        tree.set(cg, "memory", "memory.stat", text)
+    sensor = CgroupSensor(tree.fs)
+    fields = frozenset({"memory_refaults", "memory_current"})
+    with caplog.at_level(logging.WARNING, logger="koordd.sensors"):
+        samples = [sensor.sample(cg, "BE", t, fields) for t in (1.0, 2.0) for cg in (JOB, "be.slice/other")]
+    assert all(s.memory_refaults is None and s.memory_current == 0 for s in samples)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "memory_refaults of be.slice/job does not parse" in warned[0]
+
+
+def test_refaults_missing_on_old_kernels_and_never_read_on_v1_or_hybrid(tmp_path, caplog, monkeypatch):
+    tree = FakeCgroups(tmp_path, "v2").add(JOB)
+    tree.set(JOB, "memory", "memory.stat", "anon 0\nfile 0\nworkingset_refault 7\n")     # before 5.9
+    with caplog.at_level(logging.WARNING, logger="koordd.sensors"):
+        assert CgroupSensor(tree.fs).sample(JOB, "BE", 1.0, frozenset({"memory_refaults"})).memory_refaults is None
+    assert caplog.records == []
+    for mode in ("v1", "hybrid"):
+        sensor = CgroupSensor(FakeCgroups(tmp_path / mode, mode).add(JOB).fs)
+        read = []
+        real_read = sensor.fs.read
+        monkeypatch.setattr(sensor.fs, "read", lambda c, cg, name, real_read=real_read: read.append(name) or
+                            real_read(c, cg, name))
+        assert sensor.sample(JOB, "BE", 1.0, frozenset({"memory_refaults"})).memory_refaults is None
+        assert read == [], mode
+
+
+def test_class_fields_are_read_of_that_class_s_roots_and_members_alone(tmp_path, host, monkeypatch):
+    """Loop.class_needs: memory.stat for proactive_reclaim's BE roots and pods, never for every LS pod."""
+    tree = FakeCgroups(tmp_path, "v2").add("be.slice/job1").add("be.slice/job2").add("ls.slice").add("solo.slice")
+    classify = {"be.slice": "BE", "solo.slice": "BE", "ls.slice": "LS"}.get
+    sensors = Sensors(tree.fs, classify, ["be.slice", "solo.slice", "ls.slice"], proc_root=host.proc,
+                      sys_root=host.sys)
+    read = []
+    real_read = sensors.fs.read
+    monkeypatch.setattr(sensors.fs, "read", lambda c, cg, name: read.append((cg, name)) or real_read(c, cg, name))
+    snap = sensors.snapshot(member_classes={"BE"}, fields=frozenset({"memory_current"}), member_fields=frozenset(),
+                            class_fields={"BE": frozenset({"memory_refaults"})})
+    assert sorted(cg for cg, name in read if name == "memory.stat") == ["be.slice", "solo.slice"]
+    assert snap.cgroups["solo.slice"].memory_refaults is not None and snap.cgroups["ls.slice"].memory_refaults is None
+    assert [u.path for u in snap.units("BE")] == ["be.slice/job1", "be.slice/job2", "solo.slice"]
+
+
+class ReadsRefaults(Loop):
+    """Reads memory_refaults of every class root; class_needs() names it for BE's alone."""
+    name = "reads_refaults"
+
+    @staticmethod
+    def members_of(settings):
+        return frozenset({"BE"})
+
+    @staticmethod
+    def needs(settings):
+        return frozenset({"memory_current"})
+
+    @staticmethod
+    def class_needs(settings):
+        return frozenset({"memory_refaults"})
+
+    @staticmethod
+    def decide(snapshot, settings, state):
+        return [Action(c.path, "memory.reclaim", "1") for c in snapshot.cgroups.values() if c.memory_refaults]
+
+
+def test_class_needs_cover_the_loop_s_own_class_roots_only_under_the_spy():
+    from koordd.core.snapshot import CgroupSample
+    from koordtest.needs import reads_only_what_it_needs as spied
+    be, ls = CgroupSample("be.slice", "BE"), CgroupSample("ls.slice", "LS")
+    assert spied(ReadsRefaults).__func__(Snapshot(1.0, 0.0, NodeSample(2, None), {"be.slice": be}), None, None) == []
+    with pytest.raises(AssertionError, match=r"read \['memory_refaults'\], which its needs\(\) does not name"):
+        spied(ReadsRefaults).__func__(Snapshot(1.0, 0.0, NodeSample(2, None), {"be.slice": be, "ls.slice": ls}),
+                                      None, None)

@@ -15,7 +15,9 @@ A loop is a class in `koordd/loops/` registered under the entry-point group
   sensors (`gpus`, see sensors/contract.py) whose snapshot sections it reads:
   only what the enabled loops need is read each tick, and an optional sensor runs
   only while a loop names it; `member_needs(settings)` the fields it reads of
-  members (default: the same).
+  members (default: the same); `class_needs(settings)` fields it reads only of
+  the class roots of its own classes (members_of), beyond needs(): a file too
+  costly to read of every class root (memory.stat), read of those alone.
 - `member_fields(snapshot, settings, state)` before decide(), on a snapshot whose
   members are listed but not read: which member fields this tick needs (default:
   all of member_needs). A loop that acts on members only now and then (memory_evict,
@@ -98,6 +100,12 @@ class Loop:
     def member_needs(cls, settings) -> frozenset[str]:
         """The fields decide() reads of members (members_of); a pod costs what is read of it, every tick."""
         return cls.needs(settings)
+
+    @staticmethod
+    def class_needs(settings) -> frozenset[str]:
+        """Fields decide() reads of the class roots of members_of(settings)'s classes only, on top of needs()
+        (a root without children is a unit of its own): the other classes' roots do not pay for them."""
+        return frozenset()
 
     @classmethod
     def member_fields(cls, snapshot, settings, state) -> frozenset[str]:

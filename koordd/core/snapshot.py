@@ -39,6 +39,19 @@ class Throttling:
 
 
 @dataclass(frozen=True)
+class Refaults:
+    """memory.stat's cumulative workingset_refault_file and _anon, in bytes: pages read back (file) or
+    swapped back in (anon) soon after reclaim evicted them. Growing right after a reclaim, they say it
+    took memory the cgroup still uses, even where the refaults stall too little to show in PSI."""
+    file: int
+    anon: int
+
+    @property
+    def total(self) -> int:
+        return self.file + self.anon
+
+
+@dataclass(frozen=True)
 class CpuTopology:
     cpu: int
     core: int        # first CPU of its SMT sibling group: equal for siblings
@@ -72,6 +85,7 @@ class CgroupSample:
     memory_anon: int | None = None          # anon + unevictable: what reclaiming page cache cannot free
     memory_max: str | None = None
     oom_kills: int | None = None            # cumulative kernel OOM kills inside this cgroup
+    memory_refaults: Refaults | None = None # v2 memory.stat; a loop naming it costs a memory.stat read per cgroup
     frozen: bool | None = None
     cpu_pressure: PressureStat | None = None
     memory_pressure: PressureStat | None = None
@@ -81,7 +95,7 @@ class CgroupSample:
 # What a sensor can read for a cgroup; a loop names those it reads (Loop.needs) and only those are read.
 CGROUP_FIELDS = frozenset(("cpu_usage", "throttling", "cpu_max", "cpu_max_burst", "cpuset_cpus", "cpu_weight",
                            "memory_current", "memory_anon", "memory_max", "oom_kills", "frozen", "cpu_pressure",
-                           "memory_pressure", "io_pressure"))
+                           "memory_pressure", "io_pressure", "memory_refaults"))
 GPUS = "gpus"          # the GPU sensor's section (NVML): polled only for a loop whose needs() name it
 RUNQ_LATENCY = "runq_latency"   # section: cgroup path -> RunqLatency, for the round since the last
 CPI = "cpi"                     # section: cgroup path -> CpiSample, for the round since the last

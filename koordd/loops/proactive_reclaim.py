@@ -23,6 +23,17 @@ Reclaiming from a cgroup that has memory it does not touch costs it nothing; fro
 touch it, refaults (file pages read again, anon pages swapped in) that show as memory pressure at
 once, which is why the step follows the PSI of the very cgroup reclaimed from.
 
+Refaults of clean page cache that a fast disk (or the host's page cache) serves stall too little to
+reach the PSI target: once memory.current is down to the working set, PSI alone lets each step take
+hot pages that are read straight back. So the loop also watches the cgroup's refaults (memory.stat
+`workingset_refault_file` + `workingset_refault_anon`, in bytes): when those that grew since the last
+step are more than `refault_percent` of that step, the step reached memory the cgroup uses, and the
+round counts as PSI at the target (back to `min_step`, left alone for `backoff`). Only a round right
+after a step is judged, against that step; counters that went backwards (a cgroup recreated under the
+same name) or are missing leave the round to PSI alone. A workload that refaults by itself (it reads
+more than fits) is then reclaimed from at `min_step` once per `backoff` at most. `refault_percent = 0`
+turns this off and reads no memory.stat.
+
 Only BE: koordd's guard (koordd/act/protect.py) refuses `memory.reclaim` on LS, LSR, LSE and SYSTEM
 cgroups and on any cgroup that holds one or lies inside one, whatever the config says, so `classes`
 takes BE alone.
@@ -46,7 +57,7 @@ from koordd.core.decisions import APPLIED
 from koordd.core.loop import Action, Loop, carried_out, restore
 from koordd.core.options import ClassList, Duration, Option
 from koordd.core.protected import Protected
-from koordd.core.snapshot import CgroupSample, Snapshot
+from koordd.core.snapshot import CgroupSample, Refaults, Snapshot
 from koordd.loops.qos_baseline import parse_memory_value
 
 log = logging.getLogger("koordd.loop.proactive_reclaim")
@@ -102,6 +113,8 @@ class Step:
     backoff_until: float = 0.0            # monotonic time: no reclaim before
     saved_total: int = 0                  # bytes the kernel reclaimed on this loop's asks
     asked: int = 0                        # this round's ask, for settle()
+    stepped: int = 0                      # last round's ask, once carried out: what its refaults are judged by
+    refaults: int | None = None           # the cumulative refault bytes the last round read
 
 
 @dataclass
@@ -125,6 +138,8 @@ class ProactiveReclaim(Loop):
                min=1, max=400),
         Option("backoff", Duration, Duration(30.0), "how long a cgroup is left alone after its PSI reached "
                "psi_target", min=0, max=3600),
+        Option("refault_percent", float, 25.0, "refaults since the last step, as a percent of that step, that "
+               "count as PSI at psi_target (the step reached the working set); 0 = off", min=0, max=1000),
         SwapOption("be_swap_max", str, "", "BE class roots' memory.swap.max (v2): \"0\" no swap, a size, \"max\"; "
                    "\"\" = leave alone"),
     )
@@ -143,6 +158,16 @@ class ProactiveReclaim(Loop):
     @staticmethod
     def needs(settings) -> frozenset[str]:
         return frozenset({"memory_current", "memory_pressure"})
+
+    @staticmethod
+    def class_needs(settings) -> frozenset[str]:
+        # memory.stat costs the kernel a statistics flush: read of the BE roots and pods alone, and only
+        # while the refault signal is on.
+        return frozenset({"memory_refaults"}) if settings.refault_percent > 0 else frozenset()
+
+    @classmethod
+    def member_needs(cls, settings) -> frozenset[str]:
+        return cls.needs(settings) | cls.class_needs(settings)
 
     @staticmethod
     def initial_state(settings) -> State:
@@ -184,6 +209,7 @@ class ProactiveReclaim(Loop):
             if a.knob != "memory.reclaim" or st is None or not st.asked:
                 continue
             if (a.target, a.knob) in done:
+                st.stepped = st.asked
                 if (a.target, a.knob) in written:
                     st.saved_total += st.asked
                 if a.reason.get("step") == "grow":
@@ -205,17 +231,32 @@ def pressure_percent(sample: CgroupSample) -> tuple[float, str] | None:
     return stat.some.avg10, "avg10"
 
 
+def refault_growth(sample: CgroupSample, st: Step) -> int | None:
+    """Refault bytes since the round before (kept in `st` for the next); None where either round had no
+    counters, or they went backwards (the cgroup was recreated: this reading starts it afresh)."""
+    now = sample.memory_refaults.total if isinstance(sample.memory_refaults, Refaults) else None
+    before, st.refaults = st.refaults, now
+    if now is None or before is None or now < before:
+        return None
+    return now - before
+
+
 def _reclaim(now: float, cg: CgroupSample, settings, state: State) -> Action | None:
     floor = parse_size(settings.min_step)
     st = state.cgroups.setdefault(cg.path, Step(float(floor)))
     st.asked = 0
+    # Read every round, before any early return, so the growth always spans one round.
+    stepped, st.stepped = st.stepped, 0
+    refaulted = refault_growth(cg, st) if settings.refault_percent > 0 else None
     measured = pressure_percent(cg)
     if measured is None or cg.memory_current is None:
         return None                 # blind this round: reclaim nothing we cannot watch
     pressure, source = measured
     last, st.last_pressure = st.last_pressure, pressure
     target = settings.psi_target
-    if pressure >= target:
+    refault_limit = stepped * settings.refault_percent / 100 if stepped else None
+    if pressure >= target or (refaulted is not None and refault_limit is not None and refaulted > refault_limit):
+        # Either way the last step took memory the cgroup uses: start small again, after a while.
         st.step, st.backoff_until = float(floor), now + float(settings.backoff)
         return None
     if now < st.backoff_until:
@@ -232,10 +273,13 @@ def _reclaim(now: float, cg: CgroupSample, settings, state: State) -> Action | N
     st.asked = ask
     reason = {"class": cg.cls or "BE", "memory_current": cg.memory_current, "psi_some_percent": round(pressure, 4),
               "psi_source": source, "psi_target": target, "step": how, "reclaim_bytes": ask,
-              "saved_total_bytes": st.saved_total}
+              "saved_total_bytes": st.saved_total,
+              # this round's refaults (None: not measured) against the last step's share (None: no step)
+              "refault_bytes": refaulted, "refault_limit_bytes": None if refault_limit is None else int(refault_limit)}
+    refaults = "" if refaulted is None else f", refaults {refaulted / MiB:.1f} MiB"
     return Action(cg.path, "memory.reclaim", str(ask), reason,
                   f"reclaim {ask / MiB:.1f} MiB of {cg.path}: memory PSI some {pressure:.3f}% under "
-                  f"{target:g}% ({how}; {st.saved_total / MiB:.1f} MiB reclaimed so far)")
+                  f"{target:g}%{refaults} ({how}; {st.saved_total / MiB:.1f} MiB reclaimed so far)")
 
 
 def _swap_actions(snapshot: Snapshot, settings) -> list[Action]:

@@ -83,7 +83,8 @@ class Rounds:
     def baseline(self) -> None:
         """The first snapshot, at start: rates need two samples."""
         self.sensors.snapshot(self.runner.watched(), member_classes=self.runner.member_classes(),
-                              fields=self.runner.needs() | self.needs(), member_fields=self.runner.member_needs())
+                              fields=self.runner.needs() | self.needs(), member_fields=self.runner.member_needs(),
+                              class_fields=self.runner.class_needs())
 
     def run(self, due: list[LoopRun], for_view: bool = False) -> RoundResult | None:
         """One snapshot for the due loops (and the readers), their decisions, writes and settling;
@@ -94,7 +95,7 @@ class Rounds:
             snapshot = self.sensors.snapshot(
                 self.runner.watched(), {(h.target, h.knob): h.original for h in self.journal.entries()},
                 loop_members | frozenset().union(*(r.member_classes() for r in self.readers)),
-                self.runner.needs() | self.needs(), frozenset())
+                self.runner.needs() | self.needs(), frozenset(), self.runner.class_needs())
             member_fields = self.runner.member_fields(due, only_members_of(snapshot, loop_members))
             snapshot = self.sensors.fill_members(
                 snapshot, member_fields | frozenset().union(*(r.member_needs() for r in self.readers)))

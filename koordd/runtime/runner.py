@@ -157,6 +157,15 @@ class Runner:
                 users.setdefault(sensor, []).append(name)
         return users
 
+    def class_needs(self) -> dict[str, frozenset[str]]:
+        """Class -> what is read of its class roots alone (Loop.class_needs), beyond needs()."""
+        out: dict[str, frozenset[str]] = {}
+        for r in self.runs.values():
+            extra = r.impl.class_needs(r.settings)
+            for cls in r.impl.members_of(r.settings) if extra else ():
+                out[cls] = out.get(cls, frozenset()) | extra
+        return out
+
     def member_needs(self) -> frozenset[str]:
         """What is read of class members (pods): only the loops that asked for members need them."""
         return frozenset().union(*(r.impl.member_needs(r.settings) for r in self.runs.values()
@@ -179,7 +188,7 @@ class Runner:
 
     @staticmethod
     def _words(run: LoopRun) -> frozenset[str]:
-        return run.impl.needs(run.settings) | run.impl.member_needs(run.settings)
+        return run.impl.needs(run.settings) | run.impl.member_needs(run.settings) | run.impl.class_needs(run.settings)
 
     def member_classes(self) -> set[str]:
         return {cls for r in self.runs.values() for cls in r.impl.members_of(r.settings)}

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from koordd.backends.cgroup import KNOBS
-from koordd.core.snapshot import CGROUP_FIELDS, CgroupSample, PressureStat, Throttling
+from koordd.backends.cgroup import KNOBS, PAGE_SIZE
+from koordd.core.snapshot import CGROUP_FIELDS, CgroupSample, PressureStat, Refaults, Throttling
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone
 from koordd.sensors.psi import parse_psi, with_growth
 
@@ -61,6 +61,8 @@ class CgroupSensor:
         dt = now - prev["time"] if prev else 0.0
         out: dict = {}
         cpu_stat = _Once(lambda controller: self.fs.read(controller, cgroup, "cpu.stat"))   # v2: one file, two fields
+        # The kernel flushes its per-CPU statistics to write memory.stat: costly, so read once for every field.
+        memory_stat = _Once(lambda controller: self.fs.read(controller, cgroup, "memory.stat"))
         if "cpu_usage" in fields:
             usage_ns = cur["usage_ns"] = self._try("cpu_usage", cgroup, lambda: self._usage_ns(cgroup, cpu_stat))
             if usage_ns is not None and prev.get("usage_ns") is not None and dt > 0 and usage_ns >= prev["usage_ns"]:
@@ -86,7 +88,9 @@ class CgroupSensor:
         if "memory_current" in fields:
             out["memory_current"] = self._try("memory_current", cgroup, lambda: self._memory_current(cgroup))
         if "memory_anon" in fields:
-            out["memory_anon"] = self._try("memory_anon", cgroup, lambda: self._memory_anon(cgroup))
+            out["memory_anon"] = self._try("memory_anon", cgroup, lambda: self._memory_anon(memory_stat))
+        if "memory_refaults" in fields:
+            out["memory_refaults"] = self._try("memory_refaults", cgroup, lambda: self._refaults(memory_stat))
         if "oom_kills" in fields:
             out["oom_kills"] = self._try("oom_kills", cgroup, lambda: self._oom_kills(cgroup))
         if len(cur) > 1:
@@ -121,13 +125,28 @@ class CgroupSensor:
             return int(self.fs.read("memory", cgroup, "memory.current"))
         return int(self.fs.read("memory", cgroup, "memory.usage_in_bytes"))
 
-    def _memory_anon(self, cgroup: str) -> int:
-        text = self.fs.read("memory", cgroup, "memory.stat")
+    def _memory_anon(self, memory_stat: "_Once") -> int:
+        text = memory_stat("memory")
         if self._v2("memory"):
             stat = flat_keyed(text, "anon", "unevictable", strict=True)
             return stat["anon"] + stat.get("unevictable", 0)
         stat = flat_keyed(text, "total_rss", "total_unevictable", strict=True)
         return stat["total_rss"] + stat.get("total_unevictable", 0)
+
+    def _refaults(self, memory_stat: "_Once") -> Refaults | None:
+        # v1's memory.stat has no workingset counters (and v1 no memory.reclaim, the one use of them):
+        # not read at all there.
+        if not self._v2("memory"):
+            return None
+        stat = flat_keyed(memory_stat("memory"), "workingset_refault_file", "workingset_refault_anon", strict=True)
+        if "workingset_refault_file" not in stat:
+            return None                 # before Linux 5.9 (one workingset_refault): no memory.reclaim either
+        pages = (stat["workingset_refault_file"], stat.get("workingset_refault_anon", 0))
+        # Counters are u64 page counts: anything else is not what the kernel writes, and an unbounded int
+        # would reach a loop's float arithmetic (OverflowError there, not here).
+        if not all(0 <= n < 1 << 64 for n in pages):
+            raise ValueError(f"workingset_refault_* out of a counter's range: {pages}")
+        return Refaults(pages[0] * PAGE_SIZE, pages[1] * PAGE_SIZE)
 
     def _oom_kills(self, cgroup: str) -> int:
         name = "memory.events" if self._v2("memory") else "memory.oom_control"

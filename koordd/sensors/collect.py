@@ -100,12 +100,14 @@ class Sensors:
 
     def snapshot(self, watch: Iterable[str] = (), held: Mapping[tuple[str, str], str] | None = None,
                  member_classes: Iterable[str] = (), fields: frozenset[str] = CGROUP_FIELDS,
-                 member_fields: frozenset[str] | None = None) -> Snapshot:
+                 member_fields: frozenset[str] | None = None,
+                 class_fields: Mapping[str, frozenset[str]] | None = None) -> Snapshot:
         """`watch`: cgroups a loop needs even without a class (e.g. the scope memory_evict protects);
         `held`: the originals of the knobs koordd holds changed, for loops that reason from a base value;
         `member_classes`: classes whose roots' children are sampled too (loops acting per pod);
         `fields`: the CgroupSample fields the loops read: nothing else is read;
-        `member_fields`: those read of the members (default: `fields`).
+        `member_fields`: those read of the members (default: `fields`);
+        `class_fields`: class -> fields read of that class's roots beyond `fields` (Loop.class_needs).
         The optional sensors running (those the loops need) fill the snapshot's sections."""
         now = time.monotonic()
         walk = self.fs.walk_controller()
@@ -121,7 +123,9 @@ class Sensors:
         alive = set(classes) | {c for kids in children.values() for c in kids}
         self.cgroups.forget_except(alive)
         self.fs.close_except(alive)
-        samples = {cg: self.cgroups.sample(cg, cls, now, fields) for cg, cls in classes.items()}
+        extra = class_fields or {}
+        samples = {cg: self.cgroups.sample(cg, cls, now, fields | extra.get(cls, frozenset()))
+                   for cg, cls in classes.items()}
         member_fields = fields if member_fields is None else member_fields   # frozenset(): listed, not read
         members = {root: tuple(self.cgroups.sample(c, classes[root], now, member_fields) for c in kids)
                    for root, kids in children.items() if kids}

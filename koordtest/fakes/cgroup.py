@@ -216,7 +216,8 @@ def _v1_cpu_stat(nr_periods: int, nr_throttled: int, throttled_us: int) -> str:
 
 
 def _v2_memory_stat(anon: int, file: int = 0) -> str:
-    return f"anon {anon}\nfile {file}\nkernel 0\nshmem 0\nunevictable 0\ninactive_anon 0\nactive_anon {anon}"
+    return (f"anon {anon}\nfile {file}\nkernel 0\nshmem 0\nunevictable 0\ninactive_anon 0\nactive_anon {anon}\n"
+            "workingset_refault_anon 0\nworkingset_refault_file 0")
 
 
 def _v1_memory_stat(rss: int, cache: int = 0) -> str:

@@ -9,12 +9,19 @@ anon) is never touched again: what senpai takes back. Without swap the anon part
 
 In scripts/vmtest's VM (TCG), two runs: 362 -> 117 and 362 -> 150 MiB (243 and 204 MiB reclaimed in 25 and
 18 steps); passes/s 124-128 without koordd and 106-119 with it in the first, 113-128 and 114-126 in the
-second (the assertion allows 20% under the lowest for TCG's noise).
+second.
+
+Throughput is judged by the median second of 15 before koordd starts against the median second of 15
+while it reclaims, with 25% of room: scripts/bench-reclaim (issue 29, 27 runs in this VM)
+found single seconds of the same workload anywhere from 61 to 117 passes/s without koordd, but the
+medians of runs within ±5% of each other, and koordd's at off's. A median that falls by a quarter is
+reclaim hurting the workload; one slow second is TCG.
 """
 from __future__ import annotations
 
 import json
 import re
+import statistics
 import time
 from pathlib import Path
 
@@ -31,6 +38,8 @@ BE_UNIT = "reclaimbe.service"
 CG = f"{BE_SLICE}/{BE_UNIT}"
 RATE = Path("/run/reclaim-be.rate")
 PSI_TARGET = 0.5
+SECONDS = 15            # per-second rates measured before and during: their medians are compared
+KEPT = 0.75             # the share of the median before that the median during must keep
 
 BE_CODE = f"""
 import os, time
@@ -68,6 +77,12 @@ def read(cgroup: str, name: str) -> str | None:
 
 def current() -> int:
     return int(read(CG, "memory.current") or 0)
+
+
+def refaults() -> int:
+    """The service's workingset_refault_file + _anon, in pages."""
+    stat = dict(line.split(" ", 1) for line in (read(CG, "memory.stat") or "").splitlines() if " " in line)
+    return sum(int(stat.get(k, 0)) for k in ("workingset_refault_file", "workingset_refault_anon"))
 
 
 def rate() -> float:
@@ -133,19 +148,22 @@ def test_cold_memory_is_reclaimed_under_the_psi_target_throughput_kept_and_swap_
     assert (vm.CGROUP / BE_SLICE / "memory.reclaim").exists(), "this kernel has no memory.reclaim"
     swap_before = read(BE_SLICE, "memory.swap.max")
     before_mib = current() // MiB
-    base = rates(10)                                      # koordd off: the spread of no reclaim
+    refaults_before = refaults()
+    base = rates(SECONDS)                                 # koordd off: the workload's own median
     since = time.time()
     vm.write_config(config())
     vm.systemctl("start", vm.UNIT)
     assert vm.is_active() == "active"
     vm.wait_ticks("proactive_reclaim", 20)
-    during = rates(10)
+    during = rates(SECONDS)
     after_mib = current() // MiB
+    refaulted_mib = (refaults() - refaults_before) * 4096 / MiB
     applied = [d for d in records(since, "memory.reclaim") if d["outcome"] == "applied"]
     saved = max((d["reason"]["saved_total_bytes"] + d["reason"]["reclaim_bytes"] for d in applied), default=0)
     print(f"memory.current {before_mib} -> {after_mib} MiB; reclaimed {saved // MiB} MiB in {len(applied)} steps; "
-          f"passes/s without {min(base):.1f}..{max(base):.1f}, with {min(during):.1f}..{max(during):.1f}; "
-          f"memory.pressure {read(CG, 'memory.pressure')}")
+          f"passes/s without {min(base):.1f}..{max(base):.1f} (median {statistics.median(base):.1f}), "
+          f"with {min(during):.1f}..{max(during):.1f} (median {statistics.median(during):.1f}); "
+          f"refaulted {refaulted_mib:.1f} MiB; memory.pressure {read(CG, 'memory.pressure')}")
     assert applied, records(since, "memory.reclaim")
     # The service, one by one under its slice; anything else reclaimed is BE too (the shipped be.slice)
     reclaimed = {d["cgroup"] for d in applied}
@@ -154,8 +172,10 @@ def test_cold_memory_is_reclaimed_under_the_psi_target_throughput_kept_and_swap_
     assert all(d["reason"]["psi_some_percent"] < PSI_TARGET for d in applied), applied
     # The cold part went: at least 100 MiB of the 240 MiB of cold cache.
     assert before_mib - after_mib >= 100, (before_mib, after_mib)
-    # Throughput within the spread of no reclaim (less a 20% margin for TCG's noise).
-    assert sorted(during)[len(during) // 2] >= 0.8 * min(base), (base, during)
+    # The refault signal saw the kernel's memory.stat: each step after the first carries its figures.
+    assert any(d["reason"].get("refault_bytes") is not None for d in applied), applied
+    # Throughput kept: the median second while reclaiming against the median second before (see the docstring).
+    assert statistics.median(during) >= KEPT * statistics.median(base), (base, during)
     assert read(BE_SLICE, "memory.swap.max") == "0"
 
     vm.systemctl("stop", vm.UNIT)
