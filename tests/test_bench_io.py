@@ -337,3 +337,10 @@ def test_check_host_refusals(tmp_path, monkeypatch):
     monkeypatch.setattr(bench.shutil, "which", lambda tool: None if tool == "fio" else "/bin/x")
     with pytest.raises(bench.Refusal, match="apt-get install fio"):
         bench.check_host([], hybrid)
+
+
+def test_a_run_without_percentiles_is_shown_not_a_crash():
+    # fio 3.33 left clat percentiles out of one LS report (ramp_time 25 s, runtime 15 s): the run goes on.
+    record = {"rep": 0, "setup": "koordd", "ls": {"p50": None, "p99": None, "p999": None, "iops": 400.0}}
+    line = bench.progress_line(0, 2, record)
+    assert "LS p50      - p99       - p99.9       - ms, 400 IOPS" in line
