@@ -344,3 +344,12 @@ def test_a_run_without_percentiles_is_shown_not_a_crash():
     record = {"rep": 0, "setup": "koordd", "ls": {"p50": None, "p99": None, "p999": None, "iops": 400.0}}
     line = bench.progress_line(0, 2, record)
     assert "LS p50      - p99       - p99.9       - ms, 400 IOPS" in line
+
+
+def test_a_warm_up_longer_than_the_window_is_refused(capsys):
+    # fio 3.33 with a rate limit reports no percentiles when ramp_time passes runtime (measured: ramp 6 s,
+    # runtime 3 s: no IO counted; ramp 25 s, runtime 15 s: no percentiles).
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--warmup", "25", "--seconds", "15"])
+    assert "--warmup longer than --seconds" in capsys.readouterr().err
+    assert bench.parse_args(["--warmup", "15", "--seconds", "15"]).warmup == 15
