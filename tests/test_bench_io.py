@@ -3,30 +3,15 @@ report, koordd's config (koordd must accept it, with io_qos the only loop on), t
 iocost restore. No fio, no root."""
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from koordd.core.config import parse_config
 from koordd.runtime.docs import shipped_loops
+from koordtest.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench-io"
-
-
-def _load():
-    loader = importlib.machinery.SourceFileLoader("bench_io", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("bench_io", loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_io"] = module          # its dataclasses look their module up there
-    loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load_script("bench-io")
 
 
 def fio_json(direction: str, iops: float, bw: int, p50_ns: int, p99_ns: int, p999_ns: int, jobs: int = 1,

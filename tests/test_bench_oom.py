@@ -2,27 +2,11 @@
 marker), the naming of victims by unit, the summary, and koordd's config it writes. No root, no VM."""
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-import sys
-from pathlib import Path
-
 from koordd.core.config import parse_config
 from koordd.runtime.docs import shipped_loops
+from koordtest.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench-oom"
-
-
-def _load():
-    loader = importlib.machinery.SourceFileLoader("bench_oom", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("bench_oom", loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_oom"] = module          # dataclasses look their module up there
-    loader.exec_module(module)
-    return module
-
-
-bo = _load()
+bo = load_script("bench-oom")
 
 # Shaped like Linux 6.x/7.x's mm/oom_kill.c output (dmesg, timestamps in front).
 LOG = """\

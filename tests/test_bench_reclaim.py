@@ -3,31 +3,15 @@ window's arithmetic, koordd's config, the run order, the per-arm summary, the ve
 No root, no VM: made-up runs."""
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 
 from koordd.core.config import parse_config
 from koordd.runtime.docs import shipped_loops
+from koordtest.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench-reclaim"
-
-
-def _load():
-    # The script has no .py extension: name its loader explicitly.
-    loader = importlib.machinery.SourceFileLoader("bench_reclaim", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("bench_reclaim", loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_reclaim"] = module          # dataclasses look their module up there
-    loader.exec_module(module)
-    return module
-
-
-br = _load()
+br = load_script("bench-reclaim")
 MiB = 1 << 20
 
 
