@@ -16,6 +16,7 @@ import ctypes
 import errno
 import logging
 import os
+import platform
 import threading
 import weakref
 from contextlib import contextmanager
@@ -101,7 +102,9 @@ def libbpf() -> ctypes.CDLL:
     return lib
 
 
-VA_LIST_BYTES = 32          # sizeof(va_list): 24 on x86-64, 32 on arm64 (the larger is kept and put back)
+# sizeof(va_list) where it is a pointer to the caller's struct, which vsnprintf advances: keeping its bytes
+# and putting them back is va_copy there. Elsewhere a message over 4 KiB stays cut, as before.
+VA_LIST_BYTES = {"x86_64": 24, "aarch64": 32}.get(platform.machine(), 0)
 MAX_MESSAGE = 16 << 20      # libbpf's largest verifier log
 
 
@@ -125,9 +128,8 @@ class _LibbpfLog:
     def _print(self, level: int, fmt: bytes, args: int) -> int:
         # The verifier's log of a failed load comes as one message, often far over 4 KiB, and the reason
         # it failed is its end: a message that does not fit is formatted again into a buffer its size
-        # (up to MAX_MESSAGE). vsnprintf consumes the va_list, which on x86-64 and arm64 is a pointer to
-        # a small struct of the caller's: its bytes are kept and put back first, which is va_copy there.
-        saved = ctypes.string_at(args, VA_LIST_BYTES) if args else b""
+        # (up to MAX_MESSAGE), its va_list put back first (VA_LIST_BYTES).
+        saved = ctypes.string_at(args, VA_LIST_BYTES) if args and VA_LIST_BYTES else b""
         buf = ctypes.create_string_buffer(4096)
         needed = self._vsnprintf(buf, len(buf), fmt, args)
         if saved and len(buf) <= needed:
