@@ -5,6 +5,7 @@ prekill hook of memory_evict, run with real scripts."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from koordd.act.journal import RestoreJournal
 from koordd.act.protect import harm
 from koordd.backends.cgroup import KNOBS, CgroupBackend
 from koordd.backends.oom import OomScoreBackend, format_reading, parse, probe_oom_group
+from koordd.backends import prekill
 from koordd.backends.prekill import PrekillBackend, hook_value
 from koordd.core.backend import Backends, InvalidValue, TargetGone
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
@@ -364,6 +366,20 @@ def test_a_failing_hook_is_one_refusal_and_the_kill_goes_ahead(tmp_path):
     [pre, kill] = decisions
     assert pre.outcome == REFUSED and "exited with status 3" in pre.error and "boom" in pre.error
     assert kill.outcome == APPLIED and len(kills) == 1
+
+
+def test_a_hook_that_floods_stderr_leaves_only_its_end_in_the_refusal(tmp_path):
+    # 32 MiB of stderr: koordd keeps the end of it (prekill.STDERR_KEEP bytes), not all of it.
+    tree = FakeCgroups(tmp_path, "v2").add("be/job")
+    hook = script(tmp_path, "head -c 33554432 /dev/zero | tr '\\0' x >&2; echo THE-END >&2; exit 3\n")
+    decisions, kills = evict_round(tmp_path, tree, [hook], timeout=30)
+    [pre, kill] = decisions
+    assert pre.outcome == REFUSED and "exited with status 3" in pre.error and pre.error.endswith("xxxxTHE-END")
+    assert len(pre.error) < 1000 and kill.outcome == APPLIED and len(kills) == 1
+    # What is held while the hook runs is bounded too, whatever it writes.
+    proc = subprocess.Popen([hook], stderr=subprocess.PIPE)
+    kept = prekill._stderr_tail(proc, time.monotonic() + 30)
+    assert kept.endswith(b"THE-END\n") and len(kept) == prekill.STDERR_KEEP and proc.returncode == 3
 
 
 def test_a_hook_that_hangs_is_killed_at_its_timeout_and_the_kill_goes_ahead(tmp_path):

@@ -21,14 +21,17 @@ import errno
 import json
 import math
 import os
+import select
 import signal
 import subprocess
+import time
 
 from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, TargetGone
 from koordd.kernel.cgroupfs import CgroupFS
 
 MAX_TIMEOUT = 60.0        # s: the round (every loop's) waits for the hook; memory pressure will not
 STDERR_TAIL = 200         # characters of the hook's stderr in the decision
+STDERR_KEEP = 4 * STDERR_TAIL   # bytes of it kept while it runs (room for multi-byte characters)
 PRIVATE_ENV = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
                          "LISTEN_FDNAMES"})
 
@@ -94,7 +97,7 @@ class PrekillBackend(Backend):
         except OSError as e:
             raise HookFailed(e.errno or errno.EIO, f"prekill hook {argv[0]} cannot start: {e.strerror or e}") from None
         try:
-            _, err = proc.communicate(timeout=timeout)
+            err = _stderr_tail(proc, time.monotonic() + timeout)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             raise HookFailed(errno.ETIMEDOUT, f"prekill hook {argv[0]} timed out after {timeout:g}s for {target}: "
@@ -105,6 +108,27 @@ class PrekillBackend(Backend):
                 f"died of signal {-proc.returncode}"
             raise HookFailed(0, f"prekill hook {argv[0]} {how} for {target}; the kill goes ahead"
                                            + (f"; stderr: {tail}" if tail else ""))
+
+
+def _stderr_tail(proc: subprocess.Popen, deadline: float) -> bytes:
+    """Wait for the hook until `deadline` (monotonic), keeping only the end of its stderr: a hook that
+    writes without end must not fill koordd's memory (communicate() would keep all of it).
+    subprocess.TimeoutExpired when the deadline passes first."""
+    kept = b""
+    with proc.stderr:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, 0)
+            ready, _, _ = select.select([proc.stderr], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(proc.stderr.fileno(), 1 << 16)
+            if not chunk:
+                break                           # stderr closed: the hook is ending (or closed it itself)
+            kept = (kept + chunk)[-STDERR_KEEP:]
+    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    return kept
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
