@@ -54,6 +54,8 @@ STATIC = {s.name: s.knobs(2) for s in SETUPS if s.knobs}
 
 def test_static_setups():
     oracle = {f"be-cpu-max-{pct}": {"cpu.max": f"{2000 * pct} 100000"} for pct in range(10, 100, 10)}
+    oracle |= {f"be-idle-cpu-max-{pct}": {"cpu.idle": "1", "cpu.max": f"{2000 * pct} 100000"}
+               for pct in range(10, 100, 10)}
     assert STATIC == {"be-weight-1": {"cpu.weight": "1"}, "be-idle": {"cpu.idle": "1"},
                       "be-thread-idle": {"cpu.weight": "1"}, "be-quota-half": {"cpu.max": "100000 100000"}, **oracle}
     assert [s.name for s in SETUPS if s.idle_threads] == ["be-thread-idle"]
@@ -77,11 +79,10 @@ def test_static_knobs_are_written_in_the_hosts_files_and_put_back(tree, setup):
     fs = tree.fs
     names = ["cpu.max", "cpu.weight", "cpu.idle"]
     before = read_knobs(fs, "bench/be", names)
-    (knob, value), = STATIC[setup].items()
     with StaticKnobs(fs, "bench/be", STATIC[setup]):
-        assert read_knobs(fs, "bench/be", [knob]) == {knob: value}
-        if tree.v1:      # koordd's translation: weight 1 is cpu.shares 10, cpu.max the CFS quota
-            file, raw = V1_FILES[knob]
+        assert read_knobs(fs, "bench/be", list(STATIC[setup])) == STATIC[setup]
+        for knob, value in STATIC[setup].items() if tree.v1 else ():
+            file, raw = V1_FILES[knob]   # koordd's translation: weight 1 is cpu.shares 10, cpu.max the CFS quota
             assert tree.read("bench/be", "cpu", file).strip() == raw(value)
     assert read_knobs(fs, "bench/be", names) == before
 

@@ -76,12 +76,20 @@ def _quota_of_node(percent: int) -> Callable[[int], dict[str, str]]:
     return lambda ncpu: {"cpu.max": f"{max(ncpu * PERIOD_US * percent // 100, 1000)} {PERIOD_US}"}
 
 
-# The static oracle's candidates (--oracle): BE capped at a share of the node. With be-idle they are the
+def _idle_and_quota_of_node(percent: int) -> Callable[[int], dict[str, str]]:
+    return lambda ncpu: {"cpu.idle": "1", **_quota_of_node(percent)(ncpu)}
+
+
+# The static oracle's candidates (--oracle): BE capped at a share of the node, at its normal weight and
+# at cpu.idle. The second kind is the static counterpart of what koordd does (BE idle, its CPUs cut):
+# a cap alone leaves BE competing with LS at equal weight within its quota. With be-idle they are the
 # static settings the oracle picks from: the one with the most BE work that meets the SLO.
 SETUPS += tuple(Setup(f"be-cpu-max-{pct}", f"BE cpu.max at {pct}% of the node's CPUs", knobs=_quota_of_node(pct))
                 for pct in ORACLE_PERCENTS)
+SETUPS += tuple(Setup(f"be-idle-cpu-max-{pct}", f"BE cpu.idle = 1 and cpu.max at {pct}% of the node's CPUs",
+                      knobs=_idle_and_quota_of_node(pct)) for pct in ORACLE_PERCENTS)
 SETUP_NAMES = tuple(s.name for s in SETUPS)
-ORACLE_SETUPS = ("be-idle",) + tuple(f"be-cpu-max-{pct}" for pct in ORACLE_PERCENTS)
+ORACLE_SETUPS = ("be-idle",) + tuple(f"be-{kind}cpu-max-{pct}" for kind in ("", "idle-") for pct in ORACLE_PERCENTS)
 
 
 def run_order(setups: list[str], loads: list[int], reps: int, seed: int) -> list[tuple[int, str, int | None]]:
