@@ -94,9 +94,33 @@ def test_summarise_without_baselines_leaves_ratios_unknown():
     assert rows[0].latency_ms["p99"] == Spread(5.0, 4.0, 6.0, 2)
 
 
-def _slo_run(setup, p99, windows, be_work=None, halves=None, load=50):
-    return {"setup": setup, "load": load, "be_work": be_work, "be_work_halves": halves,
+def _slo_run(setup, p99, windows, be_work=None, halves=None, load=50, rep=0):
+    return {"setup": setup, "load": load, "be_work": be_work, "be_work_halves": halves, "rep": rep,
             "ls": {"p99": p99, "windows": [{"count": 100, "p99": w} for w in windows]}}
+
+
+def test_each_repetition_is_judged_on_its_own_be_alone_and_its_own_oracle():
+    from koordtest.bench.qos_report import slo_table
+    from koordtest.bench.qos_stats import slo_verdicts
+    runs = [{"setup": "be-alone", "load": None, "ls": None, "be_work": 100.0, "rep": 0},
+            {"setup": "be-alone", "load": None, "ls": None, "be_work": 50.0, "rep": 1},    # the host slowed down
+            _slo_run("be-idle", 1.0, [1.0, 1.0], be_work=60.0, rep=0),
+            _slo_run("koordd", 1.0, [1.0, 1.0], be_work=57.0, rep=0),
+            _slo_run("be-idle", 2.0, [1.0, 3.0], be_work=40.0, rep=1),                       # misses in rep 2
+            _slo_run("be-idle-cpu-max-30", 1.0, [1.0, 1.0], be_work=15.0, rep=1),
+            _slo_run("koordd", 1.0, [1.0, 1.0], be_work=25.0, rep=1)]
+    verdicts = {(v.rep, v.setup): v for v in slo_verdicts(runs, 50, target=1.1)}
+    assert verdicts[1, "koordd"].be_work == pytest.approx(0.5)         # over rep 2's be-alone, not rep 1's
+    assert verdicts[0, "koordd"].be_work == pytest.approx(0.57)
+    table = slo_table(runs, {50: 1.1}, ["be-idle", "be-idle-cpu-max-30"])
+    rows = [line for line in table.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    # rep 1: be-idle is the oracle and koordd has 95% of it. rep 2: be-idle missed, so the 30% cap with idle
+    # is the oracle and koordd has 167% of it: each rep against its own, never the best of both (60%).
+    assert rows == ["| 1 | be-idle **(oracle)** | 1000.00 | 100% of 2 | yes | 60% | 100% |",
+                    "| 1 | koordd | 1000.00 | 100% of 2 | yes | 57% | 95% |",
+                    "| 2 | be-idle | 2000.00 | 50% of 2 | no | 80% | 267% |",
+                    "| 2 | be-idle-cpu-max-30 **(oracle)** | 1000.00 | 100% of 2 | yes | 30% | 100% |",
+                    "| 2 | koordd | 1000.00 | 100% of 2 | yes | 50% | 167% |"]
 
 
 def test_the_oracle_is_the_static_setting_with_the_most_be_work_that_meets_the_slo():

@@ -147,22 +147,26 @@ class SloVerdict:
     p99: float                      # over the whole window, seconds
     windows_met: float              # share of the windows with p99 <= target
     windows: int
-    be_work: float | None           # over BE alone
+    be_work: float | None           # over BE alone (of the same repetition where it ran)
     meets: bool                     # windows_met >= WINDOWS_MET and p99 <= target
+    rep: int = 0
 
 
 def slo_verdicts(runs: Sequence[dict], load: int | None, target: float) -> list[SloVerdict]:
-    """Every run with LS and BE at `load` judged against `target` (seconds)."""
-    alone = next((r for r in runs if r["setup"] == BE_ALONE), None)
+    """Every run with LS and BE at `load` judged against `target` (seconds). BE work is over the BE-alone
+    run of the same repetition, or the first one where that repetition has none: each repetition is an
+    experiment of its own, so drift on the host between repetitions does not enter the ratio."""
+    alones = [r for r in runs if r["setup"] == BE_ALONE]
     out = []
     for r in runs:
         if r["load"] != load or not r["ls"] or r["setup"] == LS_ALONE:
             continue
+        alone = next((a for a in alones if a.get("rep", 0) == r.get("rep", 0)), alones[0] if alones else None)
         windows = [w for w in r["ls"].get("windows", []) if w["count"]]
         met = sum(1 for w in windows if w["p99"] <= target) / len(windows) if windows else 0.0
         p99 = r["ls"]["p99"]
         out.append(SloVerdict(r["setup"], p99, met, len(windows), be_work_ratio(r, alone),
-                              met >= WINDOWS_MET and p99 is not None and p99 <= target))
+                              met >= WINDOWS_MET and p99 is not None and p99 <= target, r.get("rep", 0)))
     return out
 
 
