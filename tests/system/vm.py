@@ -43,6 +43,31 @@ SKIP_REASON = ("system tests run inside the VM of scripts/vmtest (koordd as a sy
 only_in_vm = pytest.mark.skipif(bool(SKIP_REASON), reason=SKIP_REASON)
 
 
+# --- the guest kernel's build options ---------------------------------------------------------------------
+
+def kernel_config(option: str) -> tuple[str | None, str]:
+    """(OPTION's value in the running kernel's build config -- "y", "m", a string; "" where the config says
+    "is not set" or has no line for it (a kernel too old for it); None where no config is readable --,
+    what was read, quoted). Debian's and Ubuntu's kernels under scripts/vmtest keep the config in
+    /usr/lib/modules/<release>/config."""
+    import gzip
+    release = os.uname().release
+    for path in (Path(f"/usr/lib/modules/{release}/config"), Path(f"/boot/config-{release}"),
+                 Path("/proc/config.gz")):
+        try:
+            data = path.read_bytes()
+            text = (gzip.decompress(data) if path.suffix == ".gz" else data).decode(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith(f"{option}="):
+                return line.split("=", 1)[1].strip('"'), f"{path}: {line}"
+            if line == f"# {option} is not set":
+                return "", f"{path}: {line}"
+        return "", f"{path}: no {option} line"
+    return None, f"no build config for kernel {release} (/usr/lib/modules/{release}/config, /boot, /proc/config.gz)"
+
+
 # --- commands ------------------------------------------------------------------------------------------
 
 def sh(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
