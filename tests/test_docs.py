@@ -1,40 +1,62 @@
-"""Docs that cannot drift: README.md's config reference is made from the options in the code, and the
-shipped config/koordd.toml lists every option with its default, each under a comment that explains it."""
+"""Docs that cannot drift: the config reference (docs/configuration.md) and the man pages koordd(8),
+koordctl(8) and koordd.toml(5) are made from the options and the argparse parsers in the code, the shipped
+config/koordd.toml lists every option with its default, each under a comment that explains it, and every
+relative link of README.md, DEVELOPERS.md and docs/ leads to a file (and a heading) that is there."""
 from __future__ import annotations
 
+import argparse
 import re
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from koordctl.cli import parser as koordctl_parser
 from koordd.core.config import DAEMON_OPTIONS, METRICS_OPTIONS, loop_options
 from koordd.core.health import HEALTH_OPTIONS
 from koordd.core.options import Duration, Option, parse_duration
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
 from koordd.core.report import REPORT_OPTIONS
-from koordd.runtime.docs import BEGIN, END, format_duration, reference_table, shipped_loops, toml_text, with_reference
+from koordd.runtime.docs import (BEGIN, END, REFERENCE_PAGE, command_manpage, daemon_parser, format_duration, pages,
+                                 reference_table, shipped_loops, toml_manpage, toml_text, with_reference)
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
+REFERENCE = (REPO / REFERENCE_PAGE).read_text()
+LOOPS_PAGE = (REPO / "docs" / "loops.md").read_text()
 SHIPPED = (REPO / "config" / "koordd.toml").read_text()
 LOOPS = shipped_loops()
 KEY = re.compile(r"^([a-z_][a-z0-9_]*)\s*=")
+GENERATED = ("docs/configuration.md", "man/koordd.8", "man/koordctl.8", "man/koordd.toml.5")
 
 
 def test_the_shipped_loops_are_found():
     assert {"be_suppress", "cpu_burst", "memory_evict", "qos_baseline"} <= set(LOOPS)
 
 
-def test_readme_reference_is_the_one_the_code_makes():
-    block = README.partition(BEGIN)[2].partition(END)[0].strip()
+def test_the_reference_page_is_the_one_the_code_makes():
+    block = REFERENCE.partition(BEGIN)[2].partition(END)[0].strip()
     assert block == reference_table(LOOPS), \
-        "README.md's config reference differs from the options in the code: run scripts/gen-docs"
+        f"{REFERENCE_PAGE}'s config reference differs from the options in the code: run scripts/gen-docs"
 
 
-def test_readme_describes_every_loop():
+@pytest.fixture(scope="module")
+def generated() -> dict[str, str]:
+    return pages(REPO, koordctl_parser())
+
+
+@pytest.mark.parametrize("path", GENERATED)
+def test_generated_docs_are_the_ones_the_code_makes(generated, path):
+    assert set(generated) == set(GENERATED)
+    assert (REPO / path).read_text() == generated[path], \
+        f"{path} differs from what the options, the parsers and man/*.include make: run scripts/gen-docs"
+
+
+def test_the_loops_page_describes_every_loop():
     for name, cls in LOOPS.items():
-        assert f"| `{name}` |" in README, f"README.md's table of loops has no row for {name}"
+        assert f"| `{name}` |" in LOOPS_PAGE, f"docs/loops.md's table of loops has no row for {name}"
         assert (cls.__doc__ or "").strip(), f"loop {name} has no docstring (its user documentation)"
 
 
@@ -98,7 +120,7 @@ def test_shipped_config_lists_every_option_with_its_default_under_a_comment(sect
 
 
 def test_a_changed_option_shows_as_drift():
-    # The check above can fail: a doc or default changed in the code makes a different table.
+    # The checks above can fail: a doc or default changed in the code makes a different table and man page.
     cls = LOOPS["be_suppress"]
     changed = type("Changed", (cls,), {"options": tuple(
         Option(o.name, o.type, 99.0, o.doc, o.min, o.max, o.choices) if o.name == "threshold_percent" else o
@@ -106,6 +128,39 @@ def test_a_changed_option_shows_as_drift():
     table = reference_table({**LOOPS, "be_suppress": changed})
     assert table != reference_table(LOOPS) and "| `loops.be_suppress.threshold_percent` | `99` |" in table
     assert with_reference(f"a\n{BEGIN}\nold\n{END}\nb", table) == f"a\n{BEGIN}\n{table}\n{END}\nb"
+    include = (REPO / "man" / "koordd.toml.5.include").read_text()
+    page = toml_manpage({**LOOPS, "be_suppress": changed}, include)
+    assert page != toml_manpage(LOOPS, include) and "\\fBthreshold_percent\\fR = 99\n" in page
+
+
+def test_a_changed_command_line_shows_as_drift():
+    include = REPO / "man" / "koordctl.8.include"
+    p = koordctl_parser()
+    p.add_argument("--frobnicate", action="store_true", help="a flag the page does not have yet")
+    page = command_manpage(p, 8, include)
+    assert page != (REPO / "man" / "koordctl.8").read_text() and "frobnicate" in page
+    assert "\\-\\-once" in command_manpage(daemon_parser(), 8, REPO / "man" / "koordd.8.include")
+
+
+def test_the_man_pages_name_each_other_and_every_command():
+    koordd = (REPO / "man" / "koordd.8").read_text()
+    koordctl = (REPO / "man" / "koordctl.8").read_text()
+    toml = (REPO / "man" / "koordd.toml.5").read_text()
+    assert koordd.startswith('.TH KOORDD "8"') and koordctl.startswith('.TH KOORDCTL "8"')
+    assert toml.startswith('.TH KOORDD.TOML "5"')
+    for page in (koordd, koordctl, toml):
+        assert ".SH SEE ALSO" in page and ".SH NAME" in page
+    for name in ("validate", "doctor", "status", "decisions", "slo", "top", "demo"):
+        assert f"COMMAND \\fI\\,'koordctl {name}'" in koordctl, name
+    for section in ("[daemon]", "[metrics]", "[loops.be_suppress]", "[classes.slo]"):
+        assert f".SS {section}" in toml, section
+
+
+@pytest.mark.skipif(shutil.which("groff") is None, reason="needs groff (Debian: groff-base)")
+@pytest.mark.parametrize("page", ["koordd.8", "koordctl.8", "koordd.toml.5"])
+def test_the_man_pages_format_without_a_warning(page):
+    done = subprocess.run(["groff", "-man", "-ww", "-z", str(REPO / "man" / page)], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
 
 
 @pytest.mark.parametrize("seconds, text", [(1.0, "1s"), (0.5, "500ms"), (60.0, "1m"), (90.0, "1m30s"),
@@ -134,3 +189,82 @@ def test_the_shipped_slo_example_is_off_and_valid_once_uncommented():
     uncommented = "\n".join(lines[:start] + block + lines[start + len(block):])
     config = parse_config(uncommented, "koordd.toml", LOOPS)
     assert config.slo_of("ls.slice") == SloTarget(5000.0)
+
+
+# --- the README and the pages it leads to -------------------------------------------------------------------
+
+MARKDOWN = [REPO / "README.md", REPO / "DEVELOPERS.md", *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def prose(text: str) -> str:
+    """Markdown without its fenced code blocks and inline code (where a bracket is no link)."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's anchors of a page's headings: lowercased, punctuation but - and _ dropped, spaces -> -;
+    a repeated one gets -1, -2, ..."""
+    seen: dict[str, int] = {}
+    out = set()
+    for line in prose(text).splitlines() + re.findall(r"^#+ .*`.*$", text, flags=re.M):
+        m = re.match(r"^#{1,6} +(.*?) *#*$", line)
+        if not m:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).replace("`", "").strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def links(path: Path) -> list[str]:
+    return [t for t in LINK.findall(prose(path.read_text())) if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+
+
+@pytest.mark.parametrize("page", MARKDOWN, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_resolves(page):
+    broken = []
+    for target in links(page):
+        file, _, anchor = target.partition("#")
+        dest = (page.parent / file).resolve() if file else page
+        if not dest.exists():
+            broken.append(f"{target}: no {dest.relative_to(REPO) if dest.is_relative_to(REPO) else dest}")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
+            broken.append(f"{target}: {dest.name} has no heading #{anchor}")
+    assert not broken, f"{page.relative_to(REPO)}: " + "; ".join(broken)
+
+
+def test_the_link_check_finds_a_broken_link(tmp_path):
+    page = tmp_path / "a.md"
+    (tmp_path / "b.md").write_text("# B\n## The round: observe, decide, act\n```\n# not a heading\n```\n")
+    page.write_text("[ok](b.md#the-round-observe-decide-act) [gone](c.md) [no anchor](b.md#not-a-heading) "
+                    "`[code](d.md)` [web](https://example.org/x)")
+    assert links(page) == ["b.md#the-round-observe-decide-act", "c.md", "b.md#not-a-heading"]
+    assert "the-round-observe-decide-act" in anchors((tmp_path / "b.md").read_text())
+    assert "not-a-heading" not in anchors((tmp_path / "b.md").read_text())
+
+
+def test_the_readme_fits_on_a_few_screens_and_starts_with_the_two_commands():
+    lines = README.splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines: move detail into docs/"
+    blocks = re.findall(r"^```sh\n(.*?)^```", README, flags=re.S | re.M)
+    # DEVELOPERS.md and .ci/run rely on these two, first.
+    assert [b.strip() for b in blocks[:2]] == ["sudo scripts/run", "sudo scripts/test"], blocks[:2]
+
+
+def test_every_docs_page_is_reachable_from_the_readme():
+    seen, todo = set(), [REPO / "README.md"]
+    while todo:
+        page = todo.pop()
+        if page in seen or page.suffix != ".md" or not page.exists():
+            continue
+        seen.add(page)
+        todo += [(page.parent / t.partition("#")[0]).resolve() for t in links(page) if t.partition("#")[0]]
+    unreached = [p.name for p in (REPO / "docs").glob("*.md") if p.resolve() not in seen]
+    assert not unreached, f"no link leads from README.md to docs/{unreached}"
+    direct = {(REPO / t.partition("#")[0]).resolve() for t in links(REPO / "README.md")}
+    new_pages = ("install", "demo", "classes", "slo", "loops", "configuration", "decisions", "node-report",
+                 "troubleshooting", "design", "testing")
+    assert all((REPO / "docs" / f"{n}.md").resolve() in direct for n in new_pages)
