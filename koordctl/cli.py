@@ -84,9 +84,21 @@ def interval(text: str) -> float:
 
 # --- command line -------------------------------------------------------------------------------
 
+DOCS = "/usr/share/doc/koordd/docs"     # where the Debian package puts docs/ (scripts/package)
+
+
+def see(man: str, page: str) -> str:
+    """A subcommand's pointer to its man page and its guide (docs/<page> in the source, gzipped in the package)."""
+    return f"See {man} and docs/{page} ({DOCS}/{page}.gz in the Debian package)."
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="koordctl", description="Check and inspect koordd, the node QoS daemon.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = argparse.ArgumentParser(prog="koordctl", description="Check and inspect koordd, the node QoS daemon.",
+                                epilog="The manual: koordctl(8) (man koordctl); the config file: koordd.toml(5); the "
+                                       "daemon: koordd(8). Guides by task: docs/ in the source tree, "
+                                       f"{DOCS}/ in the Debian package; `koordctl COMMAND --help` names each "
+                                       "command's.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="machine-readable output")
     state = argparse.ArgumentParser(add_help=False)
@@ -94,25 +106,30 @@ def parser() -> argparse.ArgumentParser:
                        f"koordd's, else {DEFAULT_PATH}'s)")
     state.add_argument("--state-dir", type=Path, help="read this state_dir instead of the config's")
 
-    s = sub.add_parser("validate", help="check a config file")
+    s = sub.add_parser("validate", help="check a config file", epilog=see("koordd.toml(5)", "configuration.md"))
     s.add_argument("file", nargs="?", type=Path, default=DEFAULT_PATH, help=f"default {DEFAULT_PATH}")
     s.set_defaults(func=cmd_validate)
-    s = sub.add_parser("doctor", parents=[as_json], help="what this host's kernel and libraries support")
+    s = sub.add_parser("doctor", parents=[as_json], help="what this host's kernel and libraries support",
+                       epilog=see("koordctl(8)", "troubleshooting.md"))
     s.add_argument("--cgroup-root", type=Path, default=Path(CGROUP_MOUNT), help=f"default {CGROUP_MOUNT}")
     s.set_defaults(func="koordctl.doctor:cmd_doctor")
-    s = sub.add_parser("status", parents=[as_json, state], help="is koordd running; its loops and held knobs")
+    s = sub.add_parser("status", parents=[as_json, state], help="is koordd running; its loops and held knobs",
+                       epilog=see("koordctl(8)", "decisions.md"))
     s.set_defaults(func="koordctl.status:cmd_status")
-    s = sub.add_parser("decisions", parents=[as_json, state], help="the decision log (JSON lines with --json)")
+    s = sub.add_parser("decisions", parents=[as_json, state], help="the decision log (JSON lines with --json)",
+                       epilog=see("koordctl(8)", "decisions.md"))
     s.add_argument("--loop", help="only this loop's decisions")
     s.add_argument("--since", metavar="T", help='a duration ago ("10m", "2h") or an ISO 8601 time')
     s.add_argument("-n", type=int, metavar="N", help="only the last N")
     s.set_defaults(func="koordctl.decisions:cmd_decisions")
     s = sub.add_parser("slo", parents=[as_json, state],
-                       help="each SLO's target, its latency over the last minutes, and what be_suppress did")
+                       help="each SLO's target, its latency over the last minutes, and what be_suppress did",
+                       epilog=see("koordctl(8)", "slo.md"))
     s.add_argument("--ascii", action="store_true", help="draw the chart in ASCII (the default where the "
                    "terminal's encoding is not UTF-8)")
     s.set_defaults(func="koordctl.slo:cmd_slo")
-    s = sub.add_parser("top", parents=[state], help="live per-cgroup view of what koordd samples")
+    s = sub.add_parser("top", parents=[state], help="live per-cgroup view of what koordd samples",
+                       epilog=see("koordctl(8)", "decisions.md"))
     s.add_argument("--json", action="store_true", help="one sample as JSON, then exit")
     s.add_argument("--interval", type=interval, default=DEFAULT_INTERVAL, metavar="T",
                    help=f'refresh interval, "500ms" to "1m" (default {DEFAULT_INTERVAL:g}s)')
@@ -126,7 +143,8 @@ def parser() -> argparse.ArgumentParser:
                        description="An LS cgroup whose CPU demand follows a sine wave and a BE cgroup that "
                                    "wants every CPU, in three phases: LS alone, no control, koordd on. A live "
                                    "view, then a summary per phase and a PNG plot. Needs root; removes "
-                                   "everything it made, also on Ctrl-C.")
+                                   "everything it made, also on Ctrl-C.",
+                       epilog=see("koordctl(8)", "demo.md"))
     s.add_argument("--phase", type=duration_at_least(1.0), default=30.0, metavar="T",
                    help="length of each of the three phases (default 30s)")
     s.add_argument("--period", type=duration_at_least(1.0), default=20.0, metavar="T",

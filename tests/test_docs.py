@@ -268,3 +268,14 @@ def test_every_docs_page_is_reachable_from_the_readme():
     new_pages = ("install", "demo", "classes", "slo", "loops", "configuration", "decisions", "node-report",
                  "troubleshooting", "design", "testing")
     assert all((REPO / "docs" / f"{n}.md").resolve() in direct for n in new_pages)
+
+
+def test_koordctl_help_names_its_man_page_and_each_command_its_guide():
+    p = koordctl_parser()
+    assert "koordctl(8)" in p.format_help() and "koordd.toml(5)" in p.format_help()
+    [sub] = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, command in sub.choices.items():
+        text = " ".join(command.format_help().split())
+        assert re.search(r"\b(koordctl\(8\)|koordd\.toml\(5\))", text), f"koordctl {name} --help names no man page"
+        pages_named = re.findall(r"\bdocs/([a-z-]+\.md)", text)
+        assert pages_named and all((REPO / "docs" / n).is_file() for n in pages_named), (name, pages_named)

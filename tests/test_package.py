@@ -148,6 +148,21 @@ def test_the_commands_and_entry_points(tree):
     assert meta["Name"] == "koordd" and meta["Version"] == pyproject_version()
 
 
+def test_the_man_pages_and_the_guides_are_in_it(tree):
+    # man koordd, man koordctl, man koordd.toml after apt install: the committed pages of man/, gzipped where
+    # man-db looks; the guides of docs/ (koordctl --help names them) under /usr/share/doc/koordd/docs/.
+    import gzip
+    for page, section in (("koordd.8", "8"), ("koordctl.8", "8"), ("koordd.toml.5", "5")):
+        packed = tree / f"usr/share/man/man{section}/{page}.gz"
+        assert packed.is_file(), f"{page} is not in the package"
+        assert gzip.decompress(packed.read_bytes()).decode() == (ROOT / "man" / page).read_text()
+    docs = tree / "usr/share/doc/koordd/docs"
+    for guide in (ROOT / "docs").glob("*.md"):
+        assert gzip.decompress((docs / f"{guide.name}.gz").read_bytes()).decode() == guide.read_text(), guide.name
+    md5 = [line.split()[1] for line in (tree / "DEBIAN" / "md5sums").read_text().splitlines()]
+    assert "usr/share/man/man8/koordd.8.gz" in md5 and "usr/share/man/man5/koordd.toml.5.gz" in md5
+
+
 def test_the_unpacked_package_imports_and_finds_its_loops_and_bpf_files(tree):
     # The package's own tree alone on sys.path (-S: not this venv's editable koordd), as
     # /usr/lib/python3/dist-packages is on the target: the registry finds its built-in loops there,

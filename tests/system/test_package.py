@@ -2,7 +2,8 @@
 which acts on the shipped config; an upgrade keeps the operator's edit of the conffile
 /etc/koordd/koordd.toml (also when the new package ships a different default) and restarts koordd
 (the old one restores its knobs, the new one applies them again); `dpkg --purge` stops and disables
-it, removes its config and state, and every knob it changed is back.
+it, removes its config and state, and every knob it changed is back. The man pages (koordd(8), koordctl(8),
+koordd.toml(5)) are installed by the package, and by scripts/install before it.
 
 Both packages are built inside the VM from its copy of the working tree, as a normal build would.
 scripts/vmtest's image has koordd installed by scripts/install (/opt/koordd, its unit in
@@ -38,6 +39,10 @@ ASIDE = Path("/root/koordd-install-aside")
 BE_KNOBS = ("cpu.idle", "cpu.weight", "cpu.max", "memory.high")
 OPERATOR_EDIT = ('be_memory_high = ""', 'be_memory_high = "50%"   # the operator\'s edit')
 NEW_DEFAULT = "\n# A line the next version's default config adds.\n"
+MAN_PAGES = [Path("/usr/share/man/man8/koordd.8.gz"), Path("/usr/share/man/man8/koordctl.8.gz"),
+             Path("/usr/share/man/man5/koordd.toml.5.gz")]
+SCRIPTS_INSTALL_MAN = [Path("/usr/local/share/man/man8/koordd.8"), Path("/usr/local/share/man/man8/koordctl.8"),
+                       Path("/usr/local/share/man/man5/koordd.toml.5")]
 
 
 def dpkg_status() -> str:
@@ -90,6 +95,8 @@ def host_without_koordd(koordd_stopped, cpu_controller, tmp_path):
 
 def test_install_upgrade_keeps_the_operators_config_and_purge_leaves_nothing(host_without_koordd):
     tmp = host_without_koordd
+    # The image's koordd came from scripts/install, which put the man pages in /usr/local/share/man.
+    assert all(page.is_file() for page in SCRIPTS_INSTALL_MAN), [p for p in SCRIPTS_INSTALL_MAN if not p.is_file()]
     originals = {k: vm.knob(vm.BE, k) for k in BE_KNOBS}
     assert originals["cpu.idle"] == "0" and originals["memory.high"] == "max", originals
     assert dpkg_status() == "" and not vm.CONFIG.exists() and not PKG_UNIT.exists()
@@ -98,7 +105,7 @@ def test_install_upgrade_keeps_the_operators_config_and_purge_leaves_nothing(hos
     deb1 = build(SRC, V1, tmp / "v1")
     src2 = tmp / "src2"
     for part in ("pyproject.toml", "README.md", "koordd", "koordctl", "config", "systemd", "packaging",
-                 "docs/packaging.md", "scripts/package"):
+                 "docs", "man", "scripts/package"):
         dst = src2 / part
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if (SRC / part).is_dir() else shutil.copy2)(SRC / part, dst)
@@ -123,6 +130,13 @@ def test_install_upgrade_keeps_the_operators_config_and_purge_leaves_nothing(hos
     assert "qos_baseline" in status and "be_suppress" in status, status
     assert list(Path("/usr/lib/python3/dist-packages/koordd").glob("runtime/__pycache__/daemon.*.pyc")), \
         "postinst did not byte-compile koordd"
+    # man koordd, man koordctl, man koordd.toml: the pages where man-db looks (the image has no man-db: where
+    # it has, man -w finds them), and none left by the purge below.
+    for page in MAN_PAGES:
+        assert page.is_file() and page.read_bytes()[:2] == b"\x1f\x8b", f"{page} not installed"
+    assert "/usr/share/man/man8/koordd.8.gz" in vm.sh("dpkg", "-L", "koordd").stdout
+    if shutil.which("man"):
+        assert vm.sh("man", "-w", "koordd").stdout.strip() in (str(MAN_PAGES[0]), str(SCRIPTS_INSTALL_MAN[0]))
 
     # --- the operator edits the conffile; the running koordd reloads it by itself ---------------------------
     high = vm.node_memory() * 50 // 100 // 4096 * 4096
@@ -164,7 +178,7 @@ def test_install_upgrade_keeps_the_operators_config_and_purge_leaves_nothing(hos
     assert not Path("/etc/systemd/system/multi-user.target.wants/koordd.service").exists()
     assert not Path("/etc/systemd/system/koordd.service").is_symlink(), "a mask is left behind"
     left = [p for p in (Path("/etc/koordd"), vm.STATE_DIR, PKG_UNIT, Path("/usr/sbin/koordd"),
-                        Path("/usr/bin/koordctl"), Path("/usr/lib/python3/dist-packages/koordd"))
+                        Path("/usr/bin/koordctl"), Path("/usr/lib/python3/dist-packages/koordd"), *MAN_PAGES)
             if p.exists()]
     assert left == [], f"left after purge: {left}"
     assert {k: vm.knob(vm.BE, k) for k in BE_KNOBS} == originals
