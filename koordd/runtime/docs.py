@@ -15,6 +15,7 @@ is handed in by the caller (`pages(koordctl_parser)`).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple
@@ -183,10 +184,13 @@ def command_manpage(parser: argparse.ArgumentParser, section: int, include: Path
     summary = (parser.description or "").rstrip(".")
     parser.description = None
     parser.epilog = None
-    page = Manpage(parser, _data={"manual_section": section, "project_name": "koordd", "manual_title": MANUAL,
-                                  "description": summary[:1].lower() + summary[1:], "include": str(include)})
-    page.date = ""
-    return str(page)
+    # argparse wraps usage lines at the terminal's width: a fixed one, so the page is the same from a terminal,
+    # a pipe or CI.
+    with mock.patch.dict(os.environ, {"COLUMNS": "80"}):
+        page = Manpage(parser, _data={"manual_section": section, "project_name": "koordd", "manual_title": MANUAL,
+                                      "description": summary[:1].lower() + summary[1:], "include": str(include)})
+        page.date = ""
+        return str(page)
 
 
 def daemon_parser() -> argparse.ArgumentParser:
