@@ -78,6 +78,13 @@ class Entry(NamedTuple):
         return f"{self.section}.{self.name}"
 
 
+SECTION_TITLES = {
+    "classes.health": "below an LS, LSR or LSE [[classes]] rule",
+    "classes.slo": "below an LS, LSR or LSE [[classes]] rule",
+    "loops.<name>": "every loop",
+}
+
+
 def _entry(section: str, option: Option) -> Entry:
     doc = option.doc
     if option.choices and not any(c in doc for c in option.choices):
@@ -102,10 +109,17 @@ def reference_entries(loops: Mapping[str, type]) -> list[Entry]:
 
 
 def reference_table(loops: Mapping[str, type]) -> str:
-    """The reference as a Markdown table (docs/configuration.md)."""
-    rows = ["| key | default | meaning |", "|---|---|---|"]
-    rows += [f"| `{e.key}` | `{e.default}` | {e.doc} |" for e in reference_entries(loops)]
-    return "\n".join(rows)
+    """The reference as Markdown (docs/configuration.md): a heading per table ("### [loops.be_suppress]", which
+    other pages link to as #loopsbe_suppress), then its keys with their defaults and meanings."""
+    out: list[str] = []
+    section = None
+    for e in reference_entries(loops):
+        if e.section != section:
+            section = e.section
+            title = f"[{section}]" + (f" ({SECTION_TITLES[section]})" if section in SECTION_TITLES else "")
+            out += ["" if out else None, f"### {title}", "", "| key | default | meaning |", "|---|---|---|"]
+        out.append(f"| `{e.key}` | `{e.default}` | {e.doc} |")
+    return "\n".join(line for line in out if line is not None)
 
 
 def with_reference(text: str, table: str) -> str:
@@ -144,13 +158,6 @@ def includes(text: str) -> list[tuple[str, str]]:
         elif out:
             out[-1] = (out[-1][0], out[-1][1] + line + "\n")
     return [(name, body.strip("\n")) for name, body in out]
-
-
-SECTION_TITLES = {
-    "classes.health": "below an LS, LSR or LSE [[classes]] rule",
-    "classes.slo": "below an LS, LSR or LSE [[classes]] rule",
-    "loops.<name>": "every loop",
-}
 
 
 def toml_manpage(loops: Mapping[str, type], include: str) -> str:
