@@ -11,6 +11,7 @@ from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import RestoreJournal
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.core.snapshot import CgroupSample, NodeSample, Pressure, PressureStat, Snapshot
+from koordd.loops import memory_evict
 from koordd.loops.memory_evict import KILL_SETTLE, MemoryEvict
 from koordd.runtime.runner import Runner
 from koordd.sensors.collect import Sensors
@@ -230,12 +231,37 @@ def test_reclaim_first_where_the_host_has_it_then_kill():
     assert acts(run(snap(740, THREE, t=14, supported=ALL))) == [("kill", "be/a", "1")]
 
 
-def test_reclaim_shares_add_up_to_the_need():
+def test_reclaim_shares_add_up_to_the_need(monkeypatch):
+    monkeypatch.setattr(memory_evict, "RECLAIM_ROUND_BYTES", GiB)      # the round's budget is tested below
     actions = decide(snap(1000, THREE, supported=ALL))
     assert acts(actions) == [("reclaim", "be/a", str(300 * MiB)), ("reclaim", "be/b", str(20 * MiB))]
 
 
-def test_a_new_victim_is_reclaimed_while_an_old_one_escalates():
+def test_a_round_reclaims_its_budget_at_most_and_a_large_share_goes_on_in_steps():
+    # memory.reclaim returns only once it reclaimed what it was asked: a round (every loop's) must not
+    # wait on GiBs. A share of 300 MiB is asked in steps of 256 MiB at most, one per round, each one
+    # carried out in full; be/b, past the budget, waits for the next round; the kill comes after.
+    run = Run(cooldown="0s")
+    assert memory_evict.RECLAIM_ROUND_BYTES == 256 * MiB
+    assert acts(run(snap(1000, THREE, t=10, supported=ALL))) == [("reclaim", "be/a", str(256 * MiB))]
+    assert acts(run(snap(1000, THREE, t=11, supported=ALL))) == [("reclaim", "be/a", str(44 * MiB)),
+                                                                  ("reclaim", "be/b", str(20 * MiB))]
+    assert acts(run(snap(1000, THREE, t=12, supported=ALL))) == [("kill", "be/a", "1"), ("kill", "be/b", "1")]
+    big = [cg("be/huge", anon=4000)]
+    actions = decide(snap(4500, big, total_mib=5000, supported=ALL))
+    assert acts(actions) == [("reclaim", "be/huge", str(256 * MiB))]
+
+
+def test_a_reclaim_step_not_carried_out_ends_the_victims_reclaim():
+    run = Run(cooldown="0s")
+    [a] = run(snap(1000, [cg("be/a", anon=600)], t=10, supported=ALL))
+    assert a.value == str(256 * MiB)
+    MemoryEvict.settle([a], [], run.settings, run.state)        # EAGAIN: less was reclaimable than asked
+    assert acts(run(snap(1000, [cg("be/a", anon=600)], t=11, supported=ALL))) == [("kill", "be/a", "1")]
+
+
+def test_a_new_victim_is_reclaimed_while_an_old_one_escalates(monkeypatch):
+    monkeypatch.setattr(memory_evict, "RECLAIM_ROUND_BYTES", GiB)
     run = Run(cooldown="0s")
     run(snap(750, THREE, t=10, supported=ALL))                         # be/a reclaimed
     grown = [cg("be/a", anon=150), cg("be/b", anon=400), cg("be/c", anon=100)]

@@ -357,6 +357,9 @@ def test_runner_counts_time_and_errors_per_loop():
         def restore_where(self, keep, why):
             return []
 
+        def waiting(self, loop):            # nothing runs beside the round (a prekill hook)
+            return []
+
         backends = None
 
     runner = Runner({"flaky": Flaky}, Actuator())

@@ -1,13 +1,9 @@
 """oom_shaping and what it writes through: decision tables on hand-built snapshots; the oom_score_adj
 backend on fake trees with a fake /proc (per-process originals, new processes brought in line,
-restore only what koordd wrote); the guard and the kubelet rule; memory.oom.group on v1; and the
-prekill hook of memory_evict, run with real scripts."""
+restore only what koordd wrote); the guard and the kubelet rule; memory.oom.group on v1. The prekill
+hook of memory_evict is tests/test_prekill.py's."""
 from __future__ import annotations
 
-import json
-import subprocess
-import time
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +14,6 @@ from koordd.act.journal import RestoreJournal
 from koordd.act.protect import harm
 from koordd.backends.cgroup import KNOBS, CgroupBackend
 from koordd.backends.oom import OomScoreBackend, format_reading, parse, probe_oom_group
-from koordd.backends import prekill
-from koordd.backends.prekill import PrekillBackend, hook_value
 from koordd.core.backend import Backends, InvalidValue, TargetGone
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.core.decisions import APPLIED, LEFT, REFUSED, RESTORED
@@ -319,105 +313,3 @@ def test_memory_oom_group_on_v2_and_refused_once_on_hybrid(tmp_path):
     assert act.apply("oom_shaping", want) == []            # said once
     ok, detail = probe_oom_group(Host(cgroup=hybrid.root))
     assert not ok and "not on cgroup v2" in detail
-
-
-# --- the prekill hook -------------------------------------------------------------------------------
-
-def script(tmp_path, body):
-    p = tmp_path / "hook.sh"
-    p.write_text("#!/bin/sh\n" + body)
-    p.chmod(0o755)
-    return str(p)
-
-
-def evict_round(tmp_path, tree, hook_argv, timeout=2.0):
-    """memory_evict's kill actions, through the real actuator with the prekill backend."""
-    s = make_settings(loop_options(MemoryEvict), {"enabled": True, "reclaim": False,
-                                                  "prekill_command": hook_argv, "prekill_timeout": timeout})
-    victim = CgroupSample(path="be/job", cls=None, memory_anon=900 << 20, memory_current=900 << 20, frozen=False)
-    snapshot = Snapshot(time=100.0, wall=0.0, node=NodeSample(cpu_count=2, cpu_used=1.0, memory_total=1 << 30,
-                                                               memory_anon=950 << 20),
-                        cgroups={"be": CgroupSample(path="be", cls="BE")}, members={"be": (victim,)},
-                        supported=frozenset(KNOBS) | {"cgroup.prekill"})
-    actions = MemoryEvict.decide(snapshot, s, MemoryEvict.initial_state(s))
-    assert [a.knob for a in actions] == ["cgroup.prekill", "cgroup.kill"]
-    act, _ = actuator(tmp_path, tree, PrekillBackend(tree.fs))
-    kills = []
-    act.backends.for_knob("cgroup.kill").write = lambda target, knob, value: kills.append((target, time.time()))
-    return act.apply("memory_evict", actions), kills
-
-
-def test_prekill_runs_before_the_kill_with_the_victims_cgroup(tmp_path, monkeypatch):
-    tree = FakeCgroups(tmp_path, "v2").add("be/job")
-    out = tmp_path / "out"
-    monkeypatch.setenv("NOTIFY_SOCKET", "/run/systemd/notify")       # koordd's, not the hook's
-    hook = script(tmp_path, f'echo "$@|$KOORDD_CGROUP|$KOORDD_CGROUP_DIR|$NOTIFY_SOCKET" > {out}; '
-                            f'date +%s.%N >> {out}\n')
-    decisions, kills = evict_round(tmp_path, tree, [hook, "--dump"])
-    assert [(d.knob, d.outcome) for d in decisions] == [("cgroup.prekill", APPLIED), ("cgroup.kill", APPLIED)]
-    line, ran_at = out.read_text().splitlines()
-    assert line == f"--dump be/job|be/job|{tree.root / 'be' / 'job'}|"
-    assert kills == [("be/job", kills[0][1])] and float(ran_at) <= kills[0][1]
-
-
-def test_a_failing_hook_is_one_refusal_and_the_kill_goes_ahead(tmp_path):
-    tree = FakeCgroups(tmp_path, "v2").add("be/job")
-    decisions, kills = evict_round(tmp_path, tree, [script(tmp_path, "echo boom >&2; exit 3\n")])
-    [pre, kill] = decisions
-    assert pre.outcome == REFUSED and "exited with status 3" in pre.error and "boom" in pre.error
-    assert kill.outcome == APPLIED and len(kills) == 1
-
-
-def test_a_hook_that_floods_stderr_leaves_only_its_end_in_the_refusal(tmp_path):
-    # 32 MiB of stderr: koordd keeps the end of it (prekill.STDERR_KEEP bytes), not all of it.
-    tree = FakeCgroups(tmp_path, "v2").add("be/job")
-    hook = script(tmp_path, "head -c 33554432 /dev/zero | tr '\\0' x >&2; echo THE-END >&2; exit 3\n")
-    decisions, kills = evict_round(tmp_path, tree, [hook], timeout=30)
-    [pre, kill] = decisions
-    assert pre.outcome == REFUSED and "exited with status 3" in pre.error and pre.error.endswith("xxxxTHE-END")
-    assert len(pre.error) < 1000 and kill.outcome == APPLIED and len(kills) == 1
-    # What is held while the hook runs is bounded too, whatever it writes.
-    proc = subprocess.Popen([hook], stderr=subprocess.PIPE)
-    kept = prekill._stderr_tail(proc, time.monotonic() + 30)
-    assert kept.endswith(b"THE-END\n") and len(kept) == prekill.STDERR_KEEP and proc.returncode == 3
-
-
-def test_a_hook_that_hangs_is_killed_at_its_timeout_and_the_kill_goes_ahead(tmp_path):
-    tree = FakeCgroups(tmp_path, "v2").add("be/job")
-    pidfile = tmp_path / "child"
-    hook = script(tmp_path, f"sleep 30 & echo $! > {pidfile}; wait\n")
-    t0 = time.monotonic()
-    decisions, kills = evict_round(tmp_path, tree, [hook], timeout=0.5)
-    assert time.monotonic() - t0 < 10
-    [pre, kill] = decisions
-    assert pre.outcome == REFUSED and "timed out after 0.5s" in pre.error
-    assert kill.outcome == APPLIED and len(kills) == 1
-    child = int(pidfile.read_text())
-    time.sleep(0.3)
-    try:                                        # its whole process group went with it: gone, or dead unreaped
-        state = (Path("/proc") / str(child) / "stat").read_text().rpartition(")")[2].split()[0]
-    except FileNotFoundError:
-        state = "gone"
-    assert state in ("gone", "Z")
-
-
-def test_a_hook_that_cannot_start_is_one_refusal(tmp_path):
-    tree = FakeCgroups(tmp_path, "v2").add("be/job")
-    decisions, kills = evict_round(tmp_path, tree, [str(tmp_path / "missing")])
-    assert decisions[0].outcome == REFUSED and "cannot start" in decisions[0].error and len(kills) == 1
-
-
-def test_prekill_values_and_the_guard(tmp_path):
-    tree = FakeCgroups(tmp_path, "v2").add("ls/job")
-    b = PrekillBackend(tree.fs)
-    for bad in ('{"argv": ["rel"], "timeout": 1}', '{"argv": [], "timeout": 1}', '{"argv": ["/x"], "timeout": 61}',
-                '{"argv": ["/x"]}', "nope"):
-        with pytest.raises(InvalidValue, match="cgroup.prekill"):
-            b.validate("ls/job", "cgroup.prekill", bad)
-    act, _ = actuator(tmp_path, tree, b)
-    act.protect({"ls": "LS"})
-    [d] = act.apply("memory_evict", [Action("ls/job", "cgroup.prekill", hook_value(["/bin/true"], 1), {}, "")])
-    assert d.outcome == REFUSED and "protected" in d.error
-    with pytest.raises(ConfigError, match="absolute path"):
-        parse_config('[loops.memory_evict]\nprekill_command = ["dump"]\n', "k.toml", REGISTRY)
-    assert json.loads(hook_value(["/bin/true"], 1)) == {"argv": ["/bin/true"], "timeout": 1.0}

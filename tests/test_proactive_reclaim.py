@@ -345,3 +345,22 @@ def test_huge_refault_counts_do_not_break_the_arithmetic():
                         memory_refaults=Refaults((1 << 64) * 4096, (1 << 64) * 4096))
     assert run.reclaims(snap(huge, t=101)) == {}                     # far above the share: back off
     assert run.state.cgroups["be"].refaults == (1 << 65) * 4096
+
+
+def test_a_round_reclaims_its_budget_at_most_and_the_cgroups_take_turns():
+    # A write to memory.reclaim returns only once that much is reclaimed, and every loop's round waits
+    # for it: one round asks for RECLAIM_ROUND_BYTES at most over all cgroups, and those that waited
+    # longest for a step go first, so none is left out for good.
+    from koordd.loops import proactive_reclaim
+    budget = proactive_reclaim.RECLAIM_ROUND_BYTES
+    assert budget == 256 * MiB
+    run = Run(min_step="100M", max_step_percent=50)
+    pods = [cg(f"be/p{i}", current_mib=10_000) for i in range(5)]
+    members = {"be": tuple(pods)}
+    rounds = [run.reclaims(snap(cg("be", current_mib=50_000), t=100 + i, members=members)) for i in range(4)]
+    for asks in rounds:
+        assert sum(asks.values()) <= budget
+    assert {p for asks in rounds for p in asks} == {f"be/p{i}" for i in range(5)}
+    # One cgroup alone with a step larger than the budget: capped too.
+    big = Run(min_step="1G", max_step_percent=50)
+    assert big.reclaims(snap(cg("be", current_mib=100_000))) == {"be": budget}

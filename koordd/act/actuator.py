@@ -8,19 +8,24 @@ A refused write is recorded with the reason or the kernel's error; a target
 that vanished on the way is skipped silently (normal churn). A restore takes the
 same way back: in the same order, through the same validation, kubelet rule and
 guard, and only onto a knob that still holds what koordd wrote on the same object.
+
+A command that runs long (a prekill hook: KnobSpec.beside) is only begun in a round; what the loop asked
+of the same target after it waits (Beside) and is applied by finish(), on the main thread, once the
+command is done or its budget ran out; cancel() ends such commands and makes nothing that waited.
 """
 from __future__ import annotations
 
 import errno
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, TypeVar
 
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import Held, RestoreJournal
 from koordd.act.protect import GIVEN_BACK, harm
 from koordd.backends.registry import builtin_backends
-from koordd.core.backend import Backend, Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
+from koordd.core.backend import Backend, Backends, InvalidValue, Job, PartialWrite, TargetGone, Unsupported
 from koordd.core.decisions import APPLIED, DRY_RUN, Decision, LEFT, REFUSED, RESTORED
 from koordd.core.kubelet import KubeletRule
 from koordd.core.loop import Action
@@ -37,6 +42,18 @@ def kernel_error(e: OSError) -> str:
 
 Key = tuple[str, str, str]       # (kind, target, knob)
 T = TypeVar("T")
+
+
+@dataclass
+class Beside:
+    """A command running beside the round (a prekill hook), and what its loop asked of the same target
+    after it in that round (the kill): held back until the command is done or `deadline` passed."""
+    loop: str
+    action: Action
+    kind: str
+    job: Job
+    deadline: float                                       # monotonic: the episode's budget ends
+    then: list[Action] = field(default_factory=list)
 
 
 class Actuator:
@@ -57,6 +74,8 @@ class Actuator:
         self._classes: Mapping[str, str | None] = {}
         self._protected: Protected | None = None          # built from _classes at the first harmful write
         self.kubelet = kubelet
+        self.beside: list[Beside] = []                    # commands running beside the round, oldest first
+        self.woken: Callable[[], None] = lambda: None     # called (from any thread) when one is done
 
     def reconfigure(self, kubelet: KubeletRule | None, unsupported: Mapping[str, str]) -> None:
         """After a reload: the new config's kubelet rule, and the knobs this host lacks, probed again."""
@@ -90,12 +109,29 @@ class Actuator:
         parent's limit written by one loop and a child's written by another never cross; each
         loop gets its own decisions back."""
         out: dict[str, list[Decision]] = {loop: [] for loop, _ in batches}
+        started: dict[tuple[str, str], Beside] = {}      # (loop, target) -> its command begun in this batch
+        budgets: dict[str, float] = {}                    # loop -> the deadline of the commands it began
         for loop, a in self._ordered([(loop, a) for loop, actions in batches for a in actions]):
             backend = self.backends.for_knob(a.knob)
+            waiting = started.get((loop, a.target))
+            if waiting is not None:
+                waiting.then.append(a)      # after the command: applied once it is done (finish())
+                continue
             if backend is None:
                 d = self._refuse(loop, a, "", None, f"unknown knob {a.knob!r} (no backend serves it)")
             elif a.value is None:
                 d = self._restore_action(loop, a, backend)
+            elif getattr(backend.knobs[a.knob], "beside", False):
+                d, job = self._begin(loop, a, backend)
+                if job is not None:
+                    # One budget for every command a loop begins in one round: they run side by side,
+                    # and the last of them ends when the first one's time is up.
+                    deadline = min(budgets.setdefault(loop, time.monotonic() + job.timeout),
+                                   time.monotonic() + job.timeout)
+                    b = Beside(loop, a, backend.kind, job, deadline)
+                    self.beside.append(b)
+                    started[(loop, a.target)] = b
+                    job.begin(deadline, self.woken)
             elif backend.knobs[a.knob].oneshot:
                 d = self._command(loop, a, backend)
             else:
@@ -103,6 +139,77 @@ class Actuator:
             if d is not None:
                 out[loop].append(d)
         return out
+
+    # --- beside the round --------------------------------------------------------
+
+    def _begin(self, loop: str, a: Action, backend: Backend) -> tuple[Decision | None, Job | None]:
+        """A command that runs beside the round: the checks of any command, then the backend begins it
+        and the actuator goes on. Its decision comes when it is done (finish()); dry-run begins nothing."""
+        if a.knob in self.unsupported:
+            return self._refuse(loop, a, backend.kind, None, self.unsupported[a.knob]), None
+        protected = self._harms_protected(a, backend, None)
+        if protected:
+            return self._refuse(loop, a, backend.kind, None, protected), None
+        try:
+            value = backend.validate(a.target, a.knob, a.value)
+            if self.dry_run:
+                return self._record(Decision(time.time(), loop, a.target, a.knob, None, value, DRY_RUN, a.message,
+                                             dict(a.reason), kind=backend.kind)), None
+            return None, backend.start(a.target, a.knob, value)
+        except TargetGone:
+            return None, None
+        except (Unsupported, InvalidValue, OutsideRoot) as e:
+            return self._refuse(loop, a, backend.kind, None, str(e)), None
+        except OSError as e:
+            return self._refuse(loop, a, backend.kind, None, kernel_error(e)), None
+
+    def waiting(self, loop: str) -> list[Action]:
+        """The actions of `loop` not yet applied: its commands running beside the round and what follows them."""
+        return [a for b in self.beside if b.loop == loop for a in (b.action, *b.then)]
+
+    def next_deadline(self) -> float | None:
+        """When the earliest command beside the round runs out of time (monotonic); None if none runs."""
+        return min((b.deadline for b in self.beside), default=None)
+
+    def finish(self, now: float | None = None) -> list[tuple[str, list[Action], list[Decision]]]:
+        """The commands beside the round that are done, or whose budget ran out (ended now): their
+        decisions, then the actions held back behind them, applied here (on the caller's thread, the
+        main one, where every write is made) through the same checks as in a round. Per command:
+        (loop, its actions, their decisions)."""
+        now = time.monotonic() if now is None else now
+        out = []
+        for b in [b for b in self.beside if b.job.done() or now >= b.deadline]:
+            if not b.job.done():
+                b.job.cancel("its budget ran out")      # its own watcher ends it at the deadline; at the latest here
+            self.beside.remove(b)
+            d = self._outcome(b)
+            rest = self.apply_round([(b.loop, b.then)])[b.loop] if b.then else []
+            out.append((b.loop, [b.action, *b.then], ([d] if d is not None else []) + rest))
+        return out
+
+    def _outcome(self, b: Beside) -> Decision | None:
+        try:
+            b.job.result()
+        except OSError as e:
+            return self._refuse(b.loop, b.action, b.kind, None, kernel_error(e))
+        return self._record(Decision(time.time(), b.loop, b.action.target, b.action.knob, None, b.action.value,
+                                     APPLIED, b.action.message, dict(b.action.reason), kind=b.kind))
+
+    def cancel(self, why: str, loop: str | None = None) -> list[Decision]:
+        """End the commands beside the round (of `loop`, or all), and make nothing that waited for them:
+        a stop, or the loop disabled. Each command, and each write that waited for it, is one refused
+        decision saying so."""
+        out = []
+        for b in [b for b in self.beside if loop is None or b.loop == loop]:
+            b.job.cancel(why)
+            self.beside.remove(b)
+            out.append(self._refuse(b.loop, b.action, b.kind, None, f"cancelled: {why}"))
+            for a in b.then:
+                backend = self.backends.for_knob(a.knob)
+                if a.value is not None:
+                    out.append(self._refuse(b.loop, a, backend.kind if backend else "", None,
+                                            f"not made: {why} before the {b.action.knob} it waited for was done"))
+        return [d for d in out if d is not None]
 
     def _ordered(self, pairs: list[tuple[T, Action]]) -> list[tuple[T, Action]]:
         """Limits that go down are written child before parent, limits that go up parent before child,

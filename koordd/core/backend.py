@@ -49,6 +49,33 @@ class KnobSpec:
     oneshot: bool = False                                # a command: never read, compared or restored
     magnitude: Callable[[str], float] | None = None      # for write order: parents first when raising
     resets: tuple[str, ...] = ()                         # knobs the kernel rewrites when this one changes
+    # A command that runs beside the round (a prekill hook): Backend.start() begins it and returns its Job;
+    # the actuator never waits for it in a round (see Job).
+    beside: bool = False
+
+
+class Job:
+    """A command a backend runs beside the round (KnobSpec.beside): started by Backend.start(), watched by
+    a thread of its own from begin(), never waited for in a round. The actuator holds back this loop's
+    later actions on the same target until the job is done or its deadline passed, then applies them on
+    the main thread, where every write is made."""
+    timeout: float = 0.0          # the longest the command may run (from its value)
+
+    def begin(self, deadline: float, woken: Callable[[], None]) -> None:
+        """Watch it from now until it ends or `deadline` (monotonic) passes (then it is ended); call
+        `woken()` (from any thread) when it is done."""
+        raise NotImplementedError
+
+    def done(self) -> bool:
+        raise NotImplementedError
+
+    def result(self) -> None:
+        """After done(): None if the command succeeded, else the OSError that says how it failed."""
+        raise NotImplementedError
+
+    def cancel(self, why: str) -> None:
+        """End it now (its processes killed) and wait until it is; done() afterwards. Idempotent."""
+        raise NotImplementedError
 
 
 class Backend:
@@ -73,6 +100,11 @@ class Backend:
         return self.knobs[knob].normalize(value)
 
     def write(self, target: str, knob: str, value: str) -> None:
+        raise NotImplementedError
+
+    def start(self, target: str, knob: str, value: str) -> Job:
+        """A knob of KnobSpec.beside: begin the command and return at once with its Job (not begun);
+        TargetGone, or OSError when it cannot start."""
         raise NotImplementedError
 
     def validate_original(self, target: str, knob: str, value: str) -> str:

@@ -30,6 +30,9 @@ A loop is a class in `koordd/loops/` registered under the entry-point group
 - `settle(actions, decisions, settings, state)` right after the actuator
   applied them: a loop that counts its own acts (a kill budget) keeps only
   those the actuator carried out (decision applied or dry-run). No I/O either.
+  Actions held back behind a command that runs beside the round (a prekill hook
+  and the kill after it: KnobSpec.beside) are left out, and settled on their own
+  once that command is done or out of time, or never if it was cancelled.
 
 The class docstring is the loop's user documentation.
 """

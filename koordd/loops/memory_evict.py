@@ -21,8 +21,12 @@ A victim killed by a previous round but still present counts as already freed, s
 does not kill more than needed. Rounds are at least `cooldown` apart.
 
 Escalates per victim, across rounds: where the host has `memory.reclaim` (cgroup v2, 5.19+) and
-`reclaim` is on, a victim's first step is a proactive reclaim of its share of the bytes to free;
-if a later round still needs that victim, it is killed (`cgroup.kill`: the whole subtree on v2,
+`reclaim` is on, a victim's first step is a proactive reclaim of its share of the bytes to free.
+A write to memory.reclaim returns only once that much is reclaimed, which on a large share takes
+seconds (anon pages going to swap): a round asks for RECLAIM_ROUND_BYTES (256 MiB) at most, over all
+its victims, and a share larger than that is reclaimed in steps of it, one per round, while each
+step is carried out in full; a victim past the round's budget waits for the next round. Once its
+share is reclaimed (or a step could not be: EAGAIN), if a later round still needs that victim, it is killed (`cgroup.kill`: the whole subtree on v2,
 frozen, killed and thawed on v1) or, with `action = "freeze"`, frozen (`cgroup.freeze`, v1
 `freezer.state`). At most `max_kills_per_minute` kills: a victim beyond that is frozen instead.
 
@@ -38,13 +42,16 @@ victim of its own. Never acts on an LS, LSR, LSE or SYSTEM cgroup, nor on a BE c
 one of those below it (an LS job in be.slice: not a victim, and neither is be.slice) or above it,
 the cgroups the actuator's guard refuses (koordd/act/protect.py).
 
-Prekill hook (off unless `prekill_command` is set, oomd's and systemd-oomd's request): right before
+Prekill hook (off unless `prekill_command` is set, oomd's and systemd-oomd's request): before
 each kill, the command (an array: argv[0] an absolute path, no shell) runs with the victim's cgroup
-path as its last argument (also in KOORDD_CGROUP, its directory in KOORDD_CGROUP_DIR), for at most
-`prekill_timeout` (then its process group is killed): to dump a heap, drain a node-local queue, or
-tell a scheduler why. It is its own action (`cgroup.prekill`, koordd/backends/prekill.py), run by
-the actuator, not by this loop; one that fails or times out is one refused decision (a log line)
-and the kill goes ahead. Every loop's round waits for it: keep it short.
+path as its last argument (also in KOORDD_CGROUP, its directory in KOORDD_CGROUP_DIR): to dump a
+heap, drain a node-local queue, or tell a scheduler why. It is its own action (`cgroup.prekill`,
+koordd/backends/prekill.py), run by the actuator, not by this loop, and beside the rounds, not in
+them: the hooks of one round's victims run side by side, sharing one budget, `prekill_timeout` (at
+most 10 s) from their start; each victim is killed as soon as its hook is done, or when the budget
+runs out (the hook's process group is then killed). One that fails or times out is one refused
+decision (a log line) and the kill goes ahead. A stop, or this loop disabled, while hooks run ends
+them and kills no victim still waiting for its hook.
 
 Writes, on BE cgroups: `memory.reclaim`, `cgroup.kill`, `cgroup.prekill` (commands, nothing to
 restore) and `cgroup.freeze` (restored).
@@ -65,6 +72,9 @@ from koordd.core.snapshot import CgroupSample, PressureStat, Snapshot
 MiB = 1 << 20
 KILL_SETTLE = 15.0           # s a killed victim that is still present counts as freed (systemd-oomd waits 15 s)
 MIN_RECLAIM = MiB            # smaller shares go straight to the next step: reclaim would not help
+# Bytes a round asks memory.reclaim for, over all its victims: the write returns only once that much is
+# reclaimed, seconds for GiBs on a host that swaps to disk, and the round (every loop's) waits for it.
+RECLAIM_ROUND_BYTES = 256 * MiB
 PRESSURE_RECLAIM_FRACTION = 0.25   # of its usage, for a victim of a pressure-only round
 
 
@@ -94,6 +104,7 @@ class State:
     pressure_since: float | None = None                      # PSI full above the limit since
     calm_since: float | None = None                          # below the lower mark, no pressure, since
     reclaimed: dict[str, float] = field(default_factory=dict)   # victim -> time of its reclaim step
+    reclaim_left: dict[str, float] = field(default_factory=dict)  # victim -> bytes of its share still to reclaim
     killed: dict[str, float] = field(default_factory=dict)      # victim -> time killed, while present
     frozen: dict[str, float] = field(default_factory=dict)      # victim this loop froze -> time
     kills: deque = field(default_factory=deque)                 # times of the kills of the last minute
@@ -124,8 +135,10 @@ class MemoryEvict(Loop):
         Option("reclaim", bool, True, "try memory.reclaim on a victim first, where the host has it"),
         Argv("prekill_command", tuple, (), "command run with the victim's cgroup path before each kill (argv, "
              "no shell); [] = none"),
-        Option("prekill_timeout", Duration, Duration(5.0), "how long the prekill command may run before it is "
-               "killed and the kill goes ahead", min=0.1, max=60),
+        Option("prekill_timeout", Duration, Duration(5.0), "the budget of one round's prekill commands (they run "
+               "side by side): then those still running are killed and their kills go ahead. At most 10 s: memory "
+               "pressure does not wait, a victim's memory counts as freed for 15 s from the decision, and it stays "
+               "well under half of WatchdogSec=30s", min=0.1, max=10),
     )
 
     @staticmethod
@@ -205,6 +218,7 @@ class MemoryEvict(Loop):
 
         if effective < low:
             state.reclaimed.clear()        # this episode is over: a new one starts with reclaim again
+            state.reclaim_left.clear()
         if effective < low and not pressured:
             if state.calm_since is None:
                 state.calm_since = now
@@ -308,6 +322,7 @@ def _forget(state: State, by_path: dict[str, CgroupSample], snapshot: Snapshot, 
             del state.killed[cg]
     for cg in [cg for cg in state.reclaimed if cg not in by_path]:
         del state.reclaimed[cg]
+        state.reclaim_left.pop(cg, None)
     while state.kills and state.kills[0] <= now - 60:
         state.kills.popleft()
 
@@ -339,6 +354,7 @@ def _act(victims, need, settings, state: State, snapshot: Snapshot, now, reason,
                f"memory pressure full avg10 {reason['pressure_full_avg10']:.1f}% > "
                f"{settings.pressure_full_percent:g}% for {settings.pressure_duration:g}s")
     remaining = need
+    budget = RECLAIM_ROUND_BYTES          # of memory.reclaim, this round
     for rank, c in enumerate(victims):
         used = _usage(c)
         share = min(used, remaining) if need > 0 else used * PRESSURE_RECLAIM_FRACTION
@@ -346,20 +362,28 @@ def _act(victims, need, settings, state: State, snapshot: Snapshot, now, reason,
         why = {**reason, "need": round(need), "victim_usage": used, "victim_rank": rank,
                "priority_rank": pattern_rank(c.path, settings.priority), "kills_last_minute": len(state.kills)}
         goal = f", to get below {_pct(low, capacity)}" if over else ""
-        if can_reclaim and c.path not in state.reclaimed and share >= MIN_RECLAIM:
+        first = c.path not in state.reclaimed
+        left = share if first else min(share, state.reclaim_left.get(c.path, 0.0))
+        if can_reclaim and left >= MIN_RECLAIM:
+            if budget < MIN_RECLAIM:
+                continue                          # the round's reclaim budget is spent: its turn comes next round
+            amount = int(min(left, budget))
+            budget -= amount
             state.reclaimed[c.path] = now
-            amount = int(share)
+            state.reclaim_left[c.path] = left - amount
+            rest = f", {_mib(left - amount)} more next round" if left - amount >= MIN_RECLAIM else ""
             actions.append(Action(c.path, "memory.reclaim", str(amount), {**why, "step": "reclaim",
                                                                            "reclaim_bytes": amount},
-                                  f"{trigger}: reclaiming {_mib(amount)} from {c.path} ({_mib(used)}){goal}"))
+                                  f"{trigger}: reclaiming {_mib(amount)} from {c.path} ({_mib(used)}){goal}{rest}"))
             continue
         if settings.action == "kill" and len(state.kills) < settings.max_kills_per_minute:
             state.kills.append(now)
             state.killed[c.path] = now
             state.reclaimed.pop(c.path, None)
+            state.reclaim_left.pop(c.path, None)
             if settings.prekill_command:
-                # Right before the kill, in the same batch: the actuator runs it, and the kill follows
-                # whether or not it succeeds.
+                # Right before the kill, in the same batch: the actuator begins it beside the round and
+                # makes the kill when it is done or out of time, whether or not it succeeded.
                 actions.append(Action(c.path, "cgroup.prekill", _hook(settings), {**why, "step": "prekill"},
                                       f"{trigger}: prekill hook for {c.path} before the kill"))
             actions.append(Action(c.path, "cgroup.kill", "1", {**why, "step": "kill"},
@@ -387,7 +411,9 @@ def _act(victims, need, settings, state: State, snapshot: Snapshot, now, reason,
 
 def _settle(actions: list[Action], decisions: list, state: State) -> None:
     """A kill or freeze the actuator did not carry out (refused, cgroup gone) spends no kill budget
-    and releases no memory: forget it, so the next round sees the victim as it is."""
+    and releases no memory: forget it, so the next round sees the victim as it is. A kill that waited
+    for its prekill hook settles once made. A reclaim step not carried out ends the
+    victim's reclaim: its next step is the kill."""
     done = carried_out(decisions)
     for a in actions:
         if (a.target, a.knob) in done:
@@ -398,6 +424,8 @@ def _settle(actions: list[Action], decisions: list, state: State) -> None:
                 state.kills.remove(t)
         elif a.knob == "cgroup.freeze" and a.value == "1":
             state.frozen.pop(a.target, None)
+        elif a.knob == "memory.reclaim":
+            state.reclaim_left.pop(a.target, None)     # less was reclaimable than asked: no further step
 
 
 def _hook(settings) -> str:

@@ -13,7 +13,11 @@ Each round, per cgroup, against `psi_target` (percent of time):
   smaller step is reclaimed;
 - under it otherwise: the step is reclaimed, and once the kernel confirms it (a write to
   `memory.reclaim` returns only when that much was reclaimed) it grows by `grow_percent`.
-The step never exceeds `max_step_percent` of the cgroup's `memory.current`. A reclaim the kernel
+The step never exceeds `max_step_percent` of the cgroup's `memory.current`. A write to memory.reclaim
+returns only once the kernel reclaimed that much (seconds for GiBs on a host that swaps to disk), and
+every loop's round waits for it: a round asks for RECLAIM_ROUND_BYTES (256 MiB) at most over all the
+cgroups, those that waited longest for a step first; the others (or the rest of a larger step) wait
+for the next round. A reclaim the kernel
 could not complete (EAGAIN: less than asked was reclaimable) halves the step. What the kernel
 reclaimed, cumulatively per cgroup since the loop started, is each decision's `saved_total_bytes`
 (with `reclaim_bytes`, this round's ask): the bytes saved. A write that returned is at least that
@@ -66,6 +70,7 @@ MiB = 1 << 20
 PAGE = 4096                      # smaller asks are not worth a write: the kernel reclaims in pages
 CLASSES = ("BE",)                # see the docstring: the guard refuses reclaim on every other class
 RISING_FRACTION = 0.5            # "rising" counts once the pressure is past half the target
+RECLAIM_ROUND_BYTES = 256 * MiB  # memory.reclaim asks of one round, over all cgroups (see the docstring)
 
 
 def parse_size(text: str | int, zero_ok: bool = False) -> int | None:
@@ -115,6 +120,7 @@ class Step:
     asked: int = 0                        # this round's ask, for settle()
     stepped: int = 0                      # last round's ask, once carried out: what its refaults are judged by
     refaults: int | None = None           # the cumulative refault bytes the last round read
+    turn: float = float("-inf")           # when its last step was asked: who waited longest goes first
 
 
 @dataclass
@@ -186,12 +192,16 @@ class ProactiveReclaim(Loop):
         state.told_unsupported = False
         guard = Protected.of_snapshot(snapshot)
         seen = set()
-        for unit in snapshot.units(*settings.classes):
+        budget = RECLAIM_ROUND_BYTES
+        units = sorted(snapshot.units(*settings.classes),
+                       key=lambda u: (state.cgroups[u.path].turn if u.path in state.cgroups else float("-inf"), u.path))
+        for unit in units:
             if guard.why(unit.path):
                 continue            # an LS job in be.slice, or be.slice holding one: the actuator would refuse
             seen.add(unit.path)
-            action = _reclaim(snapshot.time, unit, settings, state)
+            action = _reclaim(snapshot.time, unit, settings, state, budget)
             if action is not None:
+                budget -= state.cgroups[unit.path].asked
                 actions.append(action)
         for gone in set(state.cgroups) - seen:
             del state.cgroups[gone]
@@ -241,7 +251,7 @@ def refault_growth(sample: CgroupSample, st: Step) -> int | None:
     return now - before
 
 
-def _reclaim(now: float, cg: CgroupSample, settings, state: State) -> Action | None:
+def _reclaim(now: float, cg: CgroupSample, settings, state: State, budget: int) -> Action | None:
     floor = parse_size(settings.min_step)
     st = state.cgroups.setdefault(cg.path, Step(float(floor)))
     st.asked = 0
@@ -267,10 +277,10 @@ def _reclaim(now: float, cg: CgroupSample, settings, state: State) -> Action | N
         how = "grow"
     cap = cg.memory_current * settings.max_step_percent / 100
     st.step = min(st.step, max(cap, float(floor)))
-    ask = int(min(st.step, cap)) // PAGE * PAGE
+    ask = int(min(st.step, cap, budget)) // PAGE * PAGE
     if ask < PAGE:
-        return None                 # too little memory in use to take anything back
-    st.asked = ask
+        return None                 # too little memory in use to take anything back, or the round's budget spent
+    st.asked, st.turn = ask, now
     reason = {"class": cg.cls or "BE", "memory_current": cg.memory_current, "psi_some_percent": round(pressure, 4),
               "psi_source": source, "psi_target": target, "step": how, "reclaim_bytes": ask,
               "saved_total_bytes": st.saved_total,

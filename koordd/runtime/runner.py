@@ -1,7 +1,8 @@
 """Runs the enabled loops, each on its own interval, each failing alone.
 
 One thread: when loops are due, the sensors build one snapshot, each due loop
-decides, the actuator applies. An exception in a loop is logged with its
+decides, the actuator applies. A command that runs long (a prekill hook) is only
+begun in a round; finish() applies what waited for it, between rounds. An exception in a loop is logged with its
 traceback and the loop backs off (doubling, up to MAX_BACKOFF) while the
 others keep their rhythm.
 """
@@ -139,6 +140,7 @@ class Runner:
 
     def stop(self, name: str, why: str) -> None:
         self.runs.pop(name, None)
+        self.actuator.cancel(f"loop {name} stopped ({why})", loop=name)    # its pending evictions are not made
         self.actuator.restore_owner(name, why)
         log.info("loop %s stopped: %s", name, why)
 
@@ -237,8 +239,10 @@ class Runner:
         for run, actions in decided:
             try:
                 changes = applied[run.name]
+                # What runs beside the round (a prekill hook, the kill behind it) settles when it is done.
+                waiting = {id(a) for a in self.actuator.waiting(run.name)}
                 with run.timing.measure():
-                    run.impl.settle(actions, changes, run.settings, run.state)
+                    run.impl.settle([a for a in actions if id(a) not in waiting], changes, run.settings, run.state)
                 changes += self._release_strays(run, snapshot)
             except Exception as e:  # noqa: BLE001
                 self._failed(run, e, snapshot)
@@ -249,6 +253,23 @@ class Runner:
             # Keep the rhythm; after a stall, skip the missed ticks rather than run them back to back.
             run.next_due = run.next_due + interval if run.next_due + interval > snapshot.time \
                 else snapshot.time + interval
+
+    def finish(self, now: float | None = None) -> None:
+        """Apply what waited beside the round for a command now done or out of time (the actuator's
+        finish(), on this thread), and let each loop settle it. Called by the main loop between rounds."""
+        for loop, actions, decisions in self.actuator.finish(now):
+            run = self.runs.get(loop)
+            if run is None:
+                continue
+            try:
+                with run.timing.measure():
+                    run.impl.settle(actions, decisions, run.settings, run.state)
+            except Exception as e:  # noqa: BLE001
+                run.failures += 1
+                run.errors += 1
+                run.last_error = f"{type(e).__name__}: {e}"
+                log.error("loop %s failed to settle what ran beside its round:\n%s", run.name,
+                          "".join(traceback.format_exception(e)).rstrip())
 
     def _failed(self, run: LoopRun, e: Exception, snapshot: Snapshot) -> None:
         run.failures += 1

@@ -3,6 +3,10 @@
 Its parts are built by koordd/runtime/wiring.py and handed to each other through their constructors; a
 round is koordd/runtime/round.py's, and its result goes to the subscribers (koordctl top's feed, the
 status file, the metrics endpoint) through one interface (koordd/runtime/result.py).
+
+Nothing in a round waits on a prekill hook: the actuator begins it, a thread watches it (and wakes the
+main loop when it is done), and the main loop applies the kill that waited for it between rounds
+(Runner.finish()), within one budget per eviction; a stop cancels whatever still waits, first.
 """
 from __future__ import annotations
 
@@ -61,6 +65,7 @@ class Daemon:
                              readers=(self.top, self.metrics), report=self.report)
         self.subscribers = (self.top, self.status, self.metrics, self.pusher)    # in this order after every round
         self.wake = Wakeup()                # set by signal handlers: no lock (koordd/runtime/wakeup.py)
+        self.actuator.woken = self.wake.set     # a command beside the round (a prekill hook) is done
         self.stopping = False
         self.reload_at: float | None = None
         self.watcher: ConfigWatcher | None = None
@@ -142,6 +147,9 @@ class Daemon:
         if once:
             time.sleep(min([float(s.interval) for s in self.config.loops.values() if s.enabled] + [1.0]))
             self.round(list(self.runner.runs.values()))
+            while self.actuator.beside:     # a prekill hook and the kill behind it: within their budget
+                self.wake.wait(max(0.0, self.actuator.next_deadline() - time.monotonic()))
+                self.runner.finish()
             self._write_status()            # before the sensors stop: it says which ran and which could not
             self.sensors.close()
             self.claim.release()            # what it changed stays, in the journal, for the next owner
@@ -168,6 +176,8 @@ class Daemon:
                 self.reload()
             if now >= self.top.next_check:
                 self.poll_view(now)
+            if self.actuator.beside and not self.stopping:
+                self.runner.finish()        # kills whose prekill hooks are done or out of time
             due, for_view = self.runner.due(now), self.top.due(now)
             if due or for_view:
                 self.round(due, for_view)
@@ -180,7 +190,7 @@ class Daemon:
                 next_ping = now + watchdog
             # The view's time too: a daemon with no loop due still looks for a view once a second.
             wake_at = [t for t in (self.runner.next_due(), self.reload_at, self.top.next_wake(),
-                                   next_ping if watchdog else None) if t is not None]
+                                   next_ping if watchdog else None, self.actuator.next_deadline()) if t is not None]
             timeout = max(0.0, min(wake_at) - time.monotonic()) if wake_at else None
             self.wake.wait(timeout)
 
@@ -217,6 +227,8 @@ class Daemon:
 
     def stop(self) -> None:
         notify.notify("STOPPING=1")
+        # First: no eviction that waited for a prekill hook is made once a stop was asked; the hooks end.
+        self.actuator.cancel("koordd stopping")
         self.top.withdraw()
         with notify.StopExtender(self._restore_progress):
             self.actuator.restore_all("koordd stopping")

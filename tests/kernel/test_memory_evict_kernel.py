@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from koordtest.kernel import CGROUP_ROOT, CgroupEnv, Koordd, created, stop_all, unique_name, wait_for
+from koordtest.notify import NotifySocket
 
 pytestmark = pytest.mark.kernel
 
@@ -185,7 +186,7 @@ def koordd(tmp_path, scope):
     stop_all(k)
 
 
-def write_config(koordd: Koordd, scope: Scope, action: str) -> Path:
+def write_config(koordd: Koordd, scope: Scope, action: str, extra: str = "") -> Path:
     path = koordd.tmp / "etc" / "koordd.toml"
     path.parent.mkdir(exist_ok=True)
     path.write_text(f"""\
@@ -215,7 +216,7 @@ max_kills_per_minute = 20
 pressure_full_percent = 0
 reclaim = false
 thaw_delay = "10m"
-""")
+{extra}""")
     return path
 
 
@@ -324,3 +325,51 @@ def test_koordd_freezes_be_then_sigterm_thaws_it(scope, koordd, capsys):
     grown = wait_for(lambda: all(scope.usage(c) >= BE_MAX_MIB * MiB for c in BE), timeout=15)
     assert grown, f"BE did not resume after the thaw: {[scope.usage(c) // MiB for c in BE]} MiB"
     assert set(scope.be_alive()) == set(BE)
+
+
+WATCHDOG_USEC = 2_000_000         # systemd's WatchdogSec, here 2 s: koordd pings every 1 s
+PREKILL_BUDGET = "8s"
+
+
+def test_the_watchdog_is_fed_while_a_prekill_hook_sleeps_and_sigterm_kills_no_victim(scope, koordd, capsys):
+    """Issue 35: a prekill hook ran inside the round, so a slow one starved systemd's watchdog (koordd was
+    killed mid-eviction), and a SIGTERM during it still let the kill through. Here a real hook that
+    sleeps (exec sleep, in its own session) holds be1's eviction: koordd, started as systemd would
+    (NOTIFY_SOCKET, WATCHDOG_USEC), keeps pinging while it sleeps, and a SIGTERM then ends the hook and
+    kills nothing: be1's process lives on."""
+    hook = koordd.tmp / "prekill.sh"
+    pidfile = koordd.tmp / "prekill.pid"
+    hook.write_text(f"#!/bin/sh\necho $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; exec sleep 600\n")
+    hook.chmod(0o755)
+    notify = NotifySocket(koordd.tmp / "notify.sock")
+    base = koordd._env()
+    koordd._env = lambda: {**base, "NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": str(WATCHDOG_USEC)}
+    ls = scope.start_ls()
+    proc = koordd.start(write_config(koordd, scope, "kill", f"prekill_command = [{json.dumps(str(hook))}]\n"
+                                                            f"prekill_timeout = \"{PREKILL_BUDGET}\"\n"))
+    assert notify.wait("READY=1", timeout=30), koordd.log_text()
+    be1 = scope.spawn_code("be1", BE_CODE)          # 200 + 140 MiB: 66% of the scope, over the 60% threshold
+    try:
+        assert wait_for(pidfile.exists, timeout=30), f"no prekill hook ran\n{koordd.log_text()}"
+        hook_pid, since = int(pidfile.read_text()), time.monotonic()
+        # While the hook sleeps: pings keep coming (one a second), and be1 is not killed yet.
+        fed = notify.wait("WATCHDOG=1", count=4, since=since, timeout=6)
+        pings = notify.times("WATCHDOG=1", since)
+        gaps = [round(b - a, 2) for a, b in zip([since] + pings, pings)]
+        report(capsys, f"prekill hook sleeping: {len(pings)} WATCHDOG=1 in {time.monotonic() - since:.1f}s, "
+                       f"gaps {gaps} s (systemd's interval {WATCHDOG_USEC / 1e6:g}s)")
+        assert fed, f"the watchdog starved while the hook slept: pings {gaps}\n{koordd.log_text()}"
+        assert Path(f"/proc/{hook_pid}").exists() and be1.poll() is None
+    finally:
+        since_stop = time.monotonic()
+        code = koordd.stop(proc)
+        stopped_in = time.monotonic() - since_stop
+        notify.close()
+    report(capsys, f"SIGTERM during the hook: koordd exited {code} in {stopped_in:.2f}s")
+    assert code == 0, koordd.log_text()
+    assert wait_for(lambda: not Path(f"/proc/{hook_pid}").exists(), timeout=10), "the hook outlived the stop"
+    assert be1.poll() is None and "be1" in scope.be_alive(), "the victim was killed after the stop was asked"
+    assert ls.poll() is None
+    assert records(koordd, "cgroup.kill", "applied") == [], records(koordd)
+    [pre] = records(koordd, "cgroup.prekill")
+    assert pre["outcome"] == "refused" and "koordd stopping" in pre["error"], pre
