@@ -123,7 +123,7 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
                                         "window, less the margin"),
     "koordd_reclaimable_basis": (GAUGE, ("resource", "part"), "the figures behind reclaimable (cores or bytes): "
                                  "node, given, needs, peak, system"),
-    # the node report (koordd/core/report.py; README "Node report"): workloads with an SLO, tenants' shares
+    # the node report (koordd/core/report.py; docs/node-report.md): workloads with an SLO, tenants' shares
     "koordd_report_workload_latency_seconds": (GAUGE, CG + ("quantile",), "response time of an LS class root with "
                                                "an SLO over the report's window, at its SLO's quantile and 0.999"),
     "koordd_report_workload_target_seconds": (GAUGE, CG, "the SLO's latency_p99"),

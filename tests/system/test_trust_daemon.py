@@ -1,5 +1,5 @@
 """One koordd per host, under systemd (issue 25, defect 2): with koordd.service running and capping
-be.slice, `koordd --once` (the README's command) and a second instance with a state_dir of its own,
+be.slice, `koordd --once` (docs/install.md's command) and a second instance with a state_dir of its own,
 started as a systemd unit, both refuse, naming the service's koordd (exit 75), and write nothing: be.slice
 keeps the service's cap, its journal stays as it was, and the second state_dir is never made. The lock
 is the host's own, /run/koordd/owner.lock (RuntimeDirectory= of the unit, kept after a stop), which
