@@ -20,7 +20,7 @@ from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import Held, RestoreJournal
 from koordd.act.protect import GIVEN_BACK, harm
 from koordd.backends.registry import builtin_backends
-from koordd.core.backend import Backend, Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
+from koordd.core.backend import Backend, Backends, InvalidValue, PartialWrite, TargetGone, Unsupported, UnsafeValue
 from koordd.core.decisions import APPLIED, DRY_RUN, Decision, LEFT, REFUSED, RESTORED
 from koordd.core.kubelet import KubeletRule
 from koordd.core.loop import Action
@@ -400,14 +400,23 @@ class Actuator:
         return None
 
     def _restorable(self, held: Held, backend: Backend, current: str) -> str:
-        """The original as it is written back, checked as any write is: Forbidden (dropped) for a value the
-        knob never takes or a restore that would harm a protected cgroup; InvalidValue (kept, tried
-        again) for one the kernel would refuse now; OutsideRoot (dropped) for a target out of its root."""
+        """The original as it is written back, checked as any write is, through the backend's validate():
+        Forbidden (dropped) for a value the knob never takes, one a write's rule refuses for good
+        (UnsafeValue: a forged vm.min_free_kbytes of 268 x MemTotal) or a restore that would harm a
+        protected cgroup; InvalidValue (kept, tried again) for one the kernel would refuse now (a parent's
+        limit); OutsideRoot (dropped) for a target out of its root. validate_original() is asked only
+        after validate() refused with a plain InvalidValue: it lets through the forms a knob reads and is
+        never set to ("mixed"), and can never let an UnsafeValue through, whatever the backend."""
         try:
             backend.knobs[held.knob].normalize(held.original)
         except ValueError as e:
             raise Forbidden(f"the original {held.original!r} is no value of {held.knob}: {e}") from None
-        value = backend.validate_original(held.target, held.knob, held.original)
+        try:
+            value = backend.validate(held.target, held.knob, held.original)
+        except UnsafeValue as e:
+            raise Forbidden(f"the original {held.original!r} breaks a rule of every write: {e}") from None
+        except InvalidValue:
+            value = backend.validate_original(held.target, held.knob, held.original)
         if not backend.cgroup_targets:
             return value
         # Not the kubelet rule: it keeps koordd from taking a knob from the kubelet; a restore gives back
