@@ -180,6 +180,7 @@ class Actuator:
         if kubelet:
             return self._refuse(loop, a, kind, None, kubelet)
         try:
+            self._tell(backend, a.target, a.knob, held)
             old = backend.read(a.target, a.knob)
             new = backend.validate(a.target, a.knob, a.value)
             old = backend.scope(a.knob, old, new)
@@ -336,6 +337,7 @@ class Actuator:
             if backend is None or held.knob not in backend.knobs:
                 raise Unsupported(f"no backend of kind {held.kind!r} serves {held.knob!r} (the package that "
                                   f"brought it is not installed?); kept in the restore journal")
+            self._tell(backend, held.target, held.knob, held)
             current = backend.scope(held.knob, backend.read(held.target, held.knob), held.original)
             unchanged = backend.same(current, held.original)
             left = None if unchanged else self._not_koordds(held, backend, current)
@@ -385,6 +387,14 @@ class Actuator:
             return None
         return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, current,
                                      held.original, RESTORED, message, reason or {}, kind=held.kind))
+
+    @staticmethod
+    def _tell(backend: Backend, target: str, knob: str, held: Held | None) -> None:
+        """Backend.holding(): what koordd holds on the knob it is about to read (None: nothing)."""
+        try:
+            backend.holding(target, knob, None if held is None else (held.original, held.written))
+        except Exception as e:  # noqa: BLE001 - a third-party backend's bug costs what it follows, not the write
+            log.debug("%s %s: holding() failed (%s)", target or "/", knob, e)
 
     def _not_koordds(self, held: Held, backend: Backend, current: str) -> str | None:
         """Why a held knob that differs from its original is no longer koordd's to put back, or None:

@@ -109,6 +109,12 @@ class Backend:
         None: not known (then only the value is compared). TargetGone when the target is gone."""
         return None
 
+    def holding(self, target: str, knob: str, hold: tuple[str, Sequence[str]] | None) -> None:
+        """Told by the actuator just before it reads a knob to write or restore it: what koordd holds there,
+        (its original, the values koordd wrote, newest last), or None when it holds nothing. A backend whose
+        target stands for objects that come and go (a cgroup's processes) follows with it those koordd set,
+        so one that leaves the target gets its own value back (koordd/backends/oom.py). Default: nothing."""
+
     def still_koordds(self, target: str, knob: str, current: str, values: Sequence[str]) -> bool:
         """Whether a knob reading `current` still holds what koordd left in it: `values` are the values
         its writes went through, the original first and the newest last. A backend whose write takes
