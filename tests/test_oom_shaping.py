@@ -469,6 +469,25 @@ def test_moved_into_ls_that_koordd_shapes_it_gets_ls_score_and_its_own_value_at_
     assert [proc.score(p) for p in (11, 12, 13, 21)] == [0, 0, 0, 0]
 
 
+def test_a_process_from_ls_to_be_to_elsewhere_gets_its_be_score_taken_back(rig, tmp_path):
+    """Last seen in BE, it left BE: LS, where koordd saw it before, has no say in it any more."""
+    tree, proc, b = rig
+    tree.add("other")
+    put_procs(tree, "other", [])
+    act, journal = actuator(tmp_path, tree, b)
+    both = [BE_FIRST, Action("ls", SCORE, "-900", {}, "LS last")]
+    act.apply("oom_shaping", both)
+    assert proc.score(21) == -900
+    move(tree, 21, "ls", "be/pod1")
+    act.apply("oom_shaping", both)
+    assert proc.score(21) == 1000
+    move(tree, 21, "be/pod1", "other")
+    act.apply("oom_shaping", both)
+    assert proc.score(21) == 0             # BE's original common value (it came after BE's hold was made)
+    act.restore_all("stopping")
+    assert proc.score(21) == 0 and journal.entries() == []
+
+
 def test_a_process_moved_into_a_kubelet_owned_ls_cgroup_still_gets_koordds_write_undone(tmp_path):
     """koordd may not set the score of the kubelet's cgroups, but undoing its own write is a restore: the
     process gets back the value it had before koordd, wherever it went."""

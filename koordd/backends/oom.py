@@ -15,6 +15,17 @@ original: a restore gives every process its own value back, processes started si
 value, and a process whose value is neither its original nor one koordd wrote was changed behind
 koordd's back and is left as it is. Lowering a value needs CAP_SYS_RESOURCE (koordd runs as root).
 
+A process that leaves the cgroup takes koordd's value with it; the value's reason (its place in BE) is
+gone. So the backend follows the processes it saw in a cgroup koordd holds, reading a value koordd wrote
+there (the actuator says what it holds before each read: holding()). A reading ends with
+" left <pid>@<start>=<value>,..." while such a process is outside the cgroup with koordd's value still
+on it. Such a reading is never the value koordd wants, so the next write puts each of them back to its
+value before koordd (its own in the original, else the original's common one), once. A stop's restore
+does the same, even when the cgroup itself has no process left ("none left ..."). A process in
+another cgroup koordd set (LS's score) is that cgroup's. One whose value someone else changed is left
+alone. A refusal (EACCES: no CAP_SYS_RESOURCE and a minimum raised since) is named in the write's error,
+and that process is not tried again.
+
 -1000 makes a process immune to the OOM killer; koordd writes it only when a config asks for it.
 The kubelet gives the processes of its containers values of its own (koordd/core/kubelet.py): on its
 cgroups this knob is the kubelet's, and koordd leaves it alone unless `kubelet_override` names it.
@@ -166,7 +177,8 @@ class OomScoreBackend(Backend):
         # own value goes back (write()). Kept in memory: one that left while no koordd ran keeps its score.
         self._holds: dict[str, tuple[int | None, dict[Proc, int], frozenset[int]]] = {}
         self._seen: dict[str, set[Proc]] = {}
-        self._originals: dict[str, str] = {}    # target -> the original of koordd's hold there: a write of it is a restore
+        self._where: dict[Proc, str] = {}       # process -> the target it was last seen in: the one it left
+        self._originals: dict[str, str] = {}    # target -> the original of koordd's hold: a write of it restores
 
     def probe(self) -> dict[str, str]:
         if self.fs.dir(self.fs.walk_controller(), "") is None:
@@ -214,7 +226,15 @@ class OomScoreBackend(Backend):
 
     def _forget(self, target: str) -> None:
         self._holds.pop(target, None)
-        self._seen.pop(target, None)
+        for proc in self._seen.pop(target, ()):
+            if self._where.get(proc) == target:
+                del self._where[proc]
+
+    def _saw(self, target: str, procs) -> None:
+        seen = self._seen.setdefault(target, set())
+        for proc in procs:
+            seen.add(proc)
+            self._where[proc] = target
 
     def holding(self, target: str, knob: str, hold) -> None:
         if hold is None:
@@ -246,20 +266,22 @@ class OomScoreBackend(Backend):
         if hold is None:
             return {}
         written = hold[2]
-        seen = self._seen.setdefault(target, set())
-        seen |= {proc for proc, v in values.items() if v in written}
+        self._saw(target, (proc for proc, v in values.items() if v in written))
+        seen = self._seen[target]
         out: dict[Proc, int] = {}
-        elsewhere: set[Proc] | None = None
         for proc in sorted(seen - values.keys()):
             v = self._score(proc)
-            if v is not None and v in written:
-                if elsewhere is None:
-                    elsewhere = set().union(*(s for t, s in self._seen.items() if t != target))
-                if proc not in elsewhere:
-                    out[proc] = v
-                    continue
-            seen.discard(proc)          # gone, someone else's value now, or another target's of koordd's
+            if v is not None and v in written and self._where.get(proc) == target:
+                out[proc] = v
+                continue
+            # Gone, someone else's value now, or seen since in another target koordd set (that one's now).
+            self._drop(target, proc)
         return out
+
+    def _drop(self, target: str, proc: Proc) -> None:
+        self._seen[target].discard(proc)
+        if self._where.get(proc) == target:
+            del self._where[proc]
 
     def read(self, target: str, knob: str) -> str:
         values = self._values(target)
@@ -329,7 +351,7 @@ class OomScoreBackend(Backend):
         if hold is not None:
             before_common, before_own, _ = hold
             for proc, current in self._left(target, values).items():
-                self._seen[target].discard(proc)    # tried once: put back, or refused and said so
+                self._drop(target, proc)            # tried once: put back, or refused and said so
                 wanted = before_own.get(proc, before_common)
                 if wanted is None or wanted == current:
                     continue
@@ -349,7 +371,7 @@ class OomScoreBackend(Backend):
                 self._holds[target] = (*parse(before), frozenset({common}))
             else:
                 self._holds[target] = (hold[0], hold[1], hold[2] | {common})
-            self._seen.setdefault(target, set()).update(values)     # _left() drops those not reading koordd's
+            self._saw(target, values)               # _left() drops those not reading koordd's
         if errors:
             pid, e, wanted, left = errors[0]
             # The kernel refuses a value below the process's oom_score_adj_min (its lowest so far, 0 for
