@@ -64,7 +64,8 @@ def test_defaults_be_first_ls_last_be_pods_killed_whole():
 def test_zero_leaves_alone_and_gives_back_what_koordd_holds():
     held = {("be.slice", SCORE), ("node", "vm.watermark_scale_factor")}
     out = decide(snap(*NODE_CGS, held=held), be_oom_score_adj=0, ls_oom_score_adj=0, be_oom_group=False)
-    assert out == [("node", "vm.watermark_scale_factor", None)]          # the sysctl: the loop lets it go
+    # The loop lets both go (the score too, since the sweep of issue 35; the runner's strays did it before).
+    assert out == [("node", "vm.watermark_scale_factor", None), ("be.slice", SCORE, None)]
     assert OomShaping.writes(settings(be_oom_score_adj=0, ls_oom_score_adj=0, be_oom_group=False)) == frozenset()
 
 
@@ -97,9 +98,9 @@ def test_without_memory_oom_group_one_pod_asks_once():
     assert [t for t in out if t[1] == "memory.oom.group"] == [("be.slice/job1", "memory.oom.group", "1")]
 
 
-def test_never_the_be_root_of_pods_for_oom_group_but_a_childless_one():
-    out = decide(snap(cg("be.slice", "BE")))
-    assert ("be.slice", "memory.oom.group", "1") in out     # a job of its own
+def test_never_the_be_root_for_oom_group():
+    out = decide(snap(cg("be.slice", "BE"), cg("be2.slice", "BE"), members={"be2.slice": (cg("be2.slice/p"),)}))
+    assert [t for t in out if t[1] == "memory.oom.group"] == [("be2.slice/p", "memory.oom.group", "1")]
 
 
 @pytest.mark.parametrize("kw, bad", [
@@ -313,3 +314,213 @@ def test_memory_oom_group_on_v2_and_refused_once_on_hybrid(tmp_path):
     assert act.apply("oom_shaping", want) == []            # said once
     ok, detail = probe_oom_group(Host(cgroup=hybrid.root))
     assert not ok and "not on cgroup v2" in detail
+
+
+# --- issue 35 item 4: a knob lives only as long as its reason ----------------------------------------
+
+def test_an_empty_be_root_is_no_job_and_gets_no_memory_oom_group():
+    """An empty be.slice counted as "a job": memory.oom.group = 1 on it stayed when pods started under it,
+    and one OOM then killed every BE pod. A class root is never taken for one job."""
+    out = decide(snap(cg("be.slice", "BE")))
+    assert [t for t in out if t[1] == "memory.oom.group"] == []
+
+
+def test_a_be_root_that_gained_pods_gives_its_memory_oom_group_back():
+    held = {("be.slice", "memory.oom.group")}           # an older koordd's, on the root while it was empty
+    out = decide(snap(*NODE_CGS, members=PODS, held=held))
+    assert ("be.slice", "memory.oom.group", None) in out
+    assert ("be.slice/job1", "memory.oom.group", "1") in out and ("be.slice/job2", "memory.oom.group", "1") in out
+    out = decide(snap(cg("be.slice", "BE"), held=held))  # still empty: given back too, it is no job
+    assert ("be.slice", "memory.oom.group", None) in out
+
+
+def test_every_knob_the_loop_holds_and_no_longer_asks_for_goes_back():
+    """One sweep at the end of decide(): whatever oom_shaping holds and did not ask for this round (a pod
+    that is no unit any more, a root, a knob of an option now 0) is given back, not only the cases named."""
+    held = {("be.slice/old/deeper", "memory.oom.group"), ("be.slice", "memory.oom.group"),
+            ("node", "vm.min_free_kbytes"), ("ls.slice", SCORE)}
+    out = decide(snap(*NODE_CGS, members=PODS, held=held), ls_oom_score_adj=0)
+    for target, knob in held:
+        assert (target, knob, None) in out
+    assert ("be.slice", SCORE, "1000") in out             # what it still wants stays asked
+
+
+def test_memory_oom_group_of_a_root_that_gained_pods_is_restored_on_a_fake_tree(tmp_path):
+    """End to end through the actuator: the hold an older koordd made on the empty root goes back to 0 in
+    the first round that sees pods under it, and the pods get theirs."""
+    tree = FakeCgroups(tmp_path, "v2").add("be.slice")
+    (tree.root / "be.slice" / "memory.oom.group").write_text("0\n")
+    act, journal = actuator(tmp_path, tree)
+    [d] = act.apply("oom_shaping", [Action("be.slice", "memory.oom.group", "1", {}, "")])   # the old code's write
+    assert d.outcome == APPLIED
+    tree.add("be.slice/pod1")
+    (tree.root / "be.slice" / "pod1" / "memory.oom.group").write_text("0\n")
+    s = settings(be_oom_score_adj=0, ls_oom_score_adj=0)
+    snapshot = snap(cg("be.slice", "BE"), members={"be.slice": (cg("be.slice/pod1"),)},
+                    held={(h.target, h.knob) for h in journal.entries()})
+    decisions = act.apply("oom_shaping", OomShaping.decide(snapshot, s, None))
+    assert {(d.target, d.outcome) for d in decisions} == {("be.slice", RESTORED), ("be.slice/pod1", APPLIED)}
+    assert tree.read("be.slice", "memory", "memory.oom.group").strip() == "0"
+    assert tree.read("be.slice/pod1", "memory", "memory.oom.group").strip() == "1"
+
+
+def move(tree, pid, src, dst):
+    """A process moved from cgroup `src` to `dst` (as a write to dst's cgroup.procs does)."""
+    fs = tree.fs
+    path = fs.dir(fs.walk_controller(), src) / "cgroup.procs"
+    path.write_text("".join(f"{p}\n" for p in path.read_text().split() if int(p) != pid))
+    path = fs.dir(fs.walk_controller(), dst) / "cgroup.procs"
+    path.write_text(path.read_text() + f"{pid}\n")
+
+
+BE_FIRST = Action("be", SCORE, "1000", {}, "BE first")
+
+
+def test_a_process_moved_from_be_to_ls_gets_its_score_back_in_the_next_round(rig, tmp_path):
+    tree, proc, b = rig
+    act, journal = actuator(tmp_path, tree, b)
+    act.apply("oom_shaping", [BE_FIRST])
+    assert proc.score(13) == 1000
+    move(tree, 13, "be/pod1/c1", "ls")                  # ls_oom_score_adj = 0: koordd leaves LS alone
+    [d] = act.apply("oom_shaping", [BE_FIRST])
+    assert d.outcome == APPLIED and "left 13@100=1000" in d.old
+    assert proc.score(13) == 0 and [proc.score(p) for p in (11, 12)] == [1000, 1000]
+    assert act.apply("oom_shaping", [BE_FIRST]) == []    # done: nothing left to say
+    act.restore_all("stopping")
+    assert [proc.score(p) for p in (11, 12, 13, 21)] == [0, 0, 0, 0]
+
+
+def test_a_process_that_left_be_gets_its_own_value_back_at_stop(rig, tmp_path):
+    """Moved out after the last round: the stop's restore finds it outside BE and puts back its own value."""
+    tree, proc, b = rig
+    proc.set(13, -500)
+    act, journal = actuator(tmp_path, tree, b)
+    act.apply("oom_shaping", [BE_FIRST])
+    act.apply("oom_shaping", [BE_FIRST])                # a round with the hold known
+    move(tree, 13, "be/pod1/c1", "ls")
+    [d] = act.restore_all("stopping")
+    assert d.outcome == RESTORED and [proc.score(p) for p in (11, 12, 13)] == [0, 0, -500]
+
+
+def test_all_of_be_moved_out_still_goes_back_at_stop(rig, tmp_path):
+    """An empty BE reads "none", which any value satisfies: the processes that left must still count."""
+    tree, proc, b = rig
+    act, journal = actuator(tmp_path, tree, b)
+    act.apply("oom_shaping", [BE_FIRST])
+    for pid, src in ((11, "be/pod1"), (12, "be/pod1"), (13, "be/pod1/c1")):
+        move(tree, pid, src, "ls")
+    [d] = act.restore_all("stopping")
+    assert d.outcome == RESTORED and [proc.score(p) for p in (11, 12, 13)] == [0, 0, 0]
+    assert journal.entries() == []
+
+
+def test_a_process_forked_in_be_inherits_the_score_and_gets_the_common_value_when_it_leaves(rig, tmp_path):
+    tree, proc, b = rig
+    act, journal = actuator(tmp_path, tree, b)
+    act.apply("oom_shaping", [BE_FIRST])
+    proc.add(14, score=1000, start=300)                 # forked by 13: inherited, never written by koordd
+    put_procs(tree, "be/pod1/c1", [13, 14])
+    assert act.apply("oom_shaping", [BE_FIRST]) == []
+    move(tree, 14, "be/pod1/c1", "ls")
+    act.apply("oom_shaping", [BE_FIRST])
+    assert proc.score(14) == 0
+
+
+def test_after_a_restart_the_held_scores_are_followed_too(rig, tmp_path):
+    """A new koordd re-adopts the hold and writes nothing (all of BE reads 1000): a process leaving BE
+    is still found, from the values the journal says koordd wrote."""
+    tree, proc, b = rig
+    act, _ = actuator(tmp_path, tree, b)
+    act.apply("oom_shaping", [BE_FIRST])
+    act2, journal2 = actuator(tmp_path, tree, OomScoreBackend(tree.fs, proc.root))
+    assert act2.apply("oom_shaping", [BE_FIRST]) == []
+    move(tree, 12, "be/pod1", "ls")
+    act2.apply("oom_shaping", [BE_FIRST])
+    assert proc.score(12) == 0 and proc.score(11) == 1000
+
+
+def test_a_process_that_left_with_a_value_someone_else_set_keeps_it(rig, tmp_path):
+    tree, proc, b = rig
+    act, journal = actuator(tmp_path, tree, b)
+    act.apply("oom_shaping", [BE_FIRST])
+    act.apply("oom_shaping", [BE_FIRST])
+    move(tree, 13, "be/pod1/c1", "ls")
+    proc.set(13, 300)                                   # the LS side's own choice
+    assert act.apply("oom_shaping", [BE_FIRST]) == []
+    act.restore_all("stopping")
+    assert proc.score(13) == 300
+
+
+def test_moved_into_ls_that_koordd_shapes_it_gets_ls_score_and_its_own_value_at_stop(rig, tmp_path):
+    tree, proc, b = rig
+    act, journal = actuator(tmp_path, tree, b)
+    both = [BE_FIRST, Action("ls", SCORE, "-900", {}, "LS last")]
+    act.apply("oom_shaping", both)
+    move(tree, 13, "be/pod1/c1", "ls")
+    act.apply("oom_shaping", both)
+    assert proc.score(13) == -900
+    act.restore_all("stopping")
+    assert [proc.score(p) for p in (11, 12, 13, 21)] == [0, 0, 0, 0]
+
+
+def test_a_process_from_ls_to_be_to_elsewhere_gets_its_be_score_taken_back(rig, tmp_path):
+    """Last seen in BE, it left BE: LS, where koordd saw it before, has no say in it any more."""
+    tree, proc, b = rig
+    tree.add("other")
+    put_procs(tree, "other", [])
+    act, journal = actuator(tmp_path, tree, b)
+    both = [BE_FIRST, Action("ls", SCORE, "-900", {}, "LS last")]
+    act.apply("oom_shaping", both)
+    assert proc.score(21) == -900
+    move(tree, 21, "ls", "be/pod1")
+    act.apply("oom_shaping", both)
+    assert proc.score(21) == 1000
+    move(tree, 21, "be/pod1", "other")
+    act.apply("oom_shaping", both)
+    assert proc.score(21) == 0             # BE's original common value (it came after BE's hold was made)
+    act.restore_all("stopping")
+    assert proc.score(21) == 0 and journal.entries() == []
+
+
+def test_a_process_moved_into_a_kubelet_owned_ls_cgroup_still_gets_koordds_write_undone(tmp_path):
+    """koordd may not set the score of the kubelet's cgroups, but undoing its own write is a restore: the
+    process gets back the value it had before koordd, wherever it went."""
+    tree = FakeCgroups(tmp_path, "v2").add("be").add("kubepods.slice/kubepods-pod1.slice")
+    put_procs(tree, "be", [41])
+    put_procs(tree, "kubepods.slice", [])
+    put_procs(tree, "kubepods.slice/kubepods-pod1.slice", [])
+    proc = FakeProc(tmp_path / "proc")
+    proc.add(41, score=-997)
+    act, journal = actuator(tmp_path, tree, OomScoreBackend(tree.fs, proc.root), kubelet=KubeletRule())
+    act.apply("oom_shaping", [BE_FIRST])
+    assert proc.score(41) == 1000
+    move(tree, 41, "be", "kubepods.slice/kubepods-pod1.slice")
+    decisions = act.apply("oom_shaping", [BE_FIRST, Action("kubepods.slice", SCORE, "-900", {}, "")])
+    assert [(d.target, d.outcome) for d in decisions] == [("be", APPLIED), ("kubepods.slice", REFUSED)]
+    assert "kubelet-owned" in decisions[1].error and proc.score(41) == -997
+
+
+def test_a_score_koordd_may_not_lower_is_said_in_a_decision_once(rig, tmp_path, monkeypatch):
+    """Without CAP_SYS_RESOURCE the kernel refuses a value below the process's oom_score_adj_min (EACCES):
+    the process keeps 1000, a decision says why, and it is not tried again every round."""
+    import builtins
+    import errno as errno_mod
+    from koordd.backends import oom as oom_mod
+    tree, proc, b = rig
+    act, journal = actuator(tmp_path, tree, b)
+    act.apply("oom_shaping", [BE_FIRST])
+    act.apply("oom_shaping", [BE_FIRST])
+    move(tree, 13, "be/pod1/c1", "ls")
+
+    def no_lowering(path, mode="r", *a, **k):
+        if str(path).endswith("/13/oom_score_adj") and "w" in mode:
+            raise PermissionError(errno_mod.EACCES, "Permission denied")
+        return builtins.open(path, mode, *a, **k)
+
+    monkeypatch.setattr(oom_mod, "open", no_lowering, raising=False)
+    [d] = act.apply("oom_shaping", [BE_FIRST])
+    assert d.outcome == REFUSED and "pid 13" in d.error and "left be" in d.error and "CAP_SYS_RESOURCE" in d.error
+    assert proc.score(13) == 1000
+    assert act.apply("oom_shaping", [BE_FIRST]) == []
+
+

@@ -12,7 +12,7 @@ from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.backends.sysctl import SYSCTLS, SysctlBackend, probe_sysctl
-from koordd.core.backend import Backends, InvalidValue, Unsupported
+from koordd.core.backend import Backends, InvalidValue, UnsafeValue, Unsupported
 from koordd.core.decisions import APPLIED, LEFT, REFUSED, RESTORED
 from koordd.core.loop import Action
 from koordd.core.targets import SYSCTL_TARGET
@@ -56,12 +56,14 @@ def test_reads_writes_and_checks_the_kernels_ranges(proc):
         b.validate(SYSCTL_TARGET, MIN_FREE, "-5")
 
 
-def test_min_free_kbytes_above_a_tenth_of_memory_is_refused_but_an_original_goes_back(proc):
+def test_min_free_kbytes_above_a_tenth_of_memory_is_refused_to_writes_and_restores_alike(proc):
     b = SysctlBackend(proc)
     assert b.validate(SYSCTL_TARGET, MIN_FREE, "800000") == "800000"          # exactly 10% of 8000000 KiB
-    with pytest.raises(InvalidValue, match="above 10% of this node's memory"):
+    with pytest.raises(UnsafeValue, match="above 10% of this node's memory"):
         b.validate(SYSCTL_TARGET, MIN_FREE, "800001")
-    assert b.validate_original(SYSCTL_TARGET, MIN_FREE, "900000") == "900000"  # the kernel's own: put back
+    # No longer let through as an original (issue 35 item 5: tests/test_trust_restore_rules.py).
+    with pytest.raises(UnsafeValue, match="above 10% of this node's memory"):
+        b.validate_original(SYSCTL_TARGET, MIN_FREE, "900000")
 
 
 def test_only_the_allowlist_and_only_the_node(proc):

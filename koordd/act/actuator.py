@@ -25,7 +25,7 @@ from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import Held, RestoreJournal
 from koordd.act.protect import GIVEN_BACK, harm
 from koordd.backends.registry import builtin_backends
-from koordd.core.backend import Backend, Backends, InvalidValue, Job, PartialWrite, TargetGone, Unsupported
+from koordd.core.backend import Backend, Backends, InvalidValue, Job, PartialWrite, TargetGone, Unsupported, UnsafeValue
 from koordd.core.decisions import APPLIED, DRY_RUN, Decision, LEFT, REFUSED, RESTORED
 from koordd.core.kubelet import KubeletRule
 from koordd.core.loop import Action
@@ -287,6 +287,7 @@ class Actuator:
         if kubelet:
             return self._refuse(loop, a, kind, None, kubelet)
         try:
+            self._tell(backend, a.target, a.knob, held)
             old = backend.read(a.target, a.knob)
             new = backend.validate(a.target, a.knob, a.value)
             old = backend.scope(a.knob, old, new)
@@ -443,6 +444,7 @@ class Actuator:
             if backend is None or held.knob not in backend.knobs:
                 raise Unsupported(f"no backend of kind {held.kind!r} serves {held.knob!r} (the package that "
                                   f"brought it is not installed?); kept in the restore journal")
+            self._tell(backend, held.target, held.knob, held)
             current = backend.scope(held.knob, backend.read(held.target, held.knob), held.original)
             unchanged = backend.same(current, held.original)
             left = None if unchanged else self._not_koordds(held, backend, current)
@@ -493,6 +495,14 @@ class Actuator:
         return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, current,
                                      held.original, RESTORED, message, reason or {}, kind=held.kind))
 
+    @staticmethod
+    def _tell(backend: Backend, target: str, knob: str, held: Held | None) -> None:
+        """Backend.holding(): what koordd holds on the knob it is about to read (None: nothing)."""
+        try:
+            backend.holding(target, knob, None if held is None else (held.original, held.written))
+        except Exception as e:  # noqa: BLE001 - a third-party backend's bug costs what it follows, not the write
+            log.debug("%s %s: holding() failed (%s)", target or "/", knob, e)
+
     def _not_koordds(self, held: Held, backend: Backend, current: str) -> str | None:
         """Why a held knob that differs from its original is no longer koordd's to put back, or None:
         its target was made anew since koordd wrote it, or someone else wrote it after koordd."""
@@ -507,14 +517,23 @@ class Actuator:
         return None
 
     def _restorable(self, held: Held, backend: Backend, current: str) -> str:
-        """The original as it is written back, checked as any write is: Forbidden (dropped) for a value the
-        knob never takes or a restore that would harm a protected cgroup; InvalidValue (kept, tried
-        again) for one the kernel would refuse now; OutsideRoot (dropped) for a target out of its root."""
+        """The original as it is written back, checked as any write is, through the backend's validate():
+        Forbidden (dropped) for a value the knob never takes, one a write's rule refuses for good
+        (UnsafeValue: a forged vm.min_free_kbytes of 268 x MemTotal) or a restore that would harm a
+        protected cgroup; InvalidValue (kept, tried again) for one the kernel would refuse now (a parent's
+        limit); OutsideRoot (dropped) for a target out of its root. validate_original() is asked only
+        after validate() refused with a plain InvalidValue: it lets through the forms a knob reads and is
+        never set to ("mixed"), and can never let an UnsafeValue through, whatever the backend."""
         try:
             backend.knobs[held.knob].normalize(held.original)
         except ValueError as e:
             raise Forbidden(f"the original {held.original!r} is no value of {held.knob}: {e}") from None
-        value = backend.validate_original(held.target, held.knob, held.original)
+        try:
+            value = backend.validate(held.target, held.knob, held.original)
+        except UnsafeValue as e:
+            raise Forbidden(f"the original {held.original!r} breaks a rule of every write: {e}") from None
+        except InvalidValue:
+            value = backend.validate_original(held.target, held.knob, held.original)
         if not backend.cgroup_targets:
             return value
         # Not the kubelet rule: it keeps koordd from taking a knob from the kubelet; a restore gives back

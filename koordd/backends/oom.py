@@ -15,6 +15,17 @@ original: a restore gives every process its own value back, processes started si
 value, and a process whose value is neither its original nor one koordd wrote was changed behind
 koordd's back and is left as it is. Lowering a value needs CAP_SYS_RESOURCE (koordd runs as root).
 
+A process that leaves the cgroup takes koordd's value with it; the value's reason (its place in BE) is
+gone. So the backend follows the processes it saw in a cgroup koordd holds, reading a value koordd wrote
+there (the actuator says what it holds before each read: holding()). A reading ends with
+" left <pid>@<start>=<value>,..." while such a process is outside the cgroup with koordd's value still
+on it. Such a reading is never the value koordd wants, so the next write puts each of them back to its
+value before koordd (its own in the original, else the original's common one), once. A stop's restore
+does the same, even when the cgroup itself has no process left ("none left ..."). A process in
+another cgroup koordd set (LS's score) is that cgroup's. One whose value someone else changed is left
+alone. A refusal (EACCES: no CAP_SYS_RESOURCE and a minimum raised since) is named in the write's error,
+and that process is not tried again.
+
 -1000 makes a process immune to the OOM killer; koordd writes it only when a config asks for it.
 The kubelet gives the processes of its containers values of its own (koordd/core/kubelet.py): on its
 cgroups this knob is the kubelet's, and koordd leaves it alone unless `kubelet_override` names it.
@@ -39,7 +50,7 @@ from koordd.backends.threads import cgroup_members
 log = logging.getLogger("koordd.backend")
 
 OOM_MIN, OOM_MAX = -1000, 1000
-MIXED, NONE = "mixed", "none"
+MIXED, NONE, LEFT = "mixed", "none", "left"
 Proc = tuple[int, int]      # (pid, start time in clock ticks since boot)
 PF_KTHREAD = 0x00200000     # include/linux/sched.h: /proc/PID/stat's flags of a kernel thread
 
@@ -55,10 +66,34 @@ def _int(text: str, what: str = "oom_score_adj") -> int:
     return v
 
 
+def _split(text: str) -> tuple[str, str]:
+    """(the cgroup's own reading, the list of processes that left it after " left ", or "")."""
+    head, sep, tail = text.strip().partition(f" {LEFT} ")
+    return head, tail if sep else ""
+
+
+def _procs(text: str) -> dict[Proc, int]:
+    """{process: value} of "<pid>@<start>=<value>,..."."""
+    out = {}
+    for item in text.split(",") if text else ():
+        proc, sep, value = item.partition("=")
+        pid, at, start = proc.partition("@")
+        if not (sep and at and pid.isascii() and pid.isdigit() and start.isascii() and start.isdigit()):
+            raise InvalidValue(f"oom_score_adj: {item[:40]!r} is not <pid>@<start>=<value>")
+        out[(int(pid), int(start))] = _int(value)
+    return out
+
+
+def _list(procs: dict[Proc, int]) -> str:
+    return ",".join(f"{pid}@{start}={v}" for (pid, start), v in sorted(procs.items()))
+
+
 def parse(text: str) -> tuple[int | None, dict[Proc, int]]:
-    """(common value, {process: its own value}) of a reading; (None, {}) for "none". InvalidValue if
-    it is none of the forms this backend reads."""
-    t = text.strip()
+    """(common value, {process: its own value}) of a reading of the cgroup's processes; (None, {}) for
+    "none". The processes that left it (" left ...", parse_left) are not the cgroup's. InvalidValue if it
+    is none of the forms this backend reads."""
+    t = _split(text)[0]
+    parse_left(text)                     # checked, not returned
     if t == NONE:
         return None, {}
     if not t.startswith(MIXED):
@@ -66,37 +101,40 @@ def parse(text: str) -> tuple[int | None, dict[Proc, int]]:
     parts = t.split()
     if len(parts) not in (2, 3) or parts[0] != MIXED:
         raise InvalidValue(f"oom_score_adj: {text[:80]!r} is not \"mixed <value> <pid>@<start>=<value>,...\"")
-    common, own = _int(parts[1]), {}
-    for item in (parts[2].split(",") if len(parts) == 3 else ()):
-        proc, sep, value = item.partition("=")
-        pid, at, start = proc.partition("@")
-        if not (sep and at and pid.isascii() and pid.isdigit() and start.isascii() and start.isdigit()):
-            raise InvalidValue(f"oom_score_adj: {item[:40]!r} is not <pid>@<start>=<value>")
-        own[(int(pid), int(start))] = _int(value)
-    return common, own
+    return _int(parts[1]), _procs(parts[2] if len(parts) == 3 else "")
 
 
-def format_reading(values: dict[Proc, int]) -> str:
-    """The canonical reading of {process: value} (see the module's doc)."""
+def parse_left(text: str) -> dict[Proc, int]:
+    """The processes a reading names as having left the cgroup with koordd's value still on them."""
+    left = _split(text)[1]
+    if left and len(left.split()) != 1:
+        raise InvalidValue(f"oom_score_adj: {left[:80]!r} is not <pid>@<start>=<value>,...")
+    return _procs(left)
+
+
+def format_reading(values: dict[Proc, int], left: dict[Proc, int] | None = None) -> str:
+    """The canonical reading of {process: value} (see the module's doc), and of those that left."""
+    tail = f" {LEFT} {_list(left)}" if left else ""
     if not values:
-        return NONE
+        return NONE + tail
     counts = Counter(values.values())
     if len(counts) == 1:
-        return str(next(iter(counts)))
+        return str(next(iter(counts))) + tail
     # The most common value; a tie goes to the lowest, the one that protects most on a restore.
     common = min(counts, key=lambda v: (-counts[v], v))
-    own = ",".join(f"{pid}@{start}={v}" for (pid, start), v in sorted(values.items()) if v != common)
-    return f"{MIXED} {common} {own}"
+    return f"{MIXED} {common} {_list({p: v for p, v in values.items() if v != common})}" + tail
 
 
 def _normalize(text: str) -> str:
     common, own = parse(text)
+    left = parse_left(text)
+    tail = f" {LEFT} {_list(left)}" if left else ""
     if common is None:
-        return NONE
+        return NONE + tail
     own = {proc: v for proc, v in own.items() if v != common}
     if not own:
-        return str(common)
-    return f"{MIXED} {common} " + ",".join(f"{pid}@{start}={v}" for (pid, start), v in sorted(own.items()))
+        return str(common) + tail
+    return f"{MIXED} {common} {_list(own)}" + tail
 
 
 def probe_oom_group(host: Host) -> tuple[bool, str]:
@@ -133,6 +171,14 @@ class OomScoreBackend(Backend):
         # still_koordds() just before it restores: write() of that original leaves processes reading
         # anything else alone (someone else's values). Backend.write() gets only the value to write.
         self._koordds: dict[str, tuple[str, frozenset[int]]] = {}
+        # What koordd holds on a target, as holding() was told (or write() made it): (the original's common
+        # value, each process's own original, the values koordd wrote); and the processes seen in it reading
+        # one of those. One of them found outside the target later, still with koordd's value, left it: its
+        # own value goes back (write()). Kept in memory: one that left while no koordd ran keeps its score.
+        self._holds: dict[str, tuple[int | None, dict[Proc, int], frozenset[int]]] = {}
+        self._seen: dict[str, set[Proc]] = {}
+        self._where: dict[Proc, str] = {}       # process -> the target it was last seen in: the one it left
+        self._originals: dict[str, str] = {}    # target -> the original of koordd's hold: a write of it restores
 
     def probe(self) -> dict[str, str]:
         if self.fs.dir(self.fs.walk_controller(), "") is None:
@@ -168,16 +214,86 @@ class OomScoreBackend(Backend):
                 continue            # exited meanwhile
         return out
 
+    def _score(self, proc: Proc) -> int | None:
+        """The value of that very process now; None if it is gone (or its pid is another's)."""
+        try:
+            start, kthread = self._stat(proc[0])
+            if start != proc[1] or kthread:
+                return None
+            return int((self.proc / str(proc[0]) / "oom_score_adj").read_text())
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            return None
+
+    def _forget(self, target: str) -> None:
+        self._holds.pop(target, None)
+        for proc in self._seen.pop(target, ()):
+            if self._where.get(proc) == target:
+                del self._where[proc]
+
+    def _saw(self, target: str, procs) -> None:
+        seen = self._seen.setdefault(target, set())
+        for proc in procs:
+            seen.add(proc)
+            self._where[proc] = target
+
+    def holding(self, target: str, knob: str, hold) -> None:
+        if hold is None:
+            self._forget(target)
+            self._originals.pop(target, None)
+            return
+        original, written = hold
+        try:
+            self._originals[target] = _normalize(original)
+        except InvalidValue:
+            self._originals.pop(target, None)
+        try:
+            common, own = parse(original)
+            values: set[int] = set()
+            for w in written:
+                c, o = parse(w)
+                values |= {c, *o.values()} - {None}
+        except InvalidValue:
+            values = set()
+        if not values:
+            self._forget(target)        # koordd's values not known (a journal before version 4): nothing to follow
+            return
+        self._holds[target] = (common, own, frozenset(values))
+
+    def _left(self, target: str, values: dict[Proc, int]) -> dict[Proc, int]:
+        """The processes seen in `target` with a value koordd wrote there that are outside it now, still
+        reading such a value (and in no other target koordd set them in): {process: its value}."""
+        hold = self._holds.get(target)
+        if hold is None:
+            return {}
+        written = hold[2]
+        self._saw(target, (proc for proc, v in values.items() if v in written))
+        seen = self._seen[target]
+        out: dict[Proc, int] = {}
+        for proc in sorted(seen - values.keys()):
+            v = self._score(proc)
+            if v is not None and v in written and self._where.get(proc) == target:
+                out[proc] = v
+                continue
+            # Gone, someone else's value now, or seen since in another target koordd set (that one's now).
+            self._drop(target, proc)
+        return out
+
+    def _drop(self, target: str, proc: Proc) -> None:
+        self._seen[target].discard(proc)
+        if self._where.get(proc) == target:
+            del self._where[proc]
+
     def read(self, target: str, knob: str) -> str:
-        return format_reading(self._values(target))
+        values = self._values(target)
+        return format_reading(values, self._left(target, values))
 
     def same(self, current: str, wanted: str) -> bool:
         return current == wanted or current == NONE
 
     def validate(self, target: str, knob: str, value: str) -> str:
         v = _normalize(value)
-        if v.startswith(MIXED):
-            raise InvalidValue("oom_score_adj \"mixed ...\" is what a cgroup reads, not a value to set")
+        if v.startswith(MIXED) or _split(v)[1]:
+            raise InvalidValue(f"oom_score_adj {v[:40]!r} is what a cgroup reads, not a value to set")
         return v
 
     def validate_original(self, target: str, knob: str, value: str) -> str:
@@ -197,46 +313,82 @@ class OomScoreBackend(Backend):
             self._koordds.pop(target, None)
         try:
             common, own = parse(current)
+            left = parse_left(current)
         except InvalidValue:
             return False
         # Processes started since, a write cut short, or some processes changed by someone else read
         # "mixed": still koordd's to put back while any process reads a value koordd wrote (write()
-        # then restores those and leaves the others).
-        return bool({common, *own.values()} & written) or super().still_koordds(target, knob, current, values)
+        # then restores those and leaves the others). Those that left the cgroup read koordd's value.
+        return bool({common, *own.values(), *left.values()} & written) or \
+            super().still_koordds(target, knob, current, values)
 
     def write(self, target: str, knob: str, value: str) -> None:
+        """Every process of the cgroup (and below) to `value`; and every process that left it with
+        koordd's value on it back to the value it had before koordd (its own original, else the common
+        one), once: one the kernel refuses (EACCES) is named in the error and not tried again."""
         common, own = parse(value)
-        if common is None:
-            return                                   # an original of no processes: nothing to put back
         stash = self._koordds.pop(target, None)
         # A restore of the original koordd was told of: only processes reading a value koordd wrote go back.
-        ours = stash[1] if stash is not None and stash[0] == _normalize(value) else None
-        errors, done = [], 0
-        for proc, current in self._values(target).items():
+        told = stash is not None and stash[0] == _normalize(value)
+        restoring = told or _normalize(value) == self._originals.get(target)
+        ours = stash[1] if told else None
+        values = self._values(target)
+        errors: list[tuple[int, OSError, int, bool]] = []
+        done = 0
+        for proc, current in values.items() if common is not None else ():
             wanted = own.get(proc, common)
             if current == wanted:
                 continue
             if ours is not None and current not in ours:
                 continue                            # changed behind koordd's back: that value stands
             try:
-                fd_path = self.proc / str(proc[0]) / "oom_score_adj"
-                if self._start(proc[0]) != proc[1]:
-                    continue                        # the pid is another process's now
-                with open(fd_path, "w") as f:
-                    f.write(str(wanted))
-                done += 1
+                done += self._put(proc, wanted)
             except (FileNotFoundError, ProcessLookupError):
                 continue                            # exited meanwhile
             except OSError as e:
-                errors.append((proc[0], e))
+                errors.append((proc[0], e, wanted, False))
+        hold = self._holds.get(target)
+        if hold is not None:
+            before_common, before_own, _ = hold
+            for proc, current in self._left(target, values).items():
+                self._drop(target, proc)            # tried once: put back, or refused and said so
+                wanted = before_own.get(proc, before_common)
+                if wanted is None or wanted == current:
+                    continue
+                try:
+                    done += self._put(proc, wanted)
+                except (FileNotFoundError, ProcessLookupError):
+                    continue
+                except OSError as e:
+                    errors.append((proc[0], e, wanted, True))
+        if restoring:
+            self._forget(target)
+        elif common is not None:
+            # koordd's value is on the target now: follow its processes from here (the first write of a
+            # hold: what they read before it is the journal's original; holding() says it from then on).
+            if hold is None:
+                before = format_reading(values)
+                self._holds[target] = (*parse(before), frozenset({common}))
+            else:
+                self._holds[target] = (hold[0], hold[1], hold[2] | {common})
+            self._saw(target, values)               # _left() drops those not reading koordd's
         if errors:
-            pid, e = errors[0]
+            pid, e, wanted, left = errors[0]
             # The kernel refuses a value below the process's oom_score_adj_min (its lowest so far, 0 for
             # most) without CAP_SYS_RESOURCE: a container or unit that dropped it can only raise scores.
             hint = "; lowering it needs CAP_SYS_RESOURCE, which koordd lacks" if e.errno == errno.EACCES else ""
+            where = f" (it left {target}: back to its value before koordd)" if left else ""
             raise (PartialWrite if done else OSError)(
-                e.errno, f"{len(errors)} process(es) refused oom_score_adj {common} (first: pid {pid}: {e.strerror}"
-                         f"{hint})")
+                e.errno, f"{len(errors)} process(es) refused oom_score_adj (first: pid {pid}{where}: {wanted}: "
+                         f"{e.strerror}{hint})")
+
+    def _put(self, proc: Proc, value: int) -> int:
+        """Write `value` to that very process: 1, or 0 if its pid is another process's now."""
+        if self._start(proc[0]) != proc[1]:
+            return 0                                # the pid is another process's now
+        with open(self.proc / str(proc[0]) / "oom_score_adj", "w") as f:
+            f.write(str(value))
+        return 1
 
     def parent(self, target: str) -> str | None:
         return parent_of(target) or None

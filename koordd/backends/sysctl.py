@@ -15,7 +15,10 @@ Values are journaled and restored like any knob (koordd/act/actuator.py): the or
 stop, when the loop is disabled or its option unset, and after a crash from the journal, but only
 while the sysctl still reads what koordd wrote. The kernel itself rewrites some of these behind
 koordd's back (transparent hugepages raise vm.min_free_kbytes when khugepaged starts; memory hotplug
-recomputes it): such a value is someone else's, left as it is with a decision saying so.
+recomputes it): such a value is someone else's, left as it is with a decision saying so. A restore
+meets the rules of a write: an original above 10% of memory (never the kernel's own, which stays
+below 5%: a forged or hand-made journal line) is not written back; the sysctl is left as it is, with a
+decision saying so, and the hold dropped (tests/test_trust_restore_rules.py).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, TargetGone, Unsupported
+from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, TargetGone, UnsafeValue, Unsupported
 from koordd.core.cgroup import parse_int
 from koordd.core.targets import SYSCTL_TARGET
 from koordd.kernel.host import Host
@@ -147,14 +150,9 @@ class SysctlBackend(Backend):
             total = self._mem_total_kib()
             if total is not None and int(canonical) > MAX_MIN_FREE_FRACTION * total:
                 # The kernel takes it, then finds every zone below its min watermark and OOM-kills.
-                raise InvalidValue(f"vm.min_free_kbytes {canonical} KiB is above {MAX_MIN_FREE_FRACTION:.0%} of this "
+                raise UnsafeValue(f"vm.min_free_kbytes {canonical} KiB is above {MAX_MIN_FREE_FRACTION:.0%} of this "
                                    f"node's memory ({total} KiB): koordd does not write it")
         return canonical
-
-    def validate_original(self, target: str, knob: str, value: str) -> str:
-        # An original is the kernel's own value: put back as it was, within the kernel's range.
-        self._path(target, knob)
-        return SYSCTLS[knob].normalize(value)
 
     def _mem_total_kib(self) -> int | None:
         try:

@@ -39,6 +39,13 @@ class InvalidValue(ValueError):
     """The value breaks a kernel rule; the message says which."""
 
 
+class UnsafeValue(InvalidValue):
+    """A value the kernel would take but koordd never writes on this host, by a rule of its own (a
+    vm.min_free_kbytes above 10% of memory: the kernel would OOM-kill at once). Refused to every write, a
+    restore's included: the actuator then leaves the knob as it is and drops the hold (a forged or stale
+    journal entry), where a plain InvalidValue of a restore (a parent's limit of the moment) is kept for later."""
+
+
 @dataclass(frozen=True)
 class KnobSpec:
     """What the actuator needs to know of a knob, whatever its backend. The cgroup backend's Knob has
@@ -108,8 +115,10 @@ class Backend:
         raise NotImplementedError
 
     def validate_original(self, target: str, knob: str, value: str) -> str:
-        """validate() for a restore of `value`, an original this backend read: one whose knob reads values
-        it is never set to ("mixed") lets those through, for write() to put back as it does."""
+        """For a restore of `value`, an original this backend read that validate() refused with a plain
+        InvalidValue: one whose knob reads values it is never set to ("mixed") lets those through, for
+        write() to put back as it does. The actuator calls validate() first: an UnsafeValue there is final,
+        whatever this says (a restore meets the rules of a write)."""
         return self.validate(target, knob, value)
 
     def scope(self, knob: str, current: str, wanted: str) -> str:
@@ -131,6 +140,12 @@ class Backend:
         device's ifindex), journaled with a hold: a restore never lands on a target re-created since.
         None: not known (then only the value is compared). TargetGone when the target is gone."""
         return None
+
+    def holding(self, target: str, knob: str, hold: tuple[str, Sequence[str]] | None) -> None:
+        """Told by the actuator just before it reads a knob to write or restore it: what koordd holds there,
+        (its original, the values koordd wrote, newest last), or None when it holds nothing. A backend whose
+        target stands for objects that come and go (a cgroup's processes) follows with it those koordd set,
+        so one that leaves the target gets its own value back (koordd/backends/oom.py). Default: nothing."""
 
     def still_koordds(self, target: str, knob: str, current: str, values: Sequence[str]) -> bool:
         """Whether a knob reading `current` still holds what koordd left in it: `values` are the values

@@ -68,6 +68,17 @@ def restore(target: str, knob: str, message: str, **reason: Any) -> Action:
     return Action(target, knob, None, reason, message)
 
 
+def release_unasked(held, actions: list[Action], knobs: frozenset[str], message: str) -> list[Action]:
+    """A restore for every (target, knob) among `knobs` in `held` (snapshot.held) that `actions`, this
+    round's, neither set nor give back: a loop whose decide() asks every round for every knob it wants
+    ends with `actions + release_unasked(...)`, and no knob it holds outlives the condition it was written
+    for (an empty BE root that gained pods, a pod that is no unit any more), whichever case decide() forgot.
+    A restore of a knob another loop holds is ignored by the actuator, so `knobs` may be the loop's own."""
+    asked = {(a.target, a.knob) for a in actions}
+    return [restore(target, knob, message) for target, knob in sorted(held)
+            if knob in knobs and (target, knob) not in asked]
+
+
 class Loop:
     name: ClassVar[str] = ""
     options: ClassVar[tuple[Option, ...]] = ()

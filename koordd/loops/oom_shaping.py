@@ -7,10 +7,12 @@ within an interval; a child inherits its parent's value at fork, so most already
   goes first when the kernel must kill), and of each LS, LSR and LSE class root and below =
   `ls_oom_score_adj` (-900: last, but still killable; -1000 makes a process immune to the OOM
   killer and is written only where the config says -1000). 0 leaves a class alone.
-- `memory.oom.group` = 1 on each BE pod or job (the children of the BE class roots; a root without
-  children is a job of its own) with `be_oom_group`: the kernel then kills the whole pod, never half
-  of it (a pod missing one process is broken but still holds its memory). Never on the BE root itself,
-  which would make one OOM kill every BE pod. cgroup v2 only: on v1 and hybrid hosts the kernel has
+- `memory.oom.group` = 1 on each BE pod or job (the children of the BE class roots) with
+  `be_oom_group`: the kernel then kills the whole pod, never half of it (a pod missing one process is
+  broken but still holds its memory). Never on a BE class root itself, empty or not: pods started under
+  it would all die of one OOM (a root with no children gets none: koordd cannot tell one job from an
+  empty slice that pods join before the next round). One an older koordd left on a root is given back.
+  cgroup v2 only: on v1 and hybrid hosts the kernel has
   no such knob and the OOM killer takes one process at a time; there the loop asks once (for one pod)
   and the actuator's refusal is the one log line that says so (`koordctl doctor`: memory.oom.group).
 - the node sysctls `vm.min_free_kbytes` (`min_free_kbytes`, KiB) and `vm.watermark_scale_factor`
@@ -32,6 +34,12 @@ guard refuses those (koordd/act/protect.py), and the loop does not ask. An LS-cl
 another protected root (an LSR job inside ls.slice) is left alone too: the nested roots get their
 score on their own, and the guard would not let a restore raise the holder's score back.
 
+Every round the loop asks again for each knob it wants, and gives back every knob it holds and did
+not ask for (koordd.core.loop.release_unasked): no memory.oom.group, score or sysctl outlives its reason.
+A process that leaves a cgroup koordd set the score of (a BE process moved to an LS class, or anywhere
+else) gets back the value it had before koordd in the next round, from the oom_score backend
+(koordd/backends/oom.py), and at stop.
+
 Restore (on stop, when the loop is disabled, an option set to 0 or a cgroup leaves its class):
 each process gets back the value it had before koordd's first write, processes started since get
 the value most of them had; a process whose value someone else changed after koordd keeps it, and a
@@ -41,7 +49,7 @@ with a decision saying so.
 from __future__ import annotations
 
 from koordd.core.classes import BE, LATENCY_SENSITIVE
-from koordd.core.loop import NODE, Action, Loop, restore
+from koordd.core.loop import NODE, Action, Loop, release_unasked, restore
 from koordd.core.options import Option
 from koordd.core.protected import Protected
 from koordd.core.snapshot import Snapshot
@@ -129,7 +137,13 @@ class OomShaping(Loop):
         if settings.be_oom_group:
             actions += _oom_group(snapshot, guard)
         actions += _sysctls(snapshot, settings)
-        return actions
+        # Every knob this loop holds and did not ask for this round goes back: its reason (a BE pod, a
+        # class's process, an option set) no longer holds. One sweep, whatever case the code above forgot.
+        return actions + release_unasked(snapshot.held, actions, KNOBS, "oom_shaping no longer asks for it: "
+                                                                         "its reason is gone")
+
+
+KNOBS = frozenset({SCORE, OOM_GROUP, MIN_FREE, SCALE})
 
 
 def _oom_group(snapshot: Snapshot, guard: Protected) -> list[Action]:
@@ -137,15 +151,24 @@ def _oom_group(snapshot: Snapshot, guard: Protected) -> list[Action]:
     units = sorted({u.path for u in snapshot.units(BE)})
     out = []
     for path in units:
+        if path in roots:
+            # Never a class root, empty or not: it is a class, not one job. Pods started under an empty
+            # be.slice between two rounds would all die of one OOM while its memory.oom.group is 1.
+            out += _release(snapshot, path, OOM_GROUP, f"{path} is a class root, not one job: its pods are not "
+                                                       f"killed together")
+            continue
         if guard.why(path):
             out += _release(snapshot, path, OOM_GROUP, f"{path} {guard.why(path)}: not killed as a group")
             continue
-        if path in roots and snapshot.members.get(path):
-            continue                  # never a root with pods (units() lists its pods instead): one OOM would kill them all
         out.append(Action(path, OOM_GROUP, "1", {"class": BE, "memory_oom_group": 1},
                           f"the OOM killer takes {path} whole, never part of it"))
         if OOM_GROUP not in snapshot.supported:
             break                     # refused for want of the knob: one pod says it, not every pod
+    for root in sorted(roots):
+        if snapshot.members.get(root):
+            # A root that gained pods (units() lists them instead): memory.oom.group = 1 left on it by an
+            # older koordd, set while it was empty, would kill every pod at the first OOM.
+            out += _release(snapshot, root, OOM_GROUP, f"{root} holds pods now: one OOM must not kill them all")
     return out
 
 
