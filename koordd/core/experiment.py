@@ -5,9 +5,13 @@ moved and the LS signal it acted on; the `Lab` keeps that signal's recent values
 before the cut with its level after it has settled, and says whether the cut bought more than the
 signal's own noise:
 
-- before: the median of the signal's last BEFORE_SAMPLES values up to the cut (within `window`);
+- before: the value the loop acted on (the signal's latest, the round of the cut). Not a median of
+  earlier rounds: a signal that just jumped would be judged by its healthy past and every cut would
+  look useless. A wild sample makes a cut look better than it was, the safe side for LS;
 - noise: the signal's round-to-round jitter over its history, 1.05 x the median absolute difference of
-  successive values (the standard deviation, for independent noise), robust to a level shift;
+  successive values (the standard deviation, for independent noise), robust to a level shift; only
+  rounds after one in which the loop moved nothing count (`moved()`), else the loop's own steps
+  (a cut, a growth) would pass for noise;
 - after: the median of its values from `settle` seconds after the lever last moved, judged `window`
   seconds after that move; earlier only in the safe direction (the signal back in health and better
   by more than the margin: the cut helped);
@@ -28,7 +32,6 @@ from typing import Any, Iterable, Mapping, Sequence
 
 Key = tuple[str, str]            # (LS cgroup, signal name), as core/health.py's signals name them
 
-BEFORE_SAMPLES = 3               # the level before a cut: the median of the last few values
 NOISE_K = 2.0                    # an improvement must exceed this many noise units ...
 MIN_GAIN = 0.05                  # ... and this share of the level before the cut
 LOAD_BANDS = 5                   # LS load in fifths of the node
@@ -37,20 +40,31 @@ BUSY_CORES = 0.1                 # a BE cgroup using less is not "busy" in a con
 
 @dataclass
 class History:
-    """Recent (time, value) points per key over `span` seconds."""
+    """Recent (time, value) points per key over `span` seconds; the times of the quiet ones (no lever moved
+    in the round before) apart."""
     span: float
     points: dict[Any, deque] = field(default_factory=dict)
+    quiet: dict[Any, set] = field(default_factory=dict)
 
-    def add(self, now: float, key: Any, value: float) -> None:
+    def add(self, now: float, key: Any, value: float, quiet: bool = True) -> None:
         q = self.points.setdefault(key, deque())
         q.append((now, float(value)))
+        marks = self.quiet.setdefault(key, set())
+        if quiet:
+            marks.add(now)
         while q and q[0][0] < now - self.span:
-            q.popleft()
+            marks.discard(q.popleft()[0])
+
+    def noise(self, key: Any) -> float:
+        """noise() of the key's quiet steps: successive values whose later one is quiet."""
+        pts, marks = list(self.points.get(key, ())), self.quiet.get(key, set())
+        return noise([abs(b - a) for (_, a), (t, b) in zip(pts, pts[1:]) if t in marks], diffs=True)
 
     def forget_except(self, keys: Iterable[Any]) -> None:
         keep = set(keys)
         for k in [k for k in self.points if k not in keep]:
             del self.points[k]
+            self.quiet.pop(k, None)
 
     def values(self, key: Any, since: float | None = None) -> list[float]:
         return [v for t, v in self.points.get(key, ()) if since is None or t >= since]
@@ -59,12 +73,12 @@ class History:
         return dict(self.points.get(key, ()))
 
 
-def noise(values: Sequence[float]) -> float:
+def noise(values: Sequence[float], diffs: bool = False) -> float:
     """The jitter of a series: 1.05 x the median |difference| of successive values (for independent
     noise of deviation s the differences have deviation s x sqrt 2, whose median |.| is 0.954 s);
-    0 for fewer than two values."""
-    diffs = [abs(b - a) for a, b in zip(values, values[1:])]
-    return 1.05 * statistics.median(diffs) if diffs else 0.0
+    0 for fewer than two values. `diffs`: `values` are the |differences| already."""
+    steps = list(values) if diffs else [abs(b - a) for a, b in zip(values, values[1:])]
+    return 1.05 * statistics.median(steps) if steps else 0.0
 
 
 def conditions(ls_cores: float, capacity: int, busy_be: Iterable[str], signal: str) -> tuple:
@@ -173,15 +187,16 @@ class Lab:
     chosen: dict[str, int] = field(default_factory=dict)                      # lever -> times chosen
     last: dict[str, dict] = field(default_factory=dict)                       # lever -> its last verdict
     now: float = 0.0                                                          # the latest round's time
+    _moved: bool = False                                                      # a lever moved this round
 
     def observe(self, now: float, values: Mapping[Key, float], be_cores: float | None,
                 healthy: Iterable[Key] = ()) -> Verdict | None:
         """One round: every signal's value, BE's CPU use and the keys back in health. Returns the running
         experiment's verdict when it is due (the experiment then ends), else None."""
-        self.now = now
+        self.now, quiet, self._moved = now, not self._moved, False
         self.history.forget_except(values)
         for k, v in values.items():
-            self.history.add(now, k, v)
+            self.history.add(now, k, v, quiet)
         e = self.running
         if e is None:
             return None
@@ -221,12 +236,18 @@ class Lab:
     def start(self, now: float, lever: str, key: Key, be_cores: float, cond: tuple, undo: Any = None,
               bound: float | None = None) -> Experiment:
         """The loop moved `lever` for signal `key` this round: judge it from here."""
-        past = self.history.values(key, since=now - self.window)
-        before = statistics.median(past[-BEFORE_SAMPLES:]) if past else 0.0
-        self.running = Experiment(lever, key, now, now, before, noise(self.history.values(key)), be_cores, cond,
+        past = self.history.values(key)
+        before = past[-1] if past else 0.0
+        self.running = Experiment(lever, key, now, now, before, self.history.noise(key), be_cores, cond,
                                   undo, bound)
+        self._moved = True
         self.chosen[lever] = self.chosen.get(lever, 0) + 1
         return self.running
+
+    def moved(self) -> None:
+        """The loop moved a lever this round (any step, not only a cut): the next round's values are no
+        measure of the signal's noise."""
+        self._moved = True
 
     def chose(self, lever: str) -> None:
         """Count a lever chosen that is no experiment (leaving BE alone)."""
@@ -236,11 +257,17 @@ class Lab:
         """The running experiment's lever moved further: its after window starts again."""
         if self.running is not None:
             self.running.changed, self.running.after, self.running.be_after = now, [], []
+        self._moved = True
 
     def abandon(self) -> Experiment | None:
         """End the running experiment without a verdict (its signal no longer decides)."""
         e, self.running = self.running, None
         return e
+
+    def rest_for(self, lever: str, signal: str, until: float) -> None:
+        """Rest `lever` for `signal` until `until` whatever it bought (a bounded cut that ran its time)."""
+        r = self.rests.setdefault((lever, signal), Rest())
+        r.until = max(r.until, until)
 
     def resting(self, lever: str, signal: str, now: float) -> float:
         """Seconds `lever` still rests for `signal` (0: free)."""

@@ -104,6 +104,7 @@ class State:
     detector: Detector | None = None                 # antagonists: baselines, outliers, BE CPU series
     capped: dict[str, float] = field(default_factory=dict)   # BE cgroup capped as an antagonist -> until
     lab: Lab | None = None                           # rule slack: every cut an experiment (core/experiment.py)
+    guard_cut: tuple | None = None                   # rule slack: a guard's cut: (until, allowance before, signal)
     hot: dict[str, str] = field(default_factory=dict)        # rule slack: BE cgroup under a hot cap -> cpu.max
     be_cpu: History = field(default_factory=lambda: History(60.0))   # rule slack: BE cgroups' CPU, to attribute
 
@@ -301,6 +302,7 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         quotas = [q / p for q, p in limits if q is not None]
         state.allowance = sum(quotas) if len(quotas) == len(be) else float(capacity)   # what BE has
 
+    allowance = state.allowance
     targets = {(cg, name): max(t, raised.get((cg, name), 0.0)) for cg, name, _, t in signals}
     values = {(cg, name): v for cg, name, v, _ in signals}
     healthy = [k for k, v in values.items() if 1 - v / targets[k] >= GROW_AT]
@@ -314,22 +316,30 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
 
     if verdict is not None:
         experiment = verdict.fields()
+        if not verdict.helped and running.bound is not None:
+            state.guard_cut = None
         if not verdict.helped:
-            extra += _undo(state, running)
             rest = lab.resting(verdict.lever, verdict.key[1], now)
             step = f"undo: {verdict.text()}; {verdict.lever} rests {rest:g}s for {verdict.key[1]}"
-    elif running is not None and running.bound is not None and now >= running.bound:
-        lab.abandon()
-        extra += _undo(state, running)
-        step = f"guard cut ends after {now - running.started:g}s: the SLO decides"
+            extra += [Action(a.target, a.knob, a.value, {**a.reason, "step": step, "experiment": experiment},
+                             f"{a.message}: {step}") for a in _undo(state, running)]
+    elif state.guard_cut is not None and now >= state.guard_cut[0]:
+        until, base, signal = state.guard_cut
+        if lab.running is not None and lab.running.bound is not None:
+            lab.abandon()
+        state.guard_cut, state.allowance = None, max(state.allowance, base)
+        lab.rest_for(BE_CAP, signal, now + float(settings.guard_cut_max))
+        step = f"guard cut ends after {float(settings.guard_cut_max):g}s: the SLO decides, and it is met"
     running = lab.running
 
     if step is not None:
         pass
     elif s is not None and s < HOLD_AT:
-        if running is not None and running.bound is not None:
-            lab.abandon()      # a guard's cut, and now the SLO itself is at risk: it decides from here
-            running = None
+        if state.guard_cut is not None:
+            state.guard_cut = None       # a guard's cut, and now the SLO itself is at risk: it decides from here
+            if running is not None and running.bound is not None:
+                lab.abandon()
+                running = None
         step = _steer_cut(snapshot, settings, state, steer[1], s, below, floor, units, be_used, capacity, others,
                           signals, extra)
     elif running is not None and running.bound is None:
@@ -349,6 +359,8 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         grow = settings.slack_grow_percent / 100 * capacity
         state.allowance, step = min(float(capacity), state.allowance + grow), "grow"
     state.allowance = max(state.allowance, floor)
+    if state.allowance != allowance or any(a.value is None or a.reason.get("step") != "hold" for a in extra):
+        lab.moved()
     running = lab.running
     if running is not None and experiment is None:
         experiment = running.fields()
@@ -400,8 +412,9 @@ def _steer_cut(snapshot, settings, state: State, worst: dict, s: float, below: b
     if levers[0] == HOT_CAP:
         capped = _hot_cap(state, settings, units, key)
         lab.start(now, HOT_CAP, key, be_used, cond, undo=capped)
-        extra += [Action(cg, "cpu.max", state.hot[cg], {"rule": "slack", "lever": HOT_CAP, "cpus": round(units[cg], 3),
-                                                          "signal": worst["signal"], "cap": state.hot[cg]},
+        extra += [Action(cg, "cpu.max", state.hot[cg], {"rule": "slack", "lever": HOT_CAP, "step": "hot cap",
+                                                          "cpus": round(units[cg], 3), "worst": worst,
+                                                          "experiment": lab.running.fields()},
                          f"hot cap on {cg} (using {units[cg]:.2f} CPUs) for {worst['cgroup']} {worst['signal']}")
                   for cg in capped]
         return f"hot cap on {', '.join(capped)}"
@@ -421,14 +434,14 @@ def _guard_cut(settings, state: State, worst: dict, be_used: float, capacity: in
     its target: hold, with at most one cut of slack_shrink_percent, undone within guard_cut_max; never
     the floor."""
     lab, now = state.lab, state.lab.now
-    running = lab.running
-    if running is not None:
-        return f"guard: hold the bounded cut (ends in {running.bound - now:g}s at most)"
+    if state.guard_cut is not None:
+        return f"guard: hold the bounded cut (ends in {state.guard_cut[0] - now:g}s at most)"
     if lab.resting(BE_CAP, worst["signal"], now):
         return f"guard: hold ({worst['signal']} over target, the SLO met; its cut rests)"
     cond = conditions(others, capacity, [p for p, c in units.items() if c >= BUSY_CORES], worst["signal"])
-    lab.start(now, BE_CAP, (worst["cgroup"], worst["signal"]), be_used, cond, undo=state.allowance,
-              bound=now + float(settings.guard_cut_max))
+    until = now + float(settings.guard_cut_max)
+    lab.start(now, BE_CAP, (worst["cgroup"], worst["signal"]), be_used, cond, undo=state.allowance, bound=until)
+    state.guard_cut = (until, state.allowance, worst["signal"])
     state.allowance *= 1 - settings.slack_shrink_percent / 100
     return f"guard: one cut for at most {float(settings.guard_cut_max):g}s ({worst['signal']} over target, the SLO met)"
 
@@ -441,7 +454,7 @@ def _undo(state: State, e) -> list[Action]:
         state.allowance = max(state.allowance or 0.0, e.undo)
         state.at_floor = state.below_zero = False
         return []
-    return _lift_hot(state, "its cut bought nothing", only=e.undo)
+    return _lift_hot(state, "its cut is undone", only=e.undo)
 
 
 def _lift_hot(state: State, why: str, only=None) -> list[Action]:
