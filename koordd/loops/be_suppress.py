@@ -22,6 +22,17 @@ Two rules decide how much CPU BE may use (`rule`):
   at BE's floor plus 25% (so LS at that level has 20% slack and BE grows) for 5 minutes, after
   which it is judged by its declared targets again.
   With no LS signal at all (no sensor, nothing ran yet) it holds what it has.
+  Every cut is an experiment (core/experiment.py, docs/be-control.md): `experiment_window` after a
+  cut the signal it acted on is compared with its value at the cut; a cut that bought no more than
+  the signal's noise is undone ("cut bought nothing: runq_p99_us 4.10 ms -> 4.10 ms") and that
+  lever rests for that signal `lever_rest`, doubling each time in a row. The levers: a cap on the
+  busiest BE pods or jobs alone (`hot_cap_percent`, where BE has two or more busy ones: those whose
+  CPU use follows the signal, else the busiest, half of them at most), the whole-BE cap (`policy`'s
+  knob), and leaving BE alone (cpu.idle decides who runs) when every cut rests. What each bought is
+  remembered per LS load band, busy BE cgroups and signal; the one that helped there goes first.
+  Where a class declares an SLO its application latency steers; its run-queue latency and pressure
+  only guard: over their targets while the SLO is met they hold BE's growth and may cut once, by
+  `slack_shrink_percent`, for `guard_cut_max` at most, never to the floor.
 - "threshold" (koordlet's rule), described next.
 
 Reads: node CPU in use, CPU usage of every classified cgroup, `cpu.pressure`
