@@ -205,7 +205,12 @@ class BeSuppress(Loop):
     def decide(snapshot: Snapshot, settings, state: State) -> list[Action]:
         actions = _allowance_actions(snapshot, settings, state)
         if _antagonists_on(settings):
-            actions += _antagonist_actions(snapshot, settings, state)
+            caps = _antagonist_actions(snapshot, settings, state)
+            # An antagonist's cap supersedes a hot cap on the same pod: one action per knob.
+            taken = {a.target for a in caps}
+            for cg in taken & set(state.hot):
+                del state.hot[cg]
+            actions = [a for a in actions if not (a.knob == "cpu.max" and a.target in taken)] + caps
         return actions
 
 
