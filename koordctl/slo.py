@@ -54,7 +54,8 @@ def cmd_slo(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"running": True, "state_dir": str(sd), "updated": status.get("updated"),
                           "seconds": seconds, "step_seconds": _number(history.get("step_seconds")),
-                          "left_out": history.get("left_out") or 0, "workloads": workloads},
+                          "left_out": history.get("left_out") or 0, "workloads": workloads,
+                          "levers": levers(status)},
                          indent=1, sort_keys=True))
         return 0
     ascii_only = args.ascii or not unicode_ok(sys.stdout)
@@ -63,6 +64,7 @@ def cmd_slo(args: argparse.Namespace) -> int:
     for w in workloads:
         out += workload_lines(w, now, seconds, step, ascii_only)
         out.append("")
+    out += lever_lines(status)
     if history.get("left_out"):
         out.append(f"{printable(history['left_out'])} more workloads have no history (koordd keeps one for "
                    f"{HISTORY_WORKLOADS} at most)")
@@ -217,4 +219,45 @@ def workload_lines(w: dict, now: float, seconds: float, step: float, ascii_only:
         out.append(f"    latest {local_time(latest['time'])} ({ago(latest['time'], now)}): "
                    f"{printable(latest.get('step') or '?')} at slack {pct(latest.get('slack'))}, {knobs}"
                    + (f" (and {more} more)" if more > 0 else ""))
+    return out
+
+
+# --- what each of be_suppress's levers bought (its report in status.json, core/experiment.py) ------------
+
+def levers(status: dict) -> dict:
+    """be_suppress's levers as its report in status.json has them (lever -> chosen, by_signal, resting_s,
+    last); {} where it has none (another rule, an older koordd, a malformed file)."""
+    loop = ((status.get("loops") or {}) if isinstance(status.get("loops"), dict) else {}).get("be_suppress")
+    report = loop.get("report") if isinstance(loop, dict) else None
+    found = report.get("levers") if isinstance(report, dict) else None
+    return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, dict)} \
+        if isinstance(found, dict) else {}
+
+
+def _gain(signal: str, x: Any) -> str:
+    return "?" if _number(x) is None else (ms(x) if signal.endswith("_us") else f"{x:.3g}")
+
+
+def lever_lines(status: dict) -> list[str]:
+    """One line per lever: times chosen, and per signal how many cuts helped or bought nothing, the mean
+    latency bought and the BE cores it cost; whether it rests."""
+    found = levers(status)
+    if not found:
+        return []
+    out = ["be_suppress's levers (every cut judged by what it bought):"]
+    for name, lv in sorted(found.items()):
+        parts = []
+        for signal, r in sorted((lv.get("by_signal") or {}).items()):
+            if not isinstance(r, dict):
+                continue
+            bought = (f", {_gain(signal, r.get('mean_gain'))} bought for {r.get('mean_be_cores_given_up'):.2f} BE cores"
+                      if _number(r.get("mean_gain")) is not None and _number(r.get("mean_be_cores_given_up")) is not None
+                      else "")
+            parts.append(f"{printable(signal)} {r.get('helped', 0)} helped, {r.get('bought_nothing', 0)} bought "
+                         f"nothing{bought}")
+        rests = lv.get("resting_s") if isinstance(lv.get("resting_s"), dict) else {}
+        rest = "; rests " + ", ".join(f"{_number(v) or 0:g}s for {printable(k)}" for k, v in sorted(rests.items())) \
+            if rests else ""
+        out.append(f"  {printable(name)}: chosen {lv.get('chosen', 0)}" + (": " + "; ".join(parts) if parts else "")
+                   + rest)
     return out

@@ -27,6 +27,8 @@ A loop is a class in `koordd/loops/` registered under the entry-point group
 - `decide(snapshot, settings, state)` every `interval`: returns the actions
   for this tick. It may update `state` (windows, timers) but does no I/O:
   everything it knows comes from the snapshot.
+- `report(settings, state)` after each round: what the loop wants shown beside its
+  counters in status.json and the metrics (plain JSON values; default none). Pure.
 - `settle(actions, decisions, settings, state)` right after the actuator
   applied them: a loop that counts its own acts (a kill budget) keeps only
   those the actuator carried out (decision applied or dry-run). No I/O either.
@@ -134,6 +136,12 @@ class Loop:
     @staticmethod
     def decide(snapshot, settings, state) -> list[Action]:
         raise NotImplementedError
+
+    @staticmethod
+    def report(settings, state) -> Mapping[str, Any]:
+        """What the loop wants shown in status.json and the metrics beside its counters (JSON values): a
+        summary of its state, read after each round. No I/O, no state change."""
+        return {}
 
     @staticmethod
     def settle(actions: list[Action], decisions: list, settings, state) -> None:

@@ -22,6 +22,17 @@ Two rules decide how much CPU BE may use (`rule`):
   at BE's floor plus 25% (so LS at that level has 20% slack and BE grows) for 5 minutes, after
   which it is judged by its declared targets again.
   With no LS signal at all (no sensor, nothing ran yet) it holds what it has.
+  Every cut is an experiment (core/experiment.py, docs/be-control.md): `experiment_window` after a
+  cut the signal it acted on is compared with its value at the cut; a cut that bought no more than
+  the signal's noise is undone ("cut bought nothing: runq_p99_us 4.10 ms -> 4.10 ms") and that
+  lever rests for that signal `lever_rest`, doubling each time in a row. The levers: a cap on the
+  busiest BE pods or jobs alone (`hot_cap_percent`, where BE has two or more busy ones: those whose
+  CPU use follows the signal, else the busiest, half of them at most), the whole-BE cap (`policy`'s
+  knob), and leaving BE alone (cpu.idle decides who runs) when every cut rests. What each bought is
+  remembered per LS load band, busy BE cgroups and signal; the one that helped there goes first.
+  Where a class declares an SLO its application latency steers; its run-queue latency and pressure
+  only guard: over their targets while the SLO is met they hold BE's growth and may cut once, by
+  `slack_shrink_percent`, for `guard_cut_max` at most, never to the floor.
 - "threshold" (koordlet's rule), described next.
 
 Reads: node CPU in use, CPU usage of every classified cgroup, `cpu.pressure`
@@ -68,9 +79,10 @@ from dataclasses import dataclass, field
 
 from koordd.core.cgroup import CFS_QUOTA_MIN, MAX_CPUS, format_cpu_max, format_cpulist, parse_cpu_max, parse_cpulist
 from koordd.core.classes import NON_BE
+from koordd.core.experiment import BUSY_CORES, History, Lab, Verdict, conditions
 from koordd.core.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_slack
 from koordd.core.slo import SloWindow
-from koordd.core.interference import Detector
+from koordd.core.interference import Detector, pearson
 from koordd.core.loop import Action, Loop, restore
 from koordd.core.options import Duration, Option
 from koordd.core.protected import Protected
@@ -83,6 +95,11 @@ SKIP_FRACTION = 0.01         # of the node: smaller quota changes are noise
 DEFAULT_PERIOD_US = 100_000
 MIN_CORRELATION = 0.3        # a suspect's CPU use must follow the victim's signal at least this well
 SIGNAL_SECTIONS = {"runq": RUNQ_LATENCY, "cpi": CPI}
+# The levers of rule slack: a cap on the busiest BE cgroups alone, the whole-BE cap (the policy's knob),
+# and leaving BE alone (cpu.idle, qos_baseline's, decides who runs): core/experiment.py judges each cut.
+HOT_CAP, BE_CAP, LEAVE = "hot_cap", "be_cap", "leave"
+LEVERS = (HOT_CAP, BE_CAP, LEAVE)
+SLO_SIGNALS = frozenset({"app_p99_us", "app_p999_us"})     # core/health.py's SLO signals; the rest are proxies
 
 
 @dataclass
@@ -97,6 +114,10 @@ class State:
     slo: SloWindow = field(default_factory=SloWindow)      # rule slack: recent rounds' responses per SLO
     detector: Detector | None = None                 # antagonists: baselines, outliers, BE CPU series
     capped: dict[str, float] = field(default_factory=dict)   # BE cgroup capped as an antagonist -> until
+    lab: Lab | None = None                           # rule slack: every cut an experiment (core/experiment.py)
+    guard_cut: tuple | None = None                   # rule slack: a guard's cut: (until, allowance before, signal)
+    hot: dict[str, str] = field(default_factory=dict)        # rule slack: BE cgroup under a hot cap -> cpu.max
+    be_cpu: History = field(default_factory=lambda: History(60.0))   # rule slack: BE cgroups' CPU, to attribute
 
 
 class BeSuppress(Loop):
@@ -124,6 +145,14 @@ class BeSuppress(Loop):
                min=1, max=3600),
         Option("slack_grow_percent", float, 25.0, "rule slack: how much of the node BE's allowance gains per tick "
                "while slack is 10% or more", min=1, max=100),
+        Option("experiment_window", Duration, Duration(5.0), "rule slack: how long after a cut the LS signal it "
+               "acted on is judged; a cut that bought no more than the signal's noise is undone", min=1, max=600),
+        Option("lever_rest", Duration, Duration(10.0), "rule slack: how long a lever whose cut bought nothing "
+               "rests for that signal, doubling each time in a row (up to 32 times this)", min=1, max=3600),
+        Option("guard_cut_max", Duration, Duration(30.0), "rule slack: where a class's SLO is met, the longest a "
+               "cut for its run-queue latency or pressure alone stays", min=1, max=3600),
+        Option("hot_cap_percent", float, 50.0, "rule slack: a lever that caps the busiest BE cgroups (pods, jobs) "
+               "alone, to this much less than they use; 0 turns it off", min=0, max=95),
         Option("antagonist_signal", str, "off", "cap the BE cgroup that interferes with LS, judged by: off, "
                "runq (run-queue latency) or cpi (cycles per instruction)", choices=("off", "runq", "cpi")),
         Option("antagonist_window", Duration, Duration(300.0), "baseline and correlation window", min=10, max=3600),
@@ -140,7 +169,8 @@ class BeSuppress(Loop):
     @staticmethod
     def writes(settings) -> frozenset[tuple[str, str]]:
         knob = "cpu.max" if settings.policy == "cfs_quota" else "cpuset.cpus"
-        return frozenset({("BE", knob)} | ({("BE", "cpu.max")} if _antagonists_on(settings) else set()))
+        members = _antagonists_on(settings) or _hot_cap_on(settings)
+        return frozenset({("BE", knob)} | ({("BE", "cpu.max")} if members else set()))
 
     @staticmethod
     def needs(settings) -> frozenset[str]:
@@ -153,7 +183,8 @@ class BeSuppress(Loop):
 
     @staticmethod
     def members_of(settings) -> frozenset[str]:
-        return frozenset({"BE"}) if _antagonists_on(settings) else frozenset()   # suspects are pods or jobs
+        # suspects and hot caps are pods or jobs
+        return frozenset({"BE"}) if _antagonists_on(settings) or _hot_cap_on(settings) else frozenset()
 
     @staticmethod
     def member_needs(settings) -> frozenset[str]:
@@ -164,15 +195,31 @@ class BeSuppress(Loop):
         return State()
 
     @staticmethod
+    def report(settings, state: State) -> dict:
+        """Rule slack: what each lever bought (core/experiment.py's Lab.status), for status.json and metrics."""
+        if settings.rule != "slack" or state.lab is None:
+            return {}
+        return {"hot_caps": dict(sorted(state.hot.items())), **state.lab.status(state.lab.now, LEVERS)}
+
+    @staticmethod
     def decide(snapshot: Snapshot, settings, state: State) -> list[Action]:
         actions = _allowance_actions(snapshot, settings, state)
         if _antagonists_on(settings):
-            actions += _antagonist_actions(snapshot, settings, state)
+            caps = _antagonist_actions(snapshot, settings, state)
+            # An antagonist's cap supersedes a hot cap on the same pod: one action per knob.
+            taken = {a.target for a in caps}
+            for cg in taken & set(state.hot):
+                del state.hot[cg]
+            actions = [a for a in actions if not (a.knob == "cpu.max" and a.target in taken)] + caps
         return actions
 
 
 def _antagonists_on(settings) -> bool:
     return settings.antagonist_signal != "off"
+
+
+def _hot_cap_on(settings) -> bool:
+    return settings.rule == "slack" and settings.hot_cap_percent > 0
 
 
 def _allowance_actions(snapshot: Snapshot, settings, state: State) -> list[Action]:
@@ -205,14 +252,14 @@ def _sized_actions(snapshot: Snapshot, settings, state: State, be, non_be: float
     capacity = snapshot.node.cpu_count
     system = max(node_used - non_be - be_used, settings.reserved_cpus, 0.0)
     if settings.rule == "slack":
-        sized = _slack_allowance(snapshot, settings, state, be, capacity, non_be + system)
+        sized = _slack_allowance(snapshot, settings, state, be, capacity, non_be + system, be_used)
         if sized is None:
             return []       # no LS signal yet: hold the current limits
-        allowance, reason, why = sized
+        allowance, reason, why, extra = sized
         # The allowance moved at the rule's own pace already: the knob follows it in one step.
         if settings.policy == "cfs_quota":
-            return _quota_actions(be, capacity, allowance, False, settings, reason, why, grow=1.0)
-        return _cpuset_actions(snapshot, be, capacity, allowance, False, settings, reason, why, grow=1.0)
+            return extra + _quota_actions(be, capacity, allowance, False, settings, reason, why, grow=1.0)
+        return extra + _cpuset_actions(snapshot, be, capacity, allowance, False, settings, reason, why, grow=1.0)
     demand = _windowed_peak(state.demand, snapshot.time, non_be + system, settings.usage_window)
     allowance = max(capacity * settings.threshold_percent / 100 - demand, 0.0)
     pressure = _peak_pressure(snapshot.of_class(*LATENCY_SENSITIVE))
@@ -234,17 +281,35 @@ RAISE_MARGIN = 1.25               # a raised target: what LS showed at BE's floo
 RAISED_FOR = 300.0                # seconds; then LS is judged by its declared targets again
 
 
-def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: int,
-                     others: float) -> tuple[float, dict, str] | None:
-    """BE's CPUs moved by LS slack (rule slack): grow towards the whole node, hold, give back, or drop
-    to the floor."""
+def _split(snapshot: Snapshot, signals: list) -> tuple[list, list]:
+    """(steering, guarding) signals. Where a class declares an SLO, its application latency steers and its
+    run-queue latency and pressure only guard (a stall the SLO cannot see yet); a class without an SLO is
+    steered by them."""
+    steer, guard = [], []
+    for sig in signals:
+        (steer if sig[1] in SLO_SIGNALS or snapshot.slo_of(sig[0]) is None else guard).append(sig)
+    return steer, guard
+
+
+def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: int, others: float,
+                     be_used: float) -> tuple[float, dict, str, list[Action]] | None:
+    """BE's CPUs moved by LS slack (rule slack), every cut an experiment (core/experiment.py): grow towards
+    the whole node, hold, cut with the lever that bought most under these conditions, undo a cut that
+    bought nothing, drop to the floor. Also the hot caps' actions."""
     now = snapshot.time
+    window = float(settings.experiment_window)
+    if state.lab is None:
+        state.lab = Lab(window=window, settle=0.4 * window, rest=float(settings.lever_rest),
+                        rest_max=32 * float(settings.lever_rest))
+    lab = state.lab
     state.raised = {k: v for k, v in state.raised.items() if v[1] > now}      # (target, until)
+    raised = {k: t for k, (t, _) in state.raised.items()}
     signals = ls_signals(snapshot, snapshot.section(RUNQ_LATENCY), state.runq, state.slo)
-    found = worst_slack(signals, {k: t for k, (t, _) in state.raised.items()})
-    if found is None:
+    steer_signals, guard_signals = _split(snapshot, signals)
+    steer, guard = worst_slack(steer_signals, raised), worst_slack(guard_signals, raised)
+    units, extra = _hot_units(snapshot, settings, state)
+    if steer is None and guard is None:
         return None
-    slack, worst = found
     idle = max(capacity - others, 0.0)
     floor = len(be) * MIN_QUOTA_US / DEFAULT_PERIOD_US
     if state.allowance is None:
@@ -252,42 +317,204 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         limits = [parse_cpu_max(c.cpu_max) for c in be if c.cpu_max] if settings.policy == "cfs_quota" else []
         quotas = [q / p for q, p in limits if q is not None]
         state.allowance = sum(quotas) if len(quotas) == len(be) else float(capacity)   # what BE has
+
+    allowance = state.allowance
+    targets = {(cg, name): max(t, raised.get((cg, name), 0.0)) for cg, name, _, t in signals}
+    values = {(cg, name): v for cg, name, v, _ in signals}
+    healthy = [k for k, v in values.items() if 1 - v / targets[k] >= GROW_AT]
+    running = lab.running
+    verdict = lab.observe(now, values, be_used, healthy)
+    s = steer[0] if steer is not None else None
+    g = guard[0] if guard is not None else None
     below = state.below_zero
-    state.below_zero = slack < 0
-    if state.at_floor and slack < GROW_AT and now - state.floor_since >= float(settings.slack_floor_hold):
-        # BE has been at its floor and LS still misses its targets: BE is not what LS is short of.
-        # Judge BE from now on against what LS shows without it (+25%), for RAISED_FOR seconds.
-        for cgroup, name, value, target in signals:
-            if value * RAISE_MARGIN > target:
-                state.raised[(cgroup, name)] = (value * RAISE_MARGIN, now + RAISED_FOR)
-        state.at_floor = state.below_zero = False
-        step = "LS misses its targets without BE too: targets raised to what it shows at the floor"
-    elif slack < 0 and (below or state.at_floor):
-        if not state.at_floor:
-            state.floor_since = now
-        state.allowance, state.at_floor, step = floor, True, "floor"
-    elif slack < 0:
-        # One round below zero can be one wild sample (a p99 of a few waits): give back, and go to
-        # the floor if the next round is below zero too.
-        state.allowance, step = state.allowance * (1 - settings.slack_shrink_percent / 100), "shrink (below zero)"
-    elif state.at_floor and slack < GROW_AT:
-        state.allowance, step = floor, "floor (LS recovering)"
-    elif slack < HOLD_AT:
-        state.allowance, step = state.allowance * (1 - settings.slack_shrink_percent / 100), "shrink"
-    elif slack < GROW_AT:
+    state.below_zero = s is not None and s < 0
+    step, experiment = None, None
+
+    if verdict is not None:
+        experiment = verdict.fields()
+        if not verdict.helped and running.bound is not None:
+            state.guard_cut = None
+        if not verdict.helped:
+            rest = lab.resting(verdict.lever, verdict.key[1], now)
+            step = f"undo: {verdict.text()}; {verdict.lever} rests {rest:g}s for {verdict.key[1]}"
+            extra += [Action(a.target, a.knob, a.value, {**a.reason, "step": step, "experiment": experiment},
+                             f"{a.message}: {step}") for a in _undo(state, running)]
+    elif state.guard_cut is not None and now >= state.guard_cut[0]:
+        until, base, signal = state.guard_cut
+        if lab.running is not None and lab.running.bound is not None:
+            lab.abandon()
+        state.guard_cut, state.allowance = None, max(state.allowance, base)
+        lab.rest_for(BE_CAP, signal, now + float(settings.guard_cut_max))
+        step = f"guard cut ends after {float(settings.guard_cut_max):g}s: the SLO decides, and it is met"
+    running = lab.running
+
+    if step is not None:
+        pass
+    elif s is not None and s < HOLD_AT:
+        if state.guard_cut is not None:
+            state.guard_cut = None       # a guard's cut, and now the SLO itself is at risk: it decides from here
+            if running is not None and running.bound is not None:
+                lab.abandon()
+                running = None
+        step = _steer_cut(snapshot, settings, state, steer[1], s, below, floor, units, be_used, capacity, others,
+                          signals, extra)
+    elif running is not None and running.bound is None:
+        step = "floor (LS recovering)" if state.at_floor else f"hold: judging the {running.lever} cut"
+    elif g is not None and g < 0:
+        step = _guard_cut(settings, state, guard[1], be_used, capacity, others, units)
+    elif state.at_floor and (s is None or s < GROW_AT):
+        step = "floor (LS recovering)"
+    elif s is not None and s < GROW_AT:
         step = "hold"
+    elif g is not None and g < HOLD_AT:
+        step = "hold (guard: LS's run queue or pressure near its target)"
     else:
         state.at_floor = False
+        if state.hot:
+            extra += _lift_hot(state, "LS healthy again")
         grow = settings.slack_grow_percent / 100 * capacity
         state.allowance, step = min(float(capacity), state.allowance + grow), "grow"
     state.allowance = max(state.allowance, floor)
+    if state.allowance != allowance or any(a.value is None or a.reason.get("step") != "hold" for a in extra):
+        lab.moved()
+    running = lab.running
+    if running is not None and experiment is None:
+        experiment = running.fields()
+    slack, worst = steer if steer is not None else guard
     reason = {"rule": "slack", "slack": round(slack, 3), "worst": worst, "step": step, "capacity": capacity,
               "raised_targets": {f"{cg} {name}": round(t, 3) for (cg, name), (t, _) in sorted(state.raised.items())},
               "ls_and_system_usage": round(others, 3), "idle_for_be": round(idle, 3),
-              "allowance": round(state.allowance, 3)}
+              "allowance": round(state.allowance, 3), "be_usage": round(be_used, 3),
+              "guard": {"slack": round(g, 3), **guard[1]} if guard is not None and steer is not None else None,
+              "experiment": experiment}
     why = (f"LS slack {slack:.0%} ({worst['cgroup']} {worst['signal']} {worst['value']:g} of {worst['target']:g}): "
            f"{step}, BE allowance {state.allowance:.2f} of {capacity} CPUs ({idle:.2f} idle)")
-    return state.allowance, reason, why
+    extra += [Action(cg, "cpu.max", value, {"rule": "slack", "lever": HOT_CAP, "step": "hold"},
+                     f"hot cap on {cg} holds") for cg, value in sorted(state.hot.items())
+              if not any(a.target == cg for a in extra)]
+    return state.allowance, reason, why, extra
+
+
+def _steer_cut(snapshot, settings, state: State, worst: dict, s: float, below: bool, floor: float, units: dict,
+               be_used: float, capacity: int, others: float, signals: list, extra: list[Action]) -> str:
+    """The steering signal is under 5% slack: deepen the running cut to the floor (a second round below
+    zero), wait for its verdict, or start a cut with the lever that bought most here."""
+    lab, now = state.lab, snapshot.time
+    running = lab.running
+    if state.at_floor and now - state.floor_since >= float(settings.slack_floor_hold) and running is None:
+        # BE has been at its floor and LS still misses its targets: BE is not what LS is short of.
+        # Judge BE from now on against what LS shows without it (+25%), for RAISED_FOR seconds.
+        steer, _ = _split(snapshot, signals)
+        for cgroup, name, value, target in steer:
+            if value * RAISE_MARGIN > target:
+                state.raised[(cgroup, name)] = (value * RAISE_MARGIN, now + RAISED_FOR)
+        state.at_floor = state.below_zero = False
+        return "LS misses its targets without BE too: targets raised to what it shows at the floor"
+    if running is not None:
+        if running.lever == BE_CAP and s < 0 and below and not state.at_floor:
+            state.floor_since, state.allowance, state.at_floor = now, floor, True
+            lab.deepen(now)
+            return "floor"
+        return "floor" if state.at_floor else f"hold: judging the {running.lever} cut"
+    if state.at_floor:
+        return "floor"
+    key = (worst["cgroup"], worst["signal"])
+    cond = conditions(others, capacity, [p for p, c in units.items() if c >= BUSY_CORES], worst["signal"])
+    levers = lab.order([HOT_CAP, BE_CAP] if len(units) >= 2 else [BE_CAP], cond, now)
+    if not levers:
+        lab.chose(LEAVE)
+        return (f"leave BE alone (cpu.idle decides who runs): every cut rests for {worst['signal']} "
+                f"after buying nothing")
+    if levers[0] == HOT_CAP:
+        capped = _hot_cap(state, settings, units, key)
+        lab.start(now, HOT_CAP, key, be_used, cond, undo=capped)
+        extra += [Action(cg, "cpu.max", state.hot[cg], {"rule": "slack", "lever": HOT_CAP, "step": "hot cap",
+                                                          "cpus": round(units[cg], 3), "worst": worst,
+                                                          "experiment": lab.running.fields()},
+                         f"hot cap on {cg} (using {units[cg]:.2f} CPUs) for {worst['cgroup']} {worst['signal']}")
+                  for cg in capped]
+        return f"hot cap on {', '.join(capped)}"
+    lab.start(now, BE_CAP, key, be_used, cond, undo=state.allowance)
+    if s < 0 and below:
+        state.floor_since, state.allowance, state.at_floor = now, floor, True
+        return "floor"
+    # One round below zero can be one wild sample (a p99 of a few waits): give back, and go to
+    # the floor if the next round is below zero too.
+    state.allowance *= 1 - settings.slack_shrink_percent / 100
+    return "shrink (below zero)" if s < 0 else "shrink"
+
+
+def _guard_cut(settings, state: State, worst: dict, be_used: float, capacity: int, others: float,
+               units: dict) -> str:
+    """The SLO is met (or not measured this round) while a class's run-queue latency or pressure is over
+    its target: hold, with at most one cut of slack_shrink_percent, undone within guard_cut_max; never
+    the floor."""
+    lab, now = state.lab, state.lab.now
+    if state.guard_cut is not None:
+        return f"guard: hold the bounded cut (ends in {state.guard_cut[0] - now:g}s at most)"
+    if lab.resting(BE_CAP, worst["signal"], now):
+        return f"guard: hold ({worst['signal']} over target, the SLO met; its cut rests)"
+    cond = conditions(others, capacity, [p for p, c in units.items() if c >= BUSY_CORES], worst["signal"])
+    until = now + float(settings.guard_cut_max)
+    lab.start(now, BE_CAP, (worst["cgroup"], worst["signal"]), be_used, cond, undo=state.allowance, bound=until)
+    state.guard_cut = (until, state.allowance, worst["signal"])
+    state.allowance *= 1 - settings.slack_shrink_percent / 100
+    return f"guard: one cut for at most {float(settings.guard_cut_max):g}s ({worst['signal']} over target, the SLO met)"
+
+
+def _undo(state: State, e) -> list[Action]:
+    """Put back what experiment `e` moved."""
+    if e is None:
+        return []
+    if e.lever == BE_CAP:
+        state.allowance = max(state.allowance or 0.0, e.undo)
+        state.at_floor = state.below_zero = False
+        return []
+    return _lift_hot(state, "its cut is undone", only=e.undo)
+
+
+def _lift_hot(state: State, why: str, only=None) -> list[Action]:
+    out = []
+    for cg in sorted(state.hot):
+        if only is None or cg in only:
+            del state.hot[cg]
+            out.append(restore(cg, "cpu.max", f"hot cap on {cg} lifted: {why}", rule="slack", lever=HOT_CAP,
+                               step="uncap"))
+    return out
+
+
+def _hot_units(snapshot: Snapshot, settings, state: State) -> tuple[dict[str, float], list[Action]]:
+    """The BE pods or jobs a hot cap may take (busy, not protected, not capped as an antagonist) with their
+    CPU use, fed into their CPU history; and the lifting of hot caps on those gone or unknown (a restart)."""
+    if not _hot_cap_on(settings):
+        return {}, _lift_hot(state, "hot caps are off") if state.hot else []
+    guard = Protected.of_snapshot(snapshot)
+    members = {u.path: u.cpu_usage for u in snapshot.units("BE") if u.path not in snapshot.cgroups}
+    units = {p: c for p, c in members.items() if c is not None and not guard.why(p) and p not in state.capped}
+    state.be_cpu.forget_except(members)
+    for p, c in units.items():
+        state.be_cpu.add(snapshot.time, p, c)
+    out = _lift_hot(state, "the cgroup left BE or is protected",
+                    only={p for p in state.hot if p not in members or guard.why(p)})
+    if not _antagonists_on(settings):      # else the antagonist part lifts what nobody knows
+        out += [restore(cg, "cpu.max", f"hot cap on {cg} from before a restart ends", step="uncap")
+                for cg, knob in sorted(snapshot.held) if knob == "cpu.max" and cg in members and cg not in state.hot]
+    return {p: c for p, c in units.items() if c >= BUSY_CORES}, out
+
+
+def _hot_cap(state: State, settings, units: dict[str, float], key) -> list[str]:
+    """Cap the BE cgroups whose CPU use follows the signal best (Pearson over the history; the busiest where
+    none does), half of them at most, to hot_cap_percent less than they use. Returns them."""
+    signal = state.lab.history.series(key)
+    def rank(p: str) -> tuple[float, float]:
+        pairs = [(signal[t], c) for t, c in state.be_cpu.points.get(p, ()) if t in signal]
+        r = pearson([a for a, _ in pairs], [b for _, b in pairs])
+        return (r if r is not None and r > MIN_CORRELATION else 0.0, units[p])
+    chosen = sorted(units, key=rank, reverse=True)[:max(1, len(units) // 2)]
+    for p in chosen:
+        cores = units[p] * (1 - settings.hot_cap_percent / 100)
+        state.hot[p] = format_cpu_max(max(CFS_QUOTA_MIN, round(cores * DEFAULT_PERIOD_US)), DEFAULT_PERIOD_US)
+    return sorted(chosen)
 
 
 def _antagonist_actions(snapshot: Snapshot, settings, state: State) -> list[Action]:
@@ -311,7 +538,7 @@ def _antagonist_actions(snapshot: Snapshot, settings, state: State) -> list[Acti
             actions.append(restore(cg, "cpu.max", f"antagonist cap on {cg} ends", step="uncap"))
     # Caps in the journal this state does not know (a restart or reload lost their timers): lift them.
     for cg, knob in sorted(snapshot.held):
-        if knob == "cpu.max" and cg in suspects and cg not in state.capped:
+        if knob == "cpu.max" and cg in suspects and cg not in state.capped and cg not in state.hot:
             actions.append(restore(cg, "cpu.max", f"antagonist cap on {cg} from before a restart ends",
                                    step="uncap"))
     period = DEFAULT_PERIOD_US

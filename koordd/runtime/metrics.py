@@ -74,6 +74,12 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "koordd_loop_cpu_seconds_total": (COUNTER, ("loop",), "CPU time of the loop's decide and settle"),
     "koordd_loop_last_success_timestamp_seconds": (GAUGE, ("loop",), "the loop's last tick without error (Unix time)"),
     "koordd_loop_last_changes": (GAUGE, ("loop",), "knobs the loop's last tick changed"),
+    "koordd_loop_lever_verdicts_total": (COUNTER, ("loop", "lever", "signal", "verdict"), "cuts judged: helped or "
+                                         "bought_nothing, by lever and the LS signal it acted on (be_suppress)"),
+    "koordd_loop_lever_mean_gain": (GAUGE, ("loop", "lever", "signal"), "mean improvement of the signal per cut "
+                                    "that helped (µs for latencies, percent for pressure)"),
+    "koordd_loop_lever_mean_be_cores_given_up": (GAUGE, ("loop", "lever", "signal"), "mean BE cores given up per "
+                                                 "cut that helped"),
     "koordd_decisions_total": (COUNTER, ("loop", "outcome", "knob"), "decision records: applied, dry-run, refused, restored"),
     # knobs koordd holds changed
     "koordd_held_knobs": (GAUGE, ("owner", "knob"), "knobs koordd holds changed, by owning loop"),
@@ -232,6 +238,15 @@ def _loops(out: _Series, p: Published) -> None:
         out.add("koordd_loop_cpu_seconds_total", [name], r.get("cpu_seconds_total"))
         out.add("koordd_loop_last_success_timestamp_seconds", [name], r.get("last_ok"))
         out.add("koordd_loop_last_changes", [name], r.get("last_changes"))
+        levers = (r.get("report") or {}).get("levers") or {}
+        for lever, lv in sorted(levers.items()):
+            for signal, rec in sorted((lv.get("by_signal") or {}).items()):
+                out.add("koordd_loop_lever_verdicts_total", [name, lever, signal, "helped"], rec.get("helped"))
+                out.add("koordd_loop_lever_verdicts_total", [name, lever, signal, "bought_nothing"],
+                        rec.get("bought_nothing"))
+                out.add("koordd_loop_lever_mean_gain", [name, lever, signal], rec.get("mean_gain"))
+                out.add("koordd_loop_lever_mean_be_cores_given_up", [name, lever, signal],
+                        rec.get("mean_be_cores_given_up"))
     for (loop, outcome, knob), n in sorted(p.decisions.items()):
         out.add("koordd_decisions_total", [loop, outcome, knob], n)
 

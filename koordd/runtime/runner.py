@@ -315,6 +315,16 @@ class Runner:
     def status(self) -> dict:
         return {name: {"interval": float(r.settings.interval), "ticks": r.ticks, "failures": r.failures,
                        "last_tick": r.last_tick, "last_ok": r.last_ok, "last_error": r.last_error,
-                       "last_changes": r.last_changes, "errors": r.errors, **asdict(r.timing)}
+                       "last_changes": r.last_changes, "errors": r.errors, **asdict(r.timing),
+                       **({"report": report} if (report := _report(r)) else {})}
                 for name, r in sorted(self.runs.items())}
+
+
+def _report(run: LoopRun) -> Mapping[str, Any]:
+    """The loop's own report (Loop.report); a loop whose report fails costs the status nothing but it."""
+    try:
+        return run.impl.report(run.settings, run.state)
+    except Exception:  # noqa: BLE001 - a summary koordd only publishes must not cost it the round
+        log.exception("loop %s: its report failed", run.name)
+        return {}
 

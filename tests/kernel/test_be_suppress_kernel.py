@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import time
 
 import pytest
 
-from koordtest.kernel import NCPU, calm_window, wait_for
+from koordtest.kernel import HOG, NCPU, calm_window, wait_for
 
 pytestmark = pytest.mark.kernel
 
@@ -225,8 +226,50 @@ def test_rule_slack_holds_be_at_its_floor_while_ls_waits_and_lets_it_grow_when_l
 
     for h in ls_hogs:
         h.kill()
-    grown = wait_for(lambda: (q := cgroups.quota_cores("be")) is not None and q >= 0.3 and q, 90)
+    # Grown back: a quota of 0.3 CPUs or more, or none at all (the floor undone: on a host whose other work
+    # delays LS as much as BE did, the floor buys nothing and BE gets back what it had).
+    grown = wait_for(lambda: (q := cgroups.quota_cores("be")) is None and "none" or q >= 0.3 and q, 90)
     assert grown, f"BE did not grow back after LS left: {koordd.decisions()[-5:]}\n{koordd.log_text()}"
     steps = [d["reason"].get("step") for d in applied(koordd, be)]
-    print(f"[kernel] rule slack: after LS left, BE grew back to {grown:.2f} CPUs; steps {steps}")
+    print(f"[kernel] rule slack: after LS left, BE grew back to {grown} CPUs; steps {steps}")
+    assert koordd.stop(p) == 0
+
+
+def test_rule_slack_undoes_a_cut_that_bought_ls_nothing(koordd, cgroups):
+    """Every cut is an experiment, on the real kernel: LS is short of CPU because of its own threads
+    (3 busy loops pinned to CPU 0), BE is one busy loop pinned to the last CPU, where it cannot delay LS.
+    LS's run-queue p99 is over its (tiny) target whatever BE gets: koordd cuts BE, sees the cut buy
+    nothing beyond the signal's noise, puts BE's CPU back and lets that lever rest."""
+    if NCPU < 2 or not shutil.which("taskset"):
+        pytest.skip("needs at least 2 CPUs and taskset")
+    for _ in range(3):
+        cgroups.spawn("ls", ["taskset", "-c", "0", *HOG])
+    cgroups.spawn("be", ["taskset", "-c", str(NCPU - 1), *HOG])
+    config = koordd.write_config(extra='rule = "slack"\nexperiment_window = "4s"\nlever_rest = "60s"\n')
+    text = config.read_text().replace(f'cgroups = ["{cgroups.cgroup("ls")}"]\n',
+                                      f'cgroups = ["{cgroups.cgroup("ls")}"]\n[classes.health]\nrunq_p99 = "20us"\n'
+                                      f'cpu_pressure = 0.1\n', 1)
+    config.write_text(text)
+    p = koordd.start(config)
+    be = cgroups.cgroup("be")
+
+    def undone():
+        return [d for d in koordd.decisions() if d.get("loop") == LOOP and d.get("cgroup") == be
+                and str((d.get("reason") or {}).get("step", "")).startswith("undo: cut bought nothing")]
+    found = wait_for(undone, 90)
+    assert found, (f"no cut undone: {[(d['reason'].get('step'), d['new']) for d in applied(koordd, be)]}\n"
+                   f"{koordd.log_text()}")
+    d = found[0]
+    e = d["reason"]["experiment"]
+    assert e["verdict"] == "bought nothing" and e["lever"] == "be_cap", d
+    assert e["after"] >= e["before"] - e["margin"], d
+    first_cut = [a for a in applied(koordd, be) if a["time"] <= d["time"]][0]
+    assert d["new"] == first_cut["old"], (d, first_cut)     # BE got back what it had before the cut
+    print(f"\n[kernel] cut bought nothing: {e['signal']} {e['before']} -> {e['after']} (noise {e['noise']}, "
+          f"margin {e['margin']}); BE back to {d['new']}")
+    time.sleep(3.0)
+    later = [a for a in applied(koordd, be) if a["time"] > d["time"]]
+    assert not later, f"the lever should rest 60 s, yet BE was cut again: {later}"
+    status = koordd.status()["loops"][LOOP]["report"]["levers"]
+    assert status["be_cap"]["resting_s"], status
     assert koordd.stop(p) == 0

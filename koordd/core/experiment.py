@@ -1,0 +1,306 @@
+"""Every cut is an experiment: did taking CPU from best-effort work buy latency-sensitive work anything?
+
+A loop that takes a resource from BE (a quota, a cpuset, a cap on one BE cgroup) names the lever it
+moved and the LS signal it acted on; the `Lab` keeps that signal's recent values, compares its level
+before the cut with its level after it has settled, and says whether the cut bought more than the
+signal's own noise:
+
+- before: the value the loop acted on (the signal's latest, the round of the cut). Not a median of
+  earlier rounds: a signal that just jumped would be judged by its healthy past and every cut would
+  look useless. A wild sample makes a cut look better than it was, the safe side for LS;
+- noise: the signal's round-to-round jitter over its history, 1.05 x the median absolute difference of
+  successive values (the standard deviation, for independent noise), robust to a level shift; only
+  rounds after one in which the loop moved nothing count (`moved()`), else the loop's own steps
+  (a cut, a growth) would pass for noise;
+- after: the median of its values from `settle` seconds after the lever last moved, judged `window`
+  seconds after that move; earlier only in the safe direction (the signal back in health and better
+  by more than the margin: the cut helped);
+- the cut helped when before - after > max(NOISE_K x noise, MIN_GAIN x before).
+
+A cut that bought nothing is the loop's to undo; the lever then rests for that signal, `rest` seconds
+the first time, doubling each time in a row up to `rest_max` (as a failing loop backs off), and a cut
+that helped ends the doubling. What a lever bought is remembered for the conditions it was tried in
+(LS load band, the busy BE cgroups, the signal), and `order()` puts the levers that helped there
+first. Pure policy: no I/O, fed one round at a time by the loop, its state is plain data.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+Key = tuple[str, str]            # (LS cgroup, signal name), as core/health.py's signals name them
+
+NOISE_K = 2.0                    # an improvement must exceed this many noise units ...
+MIN_GAIN = 0.05                  # ... and this share of the level before the cut
+LOAD_BANDS = 5                   # LS load in fifths of the node
+BUSY_CORES = 0.1                 # a BE cgroup using less is not "busy" in a condition
+
+
+@dataclass
+class History:
+    """Recent (time, value) points per key over `span` seconds; the times of the quiet ones (no lever moved
+    in the round before) apart."""
+    span: float
+    points: dict[Any, deque] = field(default_factory=dict)
+    quiet: dict[Any, set] = field(default_factory=dict)
+
+    def add(self, now: float, key: Any, value: float, quiet: bool = True) -> None:
+        q = self.points.setdefault(key, deque())
+        q.append((now, float(value)))
+        marks = self.quiet.setdefault(key, set())
+        if quiet:
+            marks.add(now)
+        while q and q[0][0] < now - self.span:
+            marks.discard(q.popleft()[0])
+
+    def noise(self, key: Any) -> float:
+        """noise() of the key's quiet steps: successive values whose later one is quiet."""
+        pts, marks = list(self.points.get(key, ())), self.quiet.get(key, set())
+        return noise([abs(b - a) for (_, a), (t, b) in zip(pts, pts[1:]) if t in marks], diffs=True)
+
+    def forget_except(self, keys: Iterable[Any]) -> None:
+        keep = set(keys)
+        for k in [k for k in self.points if k not in keep]:
+            del self.points[k]
+            self.quiet.pop(k, None)
+
+    def values(self, key: Any, since: float | None = None) -> list[float]:
+        return [v for t, v in self.points.get(key, ()) if since is None or t >= since]
+
+    def series(self, key: Any) -> dict[float, float]:
+        return dict(self.points.get(key, ()))
+
+
+def noise(values: Sequence[float], diffs: bool = False) -> float:
+    """The jitter of a series: 1.05 x the median |difference| of successive values (for independent
+    noise of deviation s the differences have deviation s x sqrt 2, whose median |.| is 0.954 s);
+    0 for fewer than two values. `diffs`: `values` are the |differences| already."""
+    steps = list(values) if diffs else [abs(b - a) for a, b in zip(values, values[1:])]
+    return 1.05 * statistics.median(steps) if steps else 0.0
+
+
+def conditions(ls_cores: float, capacity: int, busy_be: Iterable[str], signal: str) -> tuple:
+    """The conditions a lever's effect is remembered for: LS load in fifths of the node, the BE cgroups
+    that were busy, the signal that was over."""
+    band = min(int(max(ls_cores, 0.0) / max(capacity, 1) * LOAD_BANDS), LOAD_BANDS - 1)
+    return band, tuple(sorted(busy_be)), signal
+
+
+@dataclass
+class Experiment:
+    lever: str
+    key: Key
+    started: float
+    changed: float               # when the lever last moved (a deeper cut restarts the after window)
+    before: float
+    noise: float
+    be_before: float             # BE cores when it started
+    conditions: tuple
+    undo: Any = None             # what puts the lever back (the loop's to read)
+    bound: float | None = None   # a guard's cut: undone by this time whatever it bought
+    after: list = field(default_factory=list)      # (time, value)
+    be_after: list = field(default_factory=list)   # BE cores after the cut
+
+    def fields(self) -> dict:
+        return {"lever": self.lever, "cgroup": self.key[0], "signal": self.key[1], "before": round(self.before, 3),
+                "noise": round(self.noise, 3), "started": self.started, "bound": self.bound}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    lever: str
+    key: Key
+    helped: bool
+    before: float
+    after: float
+    noise: float
+    margin: float
+    be_given_up: float           # BE cores: before the cut minus after it
+    early: bool = False          # judged before the window ended (back in health)
+
+    def fields(self) -> dict:
+        return {"lever": self.lever, "cgroup": self.key[0], "signal": self.key[1], "before": round(self.before, 3),
+                "after": round(self.after, 3), "noise": round(self.noise, 3), "margin": round(self.margin, 3),
+                "verdict": "helped" if self.helped else "bought nothing",
+                "be_given_up_cores": round(self.be_given_up, 3)}
+
+    def text(self) -> str:
+        what = "cut helped" if self.helped else "cut bought nothing"
+        return (f"{what}: {self.key[1]} {_show(self.key[1], self.before)} -> {_show(self.key[1], self.after)} "
+                f"(noise {_show(self.key[1], self.noise)}) for {self.be_given_up:.2f} BE cores")
+
+
+def _show(signal: str, value: float) -> str:
+    """A signal's value as an operator reads it: latencies (…_us) in ms, others as they are."""
+    return f"{value / 1000:.2f} ms" if signal.endswith("_us") else f"{value:.3g}"
+
+
+@dataclass
+class Record:
+    """What a lever bought under one condition (or in total): verdicts, latency gained, BE cores given."""
+    helped: int = 0
+    nothing: int = 0
+    gain: float = 0.0            # sum of before - after over helped cuts, in the signal's unit
+    be_given_up: float = 0.0     # sum of BE cores given up over helped cuts
+
+    def add(self, v: Verdict) -> None:
+        if v.helped:
+            self.helped += 1
+            self.gain += v.before - v.after
+            self.be_given_up += v.be_given_up
+        else:
+            self.nothing += 1
+
+    @property
+    def score(self) -> float:
+        """The share of cuts that helped; 0.5 for a lever never judged (between helped and not)."""
+        n = self.helped + self.nothing
+        return self.helped / n if n else 0.5
+
+    def summary(self) -> dict:
+        return {"helped": self.helped, "bought_nothing": self.nothing,
+                "mean_gain": round(self.gain / self.helped, 3) if self.helped else None,
+                "mean_be_cores_given_up": round(self.be_given_up / self.helped, 3) if self.helped else None}
+
+
+@dataclass
+class Rest:
+    until: float = 0.0
+    misses: int = 0              # cuts in a row that bought nothing
+
+
+@dataclass
+class Lab:
+    """The experiments of one loop: the signals' history, the running experiment (one at a time), the
+    levers' rests and what each bought under which conditions."""
+    window: float = 5.0
+    settle: float = 2.0
+    rest: float = 10.0
+    rest_max: float = 320.0
+    history: History = field(default_factory=lambda: History(60.0))
+    running: Experiment | None = None
+    rests: dict[tuple[str, str], Rest] = field(default_factory=dict)          # (lever, signal) -> its rest
+    memory: dict[tuple, dict[str, Record]] = field(default_factory=dict)      # conditions -> lever -> record
+    totals: dict[str, dict[str, Record]] = field(default_factory=dict)        # lever -> signal -> record
+    chosen: dict[str, int] = field(default_factory=dict)                      # lever -> times chosen
+    last: dict[str, dict] = field(default_factory=dict)                       # lever -> its last verdict
+    now: float = 0.0                                                          # the latest round's time
+    _moved: bool = False                                                      # a lever moved this round
+
+    def observe(self, now: float, values: Mapping[Key, float], be_cores: float | None,
+                healthy: Iterable[Key] = ()) -> Verdict | None:
+        """One round: every signal's value, BE's CPU use and the keys back in health. Returns the running
+        experiment's verdict when it is due (the experiment then ends), else None."""
+        self.now, quiet, self._moved = now, not self._moved, False
+        self.history.forget_except(values)
+        for k, v in values.items():
+            self.history.add(now, k, v, quiet)
+        e = self.running
+        if e is None:
+            return None
+        value = values.get(e.key)
+        if value is not None and now > e.changed:
+            e.after.append((now, value))
+            if be_cores is not None:
+                e.be_after.append(be_cores)
+        settled = [v for t, v in e.after if t >= e.changed + self.settle] or [v for _, v in e.after]
+        if e.key in set(healthy) and e.after:
+            v = self._verdict(e, [v for _, v in e.after], early=True)
+            if v.helped:
+                return self._end(now, v)
+        if now >= e.changed + self.window and settled:
+            return self._end(now, self._verdict(e, settled))
+        return None
+
+    def _verdict(self, e: Experiment, after: list[float], early: bool = False) -> Verdict:
+        level = statistics.median(after)
+        margin = max(NOISE_K * e.noise, MIN_GAIN * abs(e.before))
+        given = e.be_before - statistics.fmean(e.be_after) if e.be_after else 0.0
+        return Verdict(e.lever, e.key, e.before - level > margin, e.before, level, e.noise, margin, given, early)
+
+    def _end(self, now: float, v: Verdict) -> Verdict:
+        e, self.running = self.running, None
+        self.memory.setdefault(e.conditions, {}).setdefault(v.lever, Record()).add(v)
+        self.totals.setdefault(v.lever, {}).setdefault(v.key[1], Record()).add(v)
+        self.last[v.lever] = {**v.fields(), "time": now}
+        rest = self.rests.setdefault((v.lever, v.key[1]), Rest())
+        if v.helped:
+            rest.misses, rest.until = 0, 0.0
+        else:
+            rest.misses += 1
+            rest.until = now + min(self.rest * 2 ** (rest.misses - 1), self.rest_max)
+        return v
+
+    def start(self, now: float, lever: str, key: Key, be_cores: float, cond: tuple, undo: Any = None,
+              bound: float | None = None) -> Experiment:
+        """The loop moved `lever` for signal `key` this round: judge it from here."""
+        past = self.history.values(key)
+        before = past[-1] if past else 0.0
+        self.running = Experiment(lever, key, now, now, before, self.history.noise(key), be_cores, cond,
+                                  undo, bound)
+        self._moved = True
+        self.chosen[lever] = self.chosen.get(lever, 0) + 1
+        return self.running
+
+    def moved(self) -> None:
+        """The loop moved a lever this round (any step, not only a cut): the next round's values are no
+        measure of the signal's noise."""
+        self._moved = True
+
+    def chose(self, lever: str) -> None:
+        """Count a lever chosen that is no experiment (leaving BE alone)."""
+        self.chosen[lever] = self.chosen.get(lever, 0) + 1
+
+    def deepen(self, now: float) -> None:
+        """The running experiment's lever moved further: its after window starts again."""
+        if self.running is not None:
+            self.running.changed, self.running.after, self.running.be_after = now, [], []
+        self._moved = True
+
+    def abandon(self) -> Experiment | None:
+        """End the running experiment without a verdict (its signal no longer decides)."""
+        e, self.running = self.running, None
+        return e
+
+    def rest_for(self, lever: str, signal: str, until: float) -> None:
+        """Rest `lever` for `signal` until `until` whatever it bought (a bounded cut that ran its time)."""
+        r = self.rests.setdefault((lever, signal), Rest())
+        r.until = max(r.until, until)
+
+    def resting(self, lever: str, signal: str, now: float) -> float:
+        """Seconds `lever` still rests for `signal` (0: free)."""
+        r = self.rests.get((lever, signal))
+        return max(r.until - now, 0.0) if r is not None else 0.0
+
+    def order(self, levers: Sequence[str], cond: tuple, now: float) -> list[str]:
+        """The levers free to try for `cond`'s signal, best first: by the share of cuts that helped under
+        the same conditions, else under the same load band and signal, else untried; ties in the given
+        order."""
+        band, _, signal = cond
+        def score(lever: str) -> float:
+            exact = self.memory.get(cond, {}).get(lever)
+            if exact is not None:
+                return exact.score
+            near = Record()
+            for c, records in self.memory.items():
+                if c[0] == band and c[2] == signal and lever in records:
+                    r = records[lever]
+                    near.helped, near.nothing = near.helped + r.helped, near.nothing + r.nothing
+            return near.score
+        free = [lv for lv in levers if self.resting(lv, signal, now) == 0]
+        return sorted(free, key=lambda lv: (-score(lv), levers.index(lv)))
+
+    def status(self, now: float, levers: Iterable[str] = ()) -> dict:
+        """Per lever: times chosen, verdicts and mean gain per signal, rests, the last verdict; and the
+        running experiment."""
+        names = sorted(set(levers) | set(self.chosen) | set(self.totals))
+        out = {}
+        for lv in names:
+            resting = {sig: round(r.until - now, 1) for (lev, sig), r in sorted(self.rests.items())
+                       if lev == lv and r.until > now}
+            out[lv] = {"chosen": self.chosen.get(lv, 0),
+                       "by_signal": {sig: r.summary() for sig, r in sorted(self.totals.get(lv, {}).items())},
+                       "resting_s": resting, "last": self.last.get(lv)}
+        return {"levers": out, "running": self.running.fields() if self.running else None}
