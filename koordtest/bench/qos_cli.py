@@ -59,6 +59,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import math
 import os
 import platform
 import shlex
@@ -73,7 +74,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 from koordtest.bench.antagonist import KINDS, UNITS
+from koordtest.bench import frontier
 from koordtest.bench.cgroup_tree import CgroupTree
+from koordtest.bench.client_build import DEFAULT_BINARY, ensure as ensure_engine
+from koordtest.bench.frontier import SWEEP_FACTORS, koordd_setup
 from koordtest.koordd_proc import SHIPPED_CONFIG, koordd_command, shipped_config
 from koordtest.bench.ls_servers import Memcached, Probe, Redis, find_memcached, find_redis
 from koordtest.bench.packages import apt_install
@@ -88,6 +92,7 @@ from koordd.sensors.node import parse_meminfo
 
 CALIBRATION_SECONDS = 3.0
 MAX_CLIENT_RATE = 8000          # requests/s beyond which this Python client would itself be the bottleneck
+ENGINE_RATE = 40000             # requests/s one compiled engine process is given at most (--client-processes auto)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,15 +139,17 @@ def run_benchmark(args, layout, tree: CgroupTree, ls_kind, workdir: Path, out: P
         ls_kind = Probe(bytes_for(args.probe_work_us), args.probe_work_us)
     bench = Bench(tree=tree, fs=fs, ncpu=os.cpu_count(), ls_kind=ls_kind, antagonist=args.antagonist,
                   be_memory=args.be_memory, seconds=args.seconds, warmup=args.warmup, drain=args.drain,
-                  realtime_client=args.client == "realtime",
+                  realtime_client=args.client == "realtime", engine=args.engine, client_binary=args.client_binary,
                   koordd_config=lambda state, changes, slo: shipped_config(
                       {"LS": [tree.path(LS)], "BE": [tree.path(BE)]}, state, args.koordd_config, changes,
                       slo={"LS": {"latency_p99": f"{slo * 1e6:.0f}us"}} if slo else None),
                   koordd_command=koordd_command(), window=args.window, app_latency=open_app_latency(args))
     bench.remember_knobs()
-    costs = calibrate(bench, args.loads + ([args.low_load] if args.low_load else []), workdir)
+    costs = calibrate(bench, args.loads + ([args.low_load] if args.low_load else []), workdir, args.client_processes)
     rates = {load: load / 100 * bench.ncpu / cost for load, cost in costs.items()}
-    warn_rates(rates)
+    if bench.engine == "c":
+        bench.client_processes = client_processes(args.client_processes, bench.ncpu, max(rates.values()))
+    warn_rates(rates, bench)
     if args.low_load:
         bench.low_rate = rates.pop(args.low_load)
     bench.switch_to = args.switch_to
@@ -184,6 +191,7 @@ def slo_baselines(bench: Bench, args, rates: dict[int, float], workdir: Path, ou
                          workdir / f"slo-baseline-{load}", load)
         record.update(rep=0, load=load, slo_baseline=True)
         runs.append(record)
+        bench.alone_p99[load] = record["ls"]["p99"]
         bench.slo_target[load] = args.slo_factor * record["ls"]["p99"]
         print(f"[slo] LS alone at {load}%: p99 {record['ls']['p99'] * 1000:.2f} ms, so the SLO is "
               f"{bench.slo_target[load] * 1000:.2f} ms", file=sys.stderr, flush=True)
@@ -208,6 +216,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma-separated subset (default: all this kernel can run but the oracle's candidates; "
                         "with --oracle: ls-alone, be-alone, the candidates and koordd)")
     p.add_argument("--oracle", action="store_true", help="the SLO proof (see above)")
+    p.add_argument("--frontier", action="store_true",
+                   help="the frontier proof (see above): --oracle's runs with koordd told each SLO of --sweep, "
+                        "LS alone after every repetition, the frontier report and frontier.png")
+    p.add_argument("--sweep", default=",".join(f"{f:g}" for f in SWEEP_FACTORS),
+                   help="--frontier: the SLO factors koordd is told, one run each (default %(default)s)")
+    p.add_argument("--candidates", default=None,
+                   help="--oracle/--frontier: the static settings swept (default: be-idle and every cap)")
+    p.add_argument("--engine", choices=("auto", "c", "python"), default="auto",
+                   help="the load generator: the compiled engine (c; built from koordtest/bench/client when "
+                        "missing), Python's own loop (python), or c where it can be had (auto, the default)")
+    p.add_argument("--client-binary", type=Path, default=DEFAULT_BINARY,
+                   help=f"the compiled engine (default {DEFAULT_BINARY.relative_to(DEFAULT_BINARY.parents[1])})")
+    p.add_argument("--client-processes", default="auto",
+                   help=f"compiled engines at once, the servers split among them (default auto: one per "
+                        f"{ENGINE_RATE} requests/s, at most an eighth of the CPUs)")
     p.add_argument("--slo-factor", type=float, default=None,
                    help="the SLO: LS alone's p99 times this (default 1.10 with --oracle, else none)")
     p.add_argument("--low-load", type=int, default=None, help="LS load follows a sine from this up to --loads")
@@ -242,8 +265,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.loads = [int(x) for x in args.loads.split(",")]
     if any(not 0 < load < 100 for load in args.loads):
         p.error("--loads are percentages between 0 and 100")
+    args.candidates = list(ORACLE_SETUPS) if args.candidates is None else [c for c in args.candidates.split(",") if c]
+    if not set(args.candidates) <= set(ORACLE_SETUPS):
+        p.error(f"--candidates must be among {', '.join(ORACLE_SETUPS)}")
+    args.sweep = [float(f) for f in args.sweep.split(",") if f]
+    if args.frontier and (unswept := [f for f in args.sweep if koordd_setup(f) not in SETUP_NAMES]):
+        p.error(f"--sweep: no setup for {unswept}; known factors: {', '.join(f'{f:g}' for f in SWEEP_FACTORS)}")
+    if args.frontier:
+        args.oracle = True
+    if args.setups is None and args.frontier:
+        args.setups = ",".join(["ls-alone", "be-alone", *args.candidates, *(koordd_setup(f) for f in args.sweep)])
     if args.setups is None:
-        default = ["ls-alone", "be-alone", *ORACLE_SETUPS, "koordd"] if args.oracle else \
+        default = ["ls-alone", "be-alone", *args.candidates, "koordd"] if args.oracle else \
             [s.name for s in SETUPS if (not s.needs_sched_ext or has_sched_ext()) and s.name not in ORACLE_SETUPS[1:]]
         args.setups = ",".join(default)
     if args.oracle and args.slo_factor is None:
@@ -260,6 +293,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--reps and --seconds must be positive")
     if args.low_load is not None and (len(args.loads) != 1 or not 0 < args.low_load < args.loads[0]):
         p.error("--low-load needs one --loads value above it")
+    if args.client_processes != "auto" and not (args.client_processes.isdigit() and int(args.client_processes) > 0):
+        p.error("--client-processes: a positive number or auto")
+    args.engine = pick_engine(args.engine, args.client_binary)
     if args.be_memory is None:
         available = parse_meminfo(Path("/proc/meminfo").read_text()).get("MemAvailable", 0)
         args.be_memory = min(available // 4, 2 << 30)
@@ -297,19 +333,20 @@ def ensure_matplotlib(install: bool) -> bool:
         return False
 
 
-def calibrate(bench: Bench, loads: list[int], workdir: Path) -> dict[int, float]:
+def calibrate(bench: Bench, loads: list[int], workdir: Path, processes: str = "auto") -> dict[int, float]:
     """LS CPU seconds per request alone, per load. The cost per request falls as the rate rises (a
     busier server reads several requests per wake-up), so it is measured at a modest rate first, then
     again at the rate that cost implies for each load, and that second measurement sets the load's rate."""
     guess = 0.25 * bench.ncpu / (bench.ls_kind.work_us * 1e-6) if isinstance(bench.ls_kind, Probe) else 300.0
-    first = _cost(bench, guess, workdir / "calibration")
-    return {load: _cost(bench, load / 100 * bench.ncpu / first, workdir / f"calibration-{load}") for load in loads}
+    first = _cost(bench, guess, workdir / "calibration", processes)
+    return {load: _cost(bench, load / 100 * bench.ncpu / first, workdir / f"calibration-{load}", processes)
+            for load in loads}
 
 
-def _cost(bench: Bench, rate: float, workdir: Path) -> float:
+def _cost(bench: Bench, rate: float, workdir: Path, processes: str = "auto") -> float:
     """LS alone at `rate` for a short while: its cgroup's CPU over the requests answered."""
     short = dataclasses.replace(bench, seconds=CALIBRATION_SECONDS, warmup=1.0, low_rate=None, switch_to=None,
-                                app_latency=None)
+                                app_latency=None, client_processes=client_processes(processes, bench.ncpu, rate))
     record = run_one(short, SETUPS[SETUP_NAMES.index(LS_ALONE)], rate, 0, workdir)
     answered = record["ls"]["answered"]
     if not answered:
@@ -317,9 +354,34 @@ def _cost(bench: Bench, rate: float, workdir: Path) -> float:
     return record["cpu"][LS] * CALIBRATION_SECONDS / answered
 
 
-def warn_rates(rates: dict[int, float]) -> None:
+def pick_engine(asked: str, binary: Path) -> str:
+    """"c" with the engine built (when stale and a compiler is there), "python" where asked or, for
+    "auto", where the engine cannot be had (said once)."""
+    if asked == "python":
+        return "python"
+    try:
+        ensure_engine(binary)
+        return "c"
+    except RuntimeError as e:
+        if asked == "c":
+            raise SystemExit(f"bench-qos: --engine c: {e}")
+        print(f"bench-qos: the Python client sends, not the compiled one: {e}", file=sys.stderr)
+        return "python"
+
+
+def client_processes(asked: str, ncpu: int, rate: float) -> int:
+    """Compiled engines for `rate` requests/s: as asked, or one per ENGINE_RATE, at most ncpu / 8 (and 1)."""
+    if asked != "auto":
+        return int(asked)
+    return max(1, min(math.ceil(rate / ENGINE_RATE), ncpu // 8))
+
+
+def warn_rates(rates: dict[int, float], bench: Bench) -> None:
     for load, rate in rates.items():
-        if rate > MAX_CLIENT_RATE:
+        if bench.engine == "c" and rate > ENGINE_RATE * bench.client_processes:
+            print(f"bench-qos: warning: {rate:.0f} requests/s for {load}% over {bench.client_processes} compiled "
+                  f"client processes may be more than they send on time (send lag in the report)", file=sys.stderr)
+        if bench.engine == "python" and rate > MAX_CLIENT_RATE:
             print(f"bench-qos: warning: {rate:.0f} requests/s for {load}% may be more than the Python load "
                   f"generator can send on time (send lag in the report); make requests costlier "
                   f"(--probe-work-us, --redis-set-size)", file=sys.stderr)
@@ -329,7 +391,7 @@ def run_all(bench: Bench, args, rates: dict[int, float], workdir: Path, out: Pat
     setups = {s.name: s for s in SETUPS}
     # With an SLO, LS alone was measured first (slo_baselines): that is its one run per load
     order = run_order([s for s in args.setups if not (args.slo_factor and s == LS_ALONE)], args.loads, args.reps,
-                      args.seed)
+                      args.seed, alone_between=args.frontier)
     runs = []
     for i, (rep, name, load) in enumerate(order):
         # The same arrival times for every setup at one load and repetition: differences are the setup's.
@@ -367,7 +429,10 @@ def write_report(args, bench: Bench, layout, costs: dict[int, float], rates: dic
         + (f" (growing to {bench.be_memory >> 20} MiB together)" if bench.antagonist == "memory" else ""),
         f"runs: {bench.seconds:g} s measured after {bench.warmup:g} s of warm-up, {args.reps} repetitions, "
         f"setups and loads in a random order per repetition (seed {args.seed}); every setup at the same "
-        f"load and repetition gets the same arrival times",
+        f"load and repetition gets the same arrival times"
+        + ("; LS alone after every repetition" if args.frontier else ""),
+        "client: " + (f"the compiled engine ({bench.client_processes} process(es), koordtest/bench/client/openloop.c)"
+                      if bench.engine == "c" else "Python (koordtest/bench/openloop.py)"),
     ]
     if ls_base:
         used = {load: median_spread(r["cpu"][LS] for r in runs if r["setup"] == LS_ALONE and r["load"] == load)
@@ -384,7 +449,7 @@ def write_report(args, bench: Bench, layout, costs: dict[int, float], rates: dic
         about.append(f"BE: `{bench.antagonist}` for the window's first half, `{bench.switch_to}` for its second")
     report = markdown(rows, command, about, trust_notes(runs))
     if bench.slo_target:
-        report += "\n## Against the SLO and the static oracle\n\n" + slo_table(runs, bench.slo_target, ORACLE_SETUPS) \
+        report += "\n## Against the SLO and the static oracle\n\n" + slo_table(runs, bench.slo_target, args.candidates) \
             + "\n"
         if can_plot:
             window_plot(runs, bench.slo_target, out / "windows.png",
@@ -393,6 +458,12 @@ def write_report(args, bench: Bench, layout, costs: dict[int, float], rates: dic
     if any(r.get("sensor") for r in runs):
         report += "\n## The kernel's view: LS p99 from koordd's app_latency program against the client's\n\n" \
             + sensor_table(runs) + "\n"
+    if args.frontier:
+        report += "\n## The static frontier, koordd's points on it, and the SLO sweep\n\n" + "\n".join(
+            frontier.report(runs, load, args.candidates, args.sweep) for load in args.loads)
+        if can_plot:
+            frontier.plot(runs, args.loads, args.candidates, out / "frontier.png",
+                          f"{bench.ls_kind.name} vs {bench.antagonist}, {bench.ncpu} CPUs: the static frontier")
     (out / "report.md").write_text(report)
     if can_plot:
         plot(runs, SETUP_NAMES, out / "qos.png",
