@@ -211,7 +211,7 @@ def plot(runs: Sequence[dict], loads: Sequence, statics: Sequence[str], path, ti
             for p in front:
                 xs += [p.be_work]
                 ys += [p.p99 * 1000]
-            ax.step(xs, ys, where="post", color="black", label="static frontier")
+            ax.step(xs, ys, where="pre", color="black", label="static frontier")   # the least p99 with at least x of the work
         for k in points(runs, load, sorted({r['setup'] for r in runs if r['setup'].startswith(KOORDD_PREFIX)})):
             ax.scatter([k.be_work], [k.p99 * 1000], marker="*", s=120, label=k.setup)
         if inst is not None:
