@@ -263,7 +263,7 @@ def summary(outcomes: list[Outcome], is_quick: bool, total_s: float, host: str) 
              "| case | bench-qos arguments | estimated (s) | took (s) | outcome |", "|---|---|---|---|---|"]
     for o in outcomes:
         lines.append(f"| {o.case.name} | `{' '.join(o.case.argv())}` | {o.case.estimate_s():.0f} | {o.seconds:.0f} | "
-                     f"{o.error or 'done'} |")
+                     f"{(o.error or 'done').strip().splitlines()[-1]} |")
     for o in outcomes:
         lines += ["", f"## {o.case.name}", "", o.report.replace("\n# ", "\n### ").replace("\n## ", "\n### ")
                   if o.report else f"(no report: {o.error})"]
