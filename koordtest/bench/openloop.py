@@ -309,7 +309,7 @@ def merge_records(n: int, parts: list[tuple[array, Records]]) -> Records:
 def engine_command(binary: str, schedule: str, request: str, terminator: bytes, sockets: list[str],
                    connections: int, start_at: float, drain: float, out: str, realtime: bool) -> list[str]:
     argv = [binary, "--schedule", schedule, "--request", request, "--terminator", terminator.hex(),
-            "--connections", str(connections), "--start-at", f"{start_at:.6f}", "--drain", str(drain),
+            "--connections", str(connections), "--start-at", repr(start_at), "--drain", str(drain),
             "--out", out]
     if realtime:
         argv.append("--realtime")
