@@ -34,6 +34,7 @@ import random
 import resource
 import select
 import socket
+import subprocess
 import sys
 import time
 from array import array
@@ -218,6 +219,126 @@ def _cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+# --- the compiled engine (--engine c: koordtest/bench/client/openloop.c) -------------------------------
+# Python draws the schedule and turns the engine's records into the same Outcome as its own loop does;
+# the engine only sends on time and notes when each request was due and answered.
+
+def write_schedule(path: str, times: array, which: array) -> None:
+    """The engine's schedule file: int64 n, n doubles (send times), n int32 (server indexes)."""
+    with open(path, "wb") as f:
+        f.write(len(times).to_bytes(8, "little", signed=True))
+        f.write(array("d", times).tobytes())
+        f.write(array("i", which).tobytes())
+
+
+@dataclass
+class Records:
+    """What the engine wrote: per request when it was due (handed to its socket) and answered, both
+    time.monotonic() seconds (NaN: never), whether its answer was an error; the engine's end, CPU and
+    whether it ran SCHED_FIFO."""
+    due: array
+    answered: array
+    errors: bytes
+    end: float
+    cpu: float
+    realtime: bool
+
+
+def read_records(path: str) -> Records:
+    with open(path, "rb") as f:
+        data = f.read()
+    n = int.from_bytes(data[:8], "little", signed=True)
+    due, answered = array("d"), array("d")
+    due.frombytes(data[8:8 + 8 * n])
+    answered.frombytes(data[8 + 8 * n:8 + 16 * n])
+    errors = data[8 + 16 * n:8 + 17 * n]
+    tail = array("d")
+    tail.frombytes(data[8 + 17 * n:8 + 17 * n + 16])
+    if len(errors) != n or len(tail) != 2 or len(data) != 8 + 17 * n + 17:
+        raise ValueError(f"{path}: not an engine record of {n} requests")
+    return Records(due, answered, errors, tail[0], tail[1], data[-1] == 1)
+
+
+def outcome_from_records(times: array, start_at: float, record_from: float, rec: Records) -> Outcome:
+    """The Outcome run_open_loop would give for the same requests: requests intended before
+    start_at + record_from are not counted; a latency runs from the intended send time to the answer,
+    a send lag from the intended time to when the client handed the request over, and a request never
+    answered counts with its wait until the engine's end."""
+    latencies, lags, unfinished, sent_at, unfinished_at = (array("d") for _ in range(5))
+    errors = 0
+    counted_from = start_at + record_from
+    for i, t in enumerate(times):
+        intended = start_at + t
+        if intended < counted_from:
+            continue
+        if not math.isnan(rec.due[i]):
+            lags.append(rec.due[i] - intended)
+        if math.isnan(rec.answered[i]):
+            unfinished.append(rec.end - intended)
+            unfinished_at.append(intended - counted_from)
+        else:
+            latencies.append(rec.answered[i] - intended)
+            sent_at.append(intended - counted_from)
+            errors += rec.errors[i]
+    return Outcome(latencies, lags, errors, unfinished, sent_at, unfinished_at)
+
+
+def split_by_server(which: array, processes: int) -> list[tuple[array, array, list[int]]]:
+    """The schedule cut for `processes` engines, server s going to engine s % processes: per engine, the
+    global indexes of its requests, their server index within the engine's own list, and its servers."""
+    servers = max(which, default=-1) + 1
+    parts = []
+    for k in range(processes):
+        mine = list(range(k, servers, processes))
+        local = {s: j for j, s in enumerate(mine)}
+        idx = array("q", (i for i, s in enumerate(which) if s % processes == k))
+        parts.append((idx, array("i", (local[which[i]] for i in idx)), mine))
+    return parts
+
+
+def merge_records(n: int, parts: list[tuple[array, Records]]) -> Records:
+    """One Records over all `n` requests from each engine's (its global indexes, its records)."""
+    due, answered, errors = array("d", [math.nan]) * n, array("d", [math.nan]) * n, bytearray(n)
+    for idx, rec in parts:
+        for j, i in enumerate(idx):
+            due[i], answered[i], errors[i] = rec.due[j], rec.answered[j], rec.errors[j]
+    return Records(due, answered, bytes(errors), max(r.end for _, r in parts), sum(r.cpu for _, r in parts),
+                   all(r.realtime for _, r in parts))
+
+
+def engine_command(binary: str, schedule: str, request: str, terminator: bytes, sockets: list[str],
+                   connections: int, start_at: float, drain: float, out: str, realtime: bool) -> list[str]:
+    argv = [binary, "--schedule", schedule, "--request", request, "--terminator", terminator.hex(),
+            "--connections", str(connections), "--start-at", repr(start_at), "--drain", str(drain),
+            "--out", out]
+    if realtime:
+        argv.append("--realtime")
+    for s in sockets:
+        argv += ["--socket", s]
+    return argv
+
+
+def run_engines(binary: str, sockets: list[str], request: bytes, terminator: bytes, times: array, which: array,
+                start_at: float, drain: float, connections: int, processes: int, realtime: bool,
+                workdir: str) -> Records:
+    """The schedule sent by `processes` compiled engines at once, each to its share of the servers."""
+    req = os.path.join(workdir, "request.bin")
+    with open(req, "wb") as f:
+        f.write(request)
+    parts = [p for p in split_by_server(which, min(processes, len(sockets))) if p[2]]
+    running = []
+    for k, (idx, local, servers) in enumerate(parts):
+        schedule, out = os.path.join(workdir, f"schedule{k}.bin"), os.path.join(workdir, f"records{k}.bin")
+        write_schedule(schedule, array("d", (times[i] for i in idx)), local)
+        argv = engine_command(binary, schedule, req, terminator, [sockets[s] for s in servers], connections,
+                              start_at, drain, out, realtime)
+        running.append((idx, out, subprocess.Popen(argv, stdin=subprocess.DEVNULL)))
+    for _, _, p in running:
+        if p.wait() != 0:
+            raise RuntimeError(f"the compiled client exited {p.returncode}")
+    return merge_records(len(times), [(idx, read_records(out)) for idx, out, _ in running])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="open-loop client (see the module docstring)")
     p.add_argument("--socket", action="append", required=True, help="a server's UNIX socket (repeat)")
@@ -233,8 +354,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connections", type=int, default=2, help="connections per server")
     p.add_argument("--drain", type=float, default=2.0, help="seconds to wait for answers after the last send")
     p.add_argument("--realtime", action="store_true", help="run as SCHED_FIFO (see the module docstring)")
+    p.add_argument("--engine", choices=("python", "c"), default="python",
+                   help="who sends: this process (python) or the compiled engine (c, --binary)")
+    p.add_argument("--binary", help="the compiled engine (scripts/build-client)")
+    p.add_argument("--processes", type=int, default=1, help="engines at once, the servers split among them")
+    p.add_argument("--workdir", default=None, help="the engine's schedule and record files (default: by --out)")
     p.add_argument("--out", required=True, help="JSON summary")
     args = p.parse_args(argv)
+    if args.engine == "c":
+        return _main_compiled(args)
     try:        # timer slack 1 ns: wake for the next send on time, not up to 50 µs late
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
     except (OSError, AttributeError):
@@ -257,6 +385,23 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out, "w") as f:
         json.dump({**summary(outcome, args.rate, args.seconds, cpu / elapsed, args.window),
                    "scheduling": scheduling}, f)
+    return 0
+
+
+def _main_compiled(args: argparse.Namespace) -> int:
+    if not args.binary:
+        raise SystemExit("--engine c needs --binary")
+    times, which = poisson_schedule(args.rate, args.warmup + args.seconds, len(args.socket), args.seed, args.low_rate)
+    workdir = args.workdir or os.path.dirname(os.path.abspath(args.out))
+    rec = run_engines(args.binary, args.socket, bytes.fromhex(args.request_hex), bytes.fromhex(args.response_end_hex),
+                      times, which, args.start_at, args.drain, args.connections, args.processes, args.realtime,
+                      workdir)
+    outcome = outcome_from_records(times, args.start_at, args.warmup, rec)
+    elapsed = max(rec.end - args.start_at, args.warmup + args.seconds)
+    scheduling = "SCHED_FIFO" if rec.realtime else ("normal (SCHED_FIFO refused)" if args.realtime else "normal")
+    with open(args.out, "w") as f:
+        json.dump({**summary(outcome, args.rate, args.seconds, rec.cpu / elapsed, args.window),
+                   "scheduling": f"{scheduling}, compiled ({min(args.processes, len(args.socket))} processes)"}, f)
     return 0
 
 

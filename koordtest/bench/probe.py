@@ -54,14 +54,16 @@ def serve(path: str, size: int) -> None:
                 sel.register(conn, selectors.EVENT_READ)
                 continue
             conn = key.fileobj
-            data = conn.recv(65536)
+            try:
+                data = conn.recv(65536)
+                for _ in range(data.count(b"\n")):
+                    work(buffer)
+                    conn.sendall(b"\n")
+            except (BrokenPipeError, ConnectionResetError):
+                data = b""      # the client left with requests unanswered (its drain ended): as redis does, go on
             if not data:
                 sel.unregister(conn)
                 conn.close()
-                continue
-            for _ in range(data.count(b"\n")):
-                work(buffer)
-                conn.sendall(b"\n")
 
 
 def main(argv: list[str] | None = None) -> int:

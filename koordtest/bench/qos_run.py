@@ -22,6 +22,7 @@ from typing import Callable
 
 from koordtest.bench.antagonist import make_counters, read_counters
 from koordtest.bench.cgroup_tree import CgroupTree, die_with_parent
+from koordtest.bench.frontier import SWEEP_FACTORS, koordd_setup
 from koordtest.koordd_proc import KoorddProcess
 from koordtest.bench.ls_servers import python_module, wait_accepting, worker_env
 from koordtest.bench.static_knobs import StaticKnobs, read_knobs
@@ -47,6 +48,7 @@ class Setup:
     idle_threads: bool = False                                # BE workers run with the SCHED_IDLE policy
     config_changes: tuple[tuple[str, object], ...] = ()      # koordd: ("loops.x.option", value) over the config
     needs_sched_ext: bool = False                             # runs only on a kernel with sched_ext
+    slo_factor: float | None = None   # koordd: its SLO is this x LS alone's p99 (else the benchmark's target)
 
 
 SETUPS = (
@@ -88,21 +90,30 @@ SETUPS += tuple(Setup(f"be-cpu-max-{pct}", f"BE cpu.max at {pct}% of the node's 
                 for pct in ORACLE_PERCENTS)
 SETUPS += tuple(Setup(f"be-idle-cpu-max-{pct}", f"BE cpu.idle = 1 and cpu.max at {pct}% of the node's CPUs",
                       knobs=_idle_and_quota_of_node(pct)) for pct in ORACLE_PERCENTS)
+# The frontier's SLO sweep (--frontier): koordd told each SLO of the sweep in a run of its own.
+SETUPS += tuple(Setup(koordd_setup(f), f"koordd as setup koordd, its LS class's SLO at {f:g}x LS alone's p99",
+                      koordd=True, slo_factor=f) for f in SWEEP_FACTORS)
 SETUP_NAMES = tuple(s.name for s in SETUPS)
 ORACLE_SETUPS = ("be-idle",) + tuple(f"be-{kind}cpu-max-{pct}" for kind in ("", "idle-") for pct in ORACLE_PERCENTS)
 
 
-def run_order(setups: list[str], loads: list[int], reps: int, seed: int) -> list[tuple[int, str, int | None]]:
+def run_order(setups: list[str], loads: list[int], reps: int, seed: int,
+              alone_between: bool = False) -> list[tuple[int, str, int | None]]:
     """(rep, setup, load) in the order to run: every repetition runs each setup at each load (a setup
     without LS once, load None), in a random order of its own, so drift on the host spreads over the
-    setups."""
+    setups. `alone_between`: LS alone is not shuffled in but runs after each repetition's batch, at each
+    load (with the baseline run before the first, it brackets every repetition: its spread over the
+    session is the instrument's own)."""
     has_ls = {s.name: s.ls for s in SETUPS}
     rng = random.Random(seed)
     order = []
     for rep in range(reps):
-        batch = [(rep, s, load) for s in setups for load in (loads if has_ls[s] else [None])]
+        batch = [(rep, s, load) for s in setups for load in (loads if has_ls[s] else [None])
+                 if not (alone_between and s == "ls-alone")]
         rng.shuffle(batch)
         order += batch
+        if alone_between:
+            order += [(rep, "ls-alone", load) for load in loads]
     return order
 
 
@@ -126,6 +137,10 @@ class Bench:
     window: float = 10.0             # seconds per window of the client's window p99s
     app_latency: object = None       # koordd.sensors.app_latency.ResponseTimes, opened: the kernel's view of LS
     slo_target: dict = field(default_factory=dict)     # load -> the LS p99 target (seconds) given to koordd
+    alone_p99: dict = field(default_factory=dict)      # load -> LS alone's p99 (seconds) of the SLO baseline
+    engine: str = "python"           # the client: "python" (openloop.py's own loop) or "c" (the compiled engine)
+    client_binary: str | None = None  # the compiled engine
+    client_processes: int = 1        # compiled engines at once
     originals: dict[str, dict[str, str]] = field(default_factory=dict)   # cgroup -> knob -> value
 
     def remember_knobs(self) -> None:
@@ -164,6 +179,8 @@ def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: 
                 workers += start_antagonist(bench, setup, bench.antagonist, counters, workdir, env)
                 record["be_policy"] = sorted({_policy_name(w.pid) for w in workers})
             slo = bench.slo_target.get(load) if setup.koordd else None
+            if setup.slo_factor is not None and load in bench.alone_p99:
+                slo = setup.slo_factor * bench.alone_p99[load]
             if slo is not None:
                 record["slo_target"] = slo
             koordd = KoorddProcess(bench.koordd_config(workdir / "koordd" / "state", setup.config_changes, slo),
@@ -229,6 +246,9 @@ def _window(bench: Bench, setup: Setup, rate: float | None, seed: int, sockets: 
             args += ["--low-rate", f"{bench.low_rate:.3f}"]
         if bench.realtime_client:
             args.append("--realtime")
+        if bench.engine == "c":
+            args += ["--engine", "c", "--binary", str(bench.client_binary), "--processes",
+                     str(bench.client_processes), "--workdir", str(workdir)]
         for s in sockets:
             args += ["--socket", str(s)]
         with open(workdir / "client.log", "w") as log:

@@ -1,0 +1,230 @@
+"""The picture of the frontier proof (scripts/proof-frontier, scripts/bench-qos --frontier): every static
+setting as a point (its BE work against its LS p99, medians over repetitions), the static frontier (the
+settings no other static setting beats on both), where koordd's points lie against it, an SLO sweep (the
+static oracle and koordd at each SLO of 1.1 ... 3 x LS alone's p99), and whether the instrument could see
+the margin at all (LS alone's spread and the client's own send lag, both against the margin).
+
+Pure functions of run records (the dicts of results.json; koordtest.bench.qos_stats describes them).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+from koordtest.bench.qos_stats import BE_ALONE, LS_ALONE, WINDOWS_MET, Spread, median_spread, slo_verdicts
+
+SWEEP_FACTORS = (1.1, 1.25, 1.5, 2.0, 3.0)
+KOORDD_PREFIX = "koordd"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One setting at one load: medians over its repetitions."""
+    setup: str
+    be_work: float           # over BE alone
+    p99: float               # seconds
+    windows_met: float = 1.0  # share of windows meeting the target it was judged against (1.0: not judged)
+    reps: int = 1
+
+
+def dominates(a: Point, b: Point) -> bool:
+    """a at least as much BE work at no more p99, and better in one of them."""
+    return a.be_work >= b.be_work and a.p99 <= b.p99 and (a.be_work > b.be_work or a.p99 < b.p99)
+
+
+def frontier(points: Sequence[Point]) -> list[Point]:
+    """The points no other point dominates, by BE work ascending (so p99 ascending too)."""
+    front = [p for p in points if not any(dominates(q, p) for q in points)]
+    return sorted(front, key=lambda p: (p.be_work, p.p99))
+
+
+def best_work_within(points: Sequence[Point], p99: float) -> Point | None:
+    """The point with the most BE work at or under `p99`."""
+    within = [p for p in points if p.p99 <= p99]
+    return max(within, key=lambda p: (p.be_work, -p.p99), default=None)
+
+
+def best_p99_with(points: Sequence[Point], be_work: float) -> Point | None:
+    """The point with the lowest p99 among those doing at least `be_work`."""
+    enough = [p for p in points if p.be_work >= be_work]
+    return min(enough, key=lambda p: (p.p99, -p.be_work), default=None)
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where one of koordd's points lies against the static points."""
+    point: Point
+    dominated_by: tuple[str, ...]     # static settings with at least its BE work at no more p99
+    dominates: tuple[str, ...]        # static settings it beats on both
+    work_vs_frontier: float | None    # its BE work over the most a static setting does within its p99
+    p99_vs_frontier: float | None     # its p99 over the least a static setting has with its BE work
+
+
+def standing(k: Point, statics: Sequence[Point]) -> Standing:
+    same_p99, same_work = best_work_within(statics, k.p99), best_p99_with(statics, k.be_work)
+    return Standing(k, tuple(s.setup for s in statics if dominates(s, k)),
+                    tuple(s.setup for s in statics if dominates(k, s)),
+                    k.be_work / same_p99.be_work if same_p99 and same_p99.be_work > 0 else None,
+                    k.p99 / same_work.p99 if same_work and same_work.p99 > 0 else None)
+
+
+def points(runs: Sequence[dict], load, setups: Sequence[str], target: float | None = None) -> list[Point]:
+    """A Point per setup in `setups` that ran with LS and BE at `load`: BE work over BE alone of the same
+    repetition, p99 and (with `target`) the share of windows meeting it, medians over repetitions."""
+    verdicts = slo_verdicts(runs, load, target if target is not None else float("inf"))
+    out = []
+    for s in setups:
+        mine = [v for v in verdicts if v.setup == s and v.be_work is not None]
+        if mine:
+            out.append(Point(s, statistics.median(v.be_work for v in mine), statistics.median(v.p99 for v in mine),
+                             statistics.median(v.windows_met for v in mine) if target is not None else 1.0,
+                             len(mine)))
+    return out
+
+
+def meets(p: Point, target: float) -> bool:
+    """The SLO rule of bench-qos (qos_stats.slo_verdicts), on medians: p99 at or under the target and in
+    WINDOWS_MET of the windows."""
+    return p.p99 <= target and p.windows_met >= WINDOWS_MET
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    factor: float
+    target: float                      # seconds
+    oracle: Point | None               # the static setting with the most BE work meeting the target
+    koordd: Point | None               # koordd told this target (None: not run at this factor)
+    koordd_meets: bool | None
+
+    @property
+    def koordd_over_oracle(self) -> float | None:
+        if self.koordd is None or self.oracle is None or self.oracle.be_work <= 0:
+            return None
+        return self.koordd.be_work / self.oracle.be_work
+
+
+def koordd_setup(factor: float) -> str:
+    """The name of setup koordd told an SLO of `factor` x LS alone's p99."""
+    return f"{KOORDD_PREFIX}-slo-{factor:g}"
+
+
+def sweep(runs: Sequence[dict], load, alone_p99: float, statics: Sequence[str],
+          factors: Sequence[float] = SWEEP_FACTORS) -> list[SweepRow]:
+    """At each factor: the target (factor x `alone_p99`), the static oracle judged on the same runs, and
+    koordd's run told that target (setup koordd_setup(factor)), each judged with the windows rule."""
+    rows = []
+    for f in factors:
+        target = f * alone_p99
+        static_points = [p for p in points(runs, load, statics, target) if meets(p, target)]
+        best = max(static_points, key=lambda p: p.be_work, default=None)
+        k = points(runs, load, [koordd_setup(f)], target)
+        rows.append(SweepRow(f, target, best, k[0] if k else None, meets(k[0], target) if k else None))
+    return rows
+
+
+@dataclass(frozen=True)
+class Instrument:
+    """Could the measurement see the margin? LS alone's p99 over its repetitions (run around every case)
+    and the client's send lag p99, each against the smallest SLO margin."""
+    alone: Spread                 # LS alone's p99, seconds
+    spread: float                 # (max - min) / median of LS alone's p99
+    send_lag_p99: float           # the highest send lag p99 of any run with LS, seconds
+    lag_share: float              # that over LS alone's median p99
+    margin: float                 # the smallest SLO margin (factor - 1)
+
+    @property
+    def sees_margin(self) -> bool:
+        return self.spread < self.margin and self.lag_share < self.margin
+
+
+def instrument(runs: Sequence[dict], load, margin: float) -> Instrument | None:
+    alone = median_spread(r["ls"]["p99"] for r in runs if r["setup"] == LS_ALONE and r["load"] == load and r["ls"])
+    lags = [r["ls"]["send_lag_p99"] for r in runs if r["load"] == load and r["ls"] and r["ls"].get("send_lag_p99")
+            is not None]
+    if alone is None or alone.median <= 0:
+        return None
+    lag = max(lags, default=0.0)
+    return Instrument(alone, (alone.high - alone.low) / alone.median, lag, lag / alone.median, margin)
+
+
+def report(runs: Sequence[dict], load, statics: Sequence[str], factors: Sequence[float] = SWEEP_FACTORS) -> str:
+    """Markdown: the instrument, the static points with the frontier marked, koordd's standing, the sweep."""
+    inst = instrument(runs, load, min(factors) - 1)
+    if inst is None:
+        return f"LS load {load}%: no LS-alone run, no frontier.\n"
+    static_points = points(runs, load, statics)
+    front = {p.setup for p in frontier(static_points)}
+    ms = lambda s: f"{s * 1000:.2f}"          # noqa: E731
+    out = [f"#### LS load {load}%", "",
+           f"- LS alone p99: median {ms(inst.alone.median)} ms, {ms(inst.alone.low)}-{ms(inst.alone.high)} ms over "
+           f"{inst.alone.n} runs around the others: spread {100 * inst.spread:.1f}% of the median, against a "
+           f"smallest SLO margin of {100 * inst.margin:.0f}%",
+           f"- client send lag p99 (worst run): {inst.send_lag_p99 * 1e6:.0f} µs = {100 * inst.lag_share:.1f}% of LS "
+           f"alone's p99",
+           f"- so the instrument {'can' if inst.sees_margin else '**cannot**'} see a {100 * inst.margin:.0f}% margin "
+           f"here" + ("" if inst.sees_margin else f"; it sees about {100 * max(inst.spread, inst.lag_share):.0f}%"),
+           "", "| setting | BE work | LS p99 (ms) | p99 / alone | reps | on the static frontier |",
+           "|---|---|---|---|---|---|"]
+    for p in sorted(static_points, key=lambda p: p.be_work):
+        out.append(f"| {p.setup} | {100 * p.be_work:.0f}% | {ms(p.p99)} | {p.p99 / inst.alone.median:.2f}x | "
+                   f"{p.reps} | {'yes' if p.setup in front else ''} |")
+    kpoints = points(runs, load, sorted({r['setup'] for r in runs if r['setup'].startswith(KOORDD_PREFIX)}))
+    for k in kpoints:
+        st = standing(k, static_points)
+        out.append(f"| **{k.setup}** | {100 * k.be_work:.0f}% | {ms(k.p99)} | {k.p99 / inst.alone.median:.2f}x | "
+                   f"{k.reps} | " + ("dominated by " + ", ".join(st.dominated_by) if st.dominated_by else
+                                     "not dominated" + (f"; beats {', '.join(st.dominates)}" if st.dominates else ""))
+                   + " |")
+    rows = sweep(runs, load, inst.alone.median, statics, factors)
+    out += ["", "| SLO | target (ms) | static oracle | its BE work | koordd p99 (ms) | koordd meets | koordd BE work | "
+            "koordd / oracle |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        k = r.koordd
+        out.append(f"| {r.factor:g}x | {ms(r.target)} | {r.oracle.setup if r.oracle else 'none'} | "
+                   f"{f'{100 * r.oracle.be_work:.0f}%' if r.oracle else '-'} | {ms(k.p99) if k else 'not run'} | "
+                   f"{'-' if k is None else ('yes' if r.koordd_meets else 'no')} | "
+                   f"{f'{100 * k.be_work:.0f}%' if k else '-'} | "
+                   f"{f'{100 * r.koordd_over_oracle:.0f}%' if r.koordd_over_oracle is not None else '-'} |")
+    out += ["", f"BE work over {BE_ALONE}'s of the same repetition; every cell a median over repetitions. A setting "
+            f"meets an SLO when its p99 is at or under the target and {100 * WINDOWS_MET:.0f}% of its windows are. "
+            "The static frontier: the static settings no other static setting beats on both BE work and p99.", ""]
+    return "\n".join(out)
+
+
+def plot(runs: Sequence[dict], loads: Sequence, statics: Sequence[str], path, title: str,
+         factors: Sequence[float] = SWEEP_FACTORS) -> None:
+    """One panel per load: static points, the frontier as a step line, koordd's points, the SLO targets."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, max(len(loads), 1), figsize=(6.0 * max(len(loads), 1), 4.6), squeeze=False)
+    for ax, load in zip(axes[0], loads):
+        inst = instrument(runs, load, min(factors) - 1)
+        static_points = points(runs, load, statics)
+        ax.scatter([p.be_work for p in static_points], [p.p99 * 1000 for p in static_points], color="grey", s=22,
+                   label="static settings")
+        front = frontier(static_points)
+        if front:
+            xs, ys = [], []
+            for p in front:
+                xs += [p.be_work]
+                ys += [p.p99 * 1000]
+            ax.step(xs, ys, where="pre", color="black", label="static frontier")   # the least p99 with at least x of the work
+        for k in points(runs, load, sorted({r['setup'] for r in runs if r['setup'].startswith(KOORDD_PREFIX)})):
+            ax.scatter([k.be_work], [k.p99 * 1000], marker="*", s=120, label=k.setup)
+        if inst is not None:
+            for f in factors:
+                ax.axhline(f * inst.alone.median * 1000, color="tab:red", alpha=0.25, linestyle="--")
+                ax.annotate(f"{f:g}x", (0, f * inst.alone.median * 1000), fontsize=7, color="tab:red")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"BE work / {BE_ALONE}")
+        ax.set_ylabel("LS p99 (ms)")
+        ax.set_title(f"LS load {load}%")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,542 @@
+"""What BE control costs LS and BE: LS latency and BE work under each setup, on this host's kernel.
+
+    sudo .venv/bin/python scripts/bench-qos [--ls redis|memcached|probe] [--loads 20,50,70]
+                                          [--antagonist cpu|membw|memory] [--setups ls-alone,be-alone,...]
+                                          [--reps 3] [--seconds 10] [--out DIR]
+    # the SLO proof: the SLO at 1.10x LS alone's p99, every static cap against koordd
+    sudo .venv/bin/python scripts/bench-qos --oracle --loads 50 --antagonist membw --seconds 20 --reps 1
+    # changing load: LS follows a sine from 20% to 70% and back, BE switches from membw to cpu half way
+    sudo .venv/bin/python scripts/bench-qos --oracle --loads 70 --low-load 20 --antagonist membw --switch-to cpu \
+        --seconds 120 --reps 1
+
+LS is a server (redis-server from Debian, or a synthetic probe doing a fixed amount of work per
+request), one process per CPU, driven open loop at fixed Poisson rates that make it use the given
+percentages of the node's CPUs (the LS CPU per request is measured first); latency is counted from
+each request's intended send time. BE is one antagonist worker per CPU (cpu, membw or memory; see
+koordtest/bench/antagonist.py) counting the work it completes. Each setup runs at each load, in a
+random order per repetition:
+
+    ls-alone       LS without BE (the latency baseline)
+    be-alone       BE without LS (the work baseline; once per repetition)
+    no-control     both, no knob changed
+    be-weight-1    BE cpu.weight = 1
+    be-idle        BE cpu.idle = 1
+    be-thread-idle BE threads SCHED_IDLE, BE cpu.weight = 1 (where the kubelet owns BE's group)
+    be-quota-half  BE cpu.max at half the node
+    koordd         koordd with config/koordd.toml as shipped (or --koordd-config), its LS and BE classes
+                   on our cgroups
+    koordd-scx     the same plus koordd's own sched_ext scheduler (docs/sched-ext.md); only on a kernel
+                   with sched_ext, and not in the default list elsewhere
+    be-cpu-max-N   BE cpu.max at N% of the node (N = 10, 20 ... 90): the static oracle's candidates
+    be-idle-cpu-max-N  BE cpu.idle = 1 and cpu.max at N% of the node: the static counterpart of koordd's
+                   own lever (BE idle, its CPUs cut); candidates too
+
+--oracle runs ls-alone, be-alone, be-idle, every be-cpu-max-N and be-idle-cpu-max-N, and koordd, with --slo-factor 1.10 unless
+given: LS alone is measured first at each load (over twice --seconds, or once under a sine), its p99 times the factor is the
+SLO, declared to koordd as its LS class's [classes.slo] latency_p99, and the report judges every run
+against it (p99 at or under it over the run and in 95% of its --window windows) and names the static
+oracle: the static setting with the most BE work that meets the SLO. koordd is not told the antagonist.
+With --low-load, LS's rate follows half a sine from that load up to the (one) --loads value and back over
+the warm-up and window; with --switch-to, BE's workers switch kind half way through the window, and BE
+work is each half's over BE alone's same half (be-alone switches too).
+
+Where the kernel loads koordd's app_latency program (docs/app-latency.md), the benchmark reads it too, for
+every run with LS: the server-side p99 the kernel saw next to the client's, in results.json and the report.
+
+The cgroups are koordd-qos-<pid>/{ls,be} in every hierarchy koordd uses, created and removed
+by this script (also on Ctrl-C and errors), as are its processes; static knobs are written through
+koordd's knob table and put back, koordd gets SIGTERM after each run and restores; before and after
+every run the LS and BE knobs must read as before the benchmark. Needs root. Installs redis-server
+(for --ls redis) and python3-matplotlib (for the plot) with apt when missing, unless --no-install.
+
+Writes DIR/report.md (the command, the host, the table), DIR/qos.png, DIR/windows.png (with an SLO: each
+10 s window's LS p99 of ls-alone, be-idle and koordd against the target) and DIR/results.json (every
+run's record), and prints the report.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+from koordtest.bench.antagonist import KINDS, UNITS
+from koordtest.bench import frontier
+from koordtest.bench.cgroup_tree import CgroupTree
+from koordtest.bench.client_build import DEFAULT_BINARY, ensure as ensure_engine
+from koordtest.bench.frontier import SWEEP_FACTORS, koordd_setup
+from koordtest.koordd_proc import SHIPPED_CONFIG, koordd_command, shipped_config
+from koordtest.bench.ls_servers import Memcached, Probe, Redis, find_memcached, find_redis
+from koordtest.bench.packages import apt_install
+from koordtest.bench.probe import bytes_for
+from koordtest.bench.qos_report import markdown, plot, slo_table, window_plot
+from koordtest.bench.qos_run import BE, LS, ORACLE_SETUPS, SETUP_NAMES, SETUPS, Bench, run_one, run_order
+from koordtest.bench.qos_stats import BE_ALONE, LS_ALONE, baselines, median_spread, summarise
+from koordd.kernel.cgroupfs import CgroupFS, detect_layout
+from koordd.backends.cgroup import KNOBS
+from koordd.kernel.sched_ext import has_sched_ext, missing_reason
+from koordd.sensors.node import parse_meminfo
+
+CALIBRATION_SECONDS = 3.0
+MAX_CLIENT_RATE = 8000          # requests/s beyond which this Python client would itself be the bottleneck
+ENGINE_RATE = 40000             # requests/s one compiled engine process is given at most (--client-processes auto)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    layout = host_problem()
+    if isinstance(layout, str):
+        print(f"bench-qos: {layout}", file=sys.stderr)
+        return 2
+    can_plot = ensure_matplotlib(not args.no_install)
+    ls_kind = None
+    if args.ls == "redis":
+        ls_kind = Redis(find_redis(not args.no_install), args.redis_set_size)
+    elif args.ls == "memcached":
+        ls_kind = Memcached(find_memcached(not args.no_install), args.memcached_keys)
+    out = Path(args.out or f"bench-qos-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, interrupted)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-qos-"))
+    tree = CgroupTree(f"koordd-qos-{os.getpid()}", ("cpu", "cpuacct", "memory"))
+    keep_logs = False
+    try:
+        with tree:
+            run_benchmark(args, layout, tree, ls_kind, workdir, out, can_plot)
+    except KeyboardInterrupt:
+        print("bench-qos: interrupted; cleaned up", file=sys.stderr)
+        return 130
+    except BaseException:
+        keep_logs = True
+        raise
+    finally:
+        if keep_logs:
+            print(f"bench-qos: the runs' logs are kept in {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def run_benchmark(args, layout, tree: CgroupTree, ls_kind, workdir: Path, out: Path, can_plot: bool) -> None:
+    tree.create([LS, BE])
+    fs = CgroupFS(layout)
+    if KNOBS["memory.max"].supported(fs):     # a runaway BE hits its own limit, never the host's
+        KNOBS["memory.max"].write(fs, tree.path(BE), str(args.be_memory + (512 << 20)))
+    if ls_kind is None:
+        ls_kind = Probe(bytes_for(args.probe_work_us), args.probe_work_us)
+    bench = Bench(tree=tree, fs=fs, ncpu=os.cpu_count(), ls_kind=ls_kind, antagonist=args.antagonist,
+                  be_memory=args.be_memory, seconds=args.seconds, warmup=args.warmup, drain=args.drain,
+                  realtime_client=args.client == "realtime", engine=args.engine, client_binary=args.client_binary,
+                  koordd_config=lambda state, changes, slo: shipped_config(
+                      {"LS": [tree.path(LS)], "BE": [tree.path(BE)]}, state, args.koordd_config, changes,
+                      slo={"LS": {"latency_p99": f"{slo * 1e6:.0f}us"}} if slo else None),
+                  koordd_command=koordd_command(), window=args.window, app_latency=open_app_latency(args))
+    bench.remember_knobs()
+    costs = calibrate(bench, args.loads + ([args.low_load] if args.low_load else []), workdir, args.client_processes)
+    rates = {load: load / 100 * bench.ncpu / cost for load, cost in costs.items()}
+    if bench.engine == "c":
+        bench.client_processes = client_processes(args.client_processes, bench.ncpu, max(rates.values()))
+    warn_rates(rates, bench)
+    if args.low_load:
+        # each load's rate comes from its own calibration: on a busy host the low one can come out higher
+        bench.low_rate = min(rates.pop(args.low_load), rates[args.loads[0]])
+    bench.switch_to = args.switch_to
+    runs = slo_baselines(bench, args, rates, workdir, out) if args.slo_factor else []
+    runs += run_all(bench, args, rates, workdir, out, runs)
+    write_report(args, bench, layout, costs, rates, runs, out, can_plot)
+    if bench.app_latency is not None:
+        bench.app_latency.close()
+
+
+def open_app_latency(args):
+    """koordd's app_latency program, loaded by the benchmark to read LS's server-side p99 in every run;
+    None where this host cannot load it (said once) or --no-sensor."""
+    if args.no_sensor:
+        return None
+    from koordd.kernel.cgroupfs import detect_layout as layout_of
+    from koordd.sensors.app_latency import ResponseTimes
+    from koordd.sensors.contract import SensorUnavailable
+    unified = layout_of().unified
+    if unified is None:
+        print("bench-qos: no v2 tree: no server-side latency from the kernel", file=sys.stderr)
+        return None
+    source = ResponseTimes(unified)
+    try:
+        source.open()
+    except SensorUnavailable as e:
+        print(f"bench-qos: no server-side latency from the kernel: {e}", file=sys.stderr)
+        return None
+    return source
+
+
+def slo_baselines(bench: Bench, args, rates: dict[int, float], workdir: Path, out: Path) -> list[dict]:
+    """LS alone at each load, first, over twice the window (under a sine, the same window: the sine spans
+    it): its p99 times --slo-factor is the SLO target."""
+    runs = []
+    longer = dataclasses.replace(bench, seconds=bench.seconds * (1 if bench.low_rate else 2), switch_to=None)
+    for load, rate in rates.items():
+        record = run_one(longer, SETUPS[SETUP_NAMES.index(LS_ALONE)], rate, args.seed * 100_000 + load,
+                         workdir / f"slo-baseline-{load}", load)
+        record.update(rep=0, load=load, slo_baseline=True)
+        runs.append(record)
+        bench.alone_p99[load] = record["ls"]["p99"]
+        bench.slo_target[load] = args.slo_factor * record["ls"]["p99"]
+        print(f"[slo] LS alone at {load}%: p99 {record['ls']['p99'] * 1000:.2f} ms, so the SLO is "
+              f"{bench.slo_target[load] * 1000:.2f} ms", file=sys.stderr, flush=True)
+        (out / "results.json").write_text(json.dumps({"runs": runs, "slo_target": bench.slo_target}, indent=1))
+    return runs
+
+
+def interrupted(signum, frame):
+    """SIGTERM cleans up as Ctrl-C does: koordd restores, knobs go back, processes and cgroups go."""
+    raise KeyboardInterrupt
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("--ls", choices=("redis", "memcached", "probe"), default="redis",
+                   help="the LS server (default redis)")
+    p.add_argument("--loads", default="20,50,70", help="LS loads, percent of the node's CPUs (default 20,50,70)")
+    p.add_argument("--antagonist", choices=sorted(KINDS), default="cpu", help="the BE workers' kind (default cpu)")
+    p.add_argument("--setups", default=None,
+                   help="comma-separated subset (default: all this kernel can run but the oracle's candidates; "
+                        "with --oracle: ls-alone, be-alone, the candidates and koordd)")
+    p.add_argument("--oracle", action="store_true", help="the SLO proof (see above)")
+    p.add_argument("--frontier", action="store_true",
+                   help="the frontier proof (see above): --oracle's runs with koordd told each SLO of --sweep, "
+                        "LS alone after every repetition, the frontier report and frontier.png")
+    p.add_argument("--sweep", default=",".join(f"{f:g}" for f in SWEEP_FACTORS),
+                   help="--frontier: the SLO factors koordd is told, one run each (default %(default)s)")
+    p.add_argument("--candidates", default=None,
+                   help="--oracle/--frontier: the static settings swept (default: be-idle and every cap)")
+    p.add_argument("--engine", choices=("auto", "c", "python"), default="auto",
+                   help="the load generator: the compiled engine (c; built from koordtest/bench/client when "
+                        "missing), Python's own loop (python), or c where it can be had (auto, the default)")
+    p.add_argument("--client-binary", type=Path, default=DEFAULT_BINARY,
+                   help=f"the compiled engine (default {DEFAULT_BINARY.relative_to(DEFAULT_BINARY.parents[1])})")
+    p.add_argument("--client-processes", default="auto",
+                   help=f"compiled engines at once, the servers split among them (default auto: one per "
+                        f"{ENGINE_RATE} requests/s, at most an eighth of the CPUs)")
+    p.add_argument("--slo-factor", type=float, default=None,
+                   help="the SLO: LS alone's p99 times this (default 1.10 with --oracle, else none)")
+    p.add_argument("--low-load", type=int, default=None, help="LS load follows a sine from this up to --loads")
+    p.add_argument("--switch-to", choices=sorted(KINDS), default=None,
+                   help="BE switches to this antagonist half way through each window")
+    p.add_argument("--window", type=float, default=10.0, help="seconds of each window the SLO is judged over")
+    p.add_argument("--no-sensor", action="store_true", help="do not load koordd's app_latency program")
+    p.add_argument("--memcached-keys", type=int, default=2000,
+                   help="memcached: keys per get; sets the work per request (default 2000)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions of every setup at every load (default 3)")
+    p.add_argument("--seconds", type=float, default=10.0, help="measured window of a run (default 10)")
+    p.add_argument("--warmup", type=float, default=5.0,
+                   help="seconds from starting a run's processes (and koordd) to its window (default 5)")
+    p.add_argument("--drain", type=float, default=2.0, help="seconds the client waits for late answers (default 2)")
+    p.add_argument("--out", help="directory for report.md, qos.png, results.json (default ./bench-qos-<time>)")
+    p.add_argument("--seed", type=int, default=1, help="run order and arrival times (default 1)")
+    p.add_argument("--probe-work-us", type=float, default=500.0, help="probe: work per request, µs (default 500)")
+    p.add_argument("--redis-set-size", type=int, default=10000,
+                   help="redis: members per set; sets the work per request (default 10000)")
+    p.add_argument("--be-memory", type=int, default=None,
+                   help="memory antagonist: bytes all BE workers grow to together (default: a quarter of "
+                        "MemAvailable, at most 2 GiB)")
+    p.add_argument("--client", choices=("realtime", "normal"), default="realtime",
+                   help="the load generator's scheduling: SCHED_FIFO (default; sends and reads on time) or "
+                        "normal (waits for CPU like any task); see koordtest/bench/openloop.py")
+    p.add_argument("--koordd-config", type=Path, default=SHIPPED_CONFIG,
+                   help="the config of setup koordd, its LS and BE classes pointed at the benchmark's cgroups "
+                        "(default: config/koordd.toml as shipped)")
+    p.add_argument("--no-install", action="store_true", help="never apt-get install; say what is missing")
+    args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.loads = [int(x) for x in args.loads.split(",")]
+    if any(not 0 < load < 100 for load in args.loads):
+        p.error("--loads are percentages between 0 and 100")
+    args.candidates = list(ORACLE_SETUPS) if args.candidates is None else [c for c in args.candidates.split(",") if c]
+    if not set(args.candidates) <= set(ORACLE_SETUPS):
+        p.error(f"--candidates must be among {', '.join(ORACLE_SETUPS)}")
+    args.sweep = [float(f) for f in args.sweep.split(",") if f]
+    if args.frontier and (unswept := [f for f in args.sweep if koordd_setup(f) not in SETUP_NAMES]):
+        p.error(f"--sweep: no setup for {unswept}; known factors: {', '.join(f'{f:g}' for f in SWEEP_FACTORS)}")
+    if args.frontier:
+        args.oracle = True
+    if args.setups is None and args.frontier:
+        args.setups = ",".join(["ls-alone", "be-alone", *args.candidates, *(koordd_setup(f) for f in args.sweep)])
+    if args.setups is None:
+        default = ["ls-alone", "be-alone", *args.candidates, "koordd"] if args.oracle else \
+            [s.name for s in SETUPS if (not s.needs_sched_ext or has_sched_ext()) and s.name not in ORACLE_SETUPS[1:]]
+        args.setups = ",".join(default)
+    if args.oracle and args.slo_factor is None:
+        args.slo_factor = 1.10
+    if args.slo_factor is not None and args.slo_factor <= 0:
+        p.error("--slo-factor must be positive")
+    args.setups = [s for s in args.setups.split(",") if s]
+    unknown = set(args.setups) - set(SETUP_NAMES)
+    if unknown:
+        p.error(f"unknown setups {sorted(unknown)}; known: {', '.join(SETUP_NAMES)}")
+    if not has_sched_ext() and (needing := [s.name for s in SETUPS if s.needs_sched_ext and s.name in args.setups]):
+        p.error(f"setups {', '.join(needing)}: {missing_reason()}")
+    if args.reps < 1 or args.seconds <= 0:
+        p.error("--reps and --seconds must be positive")
+    if args.low_load is not None and (len(args.loads) != 1 or not 0 < args.low_load < args.loads[0]):
+        p.error("--low-load needs one --loads value above it")
+    if args.client_processes != "auto" and not (args.client_processes.isdigit() and int(args.client_processes) > 0):
+        p.error("--client-processes: a positive number or auto")
+    args.engine = pick_engine(args.engine, args.client_binary)
+    if args.be_memory is None:
+        available = parse_meminfo(Path("/proc/meminfo").read_text()).get("MemAvailable", 0)
+        args.be_memory = min(available // 4, 2 << 30)
+    return args
+
+
+def host_problem():
+    """The layout to use, or why this host cannot run the benchmark."""
+    if os.geteuid() != 0:
+        return "needs root: it creates cgroups and writes their knobs"
+    layout = detect_layout()
+    if layout.mode == "v2":
+        enabled = (layout.root / "cgroup.subtree_control").read_text().split()
+        if "cpu" not in enabled:
+            return "the cpu controller is not enabled in /sys/fs/cgroup/cgroup.subtree_control (this script " \
+                   "does not change the host's root cgroup)"
+    elif not {"cpu", "cpuacct"} <= set(layout.v1):
+        return f"needs the v1 cpu and cpuacct hierarchies or cgroup v2 ({layout.describe()})"
+    return layout
+
+
+def ensure_matplotlib(install: bool) -> bool:
+    try:
+        import matplotlib  # noqa: F401
+        return True
+    except ImportError:
+        pass
+    try:
+        apt_install("python3-matplotlib", install)
+        importlib.invalidate_caches()
+        import matplotlib  # noqa: F401,F811
+        return True
+    except (RuntimeError, ImportError, subprocess.CalledProcessError) as e:
+        print(f"bench-qos: no plot: {e}", file=sys.stderr)
+        return False
+
+
+def calibrate(bench: Bench, loads: list[int], workdir: Path, processes: str = "auto") -> dict[int, float]:
+    """LS CPU seconds per request alone, per load. The cost per request falls as the rate rises (a
+    busier server reads several requests per wake-up), so it is measured at a modest rate first, then
+    again at the rate that cost implies for each load, and that second measurement sets the load's rate."""
+    guess = 0.25 * bench.ncpu / (bench.ls_kind.work_us * 1e-6) if isinstance(bench.ls_kind, Probe) else 300.0
+    first = _cost(bench, guess, workdir / "calibration", processes)
+    return {load: _cost(bench, load / 100 * bench.ncpu / first, workdir / f"calibration-{load}", processes)
+            for load in loads}
+
+
+def _cost(bench: Bench, rate: float, workdir: Path, processes: str = "auto") -> float:
+    """LS alone at `rate` for a short while: its cgroup's CPU over the requests answered."""
+    short = dataclasses.replace(bench, seconds=CALIBRATION_SECONDS, warmup=1.0, low_rate=None, switch_to=None,
+                                app_latency=None, client_processes=client_processes(processes, bench.ncpu, rate))
+    record = run_one(short, SETUPS[SETUP_NAMES.index(LS_ALONE)], rate, 0, workdir)
+    answered = record["ls"]["answered"]
+    if not answered:
+        raise RuntimeError(f"calibration: no request answered ({record['ls']})")
+    return record["cpu"][LS] * CALIBRATION_SECONDS / answered
+
+
+def pick_engine(asked: str, binary: Path) -> str:
+    """"c" with the engine built (when stale and a compiler is there), "python" where asked or, for
+    "auto", where the engine cannot be had (said once)."""
+    if asked == "python":
+        return "python"
+    try:
+        ensure_engine(binary)
+        return "c"
+    except RuntimeError as e:
+        if asked == "c":
+            raise SystemExit(f"bench-qos: --engine c: {e}")
+        print(f"bench-qos: the Python client sends, not the compiled one: {e}", file=sys.stderr)
+        return "python"
+
+
+def client_processes(asked: str, ncpu: int, rate: float) -> int:
+    """Compiled engines for `rate` requests/s: as asked, or one per ENGINE_RATE, at most ncpu / 8 (and 1)."""
+    if asked != "auto":
+        return int(asked)
+    return max(1, min(math.ceil(rate / ENGINE_RATE), ncpu // 8))
+
+
+def warn_rates(rates: dict[int, float], bench: Bench) -> None:
+    for load, rate in rates.items():
+        if bench.engine == "c" and rate > ENGINE_RATE * bench.client_processes:
+            print(f"bench-qos: warning: {rate:.0f} requests/s for {load}% over {bench.client_processes} compiled "
+                  f"client processes may be more than they send on time (send lag in the report)", file=sys.stderr)
+        if bench.engine == "python" and rate > MAX_CLIENT_RATE:
+            print(f"bench-qos: warning: {rate:.0f} requests/s for {load}% may be more than the Python load "
+                  f"generator can send on time (send lag in the report); make requests costlier "
+                  f"(--probe-work-us, --redis-set-size)", file=sys.stderr)
+
+
+def run_all(bench: Bench, args, rates: dict[int, float], workdir: Path, out: Path, before: list[dict]) -> list[dict]:
+    setups = {s.name: s for s in SETUPS}
+    # With an SLO, LS alone was measured first (slo_baselines): that is its one run per load
+    order = run_order([s for s in args.setups if not (args.slo_factor and s == LS_ALONE)], args.loads, args.reps,
+                      args.seed, alone_between=args.frontier)
+    runs = []
+    for i, (rep, name, load) in enumerate(order):
+        # The same arrival times for every setup at one load and repetition: differences are the setup's.
+        seed = args.seed * 100_000 + rep * 1000 + (load or 0)
+        record = run_one(bench, setups[name], rates.get(load), seed, workdir / f"run{i}", load)
+        record.update(rep=rep, load=load)
+        runs.append(record)
+        (out / "results.json").write_text(json.dumps({"runs": before + runs, "slo_target": bench.slo_target},
+                                                     indent=1))
+        ls, sensor = record["ls"], record.get("sensor")
+        print(f"[{i + 1}/{len(order)}] rep {rep + 1} {name:13} load {load or '-':>3}%"
+              + (f"  p99 {ls['p99'] * 1000:7.2f} ms" if ls else " " * 18)
+              + (f" (kernel {sensor['p99'] * 1000:.2f})" if sensor else "")
+              + (f"  BE {record['be_work']:.3g}/s" if record["be_work"] is not None else "")
+              + f"  cpu ls {record['cpu'][LS]:.2f} be {record['cpu'][BE]:.2f} other {record['cpu']['other']:.2f}",
+              file=sys.stderr, flush=True)
+    return runs
+
+
+def write_report(args, bench: Bench, layout, costs: dict[int, float], rates: dict[int, float], runs: list[dict],
+                 out: Path, can_plot: bool) -> None:
+    rows = summarise(runs, bench.ncpu, SETUP_NAMES)
+    ls_base, be_base = baselines(runs)
+    python = os.path.relpath(sys.executable) if not os.path.relpath(sys.executable).startswith("..") \
+        else sys.executable
+    command = shlex.join([python, "scripts/bench-qos"] + args.argv)
+    about = [
+        f"host: {bench.ncpu} CPUs ({cpu_model()}), Linux {platform.release()}, cgroups {layout.describe()}; "
+        f"koordd {git_describe()}; Python {platform.python_version()}",
+        f"LS: {bench.ls_kind.describe()}; {bench.ncpu} servers (one per CPU), each on its own UNIX socket, "
+        f"open-loop Poisson arrivals over 2 connections per server; LS CPU per request alone, measured near "
+        f"each load's rate: " + ", ".join(f"{load}%: {costs[load] * 1e6:.0f} µs, so {rate:.0f} req/s"
+                                          for load, rate in rates.items()),
+        f"BE: {bench.ncpu} `{bench.antagonist}` workers, work counted in {UNITS[bench.antagonist]}"
+        + (f" (growing to {bench.be_memory >> 20} MiB together)" if bench.antagonist == "memory" else ""),
+        f"runs: {bench.seconds:g} s measured after {bench.warmup:g} s of warm-up, {args.reps} repetitions, "
+        f"setups and loads in a random order per repetition (seed {args.seed}); every setup at the same "
+        f"load and repetition gets the same arrival times"
+        + ("; LS alone after every repetition" if args.frontier else ""),
+        "client: " + (f"the compiled engine ({bench.client_processes} process(es), koordtest/bench/client/openloop.c)"
+                      if bench.engine == "c" else "Python (koordtest/bench/openloop.py)"),
+    ]
+    if ls_base:
+        used = {load: median_spread(r["cpu"][LS] for r in runs if r["setup"] == LS_ALONE and r["load"] == load)
+                for load in ls_base}
+        about.append(f"{LS_ALONE}: " + "; ".join(
+            f"{load}%: {used[load].median:.2f} CPUs used, p50 / p99 / p99.9 "
+            + " / ".join(f"{v * 1000:.2f}" for v in base.values()) + " ms" for load, base in ls_base.items()))
+    if be_base is not None:
+        about.append(f"{BE_ALONE}: {be_base:.4g} {UNITS[bench.antagonist]} per second")
+    if bench.low_rate is not None:
+        about.append(f"LS load: half a sine from {args.low_load}% ({bench.low_rate:.0f} req/s) up to {args.loads[0]}% "
+                     f"and back over the warm-up and window")
+    if bench.switch_to:
+        about.append(f"BE: `{bench.antagonist}` for the window's first half, `{bench.switch_to}` for its second")
+    report = markdown(rows, command, about, trust_notes(runs))
+    if bench.slo_target:
+        report += "\n## Against the SLO and the static oracle\n\n" + slo_table(runs, bench.slo_target, args.candidates) \
+            + "\n"
+        if can_plot:
+            window_plot(runs, bench.slo_target, out / "windows.png",
+                        f"{bench.ls_kind.name} vs {bench.antagonist}"
+                        + (f" then {bench.switch_to}" if bench.switch_to else "") + ": each window's LS p99")
+    if any(r.get("sensor") for r in runs):
+        report += "\n## The kernel's view: LS p99 from koordd's app_latency program against the client's\n\n" \
+            + sensor_table(runs) + "\n"
+    if args.frontier:
+        report += "\n## The static frontier, koordd's points on it, and the SLO sweep\n\n" + "\n".join(
+            frontier.report(runs, load, args.candidates, args.sweep) for load in args.loads)
+        if can_plot:
+            frontier.plot(runs, args.loads, args.candidates, out / "frontier.png",
+                          f"{bench.ls_kind.name} vs {bench.antagonist}, {bench.ncpu} CPUs: the static frontier")
+    (out / "report.md").write_text(report)
+    if can_plot:
+        plot(runs, SETUP_NAMES, out / "qos.png",
+             f"{bench.ls_kind.name} vs {bench.antagonist} antagonist, {bench.ncpu} CPUs")
+    print((out / "report.md").read_text())
+    print(f"written: {out / 'report.md'}, {out / 'results.json'}" + (f", {out / 'qos.png'}" if can_plot else ""))
+
+
+def trust_notes(runs: list[dict]) -> list[str]:
+    """What could make this run's numbers less trustworthy, measured rather than assumed."""
+    notes = []
+    with_ls = [r["ls"] for r in runs if r["ls"]]
+    if with_ls:
+        lag = median_spread(ls["send_lag_p99"] for ls in with_ls)
+        notes.append(f"client send lag p99 (intended to actual send): median {lag.median * 1e6:.0f} µs, "
+                     f"at most {lag.high * 1e6:.0f} µs; it is part of every latency above")
+        scheduling = sorted({ls["scheduling"] for ls in with_ls})
+        notes.append("the client ran " + " / ".join(scheduling) + ", outside the LS and BE cgroups")
+        unfinished = sum(ls["unfinished"] for ls in with_ls)
+        errors = sum(ls["errors"] for ls in with_ls)
+        if unfinished or errors:
+            notes.append(f"{unfinished} requests unanswered by the end of the drain (counted with their wait so "
+                         f"far) and {errors} error replies over all runs")
+        small = min(ls["count"] for ls in with_ls)
+        if small < 1000:
+            notes.append(f"a run has only {small} latency samples: its p99.9 is close to its maximum")
+    other = median_spread(r["cpu"]["other"] for r in runs)
+    notes.append(f"other CPU (not LS, BE or client): median {other.median:.2f}, at most {other.high:.2f} cores")
+    koordd_caps = [r["be_cpu_max"] for r in runs if r["setup"] == "koordd"]
+    if koordd_caps:
+        notes.append("BE cpu.max that koordd held at the end of its windows: " + ", ".join(sorted(set(koordd_caps))))
+    scanned = median_spread(r["reclaim_scanned"] for r in runs)
+    notes.append(f"pages scanned by the node's reclaim during a window: median {scanned.median:.0f}, "
+                 f"at most {scanned.high:.0f}")
+    return notes
+
+
+def sensor_table(runs: list[dict]) -> str:
+    """Per run with LS: the client's p99 and the server-side p99 koordd's program measured over the same
+    window, and their ratio."""
+    lines = ["| load | setup | client p99 (ms) | kernel p99 (ms) | kernel / client | responses seen |",
+             "|---|---|---|---|---|---|"]
+    ratios = []
+    for r in runs:
+        ls, seen = r.get("ls"), r.get("sensor")
+        if not ls or not seen or not ls.get("p99"):
+            continue
+        ratios.append(seen["p99"] / ls["p99"])
+        lines.append(f"| {r['load']}% | {r['setup']} | {ls['p99'] * 1000:.2f} | {seen['p99'] * 1000:.2f} | "
+                     f"{ratios[-1]:.2f} | {seen['count']} of {ls['answered']} answered |")
+    spread = median_spread(ratios)
+    lines += ["", f"kernel / client p99 over {spread.n} runs: median {spread.median:.2f}, from {spread.low:.2f} "
+              f"to {spread.high:.2f}. The kernel counts from a request's bytes arriving at the server's socket "
+              "to the server's answer (log2 buckets, interpolated); the client from the request's intended "
+              "send time to reading the answer."]
+    return "\n".join(lines)
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.partition(":")[2].strip()
+    return platform.machine()
+
+
+def git_describe() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(HERE), "describe", "--always", "--dirty"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "(not a git checkout)"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The frontier proof's numbers (koordtest/bench/frontier.py): which static settings form the frontier,
+where koordd lies against it, the SLO sweep's oracle and verdicts, and whether the instrument could see the
+margin (LS alone's spread and the client's send lag)."""
+from __future__ import annotations
+
+import pytest
+
+from koordtest.bench.frontier import (Point, dominates, frontier, instrument, koordd_setup, report, standing,
+                                      sweep)
+from koordtest.bench.qos_run import SETUP_NAMES, run_order
+
+MS = 1e-3
+
+
+def run(setup, p99_ms, be_work=None, rep=0, load=50, lag_us=50, windows=None):
+    ls = {"p99": p99_ms * MS, "send_lag_p99": lag_us * 1e-6,
+          "windows": windows if windows is not None else [{"count": 100, "p99": p99_ms * MS}]}
+    return {"setup": setup, "load": load, "rep": rep, "ls": ls, "be_work": be_work, "cpu": {}}
+
+
+def be_alone(rep=0, work=100.0):
+    return {"setup": "be-alone", "load": None, "rep": rep, "ls": None, "be_work": work, "cpu": {}}
+
+
+def test_the_frontier_is_the_static_points_nobody_beats_on_both():
+    a, b, c, d = Point("a", 0.2, 2 * MS), Point("b", 0.5, 3 * MS), Point("c", 0.4, 4 * MS), Point("d", 0.5, 3 * MS)
+    assert dominates(b, c) and not dominates(c, b)
+    assert not dominates(b, d) and not dominates(d, b)      # equal points do not dominate each other
+    assert [p.setup for p in frontier([c, b, a, d])] == ["a", "b", "d"]
+
+
+def test_koordd_standing_names_who_beats_it_and_how_far_it_is_from_the_frontier():
+    statics = [Point("cap-20", 0.2, 2 * MS), Point("cap-60", 0.6, 5 * MS), Point("idle", 0.8, 9 * MS)]
+    beaten = standing(Point("koordd", 0.5, 6 * MS), statics)
+    assert beaten.dominated_by == ("cap-60",) and beaten.dominates == ()
+    assert beaten.work_vs_frontier == pytest.approx(0.5 / 0.6)     # cap-60 does more work within 6 ms
+    assert beaten.p99_vs_frontier == pytest.approx(6 / 5)          # and has less p99 with 0.5 of the work
+    ahead = standing(Point("koordd", 0.7, 4 * MS), statics)
+    assert ahead.dominated_by == () and set(ahead.dominates) == {"cap-60"}
+    assert ahead.work_vs_frontier == pytest.approx(0.7 / 0.2) and ahead.p99_vs_frontier == pytest.approx(4 / 9)
+
+
+def test_the_sweep_judges_statics_and_koordd_at_each_factor_against_ls_alone():
+    runs = [be_alone(), run("ls-alone", 2.0), run("ls-alone", 2.0),
+            run("be-idle", 5.0, 90.0), run("be-idle-cpu-max-50", 2.4, 50.0), run("be-idle-cpu-max-20", 2.1, 20.0),
+            run(koordd_setup(1.25), 2.3, 60.0), run(koordd_setup(3.0), 5.9, 95.0)]
+    rows = {r.factor: r for r in sweep(runs, 50, 2.0 * MS, ["be-idle", "be-idle-cpu-max-50", "be-idle-cpu-max-20"],
+                                       (1.1, 1.25, 3.0))}
+    assert rows[1.1].target == pytest.approx(2.2 * MS)
+    assert rows[1.1].oracle.setup == "be-idle-cpu-max-20" and rows[1.1].koordd is None
+    assert rows[1.25].oracle.setup == "be-idle-cpu-max-50" and rows[1.25].koordd_meets
+    assert rows[1.25].koordd_over_oracle == pytest.approx(60 / 50)
+    assert rows[3.0].oracle.setup == "be-idle" and rows[3.0].koordd_meets
+    assert rows[3.0].koordd_over_oracle == pytest.approx(95 / 90)
+
+
+def test_a_run_meets_an_slo_only_if_its_windows_do():
+    windows = [{"count": 100, "p99": 2.0 * MS}] * 9 + [{"count": 100, "p99": 9.0 * MS}]   # 90% of windows
+    runs = [be_alone(), run("ls-alone", 2.0), run("be-idle", 2.5, 80.0, windows=windows)]
+    assert sweep(runs, 50, 2.0 * MS, ["be-idle"], (2.0,))[0].oracle is None
+
+
+def test_points_are_medians_over_repetitions_with_be_work_over_the_same_repetitions_be_alone():
+    runs = [be_alone(0, 100.0), be_alone(1, 50.0), run("ls-alone", 2.0),
+            run("be-idle", 3.0, 80.0, rep=0), run("be-idle", 5.0, 45.0, rep=1), run("be-idle", 4.0, 70.0, rep=2)]
+    from koordtest.bench.frontier import points
+    p = points(runs, 50, ["be-idle"])[0]
+    # rep 2 has no BE alone of its own: the first one's
+    assert (p.be_work, p.p99, p.reps) == (pytest.approx(0.8), pytest.approx(4.0 * MS), 3)
+
+
+def test_the_instrument_sees_the_margin_only_when_alone_spread_and_send_lag_are_under_it():
+    quiet = [run("ls-alone", v, lag_us=100) for v in (2.00, 2.05, 2.10)]
+    inst = instrument(quiet, 50, 0.10)
+    assert inst.spread == pytest.approx(0.10 / 2.05) and inst.lag_share == pytest.approx(0.1 / 2.05)
+    assert inst.sees_margin
+    noisy = [run("ls-alone", 2.39, lag_us=2800), run("ls-alone", 4.41, lag_us=2500)]    # the first 16-CPU run
+    inst = instrument(noisy, 50, 0.10)
+    assert not inst.sees_margin and inst.spread == pytest.approx(2.02 / 3.40)
+    lagging = [run("ls-alone", 2.0, lag_us=300)] * 3
+    assert not instrument(lagging, 50, 0.10).sees_margin                              # 15% of p99 is lag
+
+
+def test_the_report_names_the_frontier_and_each_factor():
+    runs = [be_alone(), run("ls-alone", 2.0), run("ls-alone", 2.1), run("be-idle", 5.0, 90.0),
+            run("be-idle-cpu-max-50", 2.4, 50.0), run(koordd_setup(1.5), 2.9, 70.0)]
+    text = report(runs, 50, ["be-idle", "be-idle-cpu-max-50"], (1.1, 1.5))
+    assert "| be-idle | 90% | 5.00 |" in text and "not dominated" in text
+    assert "| 1.1x |" in text and "| 1.5x |" in text and "not run" in text
+
+
+def test_every_sweep_factor_has_a_koordd_setup():
+    from koordtest.bench.frontier import SWEEP_FACTORS
+    assert all(koordd_setup(f) in SETUP_NAMES for f in SWEEP_FACTORS)
+
+
+def test_ls_alone_runs_after_every_repetition_when_asked():
+    order = run_order(["ls-alone", "be-idle", "koordd"], [50], reps=2, seed=1, alone_between=True)
+    assert [o[1] for o in order].count("ls-alone") == 2
+    assert order[2] == (0, "ls-alone", 50) and order[-1] == (1, "ls-alone", 50)
+    assert [o[1] for o in run_order(["ls-alone", "be-idle"], [50], 2, 1)].count("ls-alone") == 2

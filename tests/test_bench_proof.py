@@ -1,0 +1,116 @@
+"""scripts/proof-frontier's planning (koordtest/bench/proof.py): the cases it runs and their time on 16 CPUs,
+the dry run's cases, what it gathers, and installing from the folder only (wheels that fit this Python,
+.debs unpacked without dpkg, the system's own libraries preferred)."""
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from koordtest.bench import proof
+from koordtest.bench.qos_cli import parse_args as bench_qos_args
+
+
+def test_the_full_proof_fits_its_budget_with_room_for_the_unknown():
+    total = sum(c.estimate_s() for c in proof.plan("default", is_quick=False))
+    assert total <= 0.8 * proof.BUDGET_S            # install, koordd starting slower than thought
+
+
+def test_every_case_the_issue_names_is_in_the_plan_and_the_dry_run_keeps_them_all():
+    cases = proof.plan("default", is_quick=True)
+    assert [c.name for c in cases] == [c.name for c in proof.ALL]
+    assert {c.antagonist for c in cases} == {"cpu", "membw", "memory"}
+    assert {load for c in cases if c.ls == "memcached" and c.low_load is None for load in c.loads} == {20, 50, 70}
+    assert any(c.ls == "redis" and 50 in c.loads for c in cases)
+    assert any(c.low_load and c.switch_to for c in cases)
+    assert any(c.ls == "memcached" and c.keys == 1 for c in cases)           # the microsecond kind
+    assert any(c.ls == "memcached" and c.keys == 2000 for c in cases)        # and the heavy one
+    full = proof.plan("default", is_quick=False)
+    assert any(c.sweep == proof.ALL_FACTORS for c in full)                    # the whole sweep, once at least
+
+
+def test_each_case_is_a_valid_bench_qos_command():
+    for c in proof.plan("all", is_quick=False) + proof.plan("all", is_quick=True):
+        args = bench_qos_args(c.argv() + ["--engine", "python", "--no-install"])
+        assert args.frontier and args.oracle and args.loads == list(c.loads)
+        assert args.sweep == list(c.sweep) and args.candidates == list(c.candidates)
+
+
+def test_cases_can_be_named_and_unknown_names_are_refused():
+    assert [c.name for c in proof.plan("redis-memory,micro-cpu", False)] == ["redis-memory", "micro-cpu"]
+    with pytest.raises(ValueError, match="nope"):
+        proof.plan("nope", False)
+
+
+def test_gathering_downloads_wheels_for_the_target_python():
+    cmd = proof.pip_download_command(Path("/f/wheels"), "3.12", plot=False)
+    assert cmd[cmd.index("--python-version") + 1] == "3.12" and "--only-binary=:all:" in cmd
+    assert set(proof.WHEELS) <= set(cmd) and "matplotlib" not in cmd
+    assert "matplotlib" in proof.pip_download_command(Path("/f"), "3.12", plot=True)
+
+
+@pytest.mark.parametrize("name,fits", [
+    ("pyroute2-0.9.7-py3-none-any.whl", True),
+    ("watchdog-7.1.0-py3-none-manylinux2014_x86_64.whl", True),
+    ("numpy-2.5.5-cp312-cp312-manylinux_2_28_x86_64.whl", True),
+    ("numpy-2.5.5-cp311-cp311-manylinux_2_28_x86_64.whl", False),
+    ("psutil-7.0.0-cp36-abi3-manylinux_2_17_x86_64.whl", True),
+    ("tzdata-2026.6-py2.py3-none-any.whl", True),
+])
+def test_only_wheels_this_python_can_load_are_installed(name, fits):
+    assert proof.wheel_fits(name, (3, 12)) is fits
+
+
+def _ar(members: dict[str, bytes]) -> bytes:
+    out = b"!<arch>\n"
+    for name, data in members.items():
+        out += f"{name + '/':<16}{0:<12}{0:<6}{0:<6}{'100644':<8}{len(data):<10}`\n".encode() + data
+        out += b"\n" if len(data) % 2 else b""
+    return out
+
+
+def _tar_xz(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_a_deb_unpacks_without_dpkg(tmp_path):
+    deb = tmp_path / "x.deb"
+    deb.write_bytes(_ar({"debian-binary": b"2.0\n", "control.tar.xz": _tar_xz({"./control": b"Package: x\n"}),
+                         "data.tar.xz": _tar_xz({"./usr/bin/tool": b"odd", "./usr/lib/x86_64-linux-gnu/libx.so.1": b"l"})}))
+    names = proof.extract_deb(deb, tmp_path / "root")
+    assert (tmp_path / "root/usr/bin/tool").read_bytes() == b"odd" and "./usr/bin/tool" in names
+    assert (tmp_path / "root/usr/lib/x86_64-linux-gnu/libx.so.1").exists()
+    assert not (tmp_path / "root/control").exists()
+    with pytest.raises(ValueError):
+        proof.ar_members(b"not an archive")
+
+
+def test_a_library_the_system_has_is_left_to_the_system(tmp_path):
+    system = tmp_path / "lib"
+    system.mkdir()
+    (system / "libssl.so.3").write_bytes(b"")
+    assert proof.redundant_libraries(["libssl.so.3", "libevent-2.1.so.7"], [system, tmp_path / "none"]) == \
+        ["libssl.so.3"]
+
+
+def test_install_puts_the_checkout_the_wheels_and_the_debs_on_the_paths(tmp_path, monkeypatch):
+    import zipfile
+    folder = tmp_path / "f"
+    (folder / "wheels").mkdir(parents=True)
+    (folder / "debs").mkdir()
+    with zipfile.ZipFile(folder / "wheels" / "pkg-1.0-py3-none-any.whl", "w") as z:
+        z.writestr("pkg/__init__.py", "")
+    (folder / "debs" / "x.deb").write_bytes(_ar({"data.tar.xz": _tar_xz({"./usr/bin/tool": b"t"})}))
+    monkeypatch.setattr(proof, "SYSTEM_LIB_DIRS", ())
+    env = proof.install(folder, tmp_path / "inst")
+    assert (tmp_path / "inst/site/pkg/__init__.py").exists() and (tmp_path / "inst/root/usr/bin/tool").exists()
+    assert env["PYTHONPATH"].split(":")[:2] == [str(proof.REPO), str(tmp_path / "inst/site")]
+    assert env["PATH"].startswith(str(tmp_path / "inst/root/usr/bin"))
