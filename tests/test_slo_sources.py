@@ -135,7 +135,9 @@ def test_the_parser_keeps_the_matching_series_and_sums_them_per_bound():
     ('m_bucket{le="1",a="b"} 3\n', "no series"),                 # labels {a: c} match nothing
     ('m_bucket{le="1",a="c"} x\n', "garbled"),
     ('m_bucket{a="c"} 3\n', "garbled"),                          # no le
-    ('m_bucket{le="1",a="c} 3\n', "garbled"),
+    ('m_bucket{le="1",a="c"x} 3\n', "garbled"),
+    ('m_bucket{le="1",a="c} 3\n', "no series"),                 # holds no a="c": not the wanted series' line,
+                                                                  # never parsed (family_lines)
     ('m_bucket{le="1",a="c"} -3\n', "garbled"),
     ('m_bucket{le="1",a="c"} NaN\n', "garbled"),
     ('m_bucket{le="1",a="c"} 3 4 5\n', "garbled"),
