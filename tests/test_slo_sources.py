@@ -84,6 +84,8 @@ def test_a_probe_source_takes_its_defaults_and_a_timeout_from_the_target():
      ["koordd.toml:7: classes[0].slo.probe: expected \"tcp://host:port\" or \"unix:/path\", got 'udp://h:1'"]),
     ("source = 'probe'\nprobe = 'tcp://h:1'\nprobe_interval = '2m'\n",
      ["koordd.toml:8: classes[0].slo.probe_interval: must be <= 60, got 120"]),
+    ("source = 'probe'\nprobe = 'tcp://h:1'\nprobe_timeout = '30s'\n",
+     ["koordd.toml:8: classes[0].slo.probe_timeout: must be <= 10, got 30"]),
     ("source = 'probe'\nprobe = 'tcp://h:1'\nprobe_send = ''\n",
      ["koordd.toml:8: classes[0].slo.probe_send: must not be empty: the probe times the answer to a request"]),
 ])
@@ -313,6 +315,75 @@ def test_a_counter_reset_is_unknown_then_measures_again(fast):
         assert w.take().count == 100
     finally:
         srv.close()
+
+
+BAD_HISTOGRAMS = {
+    # a bound of 1e303 s: finite, but 1e309 µs is not
+    "absurd bound": lambda n: f'req_seconds_bucket{{le="1"}} {n}\nreq_seconds_bucket{{le="1e303"}} {2 * n}\n'
+                              f'req_seconds_bucket{{le="+Inf"}} {2 * n}\n',
+    # two series whose counts, summed per bound, overflow a float
+    "overflowing counts": lambda n: "".join(f'req_seconds_bucket{{s="{s}",le="{b}"}} {1.5e308 if n > 1 else 1e307}\n'
+                                            for s in "ab" for b in ("1", "+Inf")),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_HISTOGRAMS))
+def test_one_services_absurd_histogram_never_blinds_another(fast, bad):
+    state = {"bad": 0, "good": 0}
+
+    def handler(which, body):
+        def handle(h):
+            state[which] += 1
+            reply(h, 200, body(state[which]))
+        return handle
+    bad_srv = Server(handler("bad", BAD_HISTOGRAMS[bad]))
+    good_srv = Server(handler("good", lambda n: expo(90 * n, 100 * n)))
+    slos = {"bad.slice": SloTarget(5000.0, source="prometheus", url=bad_srv.url, metric="req_seconds"),
+            "good.slice": SloTarget(5000.0, source="prometheus", url=good_srv.url, metric="req_seconds",
+                                    labels=(("handler", "/a"),))}
+    sensor = SloPrometheusSensor()
+    try:
+        measured = 0
+        for _ in range(40):
+            got = sensor.sample(SensorContext(0.0, {"bad.slice": "LS", "good.slice": "LS"}, slos))
+            if "good.slice" in got:
+                measured += 1
+            if state["bad"] >= 4 and measured >= 3:
+                break
+            time.sleep(0.1)
+        assert state["bad"] >= 2 and measured >= 3
+        app = got.get("bad.slice")
+        assert app is None or (app.p99_us <= 2 ** 31 and app.max_us <= 2 ** 31)    # clamped, never inf
+    finally:
+        sensor.stop()
+        bad_srv.close()
+        good_srv.close()
+
+
+def test_the_latency_arithmetic_takes_any_bound_a_target_answers():
+    before = ((1.0, 0.0), (1e303, 0.0), (float("inf"), 0.0))
+    app = latency(before, ((1.0, 5.0), (1e303, 10.0), (float("inf"), 10.0)))
+    assert app.count == 10 and app.p99_us == 2 ** 31 and sum(app.slots) == 10
+    app = latency(((-1e308, 0.0), (1.7e308, 0.0)), ((-1e308, 1.0), (1.7e308, 9.0)))
+    assert app.count == 9 and app.p99_us <= 2 ** 31
+
+
+@pytest.mark.parametrize("text", ['m_bucket{le="1"} 1e308\n', 'm_bucket{le="1"} 18014398509481984\n'])
+def test_a_count_past_a_floats_integers_is_garbled(text):
+    with pytest.raises(ScrapeError, match="count"):
+        parse_buckets(text, "m")
+
+
+def test_only_the_wanted_series_lines_are_parsed():
+    noise = "".join(f'other_metric{{i="{i}"}} {i}\n' for i in range(1000)) + "\xff garbage {{{\n"
+    text = noise + 'm_bucket{h="b",le="1"} oops\n' + 'm_bucket{h="a",le="1"} 3\nm_bucket{h="a",le="+Inf"} 4\n'
+    assert parse_buckets(text.encode("latin-1"), "m", {"h": "a"}) == ((1.0, 3.0), (float("inf"), 4.0))
+    with pytest.raises(ScrapeError, match="cannot be read"):
+        parse_buckets(text.encode("latin-1"), "m")          # all series: h="b" is one, and garbled
+    many = "".join(f'm_bucket{{i="{i}",le="1"}} 1\n' for i in range(prom.MAX_LINES + 1))
+    with pytest.raises(ScrapeError) as ei:
+        parse_buckets(many, "m")
+    assert ei.value.kind == "too large"
 
 
 # --- the probe against real servers ----------------------------------------------------------------------
