@@ -162,6 +162,18 @@ def test_no_input_breaks_the_parser(text):
     assert all(b[1] >= a[1] for a, b in zip(got, got[1:]))
 
 
+@hsettings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from('m_bucket{a="x"}b=, \n\t\r'), max_size=80),
+       st.lists(st.sampled_from(['a="x"', 'b="x"', "m_b", "\n"]), max_size=2))
+def test_family_lines_finds_what_a_plain_split_finds(text, needles):
+    """Whichever occurrences it walks (the name's or a needle's), the lines are those of a plain split."""
+    body, wanted = text.encode(), tuple(x.encode() for x in needles)
+    plain = [ln[len(b"m_bucket"):].rstrip(b"\r") for ln in body.split(b"\n")
+             if ln.startswith(b"m_bucket") and ln[len(b"m_bucket"):len(b"m_bucket") + 1] in (b"{", b" ", b"\t")
+             and all(x in ln[len(b"m_bucket"):] for x in wanted)]
+    assert prom.family_lines(body, "m_bucket", wanted) == plain
+
+
 # --- quantiles from bucket deltas ------------------------------------------------------------------------
 
 def test_quantiles_are_interpolated_within_their_bucket():
@@ -518,3 +530,14 @@ def test_a_declared_source_over_its_target_shrinks_be():
     state = BeSuppress.initial_state(s)
     [act] = [a for a in BeSuppress.decide(snap(1.0, None), s, state) if a.value]
     assert act.reason["worst"]["signal"] == "runq_p99_us" and int(act.value.split()[0]) > 200_000
+
+
+def test_a_costly_answer_stretches_the_scrape_interval_to_the_cpu_budget(caplog):
+    w = Scraper(SloTarget(5000.0, source="prometheus", url="http://127.0.0.1:1/m", metric="m"), 1.0, 2.0)
+    assert w.pause(0.1, 0.005) == pytest.approx(0.9)                 # cheap: the interval's rest
+    with caplog.at_level(logging.INFO, "koordd.slo"):
+        assert w.pause(0.3, 0.3) == pytest.approx(0.3 / prom.CPU_BUDGET - 0.3)   # 300 ms of CPU: 2% of 15 s
+        w.pause(0.3, 0.3)
+        w.pause(0.1, 0.005)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 2 and "scraped every 15.0s" in msgs[0] and "every 1s again" in msgs[1]

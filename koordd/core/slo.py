@@ -80,7 +80,7 @@ def _metric(value: str) -> str | None:
 # The options of one source each: a key of another source's list is an error (config.py).
 PROMETHEUS_OPTIONS = (
     Option("url", str, "", 'source prometheus, required: the service\'s metrics, "http://host:port/path" '
-           "(scraped every second, 2 s at most)"),
+           "(scraped every second, 2 s at most all told; less often while its answers cost over 2% of a CPU)"),
     Option("metric", str, "", "source prometheus, required: the histogram's base name (koordd reads its "
            "_bucket series; bounds in seconds)"),
     LabelMatchers("labels", dict, (), "source prometheus: exact label matchers (a table); the series that "

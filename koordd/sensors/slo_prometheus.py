@@ -26,12 +26,13 @@ from koordd.core.slo import SOURCES, SloTarget
 from koordd.core.histogram import slot_upper_us
 from koordd.core.snapshot import AppLatency
 from koordd.kernel.netpeer import Deadline, PeerError, Resolver, http_exchange
-from koordd.sensors.declared import SLOTS, DeclaredSourceSensor, Worker, spread, summarize, whole
+from koordd.sensors.declared import SLOTS, DeclaredSourceSensor, Worker, log, spread, summarize, whole
 
 SCRAPE_INTERVAL = 1.0       # seconds between scrapes
 TIMEOUT = 2.0               # seconds a scrape may take, all of it
 MAX_BODY = 8 << 20          # bytes of an answer read at most: a larger one is a failure
 MAX_BUCKETS = 256           # distinct bucket bounds at most
+CPU_BUDGET = 0.02           # of one CPU a source's scrapes may cost: a costlier answer stretches the interval
 MAX_LINES = 8192            # lines of the wanted series parsed at most (their bucket lines, all series)
 MAX_COUNT = float(2 ** 53)  # a count past this is no integer a float holds: garbled
 TOP_US = slot_upper_us(SLOTS - 1)   # latencies are clamped to the slots' top (2^31 µs, about 36 min)
@@ -102,28 +103,38 @@ def _escaped(value: str) -> str:
 
 def family_lines(body: bytes, name: str, needles: tuple[bytes, ...] = ()) -> list[bytes]:
     """The lines of `body` that start with the sample name `name` (then "{", a space or a tab) and contain
-    every one of `needles`, without the name. Found with bytes.find (C speed): the rest of the answer,
-    however large, is never split, decoded or parsed. ScrapeError("too large") past MAX_LINES of them."""
+    every one of `needles`, without the name. Found with bytes.find and bytes.count (C speed), walking the
+    occurrences of whichever is rarer in the answer, the name at a line's start or a needle: the rest of
+    the answer, however large, is never split, decoded or parsed in Python. ScrapeError("too large") past
+    MAX_LINES such lines."""
     key = name.encode()
-    out: list[bytes] = []
     n = len(key)
-    i = 0 if body.startswith(key) else body.find(b"\n" + key) + 1      # 0: none (find's -1, plus 1)
-    if i == 0 and not body.startswith(key):
+    out: list[bytes] = []
+    line_key = b"\n" + key
+    walk = min((line_key, *needles), key=body.count)
+    if walk is line_key:
+        pos = -1 if body.startswith(key) else body.find(line_key)       # -1: the first line
+        if pos < 0 and not body.startswith(key):
+            return out
+    elif (pos := body.find(walk)) < 0:
         return out
     while True:
-        end = body.find(b"\n", i)
+        start = pos + 1 if walk is line_key else body.rfind(b"\n", 0, pos) + 1
+        end = body.find(b"\n", max(pos, start))
         if end < 0:
             end = len(body)
-        if body[i + n:i + n + 1] in (b"{", b" ", b"\t"):
-            line = body[i + n:end]
+        if body.startswith(key, start) and body[start + n:start + n + 1] in (b"{", b" ", b"\t"):
+            line = body[start + n:end]
             if all(x in line for x in needles):
                 out.append(line.rstrip(b"\r"))
                 if len(out) > MAX_LINES:
                     raise ScrapeError("too large", f"more than {MAX_LINES} {name} lines match")
-        j = body.find(b"\n" + key, end)
-        if j < 0:
-            return out
-        i = j + 1
+        if end >= len(body):
+            break
+        pos = body.find(walk, end)
+        if pos < 0:
+            break
+    return out
 
 
 def parse_buckets(text: str | bytes, metric: str, labels: Mapping[str, str] | tuple = ()) -> Buckets:
@@ -239,17 +250,32 @@ class Scraper(Worker):
         self.base: Buckets | None = None        # the buckets at the last round (or since a reset)
         self.last: Buckets | None = None        # the latest completed scrape's
         self.unknown = True                     # the latest scrape failed (or none completed)
+        self.costly = False                     # the interval is stretched (CPU_BUDGET)
 
     def measure(self) -> None:
         while not self.halt.is_set():
-            began = time.monotonic()
+            began, cpu = time.monotonic(), time.thread_time()
             try:
                 self.once()
             except Exception as e:  # noqa: BLE001 - nothing a target answers may end the worker
                 with self.lock:
                     self.unknown = True
                 self.failed("error", f"scrape failed: {e!r}")
-            self.halt.wait(max(self.interval - (time.monotonic() - began), 0.01))
+            self.halt.wait(self.pause(time.monotonic() - began, time.thread_time() - cpu))
+
+    def pause(self, elapsed: float, cpu: float) -> float:
+        """Seconds to the next scrape: the interval's rest, stretched so that scraping costs at most
+        CPU_BUDGET of a CPU whatever the target answers (one log line while it is stretched)."""
+        spacing = max(self.interval, cpu / CPU_BUDGET)
+        if (spacing > self.interval) != self.costly:
+            self.costly = spacing > self.interval
+            if self.costly:
+                log.warning("SLO source %s: a scrape costs %.0f ms of CPU; scraped every %.1fs instead of %gs "
+                            "(at most %g%% of a CPU) while its answers cost that much", self.name, cpu * 1e3,
+                            spacing, self.interval, CPU_BUDGET * 100)
+            else:
+                log.info("SLO source %s: scraped every %gs again", self.name, self.interval)
+        return max(spacing - elapsed, 0.01)
 
     def once(self) -> None:
         try:
