@@ -440,7 +440,8 @@ def _body(conn: Conn, headers: dict[str, str], buf: bytearray, max_body: int) ->
             raise PeerError("protocol", "closed within the body")
         return chunk
 
-    too_large = PeerError("too large", f"answered over {max_body >> 20 or max_body} {'MiB' if max_body >> 20 else 'bytes'}")
+    cap = f"{max_body >> 20} MiB" if max_body >> 20 else f"{max_body} bytes"
+    too_large = PeerError("too large", f"answered over {cap}")
     if "chunked" in headers.get("transfer-encoding", "").lower():
         out = bytearray()
         while True:
