@@ -190,6 +190,7 @@ def test_report_config_defaults_and_values():
     ('[report]\ninterval = "-1s"\n', "koordd.toml:2: report.interval: not a duration"),
     ('[report]\ninterval = -1\n', "koordd.toml:2: report.interval: must be >= 0.1, got -1"),
     ('[report]\ntimeout = 0\n', "koordd.toml:2: report.timeout: must be >= 0.01"),
+    ('[report]\ntimeout = "35s"\n', "koordd.toml:2: report.timeout: must be <= 10"),   # WatchdogSec=30s
     ('[report]\nurll = "http://h/"\n', "koordd.toml:2: report.urll: unknown key (did you mean 'url'?)"),
     ('[report]\ntenants = ["x"]\n', "koordd.toml:2: report.tenants: entry 0: expected a table"),
     ('[report]\ntenants = {a = []}\n', "koordd.toml:2: report.tenants: tenant 'a': expected a non-empty array"),
@@ -421,6 +422,31 @@ def test_the_daemon_pushes_and_a_reload_stops_the_push(tmp_path, receiver):
         assert d.pusher.thread is None and d.report.settings.url == ""
     finally:
         d.stop()
+
+
+def test_a_reload_that_changes_the_report_never_waits_for_a_trickling_receiver(tmp_path, receiver):
+    """The review's stall: a push in flight to a receiver that trickles its head, timeout 10 s (the most the
+    config takes); a reload that changes [report] cancels it and the main loop goes on at once."""
+    from koordtest.hostile import HostileServer
+    with HostileServer("trickle_head") as srv:
+        d = daemon(tmp_path, f'[report]\nurl = "{srv.url}"\ninterval = "100ms"\ntimeout = "10s"\n')
+        d.pusher.configure(d.config.report)      # as run() does
+        d.start()
+        try:
+            d.round(list(d.runner.runs.values()))
+            assert wait(lambda: srv.connections >= 1)
+            time.sleep(0.3)                      # the push is in flight, trickled
+            old = d.pusher.thread
+            d.config.path.write_text(d.config.path.read_text().replace(srv.url, receiver.url))
+            t = time.monotonic()
+            d.reload()
+            seconds = time.monotonic() - t
+            assert not old.is_alive()            # ended, not abandoned
+            assert wait(lambda: receiver.bodies)     # the new receiver gets the report
+        finally:
+            d.stop()
+    assert seconds < 5                           # generous: the bound is netpeer's cancel (at once) + 1 s
+    assert d.pusher.thread is None
 
 
 class Idle(Loop):

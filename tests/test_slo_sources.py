@@ -84,6 +84,8 @@ def test_a_probe_source_takes_its_defaults_and_a_timeout_from_the_target():
      ["koordd.toml:7: classes[0].slo.probe: expected \"tcp://host:port\" or \"unix:/path\", got 'udp://h:1'"]),
     ("source = 'probe'\nprobe = 'tcp://h:1'\nprobe_interval = '2m'\n",
      ["koordd.toml:8: classes[0].slo.probe_interval: must be <= 60, got 120"]),
+    ("source = 'probe'\nprobe = 'tcp://h:1'\nprobe_timeout = '30s'\n",
+     ["koordd.toml:8: classes[0].slo.probe_timeout: must be <= 10, got 30"]),
     ("source = 'probe'\nprobe = 'tcp://h:1'\nprobe_send = ''\n",
      ["koordd.toml:8: classes[0].slo.probe_send: must not be empty: the probe times the answer to a request"]),
 ])
@@ -135,7 +137,9 @@ def test_the_parser_keeps_the_matching_series_and_sums_them_per_bound():
     ('m_bucket{le="1",a="b"} 3\n', "no series"),                 # labels {a: c} match nothing
     ('m_bucket{le="1",a="c"} x\n', "garbled"),
     ('m_bucket{a="c"} 3\n', "garbled"),                          # no le
-    ('m_bucket{le="1",a="c} 3\n', "garbled"),
+    ('m_bucket{le="1",a="c"x} 3\n', "garbled"),
+    ('m_bucket{le="1",a="c} 3\n', "no series"),                 # holds no a="c": not the wanted series' line,
+                                                                  # never parsed (family_lines)
     ('m_bucket{le="1",a="c"} -3\n', "garbled"),
     ('m_bucket{le="1",a="c"} NaN\n', "garbled"),
     ('m_bucket{le="1",a="c"} 3 4 5\n', "garbled"),
@@ -156,6 +160,18 @@ def test_no_input_breaks_the_parser(text):
     except ScrapeError:
         return
     assert all(b[1] >= a[1] for a, b in zip(got, got[1:]))
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from('m_bucket{a="x"}b=, \n\t\r'), max_size=80),
+       st.lists(st.sampled_from(['a="x"', 'b="x"', "m_b", "\n"]), max_size=2))
+def test_family_lines_finds_what_a_plain_split_finds(text, needles):
+    """Whichever occurrences it walks (the name's or a needle's), the lines are those of a plain split."""
+    body, wanted = text.encode(), tuple(x.encode() for x in needles)
+    plain = [ln[len(b"m_bucket"):].rstrip(b"\r") for ln in body.split(b"\n")
+             if ln.startswith(b"m_bucket") and ln[len(b"m_bucket"):len(b"m_bucket") + 1] in (b"{", b" ", b"\t")
+             and all(x in ln[len(b"m_bucket"):] for x in wanted)]
+    assert prom.family_lines(body, "m_bucket", wanted) == plain
 
 
 # --- quantiles from bucket deltas ------------------------------------------------------------------------
@@ -313,6 +329,75 @@ def test_a_counter_reset_is_unknown_then_measures_again(fast):
         srv.close()
 
 
+BAD_HISTOGRAMS = {
+    # a bound of 1e303 s: finite, but 1e309 µs is not
+    "absurd bound": lambda n: f'req_seconds_bucket{{le="1"}} {n}\nreq_seconds_bucket{{le="1e303"}} {2 * n}\n'
+                              f'req_seconds_bucket{{le="+Inf"}} {2 * n}\n',
+    # two series whose counts, summed per bound, overflow a float
+    "overflowing counts": lambda n: "".join(f'req_seconds_bucket{{s="{s}",le="{b}"}} {1.5e308 if n > 1 else 1e307}\n'
+                                            for s in "ab" for b in ("1", "+Inf")),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_HISTOGRAMS))
+def test_one_services_absurd_histogram_never_blinds_another(fast, bad):
+    state = {"bad": 0, "good": 0}
+
+    def handler(which, body):
+        def handle(h):
+            state[which] += 1
+            reply(h, 200, body(state[which]))
+        return handle
+    bad_srv = Server(handler("bad", BAD_HISTOGRAMS[bad]))
+    good_srv = Server(handler("good", lambda n: expo(90 * n, 100 * n)))
+    slos = {"bad.slice": SloTarget(5000.0, source="prometheus", url=bad_srv.url, metric="req_seconds"),
+            "good.slice": SloTarget(5000.0, source="prometheus", url=good_srv.url, metric="req_seconds",
+                                    labels=(("handler", "/a"),))}
+    sensor = SloPrometheusSensor()
+    try:
+        measured = 0
+        for _ in range(40):
+            got = sensor.sample(SensorContext(0.0, {"bad.slice": "LS", "good.slice": "LS"}, slos))
+            if "good.slice" in got:
+                measured += 1
+            if state["bad"] >= 4 and measured >= 3:
+                break
+            time.sleep(0.1)
+        assert state["bad"] >= 2 and measured >= 3
+        app = got.get("bad.slice")
+        assert app is None or (app.p99_us <= 2 ** 31 and app.max_us <= 2 ** 31)    # clamped, never inf
+    finally:
+        sensor.stop()
+        bad_srv.close()
+        good_srv.close()
+
+
+def test_the_latency_arithmetic_takes_any_bound_a_target_answers():
+    before = ((1.0, 0.0), (1e303, 0.0), (float("inf"), 0.0))
+    app = latency(before, ((1.0, 5.0), (1e303, 10.0), (float("inf"), 10.0)))
+    assert app.count == 10 and app.p99_us == 2 ** 31 and sum(app.slots) == 10
+    app = latency(((-1e308, 0.0), (1.7e308, 0.0)), ((-1e308, 1.0), (1.7e308, 9.0)))
+    assert app.count == 9 and app.p99_us <= 2 ** 31
+
+
+@pytest.mark.parametrize("text", ['m_bucket{le="1"} 1e308\n', 'm_bucket{le="1"} 18014398509481984\n'])
+def test_a_count_past_a_floats_integers_is_garbled(text):
+    with pytest.raises(ScrapeError, match="count"):
+        parse_buckets(text, "m")
+
+
+def test_only_the_wanted_series_lines_are_parsed():
+    noise = "".join(f'other_metric{{i="{i}"}} {i}\n' for i in range(1000)) + "\xff garbage {{{\n"
+    text = noise + 'm_bucket{h="b",le="1"} oops\n' + 'm_bucket{h="a",le="1"} 3\nm_bucket{h="a",le="+Inf"} 4\n'
+    assert parse_buckets(text.encode("latin-1"), "m", {"h": "a"}) == ((1.0, 3.0), (float("inf"), 4.0))
+    with pytest.raises(ScrapeError, match="cannot be read"):
+        parse_buckets(text.encode("latin-1"), "m")          # all series: h="b" is one, and garbled
+    many = "".join(f'm_bucket{{i="{i}",le="1"}} 1\n' for i in range(prom.MAX_LINES + 1))
+    with pytest.raises(ScrapeError) as ei:
+        parse_buckets(many, "m")
+    assert ei.value.kind == "too large"
+
+
 # --- the probe against real servers ----------------------------------------------------------------------
 
 class TcpServer:
@@ -445,3 +530,14 @@ def test_a_declared_source_over_its_target_shrinks_be():
     state = BeSuppress.initial_state(s)
     [act] = [a for a in BeSuppress.decide(snap(1.0, None), s, state) if a.value]
     assert act.reason["worst"]["signal"] == "runq_p99_us" and int(act.value.split()[0]) > 200_000
+
+
+def test_a_costly_answer_stretches_the_scrape_interval_to_the_cpu_budget(caplog):
+    w = Scraper(SloTarget(5000.0, source="prometheus", url="http://127.0.0.1:1/m", metric="m"), 1.0, 2.0)
+    assert w.pause(0.1, 0.005) == pytest.approx(0.9)                 # cheap: the interval's rest
+    with caplog.at_level(logging.INFO, "koordd.slo"):
+        assert w.pause(0.3, 0.3) == pytest.approx(0.3 / prom.CPU_BUDGET - 0.3)   # 300 ms of CPU: 2% of 15 s
+        w.pause(0.3, 0.3)
+        w.pause(0.1, 0.005)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 2 and "scraped every 15.0s" in msgs[0] and "every 1s again" in msgs[1]

@@ -37,7 +37,7 @@ from koordd.core.classes import LATENCY_SENSITIVE
 from koordd.core.cgroup import normalize_cgroup, pattern_rank
 from koordd.core.options import Duration, Option
 from koordd.core.reclaimable import Reclaimable
-from koordd.core.slo import WINDOW as SLO_WINDOW, SloReading, SloWindow
+from koordd.core.slo import PEER_TIMEOUT_MAX, WINDOW as SLO_WINDOW, SloReading, SloWindow
 from koordd.core.snapshot import Snapshot, own_usage
 
 SCHEMA = 1              # the report's schema version: a field's meaning changed, or one was removed
@@ -97,8 +97,8 @@ REPORT_OPTIONS = (
     Option("url", str, "", "where the report is POSTed as JSON (http:// or https://; the report names cgroups); "
            "empty: not pushed"),
     Option("interval", Duration, Duration(10.0), "how often the report is pushed", min=0.1, max=3600),
-    Option("timeout", Duration, Duration(2.0), "how long one push may take to connect, send and be answered",
-           min=0.01, max=60),
+    Option("timeout", Duration, Duration(2.0), "how long one push may take, all told: name lookup, connect, "
+           "send and the answer's head", min=0.01, max=PEER_TIMEOUT_MAX),
     TenantMap("tenants", tuple, (), "tenant name -> cgroup patterns that group class roots into tenants "
               "(first match wins); empty: each class root is its own tenant"),
 )

@@ -26,6 +26,10 @@ SOURCES: Mapping[str, str] = {
     "probe": "slo_probe",           # a synthetic request koordd sends and times (sensors/slo_probe.py)
 }
 
+# The longest a network peer's exchange may take (a probe's, a report push's): well under half of the
+# shipped unit's WatchdogSec=30s, though no stop or reload waits on an exchange (kernel/netpeer.py cancels it).
+PEER_TIMEOUT_MAX = 10.0
+
 MIN_RESPONSES = 1000    # a p99.9 over fewer responses is their maximum; a p99 of 1000 ignores its 10 worst
 WINDOW = 10.0           # seconds: no older round counts (the benchmark judges an SLO over 10 s windows)
 
@@ -76,7 +80,7 @@ def _metric(value: str) -> str | None:
 # The options of one source each: a key of another source's list is an error (config.py).
 PROMETHEUS_OPTIONS = (
     Option("url", str, "", 'source prometheus, required: the service\'s metrics, "http://host:port/path" '
-           "(scraped every second, 2 s at most)"),
+           "(scraped every second, 2 s at most all told; less often while its answers cost over 2% of a CPU)"),
     Option("metric", str, "", "source prometheus, required: the histogram's base name (koordd reads its "
            "_bucket series; bounds in seconds)"),
     LabelMatchers("labels", dict, (), "source prometheus: exact label matchers (a table); the series that "
@@ -88,7 +92,7 @@ PROBE_OPTIONS = (
     Option("probe_expect", str, "", "source probe: what the answer must start with; \"\": any answer"),
     Option("probe_interval", Duration, Duration(1.0), "source probe: how often it is sent", min=0.01, max=60),
     Option("probe_timeout", Duration, Duration(0), "source probe: an answer later than this counts at it (a "
-           "violation); 0: latency_p99 x 10, at most 5s", min=0, max=60),
+           "violation); 0: latency_p99 x 10, at most 5s", min=0, max=PEER_TIMEOUT_MAX),
 )
 SOURCE_OPTIONS: Mapping[str, tuple[Option, ...]] = {"measured": (), "prometheus": PROMETHEUS_OPTIONS,
                                                      "probe": PROBE_OPTIONS}

@@ -4,52 +4,43 @@ report"), for a cluster scheduler's extender.
 The main loop never waits for the receiver: after each round `published()` keeps the latest report (one
 assignment), and a thread of its own POSTs it. A push that fails costs that push: one log line per kind of
 failure (refused, timed out, HTTP 503...), not per attempt, and one line when pushes work again. A push
-takes at most about `timeout` for each step (connect, send, the answer's head); the answer's body is
-never read and a redirect never followed (http.client follows none).
+takes at most `timeout` all told (koordd/kernel/netpeer.py: name lookup, connect, TLS, send, the answer's
+head), the answer's body is never read and a redirect never followed. stop() (a stop, or a reload that
+changes [report]) cancels the push in flight and waits STOP_WAIT seconds at most for the thread to end,
+whatever the receiver does: the main loop never waits on the receiver.
 """
 from __future__ import annotations
 
-import http.client
 import json
 import logging
-import socket
-import ssl
 import threading
 from urllib.parse import urlsplit
 
 from koordd.core.report import NodeReport
+from koordd.kernel.netpeer import Cancel, Deadline, PeerError, Resolver, http_exchange
 from koordd.runtime.result import RoundResult, Subscriber
 
 log = logging.getLogger("koordd")
 
 USER_AGENT = "koordd-report"
+STOP_WAIT = 1.0         # seconds stop() waits for the push thread to end
 
 
-def post(url: str, body: bytes, timeout: float) -> None:
-    """POST `body` to `url`; returns on a 2xx answer, else raises PushError naming the kind of failure."""
-    parts = urlsplit(url)
-    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    if parts.scheme == "https":
-        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-            parts.hostname, parts.port, timeout=timeout, context=ssl.create_default_context())
-    else:
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+def post(url: str, body: bytes, timeout: float, cancel: Cancel | None = None,
+         resolver: Resolver | None = None) -> None:
+    """POST `body` to `url` within `timeout` seconds all told; returns on a 2xx answer, else raises
+    PushError naming the kind of failure."""
     try:
-        conn.request("POST", path, body=body, headers={"Content-Type": "application/json",
-                                                         "User-Agent": USER_AGENT, "Connection": "close"})
-        status = conn.getresponse().status          # the head only: the body is ignored
-    except (socket.timeout, TimeoutError):
-        raise PushError(f"timed out after {timeout:g}s") from None
-    except ssl.SSLError as e:
-        raise PushError(f"TLS: {e.reason or e}") from None
-    except ConnectionRefusedError:
-        raise PushError("connection refused") from None
-    except socket.gaierror as e:
-        raise PushError(f"cannot resolve {parts.hostname}: {e.strerror or e}") from None
-    except (OSError, http.client.HTTPException) as e:
-        raise PushError(getattr(e, "strerror", None) or type(e).__name__) from None
-    finally:
-        conn.close()
+        status = http_exchange(url, Deadline(timeout, cancel), method="POST", body=body, resolver=resolver,
+                               headers={"Content-Type": "application/json", "User-Agent": USER_AGENT}).status
+    except PeerError as e:
+        if e.kind == "timeout":
+            raise PushError(f"timed out after {timeout:g}s") from None
+        if e.kind == "refused":
+            raise PushError("connection refused") from None
+        if e.kind == "dns":
+            raise PushError(f"cannot resolve {urlsplit(url).hostname}") from None
+        raise PushError(str(e)) from None
     if 300 <= status < 400:
         raise PushError(f"HTTP {status} (redirects are not followed)")
     if not 200 <= status < 300:
@@ -67,10 +58,10 @@ class ReportPusher(Subscriber):
         self.settings = None
         self.latest: NodeReport | None = None       # set by the main loop, read by the thread
         self.thread: threading.Thread | None = None
-        self.stop_event = threading.Event()
+        self.stop_event = Cancel()                  # set by stop(): ends the wait and the push in flight
         self.failing: set[str] = set()              # kinds of failure logged since the last push that worked
         self.pushed = self.failed = 0
-        self.timeout = 2.0                          # the running thread's [report] timeout
+        self.resolver = Resolver()
 
     def configure(self, settings) -> None:
         """[report] as loaded: a changed url, interval or timeout restarts the thread (tenants are the
@@ -82,8 +73,8 @@ class ReportPusher(Subscriber):
             return
         self.stop()
         if settings.url:
-            self.stop_event = threading.Event()
-            self.failing, self.timeout = set(), float(settings.timeout)
+            self.stop_event = Cancel()
+            self.failing = set()
             self.thread = threading.Thread(target=self._run, args=(settings, self.stop_event),
                                            name="koordd-report", daemon=True)
             self.thread.start()
@@ -95,22 +86,29 @@ class ReportPusher(Subscriber):
     def stop(self) -> None:
         if self.thread is None:
             return
-        self.stop_event.set()
-        # A push in flight ends within its timeout (per step); a stop does not wait much longer for it.
-        self.thread.join(timeout=self.timeout + 1)
+        self.stop_event.set()           # wakes the push in flight at once (netpeer's Cancel)
+        self.thread.join(timeout=STOP_WAIT)
+        if self.thread.is_alive():
+            log.warning("report: the push thread did not end within %gs of the stop", STOP_WAIT)
         self.thread = None
 
-    def _run(self, settings, stop: threading.Event) -> None:
-        while not stop.wait(float(settings.interval)):
-            report = self.latest
-            if report is None:
-                continue
-            self.push_once(settings, report)
-
-    def push_once(self, settings, report: NodeReport) -> bool:
+    def _run(self, settings, stop: Cancel) -> None:
         try:
-            post(settings.url, json.dumps(report.as_dict()).encode(), float(settings.timeout))
+            while not stop.wait(float(settings.interval)):
+                report = self.latest
+                if report is None:
+                    continue
+                self.push_once(settings, report, stop)
+        finally:
+            stop.close()
+
+    def push_once(self, settings, report: NodeReport, cancel: Cancel | None = None) -> bool:
+        try:
+            post(settings.url, json.dumps(report.as_dict()).encode(), float(settings.timeout), cancel,
+                 self.resolver)
         except PushError as e:
+            if cancel is not None and cancel.is_set():
+                return False                    # stopped: no failure
             self.failed += 1
             if str(e) not in self.failing:
                 log.warning("report: push to %s failed: %s (logged once until pushes work again; koordd "

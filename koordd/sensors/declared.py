@@ -7,32 +7,47 @@ the app_latency sensor's, so core/health.py reads them unchanged), for every cla
 that source; a source whose latest attempt failed has no entry: unknown, never healthy. A worker logs
 one line per kind of failure until it measures again. Memory is bounded: fixed histograms, one worker
 per declared source.
+
+Isolation: each source is measured by its own worker and taken on its own: whatever one source answers
+(a garbled or absurd histogram, a take() that fails) costs that source's entry, logged once, never
+another's. A worker's network exchanges go through koordd/kernel/netpeer.py, bounded by one deadline each
+and cancelled by stop(): a stopped worker's thread ends within STOP_WAIT seconds, whatever its peer does.
 """
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from typing import ClassVar, Mapping
 
 from koordd.core.histogram import quantile_us, slot_lower_us, slot_upper_us
 from koordd.core.slo import SloTarget
 from koordd.core.snapshot import AppLatency
+from koordd.kernel.netpeer import Cancel, Resolver
 from koordd.sensors.contract import OptionalSensor, SensorContext
 
 SLOTS = 32          # as the app_latency program's (koordd_shared.h's APP_SLOTS): up to 2^31 µs
+STOP_WAIT = 1.0     # seconds stop() waits, all workers together, for their threads to end
 
 log = logging.getLogger("koordd.slo")
 
 
 def slot_of_us(us: float) -> int:
     """The log2 slot of a latency in µs: slot k holds [2^(k-1), 2^k) µs, slot 0 those under 1 µs."""
-    return 0 if us < 1 else min(int(us).bit_length(), SLOTS - 1)
+    if not us >= 1:                 # NaN too
+        return 0
+    if us >= 2 ** (SLOTS - 1):      # inf too: int(inf) would raise
+        return SLOTS - 1
+    return min(int(us).bit_length(), SLOTS - 1)
 
 
 def spread(slots: list[float], lower_us: float, upper_us: float, n: float) -> None:
     """Add `n` events spread evenly over [lower_us, upper_us] (all at lower_us where the two are one)."""
-    if n <= 0:
+    if not n > 0 or not math.isfinite(n):
         return
+    top = slot_upper_us(SLOTS - 1)
+    lower_us, upper_us = min(lower_us, top), min(upper_us, top)     # a bound of 1e303 s: the last slot
     if upper_us <= lower_us:
         slots[slot_of_us(lower_us)] += n
         return
@@ -76,7 +91,8 @@ class Worker(threading.Thread):
     def __init__(self, target: SloTarget, name: str):
         super().__init__(name=name, daemon=True)
         self.target = target
-        self.halt = threading.Event()
+        self.halt = Cancel()            # stop(): ends the wait between attempts and the exchange in flight
+        self.resolver = Resolver()
         self.lock = threading.Lock()
         self.failing: set[str] = set()
 
@@ -91,11 +107,34 @@ class Worker(threading.Thread):
             log.info("SLO source %s measures again", self.name)
             self.failing.clear()
 
+    def run(self) -> None:
+        try:
+            self.measure()
+        finally:
+            self.halt.close()
+
+    def measure(self) -> None:
+        """The worker's loop, until self.halt is set."""
+        raise NotImplementedError
+
     def take(self) -> AppLatency | None:
         raise NotImplementedError
 
     def stop(self) -> None:
         self.halt.set()
+
+
+def stop_all(workers) -> None:
+    """Stop the workers and wait, STOP_WAIT seconds at most in all, for their threads to end."""
+    workers = list(workers)
+    for w in workers:
+        w.stop()
+    end = time.monotonic() + STOP_WAIT
+    for w in workers:
+        if w.is_alive():
+            w.join(max(end - time.monotonic(), 0))
+        if w.is_alive():
+            log.warning("SLO source %s: its thread did not end within %gs of the stop", w.name, STOP_WAIT)
 
 
 class DeclaredSourceSensor(OptionalSensor):
@@ -111,15 +150,20 @@ class DeclaredSourceSensor(OptionalSensor):
 
     def sample(self, context: SensorContext) -> Mapping[str, AppLatency]:
         wanted = {t for t in context.slos.values() if t.source == self.source}
-        for gone in [t for t in self.workers if t not in wanted]:
-            self.workers.pop(gone).stop()
+        gone = [self.workers.pop(t) for t in list(self.workers) if t not in wanted]
+        for w in gone:
+            w.stop()            # its thread ends on its own; the round does not wait for it
         for new in wanted - set(self.workers):
             self.workers[new] = w = self.worker(new)
             w.start()
-        got = {t: w.take() for t, w in self.workers.items()}
+        got = {}
+        for t, w in self.workers.items():
+            try:
+                got[t] = w.take()
+            except Exception as e:  # noqa: BLE001 - one source's data must not cost the others theirs
+                w.failed("error", f"its latency cannot be computed: {e!r}")
         return {root: app for root, t in context.slos.items() if (app := got.get(t)) is not None}
 
     def stop(self) -> None:
-        for w in self.workers.values():
-            w.stop()
+        stop_all(self.workers.values())
         self.workers.clear()

@@ -6,14 +6,19 @@ where `probe_expect` is set, the answer must start with it. An answer later than
 else latency_p99 x 10, at most 5 s), or none by then, counts as a response at the timeout: a late answer
 is a violation, not unknown. A refused connection, a closed one without an answer or a wrong answer leaves
 the round without an entry (unknown), with one log line per kind of failure.
+
+The exchange is koordd/kernel/netpeer.py's: one deadline (the timeout) from the name lookup to the answer,
+ended at once by a stop. A UNIX socket is connected only where no other user could have replaced it or
+a directory on its path (netpeer.open_unix_path): koordd runs as root, and a service must not make it
+connect, with root's credentials, to a socket the service itself could not open.
 """
 from __future__ import annotations
 
-import socket
 import time
 
 from koordd.core.slo import SOURCES, SloTarget, parse_probe
 from koordd.core.snapshot import AppLatency
+from koordd.kernel.netpeer import Cancel, Deadline, PeerError, Resolver, connect_tcp, connect_unix
 from koordd.sensors.declared import SLOTS, DeclaredSourceSensor, Worker, slot_of_us, summarize
 
 
@@ -23,50 +28,49 @@ class Unknown(Exception):
         self.kind = kind
 
 
-def probe_once(address: str, send: bytes, expect: bytes, timeout: float) -> float:
+def probe_once(address: str, send: bytes, expect: bytes, timeout: float, cancel: Cancel | None = None,
+               resolver: Resolver | None = None) -> float:
     """Seconds from the connect to the answer's first byte, or `timeout` where none came by then;
-    Unknown (kind, message) where the target refused, closed without answering, or answered otherwise."""
+    Unknown (kind, message) where the target refused, closed without answering, or answered otherwise,
+    where its name did not resolve, where its UNIX socket's path is one another user could replace
+    (netpeer.open_unix_path), or where `cancel` was set ("cancelled"). One deadline, `timeout` from the
+    start, bounds it all: the name lookup, the connect, the request and the answer."""
     kind, where = parse_probe(address)
-    began = time.monotonic()
-    deadline = began + timeout
+    deadline = Deadline(timeout, cancel)
     try:
         if kind == "unix":
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(timeout)
-            try:
-                sock.connect(where)
-            except BaseException:
-                sock.close()
-                raise
+            began = time.monotonic()
+            conn = connect_unix(where, deadline)
         else:
-            sock = socket.create_connection(where, timeout=timeout)
-    except (socket.timeout, TimeoutError):
-        return timeout
-    except ConnectionRefusedError:
-        raise Unknown("refused", f"{address} refused the connection") from None
-    except OSError as e:
-        raise Unknown("unreachable", f"{address}: {e.strerror or e}") from None
-    with sock:
+            resolver = resolver or Resolver(0)
+            resolver.resolve(*where, deadline)          # the lookup is no part of the service's latency
+            began = time.monotonic()
+            conn = connect_tcp(*where, deadline, resolver)
+    except PeerError as e:
+        if e.kind == "timeout":
+            return timeout
+        if e.kind == "refused":
+            raise Unknown("refused", f"{address} refused the connection") from None
+        raise Unknown(e.kind, f"{address}: {e}") from None
+    answer, first = b"", None
+    with conn:
         try:
-            sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            sock.sendall(send)
-            answer, first = b"", None
+            conn.send_all(send)
             while True:
-                sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                chunk = sock.recv(max(len(expect) - len(answer), 1))
+                chunk = conn.recv(max(len(expect) - len(answer), 1))
                 if not chunk:
                     break
                 first = first if first is not None else time.monotonic()
                 answer += chunk
                 if len(answer) >= len(expect):
                     break
-        except (socket.timeout, TimeoutError):
-            if first is None:
-                return timeout
-            raise Unknown("wrong answer", f"{address} answered {answer[:40]!r}, not {expect[:40]!r}, "
-                                          f"within {timeout:g}s") from None
-        except OSError as e:
-            raise Unknown("reset", f"{address}: {e.strerror or e}") from None
+        except PeerError as e:
+            if e.kind == "timeout":
+                if first is None:
+                    return timeout
+                raise Unknown("wrong answer", f"{address} answered {answer[:40]!r}, not {expect[:40]!r}, "
+                                              f"within {timeout:g}s") from None
+            raise Unknown(e.kind, f"{address}: {e}") from None
     if first is None:
         raise Unknown("no answer", f"{address} closed the connection without answering")
     if not answer.startswith(expect):
@@ -83,12 +87,15 @@ class Prober(Worker):
         self.count, self.total_us = 0, 0.0
         self.unknown = True                 # the latest probe failed (or none completed)
 
-    def run(self) -> None:
+    def measure(self) -> None:
         while not self.halt.is_set():
             began = time.monotonic()
             try:
-                seconds = probe_once(self.target.probe, self.send, self.expect, self.target.timeout)
+                seconds = probe_once(self.target.probe, self.send, self.expect, self.target.timeout, self.halt,
+                                     self.resolver)
             except Unknown as e:
+                if e.kind == "cancelled":
+                    break
                 with self.lock:
                     self.unknown = True
                 self.failed(e.kind, str(e))
