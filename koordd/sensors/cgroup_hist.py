@@ -128,18 +128,20 @@ class CgroupHistograms:
         per_map = [self._deltas(table, i) for i, table in enumerate([self.waits, *self.more_maps])]
         out = {}
         for path, inside in enclosing(self.ids).items():
-            sums = []
-            for delta in per_map:
-                slots, total_ns = [0] * self.slots, 0
-                for q in inside:
-                    d = delta.get(self.ids[q])
-                    if d is not None:
-                        slots = [a + b for a, b in zip(slots, d[0])]
-                        total_ns += d[1]
-                sums.append((slots, total_ns))
-            if sum(sums[0][0]) > 0:
-                out[path] = sums
+            first = self._subtree(per_map[0], inside)
+            if sum(first[0]) > 0:
+                out[path] = [first] + [self._subtree(delta, inside) for delta in per_map[1:]]
         return out
+
+    def _subtree(self, delta: dict[int, Counts], inside: list[str]) -> Counts:
+        """The sum of `delta` over the paths `inside` a sampled one."""
+        slots, total_ns = [0] * self.slots, 0
+        for q in inside:
+            d = delta.get(self.ids[q])
+            if d is not None:
+                slots = [a + b for a, b in zip(slots, d[0])]
+                total_ns += d[1]
+        return slots, total_ns
 
     def _deltas(self, table, i: int) -> dict[int, Counts]:
         """Map `table` (self.names[i]'s): cgroup id -> its counts since the last read."""

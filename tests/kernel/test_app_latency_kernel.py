@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import threading
 import sys
+import threading
 import time
 
 import pytest
@@ -16,7 +16,7 @@ import pytest
 from koordd.core.histogram import slot_lower_us, slot_upper_us
 from koordd.sensors.app_latency import AppLatencySensor
 from koordd.sensors.contract import SensorContext, SensorUnavailable
-from koordtest.apps import SERVER, lacks_ebpf, lacks_tracepoints
+from koordtest.apps import SERVER, STEERED_SERVER, ask, connect, lacks_ebpf, lacks_tracepoints
 
 pytestmark = pytest.mark.kernel
 
@@ -101,56 +101,6 @@ def test_each_response_is_counted_once_in_its_delays_bucket_for_the_servers_cgro
     delay_us, counted = delay * 1e6, client[n - mine.count:]
     assert delay_us <= mine.mean_us <= sum(counted) / len(counted), (mine, client_p50)
     assert slot_lower_us(slot_of(delay_us)) <= mine.p50_us <= slot_upper_us(slot_of(delay_us) + 1), mine
-
-
-# Issue 35, item 9: clients steering the measurement. A server that answers "ping" at once and "wait <ms>"
-# after that many milliseconds, one thread per connection; prints its address once listening.
-STEERED_SERVER = r"""
-import socket, sys, threading, time
-kind, where = sys.argv[1], sys.argv[2]
-if kind == "tcp":
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    where = str(s.getsockname()[1])
-else:
-    s = socket.socket(socket.AF_UNIX)
-    s.bind(where)
-s.listen(64)
-print(where, flush=True)
-
-def answer(c):
-    with c, c.makefile("rb") as requests:
-        for line in requests:
-            if line.startswith(b"wait "):
-                time.sleep(int(line[5:]) / 1000)
-            c.sendall(b"ok\n")
-
-while True:
-    threading.Thread(target=answer, args=(s.accept()[0],), daemon=True).start()
-"""
-
-
-def connect(kind: str, address: str) -> socket.socket:
-    if kind == "tcp":
-        return socket.create_connection(("127.0.0.1", int(address)))
-    c = socket.socket(socket.AF_UNIX)
-    c.connect(address)
-    return c
-
-
-def ask(c: socket.socket, *parts: bytes, pause: float = 0.0) -> float:
-    """Send a request in `parts`, `pause` s apart; the µs from its last part's send to the whole answer."""
-    for i, part in enumerate(parts):
-        if i:
-            time.sleep(pause)
-        t0 = time.perf_counter()
-        c.sendall(part)
-    answer = b""
-    while not answer.endswith(b"\n"):
-        chunk = c.recv(64)
-        assert chunk, "the server hung up"
-        answer += chunk
-    return (time.perf_counter() - t0) * 1e6
 
 
 def steered_server(env, kind: str, tmp_path) -> tuple[str, SensorContext]:
