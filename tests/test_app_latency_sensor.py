@@ -145,6 +145,14 @@ def test_the_quantiles_weigh_each_connection_alike_and_the_count_mean_and_maximu
     assert got.p50_us == 32.0 and got.p99_us == pytest.approx(16384 + 16384 * 0.98)
     assert got.slots == tuple(slots(s5=30_020, s15=30_020)[:16]) and sum(got.slots) == got.count
     assert sensor.sample(context) == {}                                 # next round: nothing new
+    # The round after: pings only. The weights are deltas too: the last round's slow ones are gone.
+    bpf.count(pod, 5, 100, 100 * 20_000)
+    bpf.count(pod, 5, 1 << 20, 0, table="weighted")
+    got = sensor.sample(context)["ls/pod1"]
+    assert got.count == 100 and got.p99_us < 32 and got.slots == tuple(slots(s5=100)[:6])
+    # A cgroup no longer watched loses its histograms, and what rounding left it owed.
+    sensor.sample(SensorContext(2.0, {p: c for p, c in CLASSES.items() if not p.startswith("ls")}))
+    assert pod not in bpf.maps["weighted"] and "ls/pod1" not in sensor.source.carry
 
 
 def test_without_weights_the_quantiles_are_per_response():
