@@ -2,6 +2,9 @@
 SLOs (tests/kernel/test_app_latency_kernel.py, tests/kernel/test_slo_kernel.py)."""
 from __future__ import annotations
 
+import socket
+import time
+
 from koordd.kernel.libbpf import BpfError, libbpf
 from koordd.sensors.cgroup_hist import KERNEL_BTF
 
@@ -30,6 +33,57 @@ def answer(c):
 while True:
     threading.Thread(target=answer, args=(s.accept()[0],), daemon=True).start()
 """
+
+
+# Clients steering the measurement (issue 35, item 9): a server that answers "ping" at once and "wait <ms>"
+# after that many milliseconds, one thread per connection; prints its address once listening.
+STEERED_SERVER = r"""
+import socket, sys, threading, time
+kind, where = sys.argv[1], sys.argv[2]
+if kind == "tcp":
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    where = str(s.getsockname()[1])
+else:
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(where)
+s.listen(64)
+print(where, flush=True)
+
+def answer(c):
+    with c, c.makefile("rb") as requests:
+        for line in requests:
+            if line.startswith(b"wait "):
+                time.sleep(int(line[5:]) / 1000)
+            c.sendall(b"ok\n")
+
+while True:
+    threading.Thread(target=answer, args=(s.accept()[0],), daemon=True).start()
+"""
+
+
+def connect(kind: str, address: str) -> socket.socket:
+    if kind == "tcp":
+        return socket.create_connection(("127.0.0.1", int(address)))
+    c = socket.socket(socket.AF_UNIX)
+    c.connect(address)
+    return c
+
+
+def ask(c: socket.socket, *parts: bytes, pause: float = 0.0) -> float:
+    """Send a request in `parts`, `pause` s apart; the µs from its last part's send to the whole answer."""
+    for i, part in enumerate(parts):
+        if i:
+            time.sleep(pause)
+        t0 = time.perf_counter()
+        c.sendall(part)
+    answer = b""
+    while not answer.endswith(b"\n"):
+        chunk = c.recv(64)
+        if not chunk:
+            raise ConnectionError("the server hung up")
+        answer += chunk
+    return (time.perf_counter() - t0) * 1e6
 
 
 def lacks_ebpf() -> str | None:

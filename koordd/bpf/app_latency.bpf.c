@@ -5,10 +5,16 @@
 // `struct hist` per watched cgroup: koordd/sensors/cgroup_hist.py reads both). Two tracepoints, as
 // tp_btf (Linux 6.6+ has both; a kernel without kprobes or ftrace, where fentry cannot attach, has them too):
 //   - sk_data_ready, which every data_ready callback fires (sock_def_readable: TCP's data arriving, and a
-//     UNIX peer's unix_stream_sendmsg): a request's first bytes stamp the socket unless a stamp is pending;
+//     UNIX peer's unix_stream_sendmsg): each arrival of a request's bytes stamps the socket, the LAST one
+//     before the answer counting (a client that sends half a request and waits does not count its wait);
 //   - sock_send_length, at the end of every sendmsg (write, send, sendfile, io_uring...): the first send
 //     on a stamped socket is the response; the time from the stamp to the end of that send is counted for
 //     the deepest watched cgroup at or above the SENDING task's (task->cgroups->dfl_cgrp).
+//
+// Two histograms per cgroup: `responses` counts each response once (the count and the exact mean);
+// `weighted` adds each response with a weight, so that a connection's responses in a window (about a
+// second) weigh WEIGHT in all whatever their number: the quantiles koordd reports come from it, and a
+// client flooding one connection with cheap requests cannot hide another connection's slow ones.
 //
 // Why the sender's cgroup names the workload, not the socket's: a socket keeps the cgroup of the task
 // that made it. A UNIX server's accepted socket is made by the connecting client (unix_stream_connect),
@@ -40,11 +46,20 @@ char _license[] SEC("license") = "GPL";
 #define SOCK_STREAM 1
 #define IPPROTO_TCP 6
 
+// A connection's responses in one window weigh WEIGHT together (each WEIGHT / the larger of its count in
+// the window before and its count so far): windows of 2^WINDOW_SHIFT ns, about a second.
+#define WINDOW_SHIFT 30
+#define WEIGHT (1ULL << 20)
+
 struct pending {
-    u64 since;              // when the pending request's first bytes arrived (ns); 0: none pending
-    u64 next;               // when the request after it arrived, while its answer was on its way (ns); 0: none
-    u32 mark;               // TCP: write_seq when `since` was stamped; the answer has gone out once it moved
+    u64 since;              // when the pending request's latest bytes arrived (ns); 0: none pending
+    u64 next;               // when the request after it last got bytes, while its answer was on its way; 0: none
+    u32 mark;               // TCP: write_seq when `since` was first stamped; the answer has gone out once it moved
     u32 answered;           // UNIX: the peer has been handed data from this socket since `since`
+    u32 window;             // the window (ns >> WINDOW_SHIFT) of this connection's latest response
+    u32 answers;            // its responses in that window
+    u32 before;             // its responses in the window before that one (0: none, or not the one before)
+    u32 unused;
 };
 
 struct {
@@ -60,6 +75,13 @@ struct {
     __type(key, u64);       // watched cgroup id
     __type(value, struct hist);
 } responses SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 16384);
+    __type(key, u64);       // watched cgroup id
+    __type(value, struct hist);     // slots: the responses' weights; wait_ns: unused (0)
+} weighted SEC(".maps");
 
 // The hot paths read the kernel's structs directly through the tracepoints' typed pointers (CO-RE
 // relocated all the same, and no helper call: four runs a request, two on each side); the rare ones through
@@ -143,11 +165,13 @@ int BPF_PROG(app_arrival, const struct sock *sk)
     }
     u64 now = bpf_ktime_get_ns();
     if (!p->since) {
-        p->since = now;                     // a request's first bytes: the rest of it keeps this stamp
+        p->since = now;                     // a request's first bytes
         p->mark = write_seq(sk);
         p->answered = 0;
-    } else if (!p->next && answer_underway(sk, p)) {
-        p->next = now;                      // the next request, come while the answer is being sent
+    } else if (answer_underway(sk, p)) {
+        p->next = now;                      // the next request's bytes, come while the answer is being sent
+    } else {
+        p->since = now;                     // more of the pending request: timed from its last bytes
     }
     return 0;
 }
@@ -164,7 +188,8 @@ int BPF_PROG(app_sent, struct sock *sk, int ret)
     struct pending *p = bpf_sk_storage_get(&requests, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
     if (!p || !p->since)
         return 0;
-    u64 took = bpf_ktime_get_ns() - p->since;
+    u64 now = bpf_ktime_get_ns();
+    u64 took = now - p->since;
     // The next request, if it came while this answer went out, is the pending one now.
     p->since = p->next;
     p->next = 0;
@@ -172,5 +197,27 @@ int BPF_PROG(app_sent, struct sock *sk, int ret)
     p->answered = 0;
 
     count_in(&responses, cgroup, took);
+
+    // Its weight: WEIGHT shared by the connection's responses in this window, as many as in the window
+    // before (a steady connection's) or as counted so far (a new or quickening one's), whichever is more.
+    u32 window = (u32)(now >> WINDOW_SHIFT);
+    if (window != p->window) {
+        p->before = window == p->window + 1 ? p->answers : 0;
+        p->window = window;
+        p->answers = 0;
+    }
+    u32 n = ++p->answers;
+    if (n < p->before)
+        n = p->before;
+    u64 weight = WEIGHT / n;
+    struct hist *h = bpf_map_lookup_elem(&weighted, &cgroup);
+    if (!h) {
+        struct hist zero = {};
+        bpf_map_update_elem(&weighted, &cgroup, &zero, BPF_NOEXIST);
+        h = bpf_map_lookup_elem(&weighted, &cgroup);
+        if (!h)
+            return 0;
+    }
+    __sync_fetch_and_add(&h->slots[slot_of(took / 1000)], weight ? weight : 1);
     return 0;
 }

@@ -5,7 +5,8 @@ layout: a `watched` set of the v2 cgroup ids koordd samples, a `resolved` cache 
 watched cgroup at or above it) koordd empties whenever that set changes, and a hash of watched cgroup id
 -> `struct hist {u64 slots[N]; u64 wait_ns;}` (log2 µs, koordd/core/histogram.py), each event counted
 once, for the deepest watched cgroup at or above its own. The sum over a sampled cgroup's subtree is
-koordd's to add (`enclosing`).
+koordd's to add (`enclosing`). A program may keep more maps of the same kind (app_latency: `weighted`,
+the same responses with weights), read alongside (`all_deltas`).
 
 Cgroups are those of the v2 tree (the unified tree on hybrid hosts), where an id is the inode number of
 the cgroup's directory.
@@ -51,16 +52,20 @@ def hist_type(slots: int) -> type[ctypes.Structure]:
 
 class CgroupHistograms:
     """A histogram program's maps, read as deltas per sampled cgroup. `load` opens and loads the object
-    (koordd's loader; unit tests give a fake); `histograms` names its map of watched cgroup -> hist."""
+    (koordd's loader; unit tests give a fake); `histograms` names its map of watched cgroup -> hist, and
+    `more` any further maps of watched cgroup -> hist, read alongside it."""
 
     def __init__(self, tree: Path, program: Path, histograms: str, slots: int,
-                 load: Callable[[Path], BpfObject] = BpfObject, kernel_btf: Path = KERNEL_BTF):
+                 load: Callable[[Path], BpfObject] = BpfObject, kernel_btf: Path = KERNEL_BTF,
+                 more: tuple[str, ...] = ()):
         self.tree, self.program, self.histograms, self.slots = tree, program, histograms, slots
+        self.names = (histograms,) + more
         self.load, self.kernel_btf = load, kernel_btf
         self.obj: BpfObject | None = None
         self.watched = self.resolved = self.waits = None    # the program's maps, once loaded
+        self.more_maps: list = []                        # the maps of `more`, once loaded
         self.ids: dict[str, int] = {}                    # sampled path -> v2 cgroup id
-        self.prev: dict[int, Counts] = {}                # id -> its cumulative (slots, wait_ns)
+        self.prev: list[dict[int, Counts]] = [{} for _ in self.names]   # per map: id -> cumulative counts
 
     def open(self) -> None:
         if not self.kernel_btf.exists():
@@ -71,7 +76,8 @@ class CgroupHistograms:
             self.obj.attach_all()
             self.watched = self.obj.map("watched", ctypes.c_uint64, ctypes.c_uint8)
             self.resolved = self.obj.map("resolved", ctypes.c_uint64, ctypes.c_uint64)
-            self.waits = self.obj.map(self.histograms, ctypes.c_uint64, hist_type(self.slots))
+            self.waits, *self.more_maps = [self.obj.map(name, ctypes.c_uint64, hist_type(self.slots))
+                                           for name in self.names]
         except BpfError as e:
             self.close()
             raise SensorUnavailable(f"the BPF program did not load: {e}") from None
@@ -100,9 +106,10 @@ class CgroupHistograms:
             return
         for p, cid in self.ids.items():
             if want.get(p) != cid:
-                for table in (self.watched, self.waits):
+                for table in (self.watched, self.waits, *self.more_maps):
                     table.delete(ctypes.c_uint64(cid))
-                self.prev.pop(cid, None)
+                for prev in self.prev:
+                    prev.pop(cid, None)
         for p, cid in want.items():
             if self.ids.get(p) != cid:
                 self.watched.update(ctypes.c_uint64(cid), ctypes.c_uint8(1))
@@ -112,24 +119,39 @@ class CgroupHistograms:
     def deltas(self, paths: Iterable[str]) -> dict[str, Counts]:
         """Each sampled path -> (slots, total ns) counted in its subtree since the last read (since it
         was first watched, the first time); a path whose subtree counted nothing is left out."""
+        return {path: counts[0] for path, counts in self.all_deltas(paths).items()}
+
+    def all_deltas(self, paths: Iterable[str]) -> dict[str, list[Counts]]:
+        """As deltas, with each map's counts (in the order of self.names); a path is left out where the
+        first map counted nothing in its subtree."""
         self._watch(list(paths))
-        by_id = {k.value: (list(v.slots), int(v.wait_ns)) for k, v in self.waits.items()}
+        per_map = [self._deltas(table, i) for i, table in enumerate([self.waits, *self.more_maps])]
+        out = {}
+        for path, inside in enclosing(self.ids).items():
+            first = self._subtree(per_map[0], inside)
+            if sum(first[0]) > 0:
+                out[path] = [first] + [self._subtree(delta, inside) for delta in per_map[1:]]
+        return out
+
+    def _subtree(self, delta: dict[int, Counts], inside: list[str]) -> Counts:
+        """The sum of `delta` over the paths `inside` a sampled one."""
+        slots, total_ns = [0] * self.slots, 0
+        for q in inside:
+            d = delta.get(self.ids[q])
+            if d is not None:
+                slots = [a + b for a, b in zip(slots, d[0])]
+                total_ns += d[1]
+        return slots, total_ns
+
+    def _deltas(self, table, i: int) -> dict[int, Counts]:
+        """Map `table` (self.names[i]'s): cgroup id -> its counts since the last read."""
+        by_id = {k.value: (list(v.slots), int(v.wait_ns)) for k, v in table.items()}
         delta: dict[int, Counts] = {}
         for cid, (slots, total_ns) in by_id.items():
-            old = self.prev.get(cid)
+            old = self.prev[i].get(cid)
             if old is None:
                 delta[cid] = (slots, total_ns)      # counted since this cgroup was first watched
             else:
                 delta[cid] = ([a - b for a, b in zip(slots, old[0])], total_ns - old[1])
-        self.prev = by_id
-        out = {}
-        for path, inside in enclosing(self.ids).items():
-            slots, total_ns = [0] * self.slots, 0
-            for q in inside:
-                d = delta.get(self.ids[q])
-                if d is not None:
-                    slots = [a + b for a, b in zip(slots, d[0])]
-                    total_ns += d[1]
-            if sum(slots) > 0:
-                out[path] = (slots, total_ns)
-        return out
+        self.prev[i] = by_id
+        return delta

@@ -3,7 +3,8 @@
 unit tests drive a sensor without loading anything (tests/conftest.py refuses the real loader there).
 
 `FakeHistObject(histograms)` is the loader: called with the object's path it returns itself, and `count`
-stands for the program counting events for a watched cgroup.
+stands for the program counting events for a watched cgroup (in `histograms`, or another of its maps of
+that kind, `more`).
 """
 from __future__ import annotations
 
@@ -28,9 +29,10 @@ class FakeMap(dict):
 
 
 class FakeHistObject:
-    def __init__(self, histograms: str, slots: int, attach_error: str | None = None):
+    def __init__(self, histograms: str, slots: int, attach_error: str | None = None, more: tuple[str, ...] = ()):
         self.histograms, self.slots, self.attach_error = histograms, slots, attach_error
-        self.maps = {"watched": FakeMap(), "resolved": FakeMap(), histograms: FakeMap()}
+        self.maps = {"watched": FakeMap(), "resolved": FakeMap(), histograms: FakeMap(),
+                     **{name: FakeMap() for name in more}}
         self.path: Path | None = None
         self.attached = self.closed = False
 
@@ -52,9 +54,10 @@ class FakeHistObject:
     def close(self) -> None:
         self.closed = True
 
-    def count(self, cgroup_id: int, slot: int, n: int, total_ns: int) -> None:
-        """The program counting n events of `total_ns` in all, in `slot`, for a watched cgroup."""
-        table = self.maps[self.histograms]
+    def count(self, cgroup_id: int, slot: int, n: int, total_ns: int, table: str | None = None) -> None:
+        """The program counting n events of `total_ns` in all, in `slot`, for a watched cgroup (in map
+        `table`: the histograms' unless named)."""
+        table = self.maps[table or self.histograms]
         h = dict.get(table, cgroup_id) or SimpleNamespace(slots=[0] * self.slots, wait_ns=0)
         h.slots[slot] += n
         h.wait_ns += total_ns

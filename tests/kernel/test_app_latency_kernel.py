@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from koordd.core.histogram import slot_lower_us, slot_upper_us
 from koordd.sensors.app_latency import AppLatencySensor
 from koordd.sensors.contract import SensorContext, SensorUnavailable
-from koordtest.apps import SERVER, lacks_ebpf, lacks_tracepoints
+from koordtest.apps import SERVER, STEERED_SERVER, ask, connect, lacks_ebpf, lacks_tracepoints
 
 pytestmark = pytest.mark.kernel
 
@@ -100,3 +101,73 @@ def test_each_response_is_counted_once_in_its_delays_bucket_for_the_servers_cgro
     delay_us, counted = delay * 1e6, client[n - mine.count:]
     assert delay_us <= mine.mean_us <= sum(counted) / len(counted), (mine, client_p50)
     assert slot_lower_us(slot_of(delay_us)) <= mine.p50_us <= slot_upper_us(slot_of(delay_us) + 1), mine
+
+
+def steered_server(env, kind: str, tmp_path) -> tuple[str, SensorContext]:
+    ls = env.cgroup("ls")
+    p = env.spawn("ls", [sys.executable, "-c", STEERED_SERVER, kind, str(tmp_path / "steered.sock")],
+                  stdout=subprocess.PIPE)
+    address = p.stdout.readline().decode().strip()
+    assert address, f"the {kind} server did not start"
+    return address, SensorContext(0.0, {env.name: "", ls: "LS", env.cgroup("be"): "BE"})
+
+
+@pytest.mark.parametrize("kind", ["tcp", "unix"])
+def test_clients_that_send_half_a_request_and_wait_do_not_count_their_wait(cgroups, sensor, tmp_path, kind):
+    """30 clients send half a request, wait 150 ms, send the rest, twice each, while another one sends 300
+    pings. The server answers each at once: a response is timed from the request's last bytes, so the
+    measured p99 (and even the maximum) stays within the slowest answer any client waited for after its
+    last bytes, rounded up to its bucket; counted from the first bytes it read ~150 ms (issue 35)."""
+    address, context = steered_server(cgroups, kind, tmp_path)
+    ls = cgroups.cgroup("ls")
+    sensor.sample(context)                                          # baseline
+    waited: list[float] = []
+
+    def slow_client():
+        with connect(kind, address) as c:
+            for _ in range(2):
+                waited.append(ask(c, b"pi", b"ng\n", pause=0.15))
+
+    threads = [threading.Thread(target=slow_client) for _ in range(30)]
+    for t in threads:
+        t.start()
+    with connect(kind, address) as c:
+        waited += [ask(c, b"ping\n") for _ in range(300)]
+    for t in threads:
+        t.join()
+    got = sensor.sample(context).get(ls)
+    bound = slot_upper_us(slot_of(max(waited)))
+    print(f"\n[kernel] {kind}, 300 pings and 60 half-sent requests paused 150 ms: sensor {got}; the slowest "
+          f"answer after a last byte {max(waited):.0f} µs (bound {bound:.0f} µs)")
+    assert got is not None and got.count >= 300, got
+    assert got.p99_us <= bound and got.max_us <= bound, (got, bound)
+
+
+def test_a_flood_of_cheap_pings_on_one_connection_does_not_hide_another_clients_tail(cgroups, sensor, tmp_path):
+    """One client sends 60,000 pings on one connection (answered at once) while another sends 40
+    requests the server takes 24 ms to answer: 0.07% of the responses. Per response, the p99 would be a
+    ping's; a connection's responses weigh as much together as another's (per second, the program's
+    window), so the 24 ms tail is the p99 (issue 35)."""
+    address, context = steered_server(cgroups, "tcp", tmp_path)
+    ls = cgroups.cgroup("ls")
+    sensor.sample(context)                                          # baseline
+    started = threading.Event()
+
+    def flood():
+        with connect("tcp", address) as c:
+            started.set()
+            for _ in range(60_000):
+                ask(c, b"ping\n")
+
+    flooder = threading.Thread(target=flood)
+    flooder.start()
+    started.wait()
+    with connect("tcp", address) as c:
+        slow = [ask(c, b"wait 24\n") for _ in range(40)]
+    flooder.join()
+    got = sensor.sample(context).get(ls)
+    print(f"\n[kernel] 60,000 pings on one connection, 40 answers after 24 ms on another: sensor {got}; "
+          f"the slow client's fastest answer {min(slow):.0f} µs")
+    assert got is not None and got.count >= 60_000, got
+    assert min(slow) >= 24_000                          # the tail is real: every one of the 40 took 24 ms
+    assert got.p99_us >= 20_000, got
