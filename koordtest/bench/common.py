@@ -12,9 +12,10 @@ import sys
 import time
 import tomllib
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from koordtest.bench.qos_stats import Spread
+if TYPE_CHECKING:
+    from koordtest.bench.qos_stats import Spread
 
 REPO = Path(__file__).resolve().parents[2]
 
