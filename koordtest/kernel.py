@@ -23,6 +23,7 @@ import pytest
 
 from koordctl.demo.cgroups import ScratchTree, die_with_parent
 from koordd.act.journal import read_held
+from koordtest.bench.common import wait_for  # noqa: F401  (the kernel tests import it from here)
 from koordtest.koordd_proc import koordd_command
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -31,18 +32,6 @@ HOG = ["/bin/sh", "-c", "while :; do :; done"] if os.path.exists("/bin/sh") \
     else [sys.executable, "-c", "while True: pass"]
 NCPU = os.sysconf("SC_NPROCESSORS_ONLN")
 _serial = itertools.count()
-
-
-def wait_for(predicate, timeout: float, step: float = 0.1):
-    """predicate()'s first truthy value within `timeout` seconds, else None."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(step)
 
 
 def detect_host() -> tuple[str, dict[str, Path]]:

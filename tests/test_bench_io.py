@@ -1,4 +1,4 @@
-"""scripts/bench-io's pure parts: fio's command lines and JSON, the kernel's text, the statistics and the
+"""scripts/bench-io's pure parts (koordtest/bench/io_qos.py): fio's command lines and JSON, the kernel's text, the statistics and the
 report, koordd's config (koordd must accept it, with io_qos the only loop on), the run order and the
 iocost restore. No fio, no root."""
 from __future__ import annotations
@@ -9,9 +9,7 @@ import pytest
 
 from koordd.core.config import parse_config
 from koordd.runtime.docs import shipped_loops
-from koordtest.scripts import load_script
-
-bench = load_script("bench-io")
+from koordtest.bench import io_qos as bench
 
 
 def fio_json(direction: str, iops: float, bw: int, p50_ns: int, p99_ns: int, p999_ns: int, jobs: int = 1,
@@ -202,14 +200,6 @@ def test_summarise_medians_ratios_and_spreads():
 def test_summarise_without_baselines_leaves_ratios_out():
     rows = bench.summarise([run("koordd", 0.004, be=3e8)], bench.SETUPS)
     assert rows[0].p99_ratio is None and rows[0].be_share is None
-
-
-def test_cell_formats():
-    S = bench.Spread
-    assert bench.cell(None) == "-"
-    assert bench.cell(S(1.234, 1.234, 1.234, 1)) == "1.23"
-    assert bench.cell(S(1.5, 1.0, 2.0, 3), 1, "x") == "1.5x (1.0-2.0)"
-    assert bench.cell(S(2.0, 2.0, 2.0, 2), 0) == "2"
 
 
 def test_markdown_page():

@@ -1,12 +1,10 @@
-"""scripts/bench-oom's pure parts: the kernel-log parser (chosen victims, memory.oom.group kills, the
+"""scripts/bench-oom's pure parts (koordtest/bench/oom.py): the kernel-log parser (chosen victims, memory.oom.group kills, the
 marker), the naming of victims by unit, the summary, and koordd's config it writes. No root, no VM."""
 from __future__ import annotations
 
 from koordd.core.config import parse_config
 from koordd.runtime.docs import shipped_loops
-from koordtest.scripts import load_script
-
-bo = load_script("bench-oom")
+from koordtest.bench import oom as bo
 
 # Shaped like Linux 6.x/7.x's mm/oom_kill.c output (dmesg, timestamps in front).
 LOG = """\

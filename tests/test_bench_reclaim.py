@@ -1,4 +1,4 @@
-"""scripts/bench-reclaim's pure parts: the parsers of the cgroup files and the workload's rate log, the
+"""scripts/bench-reclaim's pure parts (koordtest/bench/reclaim.py): the parsers of the cgroup files and the workload's rate log, the
 window's arithmetic, koordd's config, the run order, the per-arm summary, the verdict and the report.
 No root, no VM: made-up runs."""
 from __future__ import annotations
@@ -9,9 +9,7 @@ import pytest
 
 from koordd.core.config import parse_config
 from koordd.runtime.docs import shipped_loops
-from koordtest.scripts import load_script
-
-br = load_script("bench-reclaim")
+from koordtest.bench import reclaim as br
 MiB = 1 << 20
 
 
@@ -210,12 +208,6 @@ def test_markdown_has_the_command_the_table_the_verdict_and_every_run():
     assert len(rows) == 6
     assert "| 1 | koordd | 118.0 (110.0-121.0) | 360 → 150 | 200 (5) | 1.0 | 0.010 | 0.200 (0.100) | 1.20 |" in rows
     assert "| 1 | off | 124.0 (120.0-126.0) | 360 → 360 | - | 0.0 | 0.010 | 0.000 (0.000) | 1.00 |" in rows
-
-
-def test_fmt():
-    assert br.fmt(None) == "-"
-    assert br.fmt(br.Spread(1.234, 1.0, 2.0, 3), 2) == "1.23 (1.00-2.00)"
-    assert br.fmt(br.Spread(5.0, 5.0, 5.0, 3)) == "5.0"
 
 
 def test_parse_args_checks_arms_and_sizes():

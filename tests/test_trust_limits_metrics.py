@@ -14,14 +14,9 @@ import pytest
 
 from koordd.runtime.endpoint import DEADLINE, MAX_HEAD
 from koordd.runtime.metrics import Exporter, MetricsServer
+from koordtest.metricsnode import free_port
 
 PROBE_TIMEOUT = 5.0        # deploy/kubernetes/daemonset.yaml: the liveness probe's timeoutSeconds
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

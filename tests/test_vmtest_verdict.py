@@ -1,21 +1,22 @@
-"""scripts/vmtest-verdict: a test that failed is a failure whatever happens after it (a kernel fault, the
+"""scripts/vmtest-verdict (koordtest/vmtest/verdict.py): a test that failed is a failure whatever happens after it (a kernel fault, the
 VM killed at its limit); only a boot in which no test failed and the emulator faulted (guest oops or
 panic, a VM that did not come back) is no result, and scripts/vmtest boots once more only then, for the
-tests with no outcome yet. Also scripts/vmtest-plan: the files dealt out to VMs by their budgets.
+tests with no outcome yet. Also scripts/vmtest-plan (koordtest/vmtest/plan.py): the files dealt out to VMs
+by their budgets.
 
 The runs here are made up: a console log, the tests' report and the results a boot would leave, as
 scripts/vmtest lays them out in its run directory.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
+import contextlib
+import io
 from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-SCRIPT = SCRIPTS / "vmtest-verdict"
+from koordtest.vmtest import plan as vmtest_plan, verdict as vmtest_verdict
+from koordtest.vmtest.budget import budgets
 
 BOOT = """\
 [    0.000000] Linux version 7.2.13+deb14-cloud-amd64
@@ -63,11 +64,18 @@ def make_run(tmp_path: Path, console: str, status: str | None = None, junit_xml:
     return run
 
 
+def run_main(main, *argv: str) -> tuple[int, str, str]:
+    """A tool's main(argv) as scripts/vmtest runs it: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
 def verdict(run: Path, qemu_status: int = 0, *flags: str) -> tuple[list[str], str]:
-    p = subprocess.run([sys.executable, str(SCRIPT), *flags, str(run), str(qemu_status)],
-                       capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    return p.stdout.split(), p.stderr
+    code, out, err = run_main(vmtest_verdict.main, *flags, str(run), str(qemu_status))
+    assert code == 0, err
+    return out.split(), err
 
 
 def test_a_green_boot_passes(tmp_path):
@@ -174,20 +182,18 @@ def test_the_summary_merges_boots_and_puts_the_slowest_test_first_against_its_bu
         f"koordd-vmtest start {PACKAGE_TEST}\n"
         f"koordd-vmtest result {PACKAGE_TEST} passed 9999.0\n"))
     verdict(second, 0)
-    p = subprocess.run([sys.executable, str(SCRIPT), "summary", str(first), str(second)],
-                       capture_output=True, text=True, timeout=60)
-    assert p.stdout.split() == ["2", "2", "0"], p.stderr
-    rows = [line for line in p.stderr.splitlines() if "::" in line]
-    assert PACKAGE_TEST in rows[0] and "OVER BUDGET" in rows[0], p.stderr
-    assert "test_shaping[edt] [failed]" in rows[1] and "(no budget)" in rows[1], p.stderr
+    _, out, err = run_main(vmtest_verdict.main, "summary", str(first), str(second))
+    assert out.split() == ["2", "2", "0"], err
+    rows = [line for line in err.splitlines() if "::" in line]
+    assert PACKAGE_TEST in rows[0] and "OVER BUDGET" in rows[0], err
+    assert "test_shaping[edt] [failed]" in rows[1] and "(no budget)" in rows[1], err
 
 
 def plan(shards: int, *args: str) -> list[list[str]]:
-    p = subprocess.run([sys.executable, str(SCRIPTS / "vmtest-plan"), str(shards), *args],
-                       capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    assert "no budget" not in p.stderr, f"a system test file without a line in tests/system/budget.txt: {p.stderr}"
-    return [line.split() for line in p.stdout.splitlines()]
+    code, out, err = run_main(vmtest_plan.main, str(shards), *args)
+    assert code == 0, err
+    assert "no budget" not in err, f"a system test file without a line in tests/system/budget.txt: {err}"
+    return [line.split() for line in out.splitlines()]
 
 
 def test_the_plan_runs_every_system_test_file_once_in_balanced_vms():
@@ -199,3 +205,14 @@ def test_the_plan_runs_every_system_test_file_once_in_balanced_vms():
     # Dealt longest first: each VM's share is within its biggest file of the other's.
     assert max(limits) - min(limits) < int(one[0][1]) / 2, two
     assert plan(2, "-k", "edt") == [["1", one[0][1], *one[0][2:]]]     # pytest selects: one VM, every file
+
+
+def test_a_bad_budget_line_stops_the_plan_and_the_summary_skips_it(tmp_path):
+    path = tmp_path / "budget.txt"
+    path.write_text("# seconds nodeid\n12.5 tests/system/test_a.py::test_one  # a comment\n\nfast tests/b.py::x\n")
+    assert budgets(path, strict=False) == {"tests/system/test_a.py::test_one": 12.5}
+    with pytest.raises(SystemExit, match=r"budget.txt:4: expected 'SECONDS NODEID', got 'fast tests/b.py::x'"):
+        budgets(path)
+    assert budgets(tmp_path / "none.txt", strict=False) == {}
+    with pytest.raises(OSError):
+        budgets(tmp_path / "none.txt")

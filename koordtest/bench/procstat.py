@@ -1,5 +1,5 @@
 """What a running process holds, read from outside it: its memory, threads, open files, CPU time and
-the entries of its BPF maps.
+the entries of its BPF maps; and the CPU time of the whole node.
 
 BPF map entries: /proc/<pid>/fdinfo/<fd> of a map's file descriptor names the map (map_id, map_type,
 key_size, max_entries) but not how many entries it holds; those are counted here by walking the
@@ -42,11 +42,25 @@ def status(pid: int) -> dict[str, int]:
     return out
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of the whole process."""
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(user, system) seconds of the whole process, all its threads."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    return int(fields[11]) / TICK, int(fields[12]) / TICK
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process."""
+    return sum(cpu_times(pid))
+
+
+def node_cpu_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of all CPUs from /proc/stat's first line: busy is user, nice, system,
+    irq, softirq and steal (not idle nor iowait); guest and guest_nice are inside user and nice."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    total = sum(fields[:8])
+    return total - fields[3] - fields[4], total
 
 
 def open_fds(pid: int) -> int:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from koordtest.bench import common
+
 CGROUP = Path("/sys/fs/cgroup")
 UNIT = "koordd"
 CONFIG = Path("/etc/koordd/koordd.toml")
@@ -104,15 +106,9 @@ def wait_journal(predicate, timeout: float = 45):
 
 
 def wait_for(predicate, timeout: float, step: float = 0.5):
-    """predicate()'s first truthy value within `timeout` seconds, else None."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(step)
+    """predicate()'s first truthy value within `timeout` seconds, else None: koordtest's, polling every
+    half second by default (each poll costs CPU under TCG)."""
+    return common.wait_for(predicate, timeout, step)
 
 
 def koordd_status() -> dict:
