@@ -1,7 +1,7 @@
 """A pynvml of files, for the NVML probe that runs in a child process (koordd/sensors/gpu.py): a module the
 child imports from a directory put on sys.path, whose nvmlInit dlopens a shared library named
-libnvidia-ml.so.1 (a copy of one of Python's own extension modules: an ELF object on every host that runs
-the tests, whatever is installed) and notes, in a log beside it, which process called what.
+libnvidia-ml.so.1 (a copy of Python's own _json extension module, which needs nothing but libc: an ELF
+object on every host that runs the tests, whatever is installed) and notes, in a log beside it, which process called what.
 
     lib = fake_pynvml(tmp_path, count=2)            # or init_error="Driver Not Loaded"
     monkeypatch.syspath_prepend(str(tmp_path)); monkeypatch.delitem(sys.modules, "pynvml", raising=False)
@@ -10,7 +10,7 @@ the tests, whatever is installed) and notes, in a log beside it, which process c
 """
 from __future__ import annotations
 
-import _ctypes
+import _json
 import shutil
 from pathlib import Path
 
@@ -47,10 +47,11 @@ def fake_pynvml(directory: Path, count: int = 2, init_error: str | None = None, 
     (directory / "pynvml.py").write_text(_MODULE.format(library=LIBRARY, init_error=init_error, count=count,
                                                         crash=crash))
     (directory / "nvml.log").unlink(missing_ok=True)
-    source = getattr(_ctypes, "__file__", None)
+    source = getattr(_json, "__file__", None)
     if not source:
         return None
     lib = directory / LIBRARY
+    lib.unlink(missing_ok=True)     # a new file, never one rewritten in place: a process may have it mapped
     shutil.copyfile(source, lib)
     return lib
 
