@@ -1,10 +1,9 @@
-"""What the koordctl commands share: their one error, reading the state_dir's JSON, and printing tables and times."""
+"""What the koordctl commands share: their one error and printing tables and times (reading the state_dir:
+koordctl/statefiles.py)."""
 from __future__ import annotations
 
-import json
 import os
 import time
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from koordd.core.printable import printable
@@ -12,16 +11,6 @@ from koordd.core.printable import printable
 
 class CtlError(Exception):
     """Reported as one line on stderr, exit 2."""
-
-
-def read_json(path: Path) -> Any:
-    """The parsed file, or None when it does not exist."""
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        raise CtlError(f"{path}: unreadable: {getattr(e, 'strerror', None) or e}") from None
 
 
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str] | None = None) -> str:

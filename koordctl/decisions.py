@@ -7,8 +7,8 @@ import time
 from datetime import datetime
 
 from koordctl.common import CtlError, knob_value, local_time, table, target_text
-from koordctl.running import state_dir
-from koordd.act.decision_log import read_decisions
+from koordctl.running import trusted_state_dir
+from koordctl.statefiles import escaped, read_records
 from koordd.core.options import parse_duration
 
 
@@ -26,14 +26,10 @@ def parse_since(text: str, now: float) -> float:
 
 
 def cmd_decisions(args: argparse.Namespace) -> int:
-    sd = state_dir(args)
+    sd = trusted_state_dir(args)
     since = None if args.since is None else parse_since(args.since, time.time())
-    try:
-        records = [r for r in read_decisions(sd) if isinstance(r, dict)
-                   and (args.loop is None or r.get("loop") == args.loop)
-                   and (since is None or (r.get("time") or 0) >= since)]
-    except OSError as e:
-        raise CtlError(f"{e.filename}: unreadable: {e.strerror or e}") from None
+    records = [r for r in read_records(sd) if (args.loop is None or r.get("loop") == args.loop)
+               and (since is None or (r.get("time") or 0) >= since)]
     if args.n is not None:
         records = records[-args.n:] if args.n > 0 else []
     if args.json:
@@ -42,6 +38,7 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     elif not records:
         print(f"no decisions recorded in {sd}" + (" matching the filters" if args.loop or since else ""))
     else:
+        records = escaped(records)      # a workload's names cannot reach the terminal
         print(table(((local_time(r.get("time")), r.get("loop"), r.get("outcome"), target_text(r),
                       r.get("knob"), f"{knob_value(r.get('old'))} -> {knob_value(r.get('new'))}",
                       " ".join(filter(None, (r.get("message"), r.get("error") and f"({r['error']})"))))

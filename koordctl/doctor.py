@@ -4,10 +4,13 @@ lists them: where each runs, its run time, its maps' sizes)."""
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from pathlib import Path
 
+from koordctl.common import CtlError
 from koordctl.running import running_koordd
+from koordctl.shapes import STATUS
+from koordctl.statefiles import escaped, read_document, refuse_untrusted
 from koordd.core.feeds import STATUS_FILE
 from koordd.runtime.capabilities import format_report, probe_all, report_json
 
@@ -16,22 +19,29 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     caps = probe_all(args.cgroup_root)
     if args.json:
         print(report_json(caps))
-    else:
-        print(format_report(caps))
-        print()
-        print(format_bpf(*running_bpf()))
+        return 0
+    print(format_report(caps))
+    print()
+    try:
+        pid, bpf = running_bpf()
+    except CtlError as e:       # the host's report stands; the running koordd's files are not shown
+        print(f"koordctl: BPF programs not shown: {e}", file=sys.stderr)
+        return 2
+    print(format_bpf(pid, None if bpf is None else escaped(bpf)))
     return 0
 
 
 def running_bpf() -> tuple[int | None, dict | None]:
-    """The running koordd's pid and the BPF report of its status file (None, None where none runs)."""
+    """The running koordd's pid and the BPF report of its status file (None, None where none runs).
+    CtlError where its state_dir is not one koordd would trust or its status.json not what koordd writes."""
     holder = running_koordd()
     if holder is None:
         return None, None
-    try:
-        status = json.loads((Path(holder.state_dir or "") / STATUS_FILE).read_text())
-    except (OSError, ValueError):
+    if not holder.state_dir:
         return holder.pid, None
+    sd = Path(holder.state_dir)
+    refuse_untrusted(sd)
+    status = read_document(sd / STATUS_FILE, STATUS)
     bpf = status.get("bpf") if isinstance(status, dict) else None
     return holder.pid, bpf if isinstance(bpf, dict) else None
 

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from koordctl.common import pid_alive
+from koordctl.common import CtlError, pid_alive
+from koordctl.shapes import STATUS
+from koordctl.statefiles import read_document, refuse_untrusted
 from koordd.act.owner import Holder, current_holder
 from koordd.core.config import ConfigError, DAEMON_OPTIONS, DEFAULT_PATH, load_config
 from koordd.core.feeds import STATUS_FILE
@@ -54,13 +55,23 @@ def running_koordd() -> Holder | None:
 
 
 def last_config() -> Path | None:
-    """The config of the last koordd that ran with the default state_dir, as its status.json names it."""
+    """The config of the last koordd that ran with the default state_dir, as its status.json names it; None
+    where that state_dir is not one koordd would trust (it says so on stderr) or names none."""
     try:
-        status = json.loads((Path(DEFAULT_STATE_DIR) / STATUS_FILE).read_text())
-    except (OSError, ValueError):
+        refuse_untrusted(Path(DEFAULT_STATE_DIR))
+        status = read_document(Path(DEFAULT_STATE_DIR) / STATUS_FILE, STATUS)
+    except CtlError as e:
+        print(f"koordctl: not following the config the last status names: {e}", file=sys.stderr)
         return None
     config = status.get("config") if isinstance(status, dict) else None
-    return Path(config) if isinstance(config, str) and config else None
+    return Path(config) if isinstance(config, str) and config and "\0" not in config else None
+
+
+def trusted_state_dir(args: argparse.Namespace) -> Path:
+    """state_dir(args), once koordctl.statefiles.refuse_untrusted has found it one koordd would trust."""
+    sd = state_dir(args)
+    refuse_untrusted(sd)
+    return sd
 
 
 def host_owner() -> tuple[Any, str]:

@@ -14,9 +14,10 @@ import sys
 import time
 from typing import Any, Iterable
 
-from koordctl.common import CtlError, ago, local_time, pid_alive, read_json
-from koordctl.running import state_dir
-from koordd.act.decision_log import read_decisions
+from koordctl.common import ago, local_time, pid_alive
+from koordctl.running import trusted_state_dir
+from koordctl.shapes import STATUS
+from koordctl.statefiles import escaped, read_document, read_records
 from koordd.core.feeds import STATUS_FILE
 from koordd.core.printable import printable
 from koordd.core.report import HISTORY_WORKLOADS
@@ -30,8 +31,8 @@ DEFAULT_SECONDS = 600.0
 
 
 def cmd_slo(args: argparse.Namespace) -> int:
-    sd = state_dir(args)
-    status = read_json(sd / STATUS_FILE)
+    sd = trusted_state_dir(args)
+    status = read_document(sd / STATUS_FILE, STATUS)
     if not isinstance(status, dict):
         return _none(args, sd, False, f"koordd has not run with state_dir {sd}")
     running = pid_alive(status.get("pid"))
@@ -39,16 +40,17 @@ def cmd_slo(args: argparse.Namespace) -> int:
         return _none(args, sd, False, f"koordd is not running (state_dir {sd}, status updated "
                                       f"{ago(status.get('updated'), time.time())})")
     now = time.time()
+    if not args.json:
+        status = escaped(status)        # every name a workload chose, before it reaches the terminal
     workloads = gather(status)
     if not workloads:
         return _none(args, sd, True, no_slo_text(status, sd), 0)
     history = status.get("slo_history") if isinstance(status.get("slo_history"), dict) else {}
     seconds = _number(history.get("seconds")) or DEFAULT_SECONDS
-    try:
-        records = [r for r in read_decisions(sd) if isinstance(r, dict) and r.get("loop") == "be_suppress"
-                   and isinstance(r.get("time"), (int, float)) and r["time"] >= now - seconds]
-    except OSError as e:
-        raise CtlError(f"{e.filename}: unreadable: {e.strerror or e}") from None
+    records = [r for r in read_records(sd) if r.get("loop") == "be_suppress"
+               and isinstance(r.get("time"), (int, float)) and r["time"] >= now - seconds]
+    if not args.json:
+        records = escaped(records)
     for w in workloads:
         w["be_suppress"] = be_suppress(records, w["cgroup"])
     if args.json:
@@ -177,7 +179,8 @@ def chart(points: list[dict], target: float | None, now: float, seconds: float, 
             continue
         i = slots - 1 - int(round((now - t) / step))
         if 0 <= i < slots:
-            cells[i] = levels[min(len(levels) - 1, max(0, int(v / (2 * target) * len(levels))))]
+            # as a float first: a latency of 1e19 us against a target of 1e-300 us is an infinite level
+            cells[i] = levels[int(min(len(levels) - 1.0, max(0.0, v / (2 * target) * len(levels))))]
     return "".join(cells)
 
 

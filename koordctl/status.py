@@ -5,25 +5,34 @@ import argparse
 import json
 import time
 
-from koordctl.common import CtlError, ago, local_time, pid_alive, read_json, table, target_text
-from koordctl.running import host_owner, state_dir
+from koordctl.common import CtlError, ago, local_time, pid_alive, table, target_text
+from koordctl.running import host_owner, trusted_state_dir
+from koordctl.shapes import HELD, Malformed, STATUS, check, seq
+from koordctl.statefiles import bounded, escaped, read_document
 from koordd.act.journal import RestoreJournal, read_held
 from koordd.core.feeds import STATUS_FILE
+from koordd.core.printable import printable
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    sd = state_dir(args)
-    status = read_json(sd / STATUS_FILE)
+    sd = trusted_state_dir(args)
+    status = read_document(sd / STATUS_FILE, STATUS)
     if not isinstance(status, dict):
         print(f"koordd has not run with state_dir {sd}")
         return 1
     # The restore journal is written before every knob and survives a crash; status.json may be stale.
     # Read with read_held rather than by RestoreJournal: a reader takes no part in the journal.
+    bad = sd / RestoreJournal.FILE if (sd / RestoreJournal.FILE).exists() else sd / RestoreJournal.V1_FILE
+    bounded(bad)
     try:
         journal = read_held(sd)
-    except (OSError, ValueError) as e:
-        bad = sd / RestoreJournal.FILE if (sd / RestoreJournal.FILE).exists() else sd / RestoreJournal.V1_FILE
-        raise CtlError(f"{bad}: unreadable: {getattr(e, 'strerror', None) or e}") from None
+    except (OSError, ValueError, RecursionError) as e:
+        raise CtlError(f"{bad}: unreadable: {printable(getattr(e, 'strerror', None) or e)}") from None
+    if journal is not None:
+        try:
+            check(journal[0], seq(HELD))
+        except Malformed as e:
+            raise CtlError(f"{journal[1]}: {printable(e)}: not what koordd writes") from None
     held, source = (journal[0], journal[1].name) if journal is not None else (status.get("held") or [], STATUS_FILE)
     running = pid_alive(status.get("pid"))
     holder, owner_text = host_owner()
@@ -33,6 +42,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                          indent=1, sort_keys=True))
         return 0 if running else 1
     now = time.time()
+    status, held = escaped(status), escaped(held)     # what a workload named cannot reach the terminal
     state = "running" if running else "not running"
     print(table([
         ("koordd", f"{state} (pid {status.get('pid')}, status updated {ago(status.get('updated'), now)})"),
@@ -52,7 +62,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("\n".join(report_lines(report)))
     loops = status.get("loops") or {}
     print()
-    print(table([(name, f"{r.get('interval', 0):g}s", r.get("ticks"), ago(r.get("last_tick"), now),
+    print(table([(name, "?" if r.get("interval") is None else f"{r['interval']:g}s", r.get("ticks"), ago(r.get("last_tick"), now),
                   r.get("failures"), r.get("last_error")) for name, r in loops.items()],
                 ("LOOP", "INTERVAL", "TICKS", "LAST TICK", "FAILURES", "LAST ERROR"))
           if loops else "no loops enabled")
@@ -73,9 +83,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 def reclaimable_text(r: dict) -> str:
     """What LS was given but left unused (koordd/core/reclaimable.py): "1.25 CPUs, 3.0 GiB"; "?" for a resource
     unknown in the last round."""
-    cpu, memory = r.get("cpu_cores"), r.get("memory_bytes")
-    cpus = f"{cpu['reclaimable']:.2f} CPUs" if cpu else "? CPUs"
-    mem = f"{memory['reclaimable'] / 2**30:.1f} GiB" if memory else "? GiB"
+    cpu, memory = (r.get("cpu_cores") or {}).get("reclaimable"), (r.get("memory_bytes") or {}).get("reclaimable")
+    cpus = "? CPUs" if cpu is None else f"{cpu:.2f} CPUs"
+    mem = "? GiB" if memory is None else f"{memory / 2**30:.1f} GiB"
     return f"{cpus}, {mem} (of {r.get('ls_cgroups', 0)} LS cgroups' limits, unused over the window)"
 
 

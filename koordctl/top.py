@@ -20,9 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, TextIO
 
-from koordctl.common import CtlError, pid_alive, read_json
+from koordctl.common import CtlError, pid_alive
 from koordctl.rows import cpi, select_rows
-from koordctl.running import state_dir
+from koordctl.running import trusted_state_dir
+from koordctl.shapes import STATUS, TOP
+from koordctl.statefiles import escaped, read_document as read_state_document
 from koordd.act.journal import write_atomic
 from koordd.core.feeds import REQUEST_FILE, STATUS_FILE, TOP_FILE, TopRequest
 from koordd.core.printable import printable
@@ -172,12 +174,9 @@ def render(doc: dict, by: str, cls: str | None, now: float, keys: bool = False, 
 # --- koordd's answer --------------------------------------------------------------------------------
 
 def read_document(state_dir: Path) -> dict | None:
-    """top.json, or None while there is none (koordd writes it whole, by rename: never half of one)."""
-    try:
-        doc = json.loads((Path(state_dir) / TOP_FILE).read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
+    """top.json, or None while there is none (koordd writes it whole, by rename: never half of one);
+    CtlError naming it where it is not what koordd writes (koordctl/statefiles.py)."""
+    return read_state_document(Path(state_dir) / TOP_FILE, TOP)
 
 
 def wait_for_document(state_dir: Path, newer_than: float, timeout: float) -> dict | None:
@@ -268,7 +267,7 @@ def watch(screen, state_dir: Path, request: TopRequest, asked: float, by: str, c
                 notice = "koordd is not running: this is its last sample"
             elif now - (doc.get("time") or 0) > 3 * request.interval + ANSWER_TIMEOUT:
                 notice = "koordd has published nothing new for a while"
-            screen.show(render(doc, by, cls, now, keys=True, notice=notice, width=width, height=height))
+            screen.show(render(escaped(doc), by, cls, now, keys=True, notice=notice, width=width, height=height))
         for key in screen.key(max(0.0, next_frame - time.monotonic())):
             if key in QUIT_KEYS:
                 return
@@ -292,8 +291,8 @@ def touch_request(state_dir: Path, request: TopRequest) -> None:
 
 
 def cmd_top(args: argparse.Namespace) -> int:
-    sd = state_dir(args)
-    status = read_json(sd / STATUS_FILE)
+    sd = trusted_state_dir(args)
+    status = read_state_document(sd / STATUS_FILE, STATUS)
     pid = status.get("pid") if isinstance(status, dict) else None
     if not pid_alive(pid):
         print(f"koordctl top: koordd is not running (state_dir {sd})", file=sys.stderr)
@@ -314,7 +313,7 @@ def cmd_top(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({**doc, "cgroups": select_rows(doc, args.sort, args.cls)}, indent=1, sort_keys=True))
         else:
-            print("\n".join(render(doc, args.sort, args.cls, time.time())))
+            print("\n".join(render(escaped(doc), args.sort, args.cls, time.time())))
         return 0
     try:
         with Terminal() as screen:

@@ -1,11 +1,13 @@
 import errno
 import json
+import os
 import sys
 import types
 
 import pytest
 
 import koordd.kernel.host
+from koordtest.fakes.nvml import calls as nvml_calls, fake_pynvml
 from koordd.backends.registry import builtin_classes
 from koordd.backends.tc import probe_netlink
 from koordd.kernel import perf
@@ -247,31 +249,20 @@ def test_netlink_with_and_without_pyroute2_which_is_not_imported(host, monkeypat
     assert not n.available and "pyroute2 not installed" in n.detail and "NETLINK_ROUTE" in n.detail
 
 
-class FakeNVMLError(Exception):
-    pass
-
-
-def fake_pynvml(init_error=None, count=2):
-    calls = []
-
-    def init():
-        if init_error:
-            raise FakeNVMLError(init_error)
-        calls.append("init")
-    mod = types.SimpleNamespace(NVMLError=FakeNVMLError, nvmlInit=init, nvmlDeviceGetCount=lambda: count,
-                                nvmlShutdown=lambda: calls.append("shutdown"))
-    return mod, calls
-
-
-def test_nvml(host, monkeypatch):
-    mod, calls = fake_pynvml()
-    monkeypatch.setitem(sys.modules, "pynvml", mod)
+def test_nvml(host, monkeypatch, tmp_path):
+    """The nvml row from a child process (koordd/sensors/gpu.py: NVML stays out of koordd); the sensors
+    line starts the GPU sensor itself, in this process (koordctl doctor's, which exits)."""
+    d = tmp_path / "nvml"
+    monkeypatch.syspath_prepend(str(d))
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    fake_pynvml(d)
     caps = host.probe()
     assert caps["nvml"].available and caps["nvml"].detail == "2 GPU(s)"
     assert "gpus: starts" in caps["sensors"].detail.split("; ")
-    assert calls == ["init", "shutdown"] * 2          # the nvml probe's, then the GPU sensor's start and stop
-    mod, _ = fake_pynvml(init_error="Driver Not Loaded")
-    monkeypatch.setitem(sys.modules, "pynvml", mod)
+    assert [(what, pid == os.getpid()) for what, pid in nvml_calls(d)] == [
+        ("init", False), ("count", False), ("shutdown", False), ("init", True), ("shutdown", True)]
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    fake_pynvml(d, init_error="Driver Not Loaded")
     caps = host.probe()
     assert not caps["nvml"].available and caps["nvml"].detail == "nvmlInit: Driver Not Loaded"
     assert "gpus: nvmlInit: Driver Not Loaded" in caps["sensors"].detail.split("; ")

@@ -298,9 +298,15 @@ def test_doctor_lists_the_running_koordds_bpf_programs(capsys, tmp_path, monkeyp
     main(["doctor", "--cgroup-root", str(tmp_path)])
     out = capsys.readouterr().out
     assert "run time not counted" in out and "kernel.bpf_stats_enabled is 0" in out
-    (tmp_path / "status.json").write_text("{not json")          # a status file koordctl cannot read
+    (tmp_path / "status.json").write_text(json.dumps({"bpf": {}}))    # an older koordd's: no objects
+    main(["doctor", "--cgroup-root", str(tmp_path)])
+    assert "  none: no loop or sensor enabled needs one" in capsys.readouterr().out
+    (tmp_path / "status.json").unlink()
     main(["doctor", "--cgroup-root", str(tmp_path)])
     assert "koordd (pid 4242) has written no report of them" in capsys.readouterr().out
+    (tmp_path / "status.json").write_text("{not json")          # a status file koordctl cannot read: named
+    assert main(["doctor", "--cgroup-root", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith(f"koordctl: BPF programs not shown: {tmp_path}/status.json: not JSON")
     monkeypatch.setattr(doctor, "running_koordd", lambda: None)
     main(["doctor", "--cgroup-root", str(tmp_path)])
     assert "BPF programs: no koordd runs on this host" in capsys.readouterr().out

@@ -1,13 +1,16 @@
 """GpuSensor against a fake NVML module and literal /proc/<pid>/cgroup text."""
 from __future__ import annotations
 
+import os
 import sys
 from types import SimpleNamespace as NS
 
 import pytest
 
+from koordtest.fakes import nvml as nvml_fake
+from koordd.sensors import gpu
 from koordd.sensors.contract import SensorUnavailable
-from koordd.sensors.gpu import GpuProcess, GpuSensor, parse_proc_cgroup
+from koordd.sensors.gpu import GpuProcess, GpuSensor, parse_proc_cgroup, probe_nvml
 
 V2 = "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-a.scope\n"
 V1 = """12:memory:/kubepods/burstable/pod2/b
@@ -226,3 +229,47 @@ def test_against_real_pynvml_error_names():
     for name in ("NVMLError", "NVMLError_NotSupported", "NVMLError_NotFound", "NVMLError_DriverNotLoaded"):
         assert issubclass(getattr(pynvml, name), pynvml.NVMLError)
     assert str(pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)) == "Driver Not Loaded"
+
+
+# --- the probe: in a child process, so that NVML is never loaded into koordd for good (issue 36) ------------
+
+@pytest.fixture
+def fake_nvml_dir(tmp_path, monkeypatch):
+    d = tmp_path / "nvml"
+    monkeypatch.syspath_prepend(str(d))
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    return d
+
+
+def test_the_probe_leaves_no_nvml_library_and_no_pynvml_in_this_process(fake_nvml_dir):
+    """nvmlInit dlopens libnvidia-ml and nothing unloads it: probed in koordd itself (as before issue 36), the
+    library and the driver's client state stayed in the daemon for good (63 MB against 31 MB without a GPU)."""
+    lib = nvml_fake.fake_pynvml(fake_nvml_dir, count=2)
+    assert probe_nvml(None) == (True, "2 GPU(s)")
+    done = nvml_fake.calls(fake_nvml_dir)
+    assert [what for what, _ in done] == ["init", "count", "shutdown"]
+    assert all(pid != os.getpid() for _, pid in done)              # another process called NVML
+    assert "pynvml" not in sys.modules
+    if lib is not None:
+        assert not nvml_fake.mapped(lib)                           # /proc/self/maps: not loaded here
+
+
+@pytest.mark.parametrize("kw, want", [
+    ({"init_error": "Driver Not Loaded"}, (False, "nvmlInit: Driver Not Loaded")),
+    ({"count": 0}, (False, "0 GPU(s)")),
+])
+def test_the_probe_says_what_nvml_said(fake_nvml_dir, kw, want):
+    nvml_fake.fake_pynvml(fake_nvml_dir, **kw)
+    assert probe_nvml(None) == want
+
+
+def test_a_probe_that_breaks_says_so_in_one_line(fake_nvml_dir):
+    nvml_fake.fake_pynvml(fake_nvml_dir, crash=True)
+    available, detail = probe_nvml(None)
+    assert not available and detail == "the NVML probe failed (exit 1): RuntimeError: the binding broke"
+
+
+def test_without_pynvml_no_child_is_started(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(gpu.subprocess, "run", lambda *a, **kw: pytest.fail("a child was started"))
+    assert probe_nvml(None) == (False, "pynvml not installed")

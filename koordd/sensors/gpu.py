@@ -12,12 +12,15 @@ root must be the host's.
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from koordd.core.snapshot import GPUS
-from koordd.kernel.host import Host, try_import
+from koordd.kernel.host import Host, installed
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 
@@ -64,10 +67,18 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def probe_nvml(host: Host) -> tuple[bool, str]:
-    pynvml, why = try_import("pynvml")
-    if pynvml is None:
-        return False, why
+# The probe, as a child process runs it: nvmlInit dlopens libnvidia-ml, which no nvmlShutdown unloads, and
+# initialises the driver's client state: tens of MB of RSS that a koordd probing at start would keep for
+# good, GPU sensor or not (issue 36: 63 MB on a host with a GPU against 31 MB without). Only the child
+# pays it, and it exits.
+_CHILD = """
+import json, sys
+sys.path[:0] = json.loads(sys.argv[1])
+def probe():
+    try:
+        import pynvml
+    except Exception as e:
+        return False, f"import pynvml: {type(e).__name__}: {e}"
     error = getattr(pynvml, "NVMLError", Exception)
     try:
         pynvml.nvmlInit()
@@ -75,9 +86,37 @@ def probe_nvml(host: Host) -> tuple[bool, str]:
         return False, f"nvmlInit: {e}"
     try:
         count = pynvml.nvmlDeviceGetCount()
+    except error as e:
+        return False, f"nvmlDeviceGetCount: {e}"
     finally:
         pynvml.nvmlShutdown()
     return count > 0, f"{count} GPU(s)"
+print(json.dumps(probe()))
+"""
+PROBE_TIMEOUT = 20.0        # seconds: nvmlInit waits for a driver that is still loading
+
+
+def probe_nvml(host: Host) -> tuple[bool, str]:
+    """Whether NVML initialises and sees a GPU, asked of a short-lived child process (not of this one:
+    see _CHILD). Without pynvml installed, no child is started."""
+    why = installed("pynvml")
+    if why:
+        return False, why
+    try:
+        done = subprocess.run([sys.executable, "-S", "-c", _CHILD, json.dumps(sys.path)], capture_output=True,
+                              text=True, errors="replace", timeout=PROBE_TIMEOUT, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return False, f"the NVML probe did not answer within {PROBE_TIMEOUT:g}s"
+    except OSError as e:
+        return False, f"the NVML probe could not start: {e.strerror or e}"
+    try:
+        available, detail = json.loads(done.stdout.strip().splitlines()[-1])
+        if not isinstance(available, bool) or not isinstance(detail, str):
+            raise ValueError
+    except (ValueError, IndexError):
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return False, f"the NVML probe failed (exit {done.returncode}): {last}"
+    return available, detail
 
 
 class GpuSensor(OptionalSensor):
