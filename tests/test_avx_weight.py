@@ -17,8 +17,8 @@ from koordd.core.avx import AVX256, AVX512, Licence, SCALAR
 from koordd.core.backend import Backends
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.core.snapshot import AVX, CgroupSample, CpuTopology, NodeSample, Snapshot
-from koordd.loops.avx_weight import AvxWeight
-from koordd.loops.qos_baseline import QosBaseline
+from koordd_plugins.avx_weight import AvxWeight
+from koordd_plugins.qos_baseline import QosBaseline
 from koordd.runtime.runner import Runner
 from koordd.sensors.avx import AvxSection, AvxUse
 from koordd.sensors.cgroup import CgroupSensor

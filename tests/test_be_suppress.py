@@ -3,7 +3,7 @@ import pytest
 
 from koordd.core.config import loop_options, make_settings
 from koordd.core.snapshot import CgroupSample, CpuTopology, NodeSample, Pressure, PressureStat, Snapshot
-from koordd.loops.be_suppress import BeSuppress, pick_cpus
+from koordd_plugins.be_suppress import BeSuppress, pick_cpus
 
 PERIOD = 100_000
 

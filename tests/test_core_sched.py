@@ -21,7 +21,7 @@ from koordd.core.loop import Action
 from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
 from koordd.kernel.core_sched import Prctl, probe, smt
 from koordd.kernel.host import Host
-from koordd.loops.core_sched import CoreSched
+from koordd_plugins.core_sched import CoreSched
 
 
 class FakePrctl:

@@ -15,7 +15,7 @@ from koordd.backends.cgroup import KNOBS
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.core.decisions import REFUSED
 from koordd.core.snapshot import CgroupSample, CpuTopology, NodeSample, Snapshot, Throttling
-from koordd.loops.cpu_burst import CpuBurst, share_pool
+from koordd_plugins.cpu_burst import CpuBurst, share_pool
 
 LS = "ls.slice/app"
 BASE = "50000 100000"

@@ -14,7 +14,7 @@ from koordd.core.config import loop_options, make_settings, parse_config
 from koordd.core.decisions import APPLIED, RESTORED
 from koordd.core.interference import Detector, MIN_BASELINE, mean_sigma, pearson
 from koordd.core.snapshot import CgroupSample, CpiSample, NodeSample, RUNQ_LATENCY, RunqLatency, Snapshot
-from koordd.loops.be_suppress import BeSuppress
+from koordd_plugins.be_suppress import BeSuppress
 from koordd.runtime.runner import Runner
 
 

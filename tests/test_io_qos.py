@@ -25,7 +25,7 @@ from koordd.core.registry import load_registry
 from koordd.core.snapshot import CgroupSample, NodeSample, Pressure, PressureStat, Snapshot
 from koordd.kernel.cgroupfs import CgroupFS
 from koordd.kernel.host import Host
-from koordd.loops.io_qos import IoQos, State
+from koordd_plugins.io_qos import IoQos, State
 from koordd.sensors.blockdev import BlockDeviceSensor, parse_mountinfo, read_devices
 
 ALL = frozenset(KNOBS)
@@ -312,7 +312,7 @@ def test_dynamic_a_calm_round_right_after_a_cut_does_not_raise():
     (0.5, None, 0.55),        # no knee known: 10% of the limit
 ])
 def test_dynamic_raise_sizes(fraction, knee, raised):
-    from koordd.loops.io_qos import raised as raise_of
+    from koordd_plugins.io_qos import raised as raise_of
     assert raise_of(fraction, knee, 0.10) == pytest.approx(raised)
 
 

@@ -17,7 +17,7 @@ from koordd.core.decisions import APPLIED
 from koordd.core.schemata import L3Info, MBInfo, ResctrlInfo
 from koordd.core.snapshot import CgroupSample, NodeSample, RESCTRL, RUNQ_LATENCY, RunqLatency, Snapshot
 from koordd.kernel.resctrl import read_info
-from koordd.loops.llc_partition import LlcPartition
+from koordd_plugins.llc_partition import LlcPartition
 from koordd.sensors.resctrl import ResctrlSection, ResctrlSensor
 
 INFO = ResctrlInfo(L3Info(0x7FF, 2, 8, 0, (0, 1)), MBInfo(10, 10, 8, (0, 1), "intel"), "intel")

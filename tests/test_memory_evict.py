@@ -11,8 +11,8 @@ from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import RestoreJournal
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.core.snapshot import CgroupSample, NodeSample, Pressure, PressureStat, Snapshot
-from koordd.loops import memory_evict
-from koordd.loops.memory_evict import KILL_SETTLE, MemoryEvict
+from koordd_plugins import memory_evict
+from koordd_plugins.memory_evict import KILL_SETTLE, MemoryEvict
 from koordd.runtime.runner import Runner
 from koordd.sensors.collect import Sensors
 

@@ -9,7 +9,7 @@ from koordtest.fakes.netlink import Msg
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.core.snapshot import CgroupSample, NET, NodeSample, RUNQ_LATENCY, RunqLatency, Snapshot
 from koordd.kernel.netlink import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT
-from koordd.loops.net_shaping import NetShaping
+from koordd_plugins.net_shaping import NetShaping
 from koordd.sensors.contract import SensorContext
 from koordd.sensors.net import NetSample, NetSensor
 

@@ -21,8 +21,8 @@ from koordd.core.kubelet import KubeletRule
 from koordd.core.loop import NODE, Action
 from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
 from koordd.kernel.host import Host
-from koordd.loops.memory_evict import MemoryEvict
-from koordd.loops.oom_shaping import OomShaping
+from koordd_plugins.memory_evict import MemoryEvict
+from koordd_plugins.oom_shaping import OomShaping
 
 SCORE = "oom_score_adj"
 REGISTRY = {"oom_shaping": OomShaping, "memory_evict": MemoryEvict}

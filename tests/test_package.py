@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from koordd.core.registry import OWN_LOOPS
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "package"
 SITE = "usr/lib/python3/dist-packages"
@@ -81,7 +83,7 @@ def test_files_owner_and_modes(deb):
                        ("/etc/koordd/koordd.toml", "-rw-r--r--"),
                        (f"/{SITE}/koordd/runtime/daemon.py", "-rw-r--r--"),
                        (f"/{SITE}/koordctl/cli.py", "-rw-r--r--"),
-                       (f"/{SITE}/koordd/loops/be_suppress.py", "-rw-r--r--"),
+                       (f"/{SITE}/koordd_plugins/be_suppress.py", "-rw-r--r--"),
                        (f"/{SITE}/koordd/bpf/koordd_sched.bpf.o", "-rw-r--r--"),
                        (f"/{SITE}/koordd/bpf/runq_latency.bpf.o", "-rw-r--r--"),
                        (f"/{SITE}/koordd/bpf/net_classify.bpf.o", "-rw-r--r--"),
@@ -92,14 +94,17 @@ def test_files_owner_and_modes(deb):
         assert entries[path][0] == mode, (path, entries[path])
     # The BPF objects, not the types they were built against (2.7 MB no node reads).
     assert f"/{SITE}/koordd/bpf/vmlinux.h" not in entries
-    # Every module of koordd and koordctl in the tree, and no byte code, tests or scripts of the tree.
+    # Every module of koordd, koordctl and the loops (plugins/: koordd_plugins) in the tree, and no byte code,
+    # tests or scripts of the tree, nor the example plugin (plugins/example-hello/: a package of its own).
     for module in [*(ROOT / "koordd").rglob("*.py"), *(ROOT / "koordctl").rglob("*.py")]:
         assert f"/{SITE}/{module.relative_to(ROOT)}" in entries, module
-    assert not [p for p in entries if p.endswith(".pyc") or "/tests/" in p or "__pycache__" in p]
+    for module in (ROOT / "plugins").glob("*.py"):
+        assert f"/{SITE}/koordd_plugins/{module.name}" in entries, module
+    assert not [p for p in entries if p.endswith(".pyc") or "/tests/" in p or "__pycache__" in p or "hello" in p]
     tops = {p.split("/")[1] for p in entries if p.count("/") > 1}
     assert tops <= {"etc", "lib", "usr"}, tops
     assert {p.split("/")[5] for p in entries if p.startswith(f"/{SITE}/") and p.count("/") > 5} \
-        == {"koordd", "koordctl", f"koordd-{pyproject_version()}.dist-info"}
+        == {"koordd", "koordctl", "koordd_plugins", f"koordd-{pyproject_version()}.dist-info"}
 
 
 def test_the_config_is_a_conffile_and_the_shipped_default(deb, tree):
@@ -141,9 +146,13 @@ def test_the_commands_and_entry_points(tree):
         assert text.startswith("#!/usr/bin/python3\n") and f"from {module} import main" in text, text
     dist_info = tree / SITE / f"koordd-{pyproject_version()}.dist-info"
     assert not (dist_info / "RECORD").exists()     # pip must not uninstall dpkg's files
-    # koordd's own loops are built in (koordd/core/registry.py), not entry points of its metadata.
-    eps = (dist_info / "entry_points.txt").read_text() if (dist_info / "entry_points.txt").exists() else ""
-    assert "[koordd." not in eps, eps
+    # koordd's own loops are entry points of its metadata, as a third party's are (pyproject.toml), each naming
+    # a module of koordd_plugins; its sensors and backends are not (koordd/core/registry.py BUILTIN).
+    eps = (dist_info / "entry_points.txt").read_text()
+    for module in (ROOT / "plugins").glob("*.py"):
+        if module.stem != "__init__":
+            assert f"\n{module.stem} = koordd_plugins.{module.stem}:" in eps, (module.name, eps)
+    assert "[koordd.sensors]" not in eps and "[koordd.backends]" not in eps, eps
     meta = email.parser.Parser().parsestr((dist_info / "METADATA").read_text())
     assert meta["Name"] == "koordd" and meta["Version"] == pyproject_version()
 
@@ -165,11 +174,14 @@ def test_the_man_pages_and_the_guides_are_in_it(tree):
 
 def test_the_unpacked_package_imports_and_finds_its_loops_and_bpf_files(tree):
     # The package's own tree alone on sys.path (-S: not this venv's editable koordd), as
-    # /usr/lib/python3/dist-packages is on the target: the registry finds its built-in loops there,
-    # the sensors and the sched_ext loader their BPF files.
+    # /usr/lib/python3/dist-packages is on the target: the registry finds its own loops there, through the
+    # dist-info's entry points, the sensors and the sched_ext loader their BPF files.
     code = ("import sys; import koordd.core.registry, koordd.kernel.scx, koordd.sensors.runq;"
             "assert koordd.core.registry.__file__.startswith(sys.argv[1]), koordd.core.registry.__file__;"
-            "names = sorted(n for n, c in koordd.core.registry.load_registry().items() if c.__module__.startswith('koordd.'));"
+            "loops = koordd.core.registry.load_registry();"
+            "assert all(c.__module__.startswith('koordd_plugins.') for c in loops.values()), loops;"
+            "assert all(sys.modules[c.__module__].__file__.startswith(sys.argv[1]) for c in loops.values());"
+            "names = list(loops);"
             "import koordd.kernel.netclass;"
             "assert koordd.kernel.scx.OBJECT.is_file() and koordd.sensors.runq.PROGRAM.is_file();"
             "assert koordd.kernel.netclass.PROGRAM.is_file();"
@@ -178,7 +190,7 @@ def test_the_unpacked_package_imports_and_finds_its_loops_and_bpf_files(tree):
     env = {**os.environ, "PYTHONPATH": site, "PYTHONDONTWRITEBYTECODE": "1"}
     p = run(sys.executable, "-S", "-c", code, site, env=env, cwd=str(tree))
     names = p.stdout.split()
-    assert {"be_suppress", "qos_baseline", "sched_ext"} <= set(names), p.stdout
+    assert names == list(OWN_LOOPS), p.stdout
 
 
 def test_a_dev_build_sorts_between_releases_and_an_explicit_version_wins(tmp_path):

@@ -28,7 +28,7 @@ from koordd.core.config import ConfigError, loop_options, make_settings, parse_c
 from koordd.core.decisions import APPLIED, DRY_RUN, REFUSED
 from koordd.core.loop import Action
 from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
-from koordd.loops.memory_evict import MemoryEvict
+from koordd_plugins.memory_evict import MemoryEvict
 from koordd.runtime.runner import Runner
 
 MiB = 1 << 20

@@ -13,7 +13,7 @@ from koordd.core.decisions import APPLIED, DRY_RUN, REFUSED, Decision
 from koordd.core.loop import COMMANDS, Action
 from koordd.core.registry import builtin, LOOPS
 from koordd.core.snapshot import CgroupSample, NodeSample, Pressure, PressureStat, Refaults, Snapshot
-from koordd.loops.proactive_reclaim import ProactiveReclaim, parse_size, pressure_percent
+from koordd_plugins.proactive_reclaim import ProactiveReclaim, parse_size, pressure_percent
 
 MiB = 1 << 20
 V2 = frozenset({"memory.reclaim", "memory.swap.max"})
@@ -351,7 +351,7 @@ def test_a_round_reclaims_its_budget_at_most_and_the_cgroups_take_turns():
     # A write to memory.reclaim returns only once that much is reclaimed, and every loop's round waits
     # for it: one round asks for RECLAIM_ROUND_BYTES at most over all cgroups, and those that waited
     # longest for a step go first, so none is left out for good.
-    from koordd.loops import proactive_reclaim
+    from koordd_plugins import proactive_reclaim
     budget = proactive_reclaim.RECLAIM_ROUND_BYTES
     assert budget == 256 * MiB
     run = Run(min_step="100M", max_step_percent=50)

@@ -15,8 +15,8 @@ from koordd.core.config import ConfigError, loop_options, make_settings, parse_c
 from koordd.core.decisions import APPLIED, RESTORED
 from koordd.core.loop import Action
 from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
-from koordd.loops.be_suppress import BeSuppress
-from koordd.loops.qos_baseline import QosBaseline, memory_target, parse_memory_value
+from koordd_plugins.be_suppress import BeSuppress
+from koordd_plugins.qos_baseline import QosBaseline, memory_target, parse_memory_value
 from koordd.sensors.collect import Sensors
 
 GiB = 1 << 30

@@ -17,8 +17,8 @@ from koordd.core.config import ConfigError, loop_options, make_settings, parse_c
 from koordd.core.decisions import REFUSED
 from koordd.core.snapshot import CgroupSample, NodeSample, SCHED_EXT, SchedExtStatus, Snapshot
 from koordd.kernel.sched_ext import read_sched_ext
-from koordd.loops.qos_baseline import QosBaseline
-from koordd.loops.sched_ext import SchedExt
+from koordd_plugins.qos_baseline import QosBaseline
+from koordd_plugins.sched_ext import SchedExt
 from koordd.runtime.runner import Runner
 from koordd.sensors.contract import SensorUnavailable
 from koordd.sensors.sched_ext import SchedExtSensor

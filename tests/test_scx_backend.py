@@ -19,7 +19,7 @@ from koordd.core.decisions import APPLIED, REFUSED, RESTORED
 from koordd.core.health import DEFAULT_HEALTH
 from koordd.core.loop import Action
 from koordd.core.snapshot import CgroupSample, NodeSample, Pressure, PressureStat, SCHED_EXT, Snapshot
-from koordd.loops.sched_ext import SchedExt
+from koordd_plugins.sched_ext import SchedExt
 from test_scx import FakeScheduler, write_status
 
 

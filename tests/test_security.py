@@ -17,7 +17,7 @@ from koordd.core.loop import Action
 from koordd.core.registry import load_registry
 from koordd.core.trust import SKIP_ENV, untrusted
 from koordd.kernel.cgroupfs import OutsideRoot
-from koordd.loops.memory_evict import MemoryEvict
+from koordd_plugins.memory_evict import MemoryEvict
 from test_actuator import make_rig, on_disk, records
 from test_memory_evict import cg, settings as evict_settings, snap
 

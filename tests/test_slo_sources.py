@@ -505,7 +505,7 @@ def test_a_declared_source_over_its_target_shrinks_be():
     from koordd.core.options import Duration  # noqa: F401
     from koordd.core.config import loop_options, make_settings
     from koordd.core.snapshot import RUNQ_LATENCY, RunqLatency
-    from koordd.loops.be_suppress import BeSuppress
+    from koordd_plugins.be_suppress import BeSuppress
     slo = SloTarget(5000.0, source="prometheus", url="http://127.0.0.1:1/m", metric="req_seconds")
     before = parse_buckets(expo(0, 0), "req_seconds", {"handler": "/a"})
     slow = latency(before, parse_buckets(expo(0, 1000), "req_seconds", {"handler": "/a"}))   # all 1..10 ms

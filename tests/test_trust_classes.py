@@ -33,8 +33,8 @@ from koordd.core.reclaimable import RECLAIMABLE_OPTIONS, ReclaimableState, obser
 from koordd.core.registry import load_registry
 from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot, own_usage
 from koordd.core.trust import SKIP_ENV
-from koordd.loops.be_suppress import BeSuppress
-from koordd.loops.memory_evict import MemoryEvict
+from koordd_plugins.be_suppress import BeSuppress
+from koordd_plugins.memory_evict import MemoryEvict
 from koordd.runtime.runner import Runner, class_of
 from koordd.runtime.topfeed import document
 from koordd.sensors.collect import Sensors, find_classified

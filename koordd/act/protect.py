@@ -80,7 +80,7 @@ THROTTLING: dict[str, tuple[str, Callable[[str, str], bool]]] = {
     "sched_policy": ("demote the threads of", lambda new, old: new in ("idle", "batch") and new != old),
     "scheduler_class": ("put in the BE class", lambda new, old: new == "BE" and new != old),
     "net_class": ("shape the egress of", lambda new, old: new == "be" and new != old),
-    # llc_partition's BE group (koordd/loops/llc_partition.py group_of): a few cache ways, a share of the
+    # llc_partition's BE group (plugins/llc_partition.py group_of): a few cache ways, a share of the
     # memory bandwidth, for every thread of the cgroup and below it.
     "resctrl_group": ("confine the cache of", lambda new, old: new == "koordd-BE" and new != old),
 }

@@ -1,7 +1,8 @@
 """The contract between the core and a control loop.
 
-A loop is a class in `koordd/loops/` registered under the entry-point group
-`koordd.loops`. The core calls, in this order:
+A loop is a class registered under the entry-point group `koordd.loops`: koordd's own
+in plugins/ (the package koordd_plugins), a third party's in a package of its own
+(docs/plugins.md). The core calls, in this order:
 
 - `problems(settings)` when the config loads: options that do not fit together,
   each named with why; the loop's section is then refused like a bad value.

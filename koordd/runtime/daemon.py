@@ -17,7 +17,7 @@ from koordd.act.journal import JournalUnreadable
 from koordd.act.owner import HostOwned, UntrustedLock
 from koordd.core.config import ConfigError, DEFAULT_PATH, load_config
 from koordd.core.printable import PrintableFormatter
-from koordd.core.registry import load_registry
+from koordd.core.registry import BrokenInstall, load_registry
 from koordd.kernel.cgroupfs import LayoutError
 from koordd.runtime.host import UntrustedState
 from koordd.runtime.logs import set_level
@@ -56,7 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     # Every file koordd makes (journal, decisions, status, the top feed) is root's alone: 0600/0700.
     os.umask(0o077)
     setup_logging(args.log_level or "info")
-    registry = load_registry()
+    try:
+        registry = load_registry()
+    except BrokenInstall as e:
+        log.error("cannot start: %s", e)
+        return 1
     try:
         config = load_config(args.config, registry)
     except ConfigError as e:

@@ -27,7 +27,7 @@ from koordd.core.options import COMMON_LOOP_OPTIONS, Duration, Option
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
 from koordd.core.report import REPORT_OPTIONS, TenantMap
 from koordd.core.slo import PROBE_OPTIONS, PROMETHEUS_OPTIONS, SLO_OPTIONS, LabelMatchers
-from koordd.core.registry import load_registry
+from koordd.core.registry import LOOPS, builtin
 from koordd.runtime import daemon
 
 BEGIN = "<!-- config reference: made by scripts/gen-docs from the options in the code; do not edit -->"
@@ -133,7 +133,7 @@ def with_reference(text: str, table: str) -> str:
 
 def shipped_loops() -> dict[str, type]:
     """The loops koordd ships (third-party ones document themselves)."""
-    return {name: cls for name, cls in load_registry().items() if cls.__module__.startswith("koordd.loops.")}
+    return builtin(LOOPS)
 
 
 # --- roff -----------------------------------------------------------------------------------------------

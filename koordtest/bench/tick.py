@@ -14,7 +14,7 @@ from koordtest.koordd_proc import to_toml
 from koordd.act.actuator import Actuator
 from koordd.core.config import parse_config
 from koordd.act.decision_log import DecisionLog
-from koordd.loops.be_suppress import BeSuppress
+from koordd_plugins.be_suppress import BeSuppress
 from koordd.sensors.collect import Sensors
 from koordd.act.journal import RestoreJournal
 

@@ -29,7 +29,7 @@ from koordd.core.config import parse_config
 from koordd.core.decisions import APPLIED
 from koordd.core.snapshot import AVX, NodeSample, Snapshot
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
-from koordd.loops.avx_weight import AvxWeight
+from koordd_plugins.avx_weight import AvxWeight
 from koordd.runtime.runner import Runner
 from koordd.sensors.avx import AvxSection, AvxSensor, AvxUse
 from koordd.sensors.cgroup import CgroupSensor

@@ -33,7 +33,7 @@ from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 from koordd.kernel.libbpf import has_tcx, tcx_egress_programs
 from koordd.kernel.netclass import FILTER_PRIO
 from koordd.kernel.netlink import kernel_has_qdisc
-from koordd.loops.net_shaping import NetShaping
+from koordd_plugins.net_shaping import NetShaping
 from koordd.sensors.contract import SensorContext
 from koordd.sensors.net import NetSensor
 

@@ -104,7 +104,7 @@ def test_install_upgrade_keeps_the_operators_config_and_purge_leaves_nothing(hos
     # Two versions: the second ships a changed default config (dpkg must still keep the operator's).
     deb1 = build(SRC, V1, tmp / "v1")
     src2 = tmp / "src2"
-    for part in ("pyproject.toml", "README.md", "koordd", "koordctl", "config", "systemd", "packaging",
+    for part in ("pyproject.toml", "README.md", "koordd", "koordctl", "plugins", "config", "systemd", "packaging",
                  "docs", "man", "scripts/package"):
         dst = src2 / part
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -178,7 +178,8 @@ def test_install_upgrade_keeps_the_operators_config_and_purge_leaves_nothing(hos
     assert not Path("/etc/systemd/system/multi-user.target.wants/koordd.service").exists()
     assert not Path("/etc/systemd/system/koordd.service").is_symlink(), "a mask is left behind"
     left = [p for p in (Path("/etc/koordd"), vm.STATE_DIR, PKG_UNIT, Path("/usr/sbin/koordd"),
-                        Path("/usr/bin/koordctl"), Path("/usr/lib/python3/dist-packages/koordd"), *MAN_PAGES)
+                        Path("/usr/bin/koordctl"), Path("/usr/lib/python3/dist-packages/koordd"),
+                        Path("/usr/lib/python3/dist-packages/koordd_plugins"), *MAN_PAGES)
             if p.exists()]
     assert left == [], f"left after purge: {left}"
     assert {k: vm.knob(vm.BE, k) for k in BE_KNOBS} == originals

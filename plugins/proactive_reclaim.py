@@ -62,7 +62,7 @@ from koordd.core.loop import Action, Loop, carried_out, restore
 from koordd.core.options import ClassList, Duration, Option
 from koordd.core.protected import Protected
 from koordd.core.snapshot import CgroupSample, Refaults, Snapshot
-from koordd.loops.qos_baseline import parse_memory_value
+from koordd.core.units import parse_memory_value
 
 log = logging.getLogger("koordd.loop.proactive_reclaim")
 
