@@ -80,7 +80,7 @@ def test_scope_keeps_only_the_wanted_devices_and_names_missing_ones_unlimited():
 ])
 def test_tighter(new, original, tighter):
     assert blkio.tighter(new, original) is tighter
-    assert (harm("io.max", new, original) == "cap the IO of") is tighter
+    assert (harm(KNOBS["io.max"], new, original) == "cap the IO of") is tighter
 
 
 @pytest.mark.parametrize("text, canonical", [("200", "default 200"), ("default 50\n8:0 10", "default 50"),

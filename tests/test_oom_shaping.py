@@ -272,7 +272,8 @@ def test_the_guard_refuses_raising_an_ls_score_and_lets_lowering_and_its_restore
     assert d.outcome == APPLIED and proc.score(21) == -900
     [d] = act.restore_all("stopping")
     assert d.outcome == RESTORED and proc.score(21) == 0
-    assert harm(SCORE, "mixed 0 1@1=5", "0") and not harm(SCORE, "-5", "mixed 0 1@1=5")
+    spec = OomScoreBackend.knobs[SCORE]
+    assert harm(spec, "mixed 0 1@1=5", "0") and not harm(spec, "-5", "mixed 0 1@1=5")
 
 
 def test_the_kubelets_values_stand(tmp_path):

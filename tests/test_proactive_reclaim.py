@@ -212,8 +212,8 @@ def test_runs_next_to_memory_evict_reclaim_is_a_command(tmp_path):
 
 def test_off_by_default_and_the_guard_refuses_reclaim_and_less_swap_on_ls():
     assert not settings(enabled=False).enabled and not make_settings(loop_options(ProactiveReclaim), {}).enabled
-    assert harm("memory.reclaim", "1048576", None)
-    assert harm("memory.swap.max", "0", "max") and not harm("memory.swap.max", "max", "0")
+    assert harm(KNOBS["memory.reclaim"], "1048576", None)
+    assert harm(KNOBS["memory.swap.max"], "0", "max") and not harm(KNOBS["memory.swap.max"], "max", "0")
     assert KNOBS["memory.swap.max"].normalize("max") == "max"
 
 

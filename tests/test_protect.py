@@ -8,7 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from koordtest.fakes.cgroup import FakeCgroups
-from koordd.act.protect import EVICTING, THROTTLING, harm, process_cgroups
+from koordd.act.protect import harm, process_cgroups
+from koordd.backends.registry import builtin_classes
+from koordd.core.backend import Harm, KnobSpec
 from koordd.core.decisions import APPLIED, DRY_RUN, REFUSED
 from koordd.core.loop import Action
 from koordd.core.protected import PROTECTED_CLASSES, Protected
@@ -23,17 +25,48 @@ HARMFUL = {"cgroup.kill": "1", "memory.reclaim": "1048576", "cgroup.freeze": "1"
            "memory.max": "1048576", "memory.high": "1048576", "cpu.idle": "1", "cpuset.cpus": "0"}
 
 
+# Every knob of koordd's own backends, by name: each declares the harm a write of it can do (KnobSpec.harm).
+SPECS = {name: spec for cls in builtin_classes() for name, spec in cls.knobs.items()}
+
+
 def test_harm_is_about_tighter_caps_and_evictions():
-    assert harm("cgroup.kill", "1", None) == "kill"
-    assert harm("cgroup.freeze", "0", "1") is None                 # thawing helps
-    assert harm("cpu.max", "50000 100000", "max 100000") == "cap the CPU of"
-    assert harm("cpu.max", "200000 100000", "100000 100000") is None   # cpu_burst raising LS quota
-    assert harm("cpu.max", "garbage", "max 100000") == "cap the CPU of"   # cannot compare: refused
-    assert harm("cpuset.cpus", "0-1", "0-3") and harm("cpuset.cpus", "0-7", "0-3") is None
-    assert harm("cpuset.cpus", "0", "")                            # empty: the parent's, all of them
-    assert harm("cpu.idle", "1", "0") and harm("cpu.idle", "0", "1") is None
-    assert harm("sched_policy", "ext", "normal") is None and harm("sched_policy", "idle", "normal")
-    assert harm("cpu.weight", "1", "100") is None                  # a share, not a cap
+    def said(knob, new, original):
+        return harm(SPECS[knob], new, original)
+    assert said("cgroup.kill", "1", None) == "kill"
+    assert said("cgroup.freeze", "0", "1") is None                 # thawing helps
+    assert said("cpu.max", "50000 100000", "max 100000") == "cap the CPU of"
+    assert said("cpu.max", "200000 100000", "100000 100000") is None   # cpu_burst raising LS quota
+    assert said("cpu.max", "garbage", "max 100000") == "cap the CPU of"   # cannot compare: refused
+    assert said("cpuset.cpus", "0-1", "0-3") and said("cpuset.cpus", "0-7", "0-3") is None
+    assert said("cpuset.cpus", "0", "")                            # empty: the parent's, all of them
+    assert said("cpu.idle", "1", "0") and said("cpu.idle", "0", "1") is None
+    assert said("sched_policy", "ext", "normal") is None and said("sched_policy", "idle", "normal")
+    assert said("cpu.weight", "1", "100") is None                  # a share, not a cap
+
+
+# What the guard's table (koordd/act/protect.py EVICTING and THROTTLING) said before each knob declared it.
+DECLARED = {"cgroup.kill": "kill", "memory.reclaim": "reclaim memory of", "cgroup.freeze": "freeze",
+            "cgroup.prekill": "run the prekill hook of", "cpu.max": "cap the CPU of",
+            "cpu.max.burst": "cut the CPU burst of", "cpuset.cpus": "shrink the CPUs of",
+            "memory.max": "cap the memory of", "memory.high": "throttle the memory of",
+            "memory.swap.max": "cap the swap of", "cpu.idle": "make idle", "io.max": "cap the IO of",
+            "oom_score_adj": "raise the OOM score of", "memory.oom.group": "make the OOM killer take all of",
+            "sched_policy": "demote the threads of", "scheduler_class": "put in the BE class",
+            "net_class": "shape the egress of", "resctrl_group": "confine the cache of"}
+
+
+def test_the_knobs_that_can_harm_are_the_ones_the_guard_knew_and_say_so_in_its_words():
+    assert {k: s.harm.what for k, s in SPECS.items() if getattr(s, "harm", None)} == DECLARED
+
+
+def test_a_knob_that_declares_no_harm_does_none():
+    """A backend that says nothing of harm (a third party's, or one written before KnobSpec.harm) keeps
+    today's default: the guard lets its writes through."""
+    assert harm(KnobSpec("vendor.knob", "a third party's knob"), "0", "1") is None
+    assert harm(type("OwnSpec", (), {"name": "own.knob"})(), "0", "1") is None    # a spec class of its own
+    acts = Harm("kill")
+    assert acts.of("1", None) == acts.of("1", "0") == "kill"
+    assert Harm("freeze", lifts="0").of("0", "1") is None
 
 
 def test_why_names_class_holders_and_processes():
@@ -111,4 +144,4 @@ def test_no_harmful_write_reaches_a_protected_cgroup(universe, tmp_path_factory,
             assert d.outcome == REFUSED and (d.error.startswith("protected: ") or d.target == ""), d
         else:
             assert d.outcome in (DRY_RUN, REFUSED) and not (d.error or "").startswith("protected"), d
-    assert set(HARMFUL) <= set(EVICTING) | set(THROTTLING)
+    assert all(SPECS[k].harm is not None for k in HARMFUL)

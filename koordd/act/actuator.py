@@ -1,13 +1,13 @@
 """The only writer of knobs, whatever their target.
 
 Every action goes through one pipeline, the same for every backend (koordd.core.backend):
-  owner check -> supported -> valid (kernel rules) -> target exists -> read current
-  -> skip if equal -> persist the original (or the new value of a knob held) -> write
-  (unless dry-run) -> decision record.
-A refused write is recorded with the reason or the kernel's error; a target
-that vanished on the way is skipped silently (normal churn). A restore takes the
-same way back: in the same order, through the same validation, kubelet rule and
-guard, and only onto a knob that still holds what koordd wrote on the same object.
+  owner check -> supported -> kubelet rule -> read current, valid (kernel rules) -> guard
+  (koordd/act/protect.py) -> skip if equal -> write-ahead (koordd/act/writeahead.py: the original, or
+  the new value of a knob held, journaled) -> write (unless dry-run) -> decision record.
+Each step either passes or raises Refused with the words of the decision; a target that vanished on the
+way (TargetGone) is skipped silently (normal churn). A restore takes the same way back: in the same
+order, through the same validation, kubelet rule and guard, and only onto a knob that still holds what
+koordd wrote on the same object.
 
 A command that runs long (a prekill hook: KnobSpec.beside) is only begun in a round; what the loop asked
 of the same target after it waits (Beside) and is applied by finish(), on the main thread, once the
@@ -18,18 +18,19 @@ from __future__ import annotations
 import errno
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, TypeVar
+from typing import Callable, Iterable, Iterator, Mapping, TypeVar
 
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import Held, RestoreJournal
-from koordd.act.protect import GIVEN_BACK, harm
+from koordd.act.protect import Guard
+from koordd.act.writeahead import WriteAhead, unknown_after
 from koordd.backends.registry import builtin_backends
 from koordd.core.backend import Backend, Backends, InvalidValue, Job, PartialWrite, TargetGone, Unsupported, UnsafeValue
 from koordd.core.decisions import APPLIED, DRY_RUN, Decision, LEFT, REFUSED, RESTORED
 from koordd.core.kubelet import KubeletRule
 from koordd.core.loop import Action
-from koordd.core.protected import Protected
 from koordd.kernel.cgroupfs import CgroupFS, OutsideRoot
 
 log = logging.getLogger("koordd.actuator")     # its name before the move: log lines unchanged
@@ -42,6 +43,18 @@ def kernel_error(e: OSError) -> str:
 
 Key = tuple[str, str, str]       # (kind, target, knob)
 T = TypeVar("T")
+
+
+class Refused(Exception):
+    """A step of a write that refuses it: the decision's error, and the values it names."""
+
+    def __init__(self, why: str, old: str | None = None, new: str | None = None):
+        super().__init__(why)
+        self.old, self.new = old, new
+
+
+class Forbidden(Exception):
+    """A restore that must never be written (a forged or stale journal entry): dropped with a decision."""
 
 
 @dataclass
@@ -70,12 +83,19 @@ class Actuator:
         self._refused: dict[Key, tuple] = {}              # last refusal per knob, to record it once
         self._would_restore: set[Key] = set()             # dry-run: restores already said once
         self.unsupported: dict[str, str] = dict(unsupported or {})
-        self.processes: dict[str, str] = dict(processes or {})
-        self._classes: Mapping[str, str | None] = {}
-        self._protected: Protected | None = None          # built from _classes at the first harmful write
+        self.guard = Guard(processes)                     # what no write may do to protected work
         self.kubelet = kubelet
         self.beside: list[Beside] = []                    # commands running beside the round, oldest first
         self.woken: Callable[[], None] = lambda: None     # called (from any thread) when one is done
+
+    @property
+    def processes(self) -> dict[str, str]:
+        """cgroup -> whose (PID 1, koordd): never harmed (the guard's)."""
+        return self.guard.processes
+
+    @processes.setter
+    def processes(self, processes: Mapping[str, str]) -> None:
+        self.guard.processes = dict(processes)
 
     def reconfigure(self, kubelet: KubeletRule | None, unsupported: Mapping[str, str]) -> None:
         """After a reload: the new config's kubelet rule, and the knobs this host lacks, probed again."""
@@ -85,21 +105,7 @@ class Actuator:
         """This round's classes (cgroup -> class, from the snapshot): what evicting or throttling
         writes may not reach (koordd/act/protect.py). Most rounds write nothing harmful: the protected
         set is built only when one does."""
-        self._classes, self._protected = classes, None
-
-    def _harms_protected(self, a: Action, backend: Backend, original: str | None) -> str | None:
-        if not backend.cgroup_targets or a.value is None:
-            return None
-        what = harm(a.knob, a.value, original)
-        if not what:
-            return None
-        why = self._guard().why(a.target)
-        return f"protected: would {what} {a.target or '/'}, which {why}" if why else None
-
-    def _guard(self) -> Protected:
-        if self._protected is None:
-            self._protected = Protected.of(self._classes, self.processes)
-        return self._protected
+        self.guard.protect(classes)
 
     def apply(self, loop: str, actions: Iterable[Action]) -> list[Decision]:
         return self.apply_round([(loop, list(actions))])[loop]
@@ -145,23 +151,16 @@ class Actuator:
     def _begin(self, loop: str, a: Action, backend: Backend) -> tuple[Decision | None, Job | None]:
         """A command that runs beside the round: the checks of any command, then the backend begins it
         and the actuator goes on. Its decision comes when it is done (finish()); dry-run begins nothing."""
-        if a.knob in self.unsupported:
-            return self._refuse(loop, a, backend.kind, None, self.unsupported[a.knob]), None
-        protected = self._harms_protected(a, backend, None)
-        if protected:
-            return self._refuse(loop, a, backend.kind, None, protected), None
         try:
-            value = backend.validate(a.target, a.knob, a.value)
-            if self.dry_run:
-                return self._record(Decision(time.time(), loop, a.target, a.knob, None, value, DRY_RUN, a.message,
-                                             dict(a.reason), kind=backend.kind)), None
-            return None, backend.start(a.target, a.knob, value)
+            with refusing():
+                value = self._command_value(a, backend)
+                if self.dry_run:
+                    return self._made(loop, a, backend.kind, None, value, DRY_RUN), None
+                return None, backend.start(a.target, a.knob, value)
         except TargetGone:
             return None, None
-        except (Unsupported, InvalidValue, OutsideRoot) as e:
-            return self._refuse(loop, a, backend.kind, None, str(e)), None
-        except OSError as e:
-            return self._refuse(loop, a, backend.kind, None, kernel_error(e)), None
+        except Refused as r:
+            return self._refuse(loop, a, backend.kind, None, str(r)), None
 
     def waiting(self, loop: str) -> list[Action]:
         """The actions of `loop` not yet applied: its commands running beside the round and what follows them."""
@@ -249,108 +248,102 @@ class Actuator:
                 parent = backend.parent(parent)
         return False
 
-    def _command(self, loop: str, a: Action, backend: Backend) -> Decision | None:
-        """A write that is an act, not a state (memory.reclaim, cgroup.kill): nothing to compare or restore."""
+    def _command_value(self, a: Action, backend: Backend) -> str:
+        """A command's checks (the host has the knob; the guard lets it through) and its value, validated."""
         if a.knob in self.unsupported:
-            return self._refuse(loop, a, backend.kind, None, self.unsupported[a.knob])
-        protected = self._harms_protected(a, backend, None)
-        if protected:
-            return self._refuse(loop, a, backend.kind, None, protected)
+            raise Refused(self.unsupported[a.knob])
+        self._guarded(backend, a.target, a.knob, a.value, None)
+        return backend.validate(a.target, a.knob, a.value)
+
+    def _command(self, loop: str, a: Action, backend: Backend) -> Decision | None:
+        """A write that is an act, not a state (memory.reclaim, cgroup.kill): nothing to compare or restore.
+        EAGAIN from memory.reclaim means "reclaimed less than asked": still worth recording, refused."""
         try:
-            value = backend.validate(a.target, a.knob, a.value)
-            if not self.dry_run:
-                backend.write(a.target, a.knob, value)
+            with refusing(garbled="garbled kernel file: "):     # a kernel file read on the way that does not parse
+                value = self._command_value(a, backend)
+                if not self.dry_run:
+                    backend.write(a.target, a.knob, value)
         except TargetGone:
             return None
-        except (Unsupported, InvalidValue, OutsideRoot) as e:
-            return self._refuse(loop, a, backend.kind, None, str(e))
-        except OSError as e:
-            # EAGAIN from memory.reclaim means "reclaimed less than asked": still worth recording.
-            return self._refuse(loop, a, backend.kind, None, kernel_error(e))
-        except ValueError as e:         # a kernel file the backend read on the way that does not parse
-            return self._refuse(loop, a, backend.kind, None, f"garbled kernel file: {e}")
-        return self._record(Decision(time.time(), loop, a.target, a.knob, None, value,
-                                     DRY_RUN if self.dry_run else APPLIED, a.message, dict(a.reason),
-                                     kind=backend.kind))
+        except Refused as r:
+            return self._refuse(loop, a, backend.kind, None, str(r))
+        return self._made(loop, a, backend.kind, None, value, DRY_RUN if self.dry_run else APPLIED)
 
     # --- setting ------------------------------------------------------------
 
     def _set(self, loop: str, a: Action, backend: Backend) -> Decision | None:
-        kind = backend.kind
-        key = (kind, a.target, a.knob)
-        held = self.journal.get(a.target, a.knob, kind)
+        """One write, the pipeline of the module's doc a step a line: each passes, or raises Refused."""
+        kind, key = backend.kind, (backend.kind, a.target, a.knob)
+        try:
+            held = self._writable(loop, a, backend)
+            old, new = self._read(a, backend, held)
+            self._guarded(backend, a.target, a.knob, new, held.original if held else old, old)
+            if self.dry_run:
+                return self._pretend(loop, a, backend, old, new)
+            if backend.same(old, new):
+                self._refused.pop(key, None)
+                return None
+            self._write(loop, a, backend, held, old, new)
+        except TargetGone:
+            return None
+        except Refused as r:
+            return self._refuse(loop, a, kind, r.old, str(r), r.new)
+        self._refused.pop(key, None)
+        return self._made(loop, a, kind, old, new, APPLIED)
+
+    def _writable(self, loop: str, a: Action, backend: Backend) -> Held | None:
+        """What koordd holds on the knob, where `loop` may write it: no other loop holds it, this host has it,
+        the kubelet does not own it. Refused if not."""
+        held = self.journal.get(a.target, a.knob, backend.kind)
         if held is not None and held.owner != loop:
-            return self._refuse(loop, a, kind, None, f"knob is held by loop {held.owner}")
+            raise Refused(f"knob is held by loop {held.owner}")
         if a.knob in self.unsupported:
-            return self._refuse(loop, a, kind, None, self.unsupported[a.knob])
+            raise Refused(self.unsupported[a.knob])
         kubelet = self.kubelet.refusal(a.target, a.knob) if self.kubelet and backend.cgroup_targets else None
         if kubelet:
-            return self._refuse(loop, a, kind, None, kubelet)
-        try:
+            raise Refused(kubelet)
+        return held
+
+    def _read(self, a: Action, backend: Backend, held: Held | None) -> tuple[str, str]:
+        """(what the knob reads, of it what the write sets; the value to write, validated). A current value
+        that does not parse leaves nothing to compare or restore: Refused."""
+        with refusing("cannot read current value: ", garbled="cannot read current value: "):
             self._tell(backend, a.target, a.knob, held)
             old = backend.read(a.target, a.knob)
             new = backend.validate(a.target, a.knob, a.value)
-            old = backend.scope(a.knob, old, new)
-        except TargetGone:
+            return backend.scope(a.knob, old, new), new
+
+    def _guarded(self, backend: Backend, target: str, knob: str, new: str, original: str | None,
+                 old: str | None = None) -> None:
+        """Refused if the write would evict or throttle protected work (the guard: koordd/act/protect.py)."""
+        why = self.guard.refusal(backend.knobs[knob], target, new, original) if backend.cgroup_targets else None
+        if why:
+            raise Refused(why, old, new)
+
+    def _pretend(self, loop: str, a: Action, backend: Backend, old: str, new: str) -> Decision | None:
+        """Dry-run: say once what would be written, as if it had been."""
+        key = (backend.kind, a.target, a.knob)
+        if backend.same(self._would_be.get(key, (loop, old))[1], new):
             return None
-        except (Unsupported, InvalidValue, OutsideRoot) as e:
-            return self._refuse(loop, a, kind, None, str(e))
-        except OSError as e:
-            return self._refuse(loop, a, kind, None, f"cannot read current value: {kernel_error(e)}")
-        except ValueError as e:         # the current value does not parse: nothing to compare or restore
-            return self._refuse(loop, a, kind, None, f"cannot read current value: {e}")
-        protected = self._harms_protected(Action(a.target, a.knob, new), backend, held.original if held else old)
-        if protected:
-            return self._refuse(loop, a, kind, old, protected, new)
-        if self.dry_run:
-            if backend.same(self._would_be.get(key, (loop, old))[1], new):
-                return None
-            self._would_be[key] = (loop, new)
-            return self._record(Decision(time.time(), loop, a.target, a.knob, old, new, DRY_RUN, a.message,
-                                         dict(a.reason), kind=kind))
-        if backend.same(old, new):
-            self._refused.pop(key, None)
-            return None
+        self._would_be[key] = (loop, new)
+        return self._made(loop, a, backend.kind, old, new, DRY_RUN)
+
+    def _write(self, loop: str, a: Action, backend: Backend, held: Held | None, old: str, new: str) -> None:
+        """The journal first (write-ahead: a crash after it is still undoable), then the knob. Refused,
+        the journal entry taken back, where either fails."""
+        ahead = WriteAhead(self.journal, backend, a.target, a.knob, held, old)
         try:
-            identity = self._identity(backend, a.target, a.knob)
-            if held is not None and None not in (held.identity, identity) and held.identity != identity:
-                # Another object of that name (a cgroup re-created): its original is what it reads now.
-                log.info("%s %s: the target was made anew (%s, was %s); its hold starts over from %r",
-                         a.target or "/", a.knob, identity, held.identity, old)
-                held = None
-            if held is None:
-                self._journal_side_effects(loop, a.target, a.knob, backend)
-                # Persist the original before touching the knob: a crash after this line is still undoable.
-                self.journal.add(Held(a.target, a.knob, old, loop, time.time(), kind, identity, (new,)))
-            else:
-                self._unknown_after(a.target, a.knob, backend)
-                if held.written != (new,):
-                    # And the value it is about to write: a restore puts the original back only over what
-                    # koordd wrote. A crash before the write leaves the value before it: koordd's, named
-                    # too; someone else's (or one of a journal that did not say) is not koordd's to undo.
-                    ours = not held.written or any(backend.same(old, w) for w in held.written)
-                    self.journal.wrote(a.target, a.knob, kind, (old if ours else held.written[-1], new))
-        except TargetGone:
-            return None
+            ahead.save(loop, new, self._identity(backend, a.target, a.knob), self.unsupported)
         except OSError as e:        # a full or failing state disk: an original not saved is a knob not written
-            what = "the original" if held is None else "the value to write"
-            return self._refuse(loop, a, kind, old, f"cannot save {what} in the restore journal "
-                                                    f"{e.filename}: {kernel_error(e)}", new)
+            raise Refused(f"cannot save {ahead.saves} in the restore journal {e.filename}: {kernel_error(e)}",
+                          old, new) from None
         try:
-            backend.write(a.target, a.knob, new)
-        except TargetGone:
-            self.journal.remove(a.target, a.knob, kind)
-            return None
-        except OutsideRoot as e:          # a symlink out of the hierarchy: found only at the write
-            self._after_failed_write(held, a.target, a.knob, old, backend, unchanged=True)
-            return self._refuse(loop, a, kind, old, str(e), new)
+            with ahead.writing():
+                backend.write(a.target, a.knob, new)
+        except OutsideRoot as e:    # a symlink out of the hierarchy: found only at the write
+            raise Refused(str(e), old, new) from None
         except OSError as e:
-            self._after_failed_write(held, a.target, a.knob, old, backend, partial=isinstance(e, PartialWrite))
-            return self._refuse(loop, a, kind, old, kernel_error(e), new)
-        self.journal.settle(a.target, a.knob, kind, (new,))
-        self._refused.pop(key, None)
-        return self._record(Decision(time.time(), loop, a.target, a.knob, old, new, APPLIED, a.message,
-                                     dict(a.reason), kind=kind))
+            raise Refused(kernel_error(e), old, new) from None
 
     def _identity(self, backend: Backend, target: str, knob: str) -> str | None:
         """The target's identity (Backend.identity); for a backend of cgroup targets that has none, the
@@ -367,48 +360,6 @@ class Actuator:
             log.debug("%s %s: no identity (%s)", target or "/", knob, e)
             return None
 
-    def _journal_side_effects(self, loop: str, target: str, knob: str, backend: Backend) -> None:
-        """Knobs the kernel rewrites as a side effect of this write (cpu.idle rewrites cpu.weight) get
-        their originals saved first, so newest-first restore puts this knob back, then them."""
-        for name in backend.knobs[knob].resets:
-            if self.journal.get(target, name, backend.kind) is None and name not in self.unsupported:
-                try:
-                    original = backend.read(target, name)
-                except (OSError, TargetGone, ValueError, Unsupported):
-                    continue
-                self.journal.add(Held(target, name, original, loop, time.time(), backend.kind))   # OSError: no write
-        self._unknown_after(target, knob, backend)
-
-    def _unknown_after(self, target: str, knob: str, backend: Backend) -> None:
-        """Before a write (or restore) of `knob`: the knobs the kernel rewrites with it, held already, no
-        longer read what koordd wrote, nor anything koordd can know beforehand. Journaled as not known
-        (restored wherever they differ from their original, as journals before version 4 were)."""
-        for name in backend.knobs[knob].resets:
-            h = self.journal.get(target, name, backend.kind)
-            if h is not None and h.written:
-                self.journal.wrote(target, name, backend.kind, ())      # OSError: no write
-
-    def _after_failed_write(self, held: Held | None, target: str, knob: str, old: str, backend: Backend,
-                            partial: bool = False, unchanged: bool = False) -> None:
-        """After a failed write: unless part of it landed, drop the journal entry just made (held None)
-        or take back the value recorded as about to be written. If part landed, what the knob reads now
-        is koordd's doing: journaled as written, so a restore puts the original back over it."""
-        kind = backend.kind
-        try:
-            now = old if unchanged else backend.scope(knob, backend.read(target, knob), old)
-        except (OSError, TargetGone, ValueError, Unsupported):
-            now = old
-        if now == old and not partial:
-            if held is None:
-                self.journal.remove(target, knob, kind)
-            else:
-                self.journal.settle(target, knob, kind, held.written)
-            return
-        try:
-            self.journal.wrote(target, knob, kind, (now,))
-        except OSError as e:
-            log.error("%s %s: cannot record the value a failed write left (%r): %s", target or "/", knob, now, e)
-
     def _refuse(self, loop: str, a: Action, kind: str, old: str | None, error: str,
                 new: str | None = None) -> Decision | None:
         key, sig = (kind, a.target, a.knob), (a.value, error)
@@ -417,6 +368,10 @@ class Actuator:
         self._refused[key] = sig
         return self._record(Decision(time.time(), loop, a.target, a.knob, old, new or a.value, REFUSED,
                                      a.message, dict(a.reason), error, kind=kind or "unknown"))
+
+    def _made(self, loop: str, a: Action, kind: str, old: str | None, new: str | None, outcome: str) -> Decision:
+        return self._record(Decision(time.time(), loop, a.target, a.knob, old, new, outcome, a.message,
+                                     dict(a.reason), kind=kind))
 
     def _record(self, d: Decision) -> Decision:
         self.decisions.record(d)
@@ -439,37 +394,35 @@ class Actuator:
         the validation, kubelet rule and guard of any write. A hold of a journal of version 3 or older
         knows neither: its knob is put back wherever it differs from the original, as those did."""
         key = held.key
-        backend = self.backends.of_kind(held.kind)
+
+        def said(old: str | None, outcome: str, error: str | None = None) -> Decision:
+            return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, old, held.original,
+                                         outcome, message, reason or {}, error, kind=held.kind))
         try:
-            if backend is None or held.knob not in backend.knobs:
-                raise Unsupported(f"no backend of kind {held.kind!r} serves {held.knob!r} (the package that "
-                                  f"brought it is not installed?); kept in the restore journal")
+            backend = self._serving(held)
             self._tell(backend, held.target, held.knob, held)
             current = backend.scope(held.knob, backend.read(held.target, held.knob), held.original)
             unchanged = backend.same(current, held.original)
-            left = None if unchanged else self._not_koordds(held, backend, current)
-            if left is not None:
-                if self.dry_run:
-                    return None
-                self.journal.remove(held.target, held.knob, held.kind)
-                return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, current,
-                                             held.original, LEFT, message, reason or {},
-                                             f"{left}: left as it is, journal entry dropped", kind=held.kind))
-            value = None if unchanged else self._restorable(held, backend, current)
+            if not unchanged:
+                left = self._not_koordds(held, backend, current)
+                if left is not None:
+                    if self.dry_run:
+                        return None
+                    self.journal.remove(held.target, held.knob, held.kind)
+                    return said(current, LEFT, f"{left}: left as it is, journal entry dropped")
+                value = self._restorable(held, backend, current)
             if self.dry_run:
                 # Say what a real run would put back; the knob and its journal entry stay as they are.
                 if unchanged or key in self._would_restore:
                     return None
                 self._would_restore.add(key)
-                return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, current,
-                                             held.original, DRY_RUN, message, reason or {}, kind=held.kind))
+                return said(current, DRY_RUN)
             if not unchanged:
-                self._unknown_after(held.target, held.knob, backend)
+                unknown_after(self.journal, backend, held.target, held.knob)
                 backend.write(held.target, held.knob, value)
         except TargetGone:
-            if self.dry_run:
-                return None
-            self.journal.remove(held.target, held.knob, held.kind)   # nothing left to restore
+            if not self.dry_run:
+                self.journal.remove(held.target, held.knob, held.kind)   # nothing left to restore
             return None
         except (OutsideRoot, Forbidden) as e:
             # koordd never journals such a target or value: the entry is forged, corrupt, or of a rule
@@ -477,23 +430,25 @@ class Actuator:
             # that says what it named.
             if not self.dry_run:
                 self.journal.remove(held.target, held.knob, held.kind)
-            return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, None,
-                                         held.original, REFUSED, message, reason or {},
-                                         f"{e}: journal entry dropped, nothing written", kind=held.kind))
+            return said(None, REFUSED, f"{e}: journal entry dropped, nothing written")
         except (OSError, Unsupported, ValueError) as e:
             # Keep it in the journal: the next attempt (or the next start) tries again.
             err = kernel_error(e) if isinstance(e, OSError) else str(e)
             if self._refused.get(key) == (None, err):
                 return None    # retried every tick: recorded once
             self._refused[key] = (None, err)
-            return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, None,
-                                         held.original, REFUSED, message, reason or {}, err, kind=held.kind))
+            return said(None, REFUSED, err)
         self.journal.remove(held.target, held.knob, held.kind)
         self._refused.pop(key, None)
-        if unchanged:
-            return None
-        return self._record(Decision(time.time(), loop or held.owner, held.target, held.knob, current,
-                                     held.original, RESTORED, message, reason or {}, kind=held.kind))
+        return None if unchanged else said(current, RESTORED)
+
+    def _serving(self, held: Held) -> Backend:
+        """The backend that serves the held knob: Unsupported if none does (kept in the journal)."""
+        backend = self.backends.of_kind(held.kind)
+        if backend is None or held.knob not in backend.knobs:
+            raise Unsupported(f"no backend of kind {held.kind!r} serves {held.knob!r} (the package that "
+                              f"brought it is not installed?); kept in the restore journal")
+        return backend
 
     @staticmethod
     def _tell(backend: Backend, target: str, knob: str, held: Held | None) -> None:
@@ -520,10 +475,11 @@ class Actuator:
         """The original as it is written back, checked as any write is, through the backend's validate():
         Forbidden (dropped) for a value the knob never takes, one a write's rule refuses for good
         (UnsafeValue: a forged vm.min_free_kbytes of 268 x MemTotal) or a restore that would harm a
-        protected cgroup; InvalidValue (kept, tried again) for one the kernel would refuse now (a parent's
-        limit); OutsideRoot (dropped) for a target out of its root. validate_original() is asked only
-        after validate() refused with a plain InvalidValue: it lets through the forms a knob reads and is
-        never set to ("mixed"), and can never let an UnsafeValue through, whatever the backend."""
+        protected cgroup (Guard.restore_refusal); InvalidValue (kept, tried again) for one the kernel would
+        refuse now (a parent's limit); OutsideRoot (dropped) for a target out of its root.
+        validate_original() is asked only after validate() refused with a plain InvalidValue: it lets
+        through the forms a knob reads and is never set to ("mixed"), and can never let an UnsafeValue
+        through, whatever the backend."""
         try:
             backend.knobs[held.knob].normalize(held.original)
         except ValueError as e:
@@ -534,18 +490,10 @@ class Actuator:
             raise Forbidden(f"the original {held.original!r} breaks a rule of every write: {e}") from None
         except InvalidValue:
             value = backend.validate_original(held.target, held.knob, held.original)
-        if not backend.cgroup_targets:
-            return value
-        # Not the kubelet rule: it keeps koordd from taking a knob from the kubelet; a restore gives back
-        # the kubelet's own value (test_kubelet.py::test_override_lets_the_write_through_and_restores_go_through_anyway).
-        what = harm(held.knob, value, current)
-        why = self._guard().why(held.target) if what else None
-        # A protected class's own CPU limit may go back below its current value (cpu_burst gives back
-        # the quota it raised, the one limit a loop raises on protected work); nothing else is lowered
-        # there (a forged memory.max or cpuset), nothing is frozen, and nothing is capped where PID 1,
-        # koordd or a protected class root lies below (a forged hold on system.slice).
-        if why and (held.knob not in GIVEN_BACK or held.target.strip("/") in self._guard().holders):
-            raise Forbidden(f"protected: would {what} {held.target or '/'}, which {why}")
+        if backend.cgroup_targets:
+            why = self.guard.restore_refusal(backend.knobs[held.knob], held.target, value, current)
+            if why:
+                raise Forbidden(why)
         return value
 
     def restore_where(self, keep: Callable[[Held], bool], message: str) -> list[Decision]:
@@ -569,8 +517,21 @@ class Actuator:
         return self.restore_where(lambda h: False, message)
 
 
-class Forbidden(Exception):
-    """A restore that must never be written (a forged or stale journal entry): dropped with a decision."""
+@contextmanager
+def refusing(prefix: str = "", garbled: str | None = None) -> Iterator[None]:
+    """A backend's errors as the refusals they make: in its own words (Unsupported, InvalidValue, OutsideRoot),
+    or the kernel's after `prefix` (OSError); any other ValueError after `garbled`, where given (else it goes
+    on, as TargetGone does: skipped)."""
+    try:
+        yield
+    except (Unsupported, InvalidValue, OutsideRoot) as e:
+        raise Refused(str(e)) from None
+    except OSError as e:
+        raise Refused(prefix + kernel_error(e)) from None
+    except ValueError as e:
+        if garbled is None:
+            raise
+        raise Refused(f"{garbled}{e}") from None
 
 
 def _depth(backend: Backend, target: str) -> int:

@@ -11,7 +11,9 @@ cap:
   (sensors/collect.py find_classified), not only the outermost.
 - the cgroup of PID 1 or of koordd itself, or one that holds them.
 Throttling means a lower cap than the knob's original value; weights are shares, not caps, and
-raising a limit (cpu_burst on LS) is what protection is for.
+raising a limit (cpu_burst on LS) is what protection is for. What a write does is the knob's to say,
+beside it in its backend (KnobSpec.harm, koordd/core/backend.py): an act on the tasks (kill, freeze,
+reclaim) or a cap that can be tighter; a knob that declares nothing does no harm.
 """
 from __future__ import annotations
 
@@ -19,72 +21,9 @@ import os
 from pathlib import Path
 from typing import Callable, Mapping
 
-from koordd.backends.cgroup import KNOBS
-from koordd.backends.oom import parse as parse_oom_score
-from koordd.core.blkio import tighter as blkio_tighter
-from koordd.core.cgroup import normalize_cgroup, parse_cpulist
+from koordd.core.backend import KnobSpec
+from koordd.core.cgroup import normalize_cgroup
 from koordd.core.protected import Protected
-
-# Acts on the tasks themselves: refused on a protected cgroup whatever the value (thawing excepted).
-EVICTING = {"cgroup.kill": "kill", "memory.reclaim": "reclaim memory of", "cgroup.freeze": "freeze",
-            "cgroup.prekill": "run the prekill hook of"}      # the prelude to a kill (memory_evict)
-
-
-def _lower(magnitude: Callable[[str], float]) -> Callable[[str, str], bool]:
-    def lower(new: str, original: str) -> bool:
-        try:
-            return magnitude(new) < magnitude(original)
-        except (ValueError, ZeroDivisionError):
-            return True             # a value we cannot compare is not one we may write here
-    return lower
-
-
-def _cpus(text: str) -> float:
-    # An empty v2 cpuset.cpus is no restriction: the parent's CPUs apply.
-    return float("inf") if not text.strip() else len(parse_cpulist(text))
-
-
-def _oom_raised(new: str, original: str) -> bool:
-    """oom_score_adj: whether `new` puts any process above the lowest value it had (the kernel's OOM
-    killer would take it sooner). Readings may be "mixed ..." (koordd/backends/oom.py)."""
-    try:
-        new_common, new_own = parse_oom_score(new)
-        old_common, old_own = parse_oom_score(original)
-    except ValueError:
-        return True                 # a value we cannot compare is not one we may write here
-    if new_common is None or old_common is None:
-        return False                # no processes: nothing is made likelier to die
-    return max([new_common, *new_own.values()]) > min([old_common, *old_own.values()])
-
-
-def _by_magnitude(knob: str) -> Callable[[str, str], bool]:
-    """Tighter by the knob table's own magnitude (koordd/backends/cgroup.py), the one the write order uses."""
-    return _lower(KNOBS[knob].magnitude)
-
-
-# knob -> (what the write does, whether `new` is a tighter cap than `original`)
-THROTTLING: dict[str, tuple[str, Callable[[str, str], bool]]] = {
-    "cpu.max": ("cap the CPU of", _by_magnitude("cpu.max")),
-    "cpu.max.burst": ("cut the CPU burst of", _by_magnitude("cpu.max.burst")),
-    "cpuset.cpus": ("shrink the CPUs of", _lower(_cpus)),
-    "memory.max": ("cap the memory of", _by_magnitude("memory.max")),
-    "memory.high": ("throttle the memory of", _by_magnitude("memory.high")),
-    # Less swap pushes anon memory into RAM or the OOM killer instead: a cap like memory.max.
-    "memory.swap.max": ("cap the swap of", _by_magnitude("memory.swap.max")),
-    "cpu.idle": ("make idle", lambda new, old: new.strip() == "1" and old.strip() != "1"),
-    # io_qos: a lower rbps/wbps/riops/wiops on any device (koordd/core/blkio.py); io.weight is a share.
-    "io.max": ("cap the IO of", blkio_tighter),
-    # oom_shaping: BE's processes first in the OOM killer's line, and BE pods killed whole.
-    "oom_score_adj": ("raise the OOM score of", _oom_raised),
-    "memory.oom.group": ("make the OOM killer take all of", lambda new, old: new.strip() == "1" and old.strip() != "1"),
-    "sched_policy": ("demote the threads of", lambda new, old: new in ("idle", "batch") and new != old),
-    "scheduler_class": ("put in the BE class", lambda new, old: new == "BE" and new != old),
-    "net_class": ("shape the egress of", lambda new, old: new == "be" and new != old),
-    # llc_partition's BE group (plugins/llc_partition.py group_of): a few cache ways, a share of the
-    # memory bandwidth, for every thread of the cgroup and below it.
-    "resctrl_group": ("confine the cache of", lambda new, old: new == "koordd-BE" and new != old),
-}
-
 
 # The limits a loop raises on protected work (cpu_burst on LS: its quota and burst), so that a restore
 # there may lower them again: every other restore that would tighten a protected cgroup is refused.
@@ -92,17 +31,55 @@ THROTTLING: dict[str, tuple[str, Callable[[str, str], bool]]] = {
 GIVEN_BACK = frozenset({"cpu.max", "cpu.max.burst", "oom_score_adj"})
 
 
-def harm(knob: str, new: str, original: str | None) -> str | None:
-    """What the write would do to its target's workload, or None when it only helps or restores."""
-    if knob in EVICTING:
-        return None if knob == "cgroup.freeze" and new.strip() == "0" else EVICTING[knob]
-    if knob in THROTTLING:
-        what, tighter = THROTTLING[knob]
-        return what if original is not None and tighter(new, original) else None
-    return None
+def harm(spec: KnobSpec | None, new: str, original: str | None) -> str | None:
+    """What writing `new` over `original` (None: a command, nothing read) would do to the target's workload,
+    as the knob declares it (KnobSpec.harm, koordd/core/backend.py); None when it only helps or restores,
+    or the knob declares no harm (a weight, a knob of a backend that says nothing, no knob served)."""
+    declared = getattr(spec, "harm", None)       # a third party's spec class may lack the attribute
+    return declared.of(new, original) if declared is not None else None
 
 
-def standing_harm(guard: Protected, target: str, knob: str, original: str, current: Callable[[], str]) -> str | None:
+class Guard:
+    """The actuator's guard: what no write may do to this round's protected cgroups (Protected, built from
+    the classes and the processes only when a write would do harm; most rounds write none)."""
+
+    def __init__(self, processes: Mapping[str, str] | None = None):
+        self.processes: dict[str, str] = dict(processes or {})     # cgroup -> whose (PID 1, koordd)
+        self._classes: Mapping[str, str | None] = {}
+        self._protected: Protected | None = None
+
+    def protect(self, classes: Mapping[str, str | None]) -> None:
+        """This round's classes (cgroup -> class, from the snapshot)."""
+        self._classes, self._protected = classes, None
+
+    @property
+    def protected(self) -> Protected:
+        if self._protected is None:
+            self._protected = Protected.of(self._classes, self.processes)
+        return self._protected
+
+    def refusal(self, spec: KnobSpec, target: str, new: str, original: str | None) -> str | None:
+        """Why writing `new` over `original` on `target` is refused, or None."""
+        what = harm(spec, new, original)
+        why = self.protected.why(target) if what else None
+        return f"protected: would {what} {target or '/'}, which {why}" if why else None
+
+    def restore_refusal(self, spec: KnobSpec, target: str, value: str, current: str) -> str | None:
+        """Why putting `value` back over `current` on `target` is refused, or None. Not the kubelet rule: it
+        keeps koordd from taking a knob from the kubelet; a restore gives back the kubelet's own value
+        (test_kubelet.py::test_override_lets_the_write_through_and_restores_go_through_anyway).
+        A protected class's own CPU limit may go back below its current value (cpu_burst gives back the quota
+        it raised, the one limit a loop raises on protected work: GIVEN_BACK); nothing else is lowered there
+        (a forged memory.max or cpuset), nothing is frozen, and nothing is capped where PID 1, koordd or a
+        protected class root lies below (a forged hold on system.slice)."""
+        refused = self.refusal(spec, target, value, current)
+        if refused and (spec.name not in GIVEN_BACK or target.strip("/") in self.protected.holders):
+            return refused
+        return None
+
+
+def standing_harm(guard: Protected, target: str, spec: KnobSpec | None, original: str,
+                  current: Callable[[], str]) -> str | None:
     """Why a knob koordd holds changed on `target` (`original` its value before) must go back now, or
     None: it still throttles or freezes a cgroup the guard protects since it was written (an LS job
     started in be.slice, a nested class root the config now names). The guard refuses new writes
@@ -111,7 +88,7 @@ def standing_harm(guard: Protected, target: str, knob: str, original: str, curre
     if why is None:
         return None
     try:
-        what = harm(knob, current(), original)
+        what = harm(spec, current(), original)
     except Exception:  # noqa: BLE001 - gone or unreadable this round: the next one sees it
         return None
     return f"protected: would go on to {what} {target or '/'}, which {why}" if what else None

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from koordd.core import blkio
-from koordd.core.backend import Backend, BackendSet, InvalidValue, PartialWrite, Unsupported
+from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, PartialWrite, Unsupported, lower
 from koordd.core.cgroup import (CFS_PERIOD_RANGE, CFS_QUOTA_MIN, format_cpu_max, format_cpulist, parent_of,
     parse_cpu_max, parse_cpulist, parse_int)
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, Layout, LayoutError
@@ -63,6 +63,7 @@ class Knob:
     oneshot: bool = False                     # a command (memory.reclaim, cgroup.kill): never read or restored
     magnitude: Callable[[str], float] | None = None   # for write order: parents first when raising
     resets: tuple[str, ...] = ()              # knobs the kernel rewrites when this one changes
+    harm: Harm | None = None                  # what a write does to protected work (koordd/act/protect.py)
 
     def uses_v2(self, fs: CgroupFS) -> bool:
         if self.controller is None:
@@ -220,6 +221,11 @@ def _norm_cpulist(text: str) -> str:
         raise InvalidValue(f"cpuset.cpus: {e}") from None
 
 
+def _cpus(text: str) -> float:
+    # An empty v2 cpuset.cpus is no restriction: the parent's CPUs apply.
+    return float("inf") if not text.strip() else len(parse_cpulist(text))
+
+
 def _check_cpuset(value: str, ctx: KnobContext) -> None:
     cpus = parse_cpulist(value)
     if not cpus:
@@ -241,6 +247,11 @@ def _norm_memory(text: str) -> str:
 
 def _memory_magnitude(value: str) -> float:
     return float("inf") if value == "max" else float(value)
+
+
+def _turns_on(new: str, original: str) -> bool:
+    """Harm.tighter of a 0/1 knob whose 1 is the harm (cpu.idle, memory.oom.group)."""
+    return new.strip() == "1" and original.strip() != "1"
 
 
 def _kill_v1(fs: CgroupFS, cgroup: str) -> None:
@@ -342,39 +353,46 @@ def _write_v1_io_max(fs: CgroupFS, cgroup: str, value: str) -> None:
 KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("cpu.max", "cpu", "CPU bandwidth limit: \"<quota_us|max> <period_us>\"",
          "cpu.max", None, _norm_cpu_max, v1_read=_read_v1_cpu_max, v1_write=_write_v1_cpu_max,
-         check=_check_cpu_max, magnitude=_cpu_max_magnitude),
+         check=_check_cpu_max, magnitude=_cpu_max_magnitude,
+         harm=Harm("cap the CPU of", lower(_cpu_max_magnitude))),
     Knob("cpu.max.burst", "cpu", "CPU burst allowance above quota, µs",
-         "cpu.max.burst", "cpu.cfs_burst_us", _norm_uint("cpu.max.burst"), check=_check_burst, magnitude=float),
+         "cpu.max.burst", "cpu.cfs_burst_us", _norm_uint("cpu.max.burst"), check=_check_burst, magnitude=float,
+         harm=Harm("cut the CPU burst of", lower(float))),
     Knob("cpu.weight", "cpu", "proportional CPU weight 1..10000 (v1: cpu.shares)",
          "cpu.weight", "cpu.shares", _norm_uint("cpu.weight", 1, 10000),
          to_v1=lambda v: str(weight_to_shares(int(v))), from_v1=lambda r: str(shares_to_weight(int(r)))),
     Knob("cpu.idle", "cpu", "1 = the group runs as SCHED_IDLE",
          "cpu.idle", "cpu.idle", _norm_uint("cpu.idle", 0, 1),
-         resets=("cpu.weight",)),       # idle forces weight 1, and leaving idle sets the default weight
+         resets=("cpu.weight",),        # idle forces weight 1, and leaving idle sets the default weight
+         harm=Harm("make idle", _turns_on)),
     Knob("cpuset.cpus", "cpuset", "CPUs the group may run on",
-         "cpuset.cpus", "cpuset.cpus", _norm_cpulist, check=_check_cpuset),
+         "cpuset.cpus", "cpuset.cpus", _norm_cpulist, check=_check_cpuset,
+         harm=Harm("shrink the CPUs of", lower(_cpus))),
     Knob("memory.max", "memory", "hard memory limit, bytes or max (v1: memory.limit_in_bytes)",
          "memory.max", "memory.limit_in_bytes", _norm_memory,
-         to_v1=lambda v: "-1" if v == "max" else v, from_v1=_memory_from_v1, magnitude=_memory_magnitude),
+         to_v1=lambda v: "-1" if v == "max" else v, from_v1=_memory_from_v1, magnitude=_memory_magnitude,
+         harm=Harm("cap the memory of", lower(_memory_magnitude))),
     # v2 only: v1 has no equivalent of these protections and the throttling limit.
     Knob("memory.high", "memory", "memory throttling limit, bytes or max", "memory.high", None, _norm_memory,
-         magnitude=_memory_magnitude),
+         magnitude=_memory_magnitude, harm=Harm("throttle the memory of", lower(_memory_magnitude))),
     Knob("memory.low", "memory", "best-effort memory protection, bytes", "memory.low", None, _norm_memory),
     Knob("memory.min", "memory", "hard memory protection, bytes", "memory.min", None, _norm_memory),
+    # Less swap pushes anon memory into RAM or the OOM killer instead: a cap like memory.max.
     Knob("memory.swap.max", "memory", "swap limit, bytes or max (v2; 0 = no swap)", "memory.swap.max", None,
-         _norm_memory, magnitude=_memory_magnitude),
+         _norm_memory, magnitude=_memory_magnitude, harm=Harm("cap the swap of", lower(_memory_magnitude))),
     # v2 only (4.19+): v1's OOM killer takes one process at a time, whatever is asked (oom_shaping).
     Knob("memory.oom.group", "memory", "1 = the OOM killer kills the whole cgroup, never part of it (v2)",
-         "memory.oom.group", None, _norm_uint("memory.oom.group", 0, 1)),
+         "memory.oom.group", None, _norm_uint("memory.oom.group", 0, 1),
+         harm=Harm("make the OOM killer take all of", _turns_on)),
     Knob("memory.reclaim", "memory", "proactive reclaim of this many bytes (5.19+)", "memory.reclaim", None,
-         _norm_uint("memory.reclaim", 1), oneshot=True),
+         _norm_uint("memory.reclaim", 1), oneshot=True, harm=Harm("reclaim memory of")),
     Knob("cgroup.freeze", None, "1 = every task of the cgroup is frozen (v1: freezer.state)",
          "cgroup.freeze", "freezer.state", _norm_uint("cgroup.freeze", 0, 1), v1_controller="freezer",
          to_v1=lambda v: "FROZEN" if v == "1" else "THAWED",
-         from_v1=lambda raw: "0" if raw == "THAWED" else "1"),
+         from_v1=lambda raw: "0" if raw == "THAWED" else "1", harm=Harm("freeze", lifts="0")),     # thawing helps
     Knob("cgroup.kill", None, "1 = SIGKILL every task of the subtree (5.14+; v1: freeze, kill, thaw)",
          "cgroup.kill", None, _norm_uint("cgroup.kill", 1, 1), v1_controller="memory",
-         v1_write=lambda fs, cg, v: _kill_v1(fs, cg), oneshot=True),
+         v1_write=lambda fs, cg, v: _kill_v1(fs, cg), oneshot=True, harm=Harm("kill")),
     # io_qos. io.weight: the default weight ("default N"; per-device weights are left alone), iocost's on
     # v2, BFQ's blkio.bfq.weight on v1. io.max: per device; a write changes the devices it names only, and
     # the backend scopes koordd's hold to them (CgroupBackend.scope), on v1 over the four throttle files.
@@ -383,7 +401,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          to_v1=lambda v: str(blkio.weight_of(v)), check=_check_io_weight),     # v1 reads "N": normalize takes it
     Knob("io.max", "io", "IO limits per device: \"MAJ:MIN rbps=N wbps=N riops=N wiops=N\" lines, N or max "
          "(v1: blkio.throttle.*_device)", "io.max", None, _norm_io_max, v1_controller="blkio",
-         v1_read=_read_v1_io_max, v1_write=_write_v1_io_max, v2_write=_write_v2_io_max, check=_check_io_max),
+         v1_read=_read_v1_io_max, v1_write=_write_v1_io_max, v2_write=_write_v2_io_max, check=_check_io_max,
+         harm=Harm("cap the IO of", blkio.tighter)),     # a lower rbps/wbps/riops/wiops on any device
 )}
 
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 import errno
 import re
 
-from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
+from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, PartialWrite, TargetGone, TaskBackend, \
+    Unsupported
 from koordd.core.cgroup import parent_of
 from koordd.kernel.cgroupfs import CgroupFS
 from koordd.kernel.core_sched import Prctl, probe, smt
@@ -57,9 +58,9 @@ def probe_core_sched(host) -> tuple[bool, str]:
     return ok, f"{detail}; {smt_detail}"
 
 
-class CoreSchedBackend(Backend):
+class CoreSchedBackend(TaskBackend):
     kind = "core_sched"
-    cgroup_targets = True
+    empty = EMPTY               # "none" is a value: no cookie
     features = {"core_sched": probe_core_sched}
     knobs = {"core_sched": KnobSpec(
         "core_sched", "core-scheduling cookie of every thread in the cgroup and below it: a label shared by every "
@@ -118,21 +119,8 @@ class CoreSchedBackend(Backend):
                 return label
         return MIXED
 
-    def same(self, current: str, wanted: str) -> bool:
-        return current == wanted or current == EMPTY
-
-    def still_koordds(self, target: str, knob: str, current: str, values) -> bool:
-        # Threads started since, or a write cut short, read "mixed": still koordd's to put back.
-        return current == MIXED or super().still_koordds(target, knob, current, values)
-
-    def validate_original(self, target: str, knob: str, value: str) -> str:
-        return value if value in (MIXED, EMPTY) else self.validate(target, knob, value)
-
-    def validate(self, target: str, knob: str, value: str) -> str:
-        v = _normalize(value)
-        if v in (MIXED, EMPTY):
-            raise InvalidValue(f"core_sched {v!r} is what a cgroup reads, not a value to set")
-        return v
+    def reading(self, value: str) -> bool:
+        return value in (MIXED, EMPTY)
 
     def write(self, target: str, knob: str, value: str) -> None:
         if value in (NONE, MIXED, EMPTY):

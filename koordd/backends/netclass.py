@@ -33,7 +33,8 @@ import os
 from pathlib import Path
 
 from koordd.backends.threads import cgroup_threads
-from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
+from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpec, PartialWrite, TargetGone, TaskBackend, \
+    Unsupported
 from koordd.core.cgroup import parent_of
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, Layout, thread_ids
 from koordd.kernel.netclass import ClassifierError, DeviceGone, EgressClassifier
@@ -189,11 +190,14 @@ class NetClsTree:
         os.rmdir(self.root / cgroup)
 
 
-class NetClassBackend(Backend):
+class NetClassBackend(TaskBackend):
+    """On net_cls (v1) a knob of each thread, the net_cls cgroup it is in: "mixed" while some are elsewhere.
+    On v2 the cgroup's own entry in the classifier's map, which reads no "mixed"."""
     kind = "tc_class"
-    cgroup_targets = True
+    empty = None                # "none" is a value: no class
     knobs = {"net_class": KnobSpec("net_class", "the egress class of the cgroup's sockets: ls, be or none",
-                                   _net_class_value)}
+                                   _net_class_value,
+                                   harm=Harm("shape the egress of", lambda new, old: new == "be" and new != old))}
 
     def __init__(self, fs: CgroupFS, shared: SharedClassifier, net_cls: NetClsTree | Path | None = None):
         """net_cls: the v1 net_cls hierarchy to use instead of the v2 tree; found in the layout when
@@ -218,13 +222,6 @@ class NetClassBackend(Backend):
             return os.stat(Path(tree) / target).st_ino
         except FileNotFoundError:
             raise TargetGone(target) from None
-
-    def still_koordds(self, target: str, knob: str, current: str, values) -> bool:
-        # net_cls: threads started since, or a move cut short, read "mixed": still koordd's to put back.
-        return current == MIXED or super().still_koordds(target, knob, current, values)
-
-    def validate_original(self, target: str, knob: str, value: str) -> str:
-        return value if value == MIXED else self.validate(target, knob, value)
 
     def read(self, target: str, knob: str) -> str:
         if self.net_cls is not None:

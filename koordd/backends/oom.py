@@ -41,7 +41,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
-from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, PartialWrite, TargetGone
+from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpec, PartialWrite, TargetGone, TaskBackend
 from koordd.core.cgroup import parent_of
 from koordd.kernel.cgroupfs import CgroupFS, LayoutError
 from koordd.kernel.host import Host, find_knob, read
@@ -137,6 +137,19 @@ def _normalize(text: str) -> str:
     return f"{MIXED} {common} {_list(own)}" + tail
 
 
+def raised(new: str, original: str) -> bool:
+    """Whether `new` puts any process above the lowest value it had in `original` (the kernel's OOM killer
+    would take it sooner); either may be a "mixed ..." reading. One that cannot be compared counts as raised."""
+    try:
+        new_common, new_own = parse(new)
+        old_common, old_own = parse(original)
+    except ValueError:
+        return True                 # a value we cannot compare is not one we may write on protected work
+    if new_common is None or old_common is None:
+        return False                # no processes: nothing is made likelier to die
+    return max([new_common, *new_own.values()]) > min([old_common, *old_own.values()])
+
+
 def probe_oom_group(host: Host) -> tuple[bool, str]:
     """memory.oom.group: cgroup v2's memory controller (4.19+); on v1 (and hybrid hosts, whose memory
     controller is v1) the kernel's OOM killer takes one process at a time, whatever koordd asks."""
@@ -156,12 +169,12 @@ def probe_oom_group(host: Host) -> tuple[bool, str]:
     return True, f"found {found}"
 
 
-class OomScoreBackend(Backend):
+class OomScoreBackend(TaskBackend):
     kind = "oom_score"
-    cgroup_targets = True
     knobs = {"oom_score_adj": KnobSpec(
         "oom_score_adj", f"/proc/PID/oom_score_adj of every process in the cgroup and below it ({OOM_MIN}..{OOM_MAX}; "
-                         f"higher = killed first by the kernel's OOM killer)", _normalize)}
+                         f"higher = killed first by the kernel's OOM killer)", _normalize,
+        harm=Harm("raise the OOM score of", raised))}     # oom_shaping: BE's processes first in the OOM killer's line
     features = {"memory.oom.group": probe_oom_group}
 
     def __init__(self, fs: CgroupFS, proc: Path | str = "/proc"):
@@ -287,14 +300,9 @@ class OomScoreBackend(Backend):
         values = self._values(target)
         return format_reading(values, self._left(target, values))
 
-    def same(self, current: str, wanted: str) -> bool:
-        return current == wanted or current == NONE
-
-    def validate(self, target: str, knob: str, value: str) -> str:
-        v = _normalize(value)
-        if v.startswith(MIXED) or _split(v)[1]:
-            raise InvalidValue(f"oom_score_adj {v[:40]!r} is what a cgroup reads, not a value to set")
-        return v
+    def reading(self, value: str) -> bool:
+        # "mixed <common> <pid>@<start>=<value>,...", or one that names processes that left (" left ...").
+        return value.startswith(MIXED) or bool(_split(value)[1])
 
     def validate_original(self, target: str, knob: str, value: str) -> str:
         return _normalize(value)

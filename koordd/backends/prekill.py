@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Callable
 
-from koordd.core.backend import Backend, BackendSet, InvalidValue, Job, KnobSpec, TargetGone
+from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, Job, KnobSpec, TargetGone
 from koordd.kernel.cgroupfs import CgroupFS
 
 # s: the most a hook may take. Memory pressure does not wait long for an eviction, and memory_evict counts
@@ -168,7 +168,8 @@ class PrekillBackend(Backend):
     cgroup_targets = True       # the guard and the kubelet rule look at the victim
     knobs = {"cgroup.prekill": KnobSpec(
         "cgroup.prekill", "run a hook for the cgroup before it is killed: {\"argv\": [...], \"timeout\": s} "
-                          "(memory_evict's prekill_command)", _normalize, oneshot=True, beside=True)}
+                          "(memory_evict's prekill_command)", _normalize, oneshot=True, beside=True,
+        harm=Harm("run the prekill hook of"))}      # the prelude to a kill (memory_evict)
 
     def __init__(self, fs: CgroupFS):
         self.fs = fs

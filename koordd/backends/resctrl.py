@@ -30,7 +30,8 @@ import re
 from pathlib import Path
 
 from koordd.backends.threads import cgroup_threads
-from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
+from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpec, PartialWrite, TargetGone, TaskBackend, \
+    Unsupported
 from koordd.core.schemata import ResctrlInfo
 from koordd.core.targets import RESCTRL_TARGET
 from koordd.kernel.cgroupfs import CgroupFS, thread_ids
@@ -242,12 +243,14 @@ class ResctrlGroupBackend(Backend):
             raise refused(self.fs, e) from None
 
 
-class ResctrlTasksBackend(Backend):
+class ResctrlTasksBackend(TaskBackend):
     kind = "resctrl_tasks"
-    cgroup_targets = True
     knobs = {"resctrl_group": KnobSpec(
         "resctrl_group", "the resctrl group of every thread in the cgroup and below it (\"default\": the root group)",
-        lambda v: v.strip())}
+        lambda v: v.strip(),
+        # llc_partition's BE group (plugins/llc_partition.py group_of): a few cache ways, a share of the
+        # memory bandwidth, for every thread of the cgroup and below it.
+        harm=Harm("confine the cache of", lambda new, old: new == "koordd-BE" and new != old))}
 
     def __init__(self, cgroups: CgroupFS, fs: ResctrlFS | None = None, proc_root: Path | str = "/proc"):
         self.cgroups = cgroups
@@ -280,25 +283,12 @@ class ResctrlTasksBackend(Backend):
             return NONE
         return groups.pop() if len(groups) == 1 else MIXED
 
-    def same(self, current: str, wanted: str) -> bool:
-        return current == wanted or current == NONE
-
-    def still_koordds(self, target: str, knob: str, current: str, values) -> bool:
-        # Threads started since, or a write cut short, read "mixed": still koordd's to put back.
-        return current == MIXED or super().still_koordds(target, knob, current, values)
-
-    def validate_original(self, target: str, knob: str, value: str) -> str:
-        return value if value == MIXED else self.validate(target, knob, value)
-
-    def validate(self, target: str, knob: str, value: str) -> str:
-        v = value.strip()
-        if v == MIXED:
-            raise InvalidValue("resctrl_group \"mixed\" is what a cgroup reads, not a value to set")
-        if v != DEFAULT_GROUP:
-            check_group_name(v)
-            if not self.fs.exists(v):
-                raise InvalidValue(f"resctrl group {v} does not exist")
-        return v
+    def check(self, target: str, knob: str, value: str) -> str:
+        if value != DEFAULT_GROUP:
+            check_group_name(value)
+            if not self.fs.exists(value):
+                raise InvalidValue(f"resctrl group {value} does not exist")
+        return value
 
     def write(self, target: str, knob: str, value: str) -> None:
         group = DEFAULT_GROUP if value == MIXED else value      # restoring "mixed": back to the default

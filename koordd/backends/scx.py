@@ -19,7 +19,7 @@ import errno
 import logging
 from pathlib import Path
 
-from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, TargetGone, Unsupported
+from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpec, TargetGone, Unsupported
 from koordd.core.targets import SCX_TARGET
 from koordd.kernel.cgroupfs import CgroupFS
 from koordd.kernel.host import Host
@@ -152,7 +152,8 @@ class SchedulerClassBackend(Backend):
     kind = "sched_ext_class"
     cgroup_targets = True
     knobs = {"scheduler_class": KnobSpec("scheduler_class", "the class koordd's scheduler gives the cgroup's "
-                                         "threads and those below it (LS, LSR, LSE, BE) or none", _class_value)}
+                                         "threads and those below it (LS, LSR, LSE, BE) or none", _class_value,
+                                         harm=Harm("put in the BE class", lambda new, old: new == "BE" and new != old))}
 
     def __init__(self, fs: CgroupFS, own: OwnScheduler):
         self.fs, self.own = fs, own

@@ -27,7 +27,8 @@ from __future__ import annotations
 import errno
 import os
 
-from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, PartialWrite, TargetGone, Unsupported
+from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpec, PartialWrite, TaskBackend, TargetGone, \
+    Unsupported
 from koordd.core.cgroup import parent_of
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, thread_ids
 from koordd.kernel.sched_ext import has_sched_ext, missing_reason
@@ -75,12 +76,11 @@ def cgroup_members(fs: CgroupFS, target: str, v2_file: str, v1_file: str,
     return out
 
 
-class ThreadPolicyBackend(Backend):
+class ThreadPolicyBackend(TaskBackend):
     kind = "threads"
-    cgroup_targets = True
     knobs = {"sched_policy": KnobSpec(
         "sched_policy", "scheduling policy of every thread in the cgroup and below it (normal, batch, idle, ext)",
-        _normalize)}
+        _normalize, harm=Harm("demote the threads of", lambda new, old: new in ("idle", "batch") and new != old))}
 
     def __init__(self, fs: CgroupFS, sched=os, sys_root: str = "/sys"):
         self.fs = fs
@@ -116,23 +116,10 @@ class ThreadPolicyBackend(Backend):
             return NONE
         return NAMES[policies.pop()] if len(policies) == 1 else MIXED
 
-    def same(self, current: str, wanted: str) -> bool:
-        return current == wanted or current == NONE
-
-    def still_koordds(self, target: str, knob: str, current: str, values) -> bool:
-        # Threads started since, or a write cut short, read "mixed": still koordd's to put back.
-        return current == MIXED or super().still_koordds(target, knob, current, values)
-
-    def validate_original(self, target: str, knob: str, value: str) -> str:
-        return value if value == MIXED else self.validate(target, knob, value)
-
-    def validate(self, target: str, knob: str, value: str) -> str:
-        v = _normalize(value)
-        if v == MIXED:
-            raise InvalidValue("sched_policy \"mixed\" is what a cgroup reads, not a value to set")
-        if v == "ext" and not has_sched_ext(self.sys_root):
+    def check(self, target: str, knob: str, value: str) -> str:
+        if value == "ext" and not has_sched_ext(self.sys_root):
             raise Unsupported(f"sched_policy ext: {missing_reason(self.sys_root)}")
-        return v
+        return value
 
     def write(self, target: str, knob: str, value: str) -> None:
         policy = POLICIES.get(value, os.SCHED_OTHER)       # "mixed" (a restore) goes back to normal

@@ -47,6 +47,35 @@ class UnsafeValue(InvalidValue):
 
 
 @dataclass(frozen=True)
+class Harm:
+    """What a write of a knob does to the work in its target (a cgroup and what runs below it), where it does
+    harm: declared on the knob (KnobSpec.harm), read by koordd's guard (koordd/act/protect.py), which refuses
+    such a write on protected work. Either an act on the tasks themselves (a kill, a freeze, a reclaim):
+    harm whatever the value, but `lifts`; or a cap: harm where the new value is tighter than the original.
+    A knob without one does no harm (a weight is a share, not a cap)."""
+    what: str                                              # the refusal's words: "would <what> <cgroup>"
+    tighter: Callable[[str, str], bool] | None = None      # a cap: (new, original) -> whether new is tighter
+    lifts: str | None = None                               # an act's value that undoes it (cgroup.freeze "0")
+
+    def of(self, new: str, original: str | None) -> str | None:
+        """`what`, if writing `new` over `original` (None: not read, a command) does this harm; else None."""
+        if self.tighter is None:
+            return None if self.lifts is not None and new.strip() == self.lifts else self.what
+        return self.what if original is not None and self.tighter(new, original) else None
+
+
+def lower(magnitude: Callable[[str], float]) -> Callable[[str, str], bool]:
+    """A cap's Harm.tighter by a magnitude (the knob's own, the one the write order uses): a lower value
+    is tighter, and one that cannot be compared counts as tighter (it is not one to write on protected work)."""
+    def tighter(new: str, original: str) -> bool:
+        try:
+            return magnitude(new) < magnitude(original)
+        except (ValueError, ZeroDivisionError):
+            return True
+    return tighter
+
+
+@dataclass(frozen=True)
 class KnobSpec:
     """What the actuator needs to know of a knob, whatever its backend. The cgroup backend's Knob has
     the same attributes."""
@@ -59,6 +88,7 @@ class KnobSpec:
     # A command that runs beside the round (a prekill hook): Backend.start() begins it and returns its Job;
     # the actuator never waits for it in a round (see Job).
     beside: bool = False
+    harm: Harm | None = None                             # what a write does to protected work (the guard)
 
 
 class Job:
@@ -155,6 +185,42 @@ class Backend:
 
     def close(self) -> None:
         """Release what the backend holds open (file descriptors, sockets)."""
+
+
+class TaskBackend(Backend):
+    """A knob that each task (thread or process) of a cgroup and of the cgroups below it has on its own (a
+    thread's scheduling policy, a process's OOM score): the cgroup, not each task, is the target, and a write
+    sets every task in it. It reads the value they share; MIXED while they differ (tasks started since, a
+    write cut short: still koordd's to put back); `empty` where there is none (any value already: nothing to
+    write). Such readings are never set by a loop (validate() refuses them), and a restore puts them back
+    (validate_original() lets them through; write() says how). Subclasses implement read() and write(), and
+    check() where the host has rules beyond the knob's form."""
+    cgroup_targets: ClassVar[bool] = True
+    MIXED: ClassVar[str] = "mixed"
+    empty: ClassVar[str | None] = "none"       # what a cgroup without a task reads; None: no such reading
+
+    def reading(self, value: str) -> bool:
+        """Whether `value` (canonical) is a form the knob reads and is never set to."""
+        return value == self.MIXED
+
+    def check(self, target: str, knob: str, value: str) -> str:
+        """A canonical value that is no reading, as written on this host: InvalidValue or Unsupported if not."""
+        return value
+
+    def validate(self, target: str, knob: str, value: str) -> str:
+        v = self.knobs[knob].normalize(value)
+        if self.reading(v):
+            raise InvalidValue(f"{knob} {v[:40]!r} is what a cgroup reads, not a value to set")
+        return self.check(target, knob, v)
+
+    def validate_original(self, target: str, knob: str, value: str) -> str:
+        return value if self.reading(value) else self.validate(target, knob, value)
+
+    def same(self, current: str, wanted: str) -> bool:
+        return current == wanted or current == self.empty
+
+    def still_koordds(self, target: str, knob: str, current: str, values: Sequence[str]) -> bool:
+        return current == self.MIXED or super().still_koordds(target, knob, current, values)
 
 
 @dataclass(frozen=True)

@@ -303,7 +303,7 @@ class Runner:
                 return True
             guard[:] = guard or [Protected.of_snapshot(snapshot)]
             backend = backends.of_kind(h.kind)
-            return standing_harm(guard[0], h.target, h.knob, h.original,
+            return standing_harm(guard[0], h.target, backend.knobs.get(h.knob), h.original,
                                  lambda: backend.scope(h.knob, backend.read(h.target, h.knob), h.original)) is None
         return changes + self.actuator.restore_where(
             harmless, f"{run.name}'s throttle lifted: the cgroup is, holds or lies inside LS, LSR, LSE or SYSTEM work")
