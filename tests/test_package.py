@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from koordd.core.registry import OWN_LOOPS
+from koordd.kernel import bpf_objects
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "package"
@@ -92,7 +93,12 @@ def test_files_owner_and_modes(deb):
                        ("/usr/share/doc/koordd/changelog.gz", "-rw-r--r--")):
         assert path in entries, f"{path} is not in the package"
         assert entries[path][0] == mode, (path, entries[path])
-    # The BPF objects, not the types they were built against (2.7 MB no node reads).
+    # Every BPF object koordd loads (koordd/kernel/bpf_objects.py), beside the sources in the tree's bpf/ it is
+    # built from; not the types they were built against (2.7 MB no node reads).
+    for shipped in bpf_objects.OBJECTS:
+        assert entries.get(f"/{SITE}/koordd/bpf/{shipped.name}", [""])[0] == "-rw-r--r--", shipped.name
+    for source in [*(ROOT / "bpf").glob("*.bpf.c"), ROOT / "bpf" / "scx.h"]:
+        assert f"/{SITE}/koordd/bpf/{source.name}" in entries, source.name
     assert f"/{SITE}/koordd/bpf/vmlinux.h" not in entries
     # Every module of koordd, koordctl and the loops (plugins/: koordd_plugins) in the tree, and no byte code,
     # tests or scripts of the tree, nor the example plugin (plugins/example-hello/: a package of its own).
@@ -185,6 +191,8 @@ def test_the_unpacked_package_imports_and_finds_its_loops_and_bpf_files(tree):
             "import koordd.kernel.netclass;"
             "assert koordd.kernel.scx.OBJECT.is_file() and koordd.sensors.runq.PROGRAM.is_file();"
             "assert koordd.kernel.netclass.PROGRAM.is_file();"
+            "import koordd.kernel.bpf_objects as o;"
+            "assert all(p.is_file() and str(p).startswith(sys.argv[1]) for p in (*o.OBJECTS, o.SHARED_HEADER));"
             "print(' '.join(names))")
     site = str(tree / SITE)
     env = {**os.environ, "PYTHONPATH": site, "PYTHONDONTWRITEBYTECODE": "1"}

@@ -1,11 +1,13 @@
 """The constants koordd's BPF programs and its Python share, read from the one header both sides use
-(koordd/bpf/koordd_shared.h): a value changed there changes on both sides."""
+(bpf/koordd_shared.h; shipped as koordd/bpf/koordd_shared.h, the copy scripts/build-bpf makes next to the
+objects): a value changed there changes on both sides."""
 from __future__ import annotations
 
 import re
-from importlib.resources import files
 
-HEADER = files("koordd.bpf") / "koordd_shared.h"
+from koordd.kernel import bpf_objects
+
+HEADER = bpf_objects.SHARED_HEADER
 _DEFINE = re.compile(r"^#define\s+([A-Z][A-Z0-9_]*)\s+(\d+)\s*(?://.*)?$")
 
 

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from importlib.resources import files
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
+from koordd.kernel import bpf_objects
 from koordd.kernel.host import installed
 from koordd.kernel.libbpf import BpfError, BpfObject, has_tcx, libbpf
 from koordd.kernel.netlink import burst_bytes, device_index
 
 log = logging.getLogger("koordd.netclass")     # its name before the move: log lines unchanged
-PROGRAM = Path(str(files("koordd.bpf") / "net_classify.bpf.o"))
+PROGRAM = bpf_objects.NET_CLASSIFY
 CLSACT = 0xFFFF0000                 # the clsact qdisc's handle (ffff:)
 EGRESS = 0xFFFFFFF3                 # clsact's egress hook (ffff:fff3)
 FILTER_PRIO = 0xC0DD                # our filter's preference on the hook: how koordd finds its own

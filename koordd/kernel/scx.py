@@ -19,16 +19,16 @@ import ctypes
 import os
 import time
 from dataclasses import dataclass
-from importlib.resources import files
 from pathlib import Path
 
 from koordd.core.classes import BE, LATENCY_SENSITIVE
 from koordd.core.snapshot import SchedExtStatus
+from koordd.kernel import bpf_objects
 from koordd.kernel.bpf_shared import CLASS_BE, CLASS_LS
 from koordd.kernel.libbpf import BPF_F_LINK, BpfError, BpfObject
 from koordd.kernel.sched_ext import missing_reason, read_sched_ext
 
-OBJECT = Path(str(files("koordd.bpf") / "koordd_sched.bpf.o"))
+OBJECT = bpf_objects.KOORDD_SCHED
 OPS_NAME = "koordd"                 # sched_ext_ops.name: what root/ops shows
 CLASS_VALUES = {**{c: CLASS_LS for c in LATENCY_SENSITIVE}, BE: CLASS_BE}     # the `classes` map's values
 SLEEPABLE_PROGRAMS = ("koordd_init",)   # may sleep (scx_bpf_create_dsq); libbpf 1.1 has no struct_ops.s/

@@ -20,20 +20,20 @@ fallback: without them the sensor is unavailable and says why.
 from __future__ import annotations
 
 import math
-from importlib.resources import files
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from koordd.core.classes import LATENCY_SENSITIVE
 from koordd.core.histogram import quantile_us, slot_upper_us
 from koordd.core.snapshot import APP_LATENCY, AppLatency
+from koordd.kernel import bpf_objects
 from koordd.kernel.bpf_shared import APP_SLOTS
 from koordd.kernel.cgroupfs import DEFAULT_ROOT, LayoutError, detect_layout
 from koordd.kernel.libbpf import BpfObject
 from koordd.sensors.cgroup_hist import KERNEL_BTF, CgroupHistograms
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
-PROGRAM = Path(str(files("koordd.bpf") / "app_latency.bpf.o"))
+PROGRAM = bpf_objects.APP_LATENCY
 SLOTS = APP_SLOTS               # koordd_shared.h's: slot k holds responses of [2^(k-1), 2^k) µs
 
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import os
-from importlib.resources import files
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from koordd.core.classes import LATENCY_SENSITIVE
 from koordd.core.histogram import quantile_us, slot_upper_us
 from koordd.core.snapshot import RUNQ_LATENCY, RunqLatency
+from koordd.kernel import bpf_objects
 from koordd.kernel.bpf_shared import RUNQ_SLOTS
 from koordd.kernel.cgroupfs import DEFAULT_ROOT, Layout, LayoutError, detect_layout, thread_ids
 from koordd.kernel.host import Host, yes
@@ -31,7 +31,7 @@ from koordd.sensors.cgroup_hist import KERNEL_BTF, CgroupHistograms, below, encl
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 log = logging.getLogger(__name__)
-PROGRAM = Path(str(files("koordd.bpf") / "runq_latency.bpf.o"))
+PROGRAM = bpf_objects.RUNQ_LATENCY
 SLOTS = RUNQ_SLOTS              # koordd_shared.h's: slot k holds waits of [2^(k-1), 2^k) µs
 EBPF, SCHEDSTAT = "ebpf", "schedstat"
 DEFAULT_SOURCES = (EBPF, SCHEDSTAT)     # in the order tried
