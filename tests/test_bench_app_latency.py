@@ -1,6 +1,7 @@
-"""scripts/bench-app-latency's logic (koordtest/bench/app_latency.py) that runs without root: the steering
-cases' clients against koordtest/apps.py's server, and the report's cell. The kernel side (the program's
-cost, the sensor's p99) needs root and BPF: the benchmark itself measures it."""
+"""The steering cases' clients (koordtest/apps.py, scripts/bench-app-latency --steering and
+tests/kernel/test_app_latency_kernel.py) against its server, without the kernel side, and the bench's report
+cell. The kernel side (the program's cost, the sensor's p99) needs root and BPF: the kernel test and the
+benchmark itself measure it."""
 from __future__ import annotations
 
 import subprocess
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-from koordtest.apps import STEERED_SERVER
+from koordtest.apps import STEERED_SERVER, half_sent, pings
 from koordtest.bench import app_latency
 
 
@@ -24,12 +25,12 @@ def address():
 
 
 def test_the_ping_case_gets_an_answer_to_each_of_its_300_pings(address):
-    got = app_latency.case_pings(address)
+    got = pings("tcp", address)
     assert len(got) == 300 and all(us > 0 for us in got)
 
 
 def test_the_half_sent_case_adds_two_answers_from_each_of_its_30_slow_clients(address):
-    got = app_latency.case_half_sent(address)
+    got = half_sent("tcp", address)
     assert len(got) == 300 + 30 * 2 and all(us > 0 for us in got)
 
 

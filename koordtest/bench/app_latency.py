@@ -40,11 +40,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from functools import partial
 from pathlib import Path
 
-from koordtest.apps import STEERED_SERVER, ask, connect
+from koordtest.apps import STEERED_SERVER, flood, half_sent, pings
 from koordtest.bench.cgroup_tree import CgroupTree
 from koordtest.bench.common import doc_parser
 from koordtest.bench.ls_servers import find_redis, wait_accepting
@@ -214,51 +214,11 @@ class PerResponse(CgroupHistograms):
         return {path: summarize(slots, total_ns) for path, (slots, total_ns) in self.deltas(paths).items()}
 
 
-def case_pings(address: str) -> list[float]:
-    with connect("tcp", address) as c:
-        return [ask(c, b"ping\n") for _ in range(300)]
-
-
-def case_half_sent(address: str) -> list[float]:
-    waited: list[float] = []
-
-    def slow_client():
-        with connect("tcp", address) as c:
-            for _ in range(2):
-                waited.append(ask(c, b"pi", b"ng\n", pause=0.15))
-
-    threads = [threading.Thread(target=slow_client) for _ in range(30)]
-    for t in threads:
-        t.start()
-    waited += case_pings(address)
-    for t in threads:
-        t.join()
-    return waited
-
-
-def case_flood(address: str) -> list[float]:
-    started = threading.Event()
-
-    def flood():
-        with connect("tcp", address) as c:
-            started.set()
-            for _ in range(60_000):
-                ask(c, b"ping\n")
-
-    flooder = threading.Thread(target=flood)
-    flooder.start()
-    started.wait()
-    with connect("tcp", address) as c:
-        slow = [ask(c, b"wait 24\n") for _ in range(40)]
-    flooder.join()
-    return slow
-
-
-CASES = {"300 pings alone": (case_pings, "slowest answer after a last byte", max),
-         "+ 30 clients sending half a request, 150 ms pause": (case_half_sent, "slowest answer after a last byte",
-                                                               max),
-         "60,000 pings on one connection + 40 of 24 ms on another": (case_flood, "slow client's fastest answer",
-                                                                    min)}
+CASES = {"300 pings alone": (partial(pings, "tcp"), "slowest answer after a last byte", max),
+         "+ 30 clients sending half a request, 150 ms pause": (partial(half_sent, "tcp"),
+                                                               "slowest answer after a last byte", max),
+         "60,000 pings on one connection + 40 of 24 ms on another": (partial(flood, "tcp"),
+                                                                    "slow client's fastest answer", min)}
 
 
 def steering(args, tree: CgroupTree, unified: Path) -> None:
