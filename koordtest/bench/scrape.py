@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 from koordd.sensors import slo_prometheus as new
 from koordtest.bench.common import REPO
@@ -35,25 +37,24 @@ BOUNDS = ("0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0
 
 
 def noise_body(size: int) -> bytes:
-    wanted = "".join(f'{METRIC}_bucket{{handler="/h{s}",le="{b}"}} {100 * s + k}\n'
-                     for s in range(20) for k, b in enumerate(BOUNDS))
-    out, n, i = [wanted], len(wanted), 0
-    while n < size:
-        line = f'http_client_requests_total{{peer="svc-{i % 997}",path="/api/v1/items/{i}",code="200"}} {i}\n'
-        out.append(line)
-        n += len(line)
-        i += 1
-    return "".join(out).encode()[:size].rsplit(b"\n", 1)[0] + b"\n"
+    wanted = (f'{METRIC}_bucket{{handler="/h{s}",le="{b}"}} {100 * s + k}\n'
+              for s in range(20) for k, b in enumerate(BOUNDS))
+    noise = (f'http_client_requests_total{{peer="svc-{i % 997}",path="/api/v1/items/{i}",code="200"}} {i}\n'
+             for i in itertools.count())
+    return answer(itertools.chain(wanted, noise), size)
 
 
 def family_body(size: int) -> bytes:
-    out, n, i = [], 0, 0
+    return answer((f'{METRIC}_bucket{{handler="/h{i}",le="{b}"}} {i + k}\n'
+                   for i in itertools.count() for k, b in enumerate(BOUNDS)), size)
+
+
+def answer(lines: Iterator[str], size: int) -> bytes:
+    """The whole lines of `lines` that fit in `size` bytes."""
+    out, n = [], 0
     while n < size:
-        for k, b in enumerate(BOUNDS):
-            line = f'{METRIC}_bucket{{handler="/h{i}",le="{b}"}} {i + k}\n'
-            out.append(line)
-            n += len(line)
-        i += 1
+        out.append(next(lines))
+        n += len(out[-1])
     return "".join(out).encode()[:size].rsplit(b"\n", 1)[0] + b"\n"
 
 
