@@ -1,8 +1,10 @@
-"""Small servers and host checks for the tests and benchmarks of the application latency sensor and the
-SLOs (tests/kernel/test_app_latency_kernel.py, tests/kernel/test_slo_kernel.py)."""
+"""Small servers, their clients and host checks for the tests and benchmarks of the application latency
+sensor and the SLOs (tests/kernel/test_app_latency_kernel.py, tests/kernel/test_slo_kernel.py,
+scripts/bench-app-latency --steering)."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 from koordd.kernel.libbpf import BpfError, libbpf
@@ -84,6 +86,52 @@ def ask(c: socket.socket, *parts: bytes, pause: float = 0.0) -> float:
             raise ConnectionError("the server hung up")
         answer += chunk
     return (time.perf_counter() - t0) * 1e6
+
+
+# The steering cases' clients (issue 35), against STEERED_SERVER at `address` (`kind`: "tcp" or "unix"): each
+# gives the µs the clients waited, from a request's last bytes to its whole answer.
+def pings(kind: str, address: str, n: int = 300) -> list[float]:
+    """`n` pings, one after another on one connection."""
+    with connect(kind, address) as c:
+        return [ask(c, b"ping\n") for _ in range(n)]
+
+
+def half_sent(kind: str, address: str) -> list[float]:
+    """30 clients send half a request, wait 150 ms and send the rest, twice each, while another sends 300
+    pings: all 360 waits."""
+    waited: list[float] = []
+
+    def slow_client():
+        with connect(kind, address) as c:
+            for _ in range(2):
+                waited.append(ask(c, b"pi", b"ng\n", pause=0.15))
+
+    threads = [threading.Thread(target=slow_client) for _ in range(30)]
+    for t in threads:
+        t.start()
+    waited += pings(kind, address)
+    for t in threads:
+        t.join()
+    return waited
+
+
+def flood(kind: str, address: str) -> list[float]:
+    """60,000 pings on one connection while another sends 40 "wait 24": the 40 slow waits."""
+    started = threading.Event()
+
+    def flooder():
+        with connect(kind, address) as c:
+            started.set()
+            for _ in range(60_000):
+                ask(c, b"ping\n")
+
+    thread = threading.Thread(target=flooder)
+    thread.start()
+    started.wait()
+    with connect(kind, address) as c:
+        slow = [ask(c, b"wait 24\n") for _ in range(40)]
+    thread.join()
+    return slow
 
 
 def lacks_ebpf() -> str | None:

@@ -19,6 +19,8 @@ def test_cell_formats():
     assert cell(Spread(2.0, 2.0, 2.0, 2), 0) == "2"
     assert cell(Spread(1.234, 1.0, 2.0, 3), 2) == "1.23 (1.00-2.00)"
     assert cell(Spread(5.0, 5.0, 5.0, 3), 1) == "5.0"
+    assert cell(Spread(0.856, 0.8, 0.9, 3), 0, "%", scale=100) == "86% (80-90)"
+    assert cell(Spread(0.5, 0.5, 0.5, 3), 0, "%", scale=100) == "50%"
 
 
 def test_an_option_value_is_read_as_toml_and_anything_else_is_a_string():
@@ -33,6 +35,9 @@ def test_the_command_line_names_the_script_as_run_and_a_python_below_here_relati
     assert command_line() == ".venv/bin/python scripts/bench-x --reps 2 'a b'"
     monkeypatch.setattr(common.sys, "executable", "/opt/elsewhere/bin/python")
     assert command_line().startswith("/opt/elsewhere/bin/python scripts/bench-x ")
+    # main(argv) called from another benchmark (proof's cases): the script and arguments it is given
+    assert command_line("scripts/bench-qos", ["--reps", "1"]) == "/opt/elsewhere/bin/python scripts/bench-qos --reps 1"
+    assert command_line("scripts/bench-qos", []) == "/opt/elsewhere/bin/python scripts/bench-qos"
 
 
 def test_sigterm_is_handled_as_ctrl_c():

@@ -11,9 +11,6 @@ SCRIPTS = ROOT / "scripts"
 # Python scripts with logic of their own, and why.
 FAT = {
     "gpu-check": "runs on nodes, where only koordd is installed (no koordtest): a sensor sample printed",
-    # Rewritten on other branches as this test came in; each goes once it is an entry point.
-    "bench-qos": "moved to koordtest/bench/qos_cli.py on its own branch",
-    "bench-app-latency": "being reworked on its own branch",
 }
 
 

@@ -6,13 +6,15 @@ compiler (the 16-CPU proof carries it; scripts/proof-frontier --gather builds it
 """
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
+from koordtest.bench.common import REPO
+
 SOURCE = Path(__file__).resolve().parent / "client" / "openloop.c"
-REPO = Path(__file__).resolve().parents[2]
 DEFAULT_BINARY = REPO / "build" / "openloop-c"
 FLAGS = ("-O2", "-Wall", "-Wextra", "-Werror")
 
@@ -47,3 +49,14 @@ def ensure(binary: Path = DEFAULT_BINARY) -> Path:
     if stale(binary) and (shutil.which(os.environ.get("CC", "cc")) or not binary.exists()):
         build(binary)
     return binary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Build the compiled open-loop client of scripts/bench-qos "
+                                "(koordtest/bench/client/openloop.c), statically linked where possible: see "
+                                "koordtest/bench/client_build.py.")
+    p.add_argument("--out", type=Path, default=DEFAULT_BINARY, help=f"the binary (default {DEFAULT_BINARY})")
+    p.add_argument("--dynamic", action="store_true", help="link dynamically")
+    args = p.parse_args(argv)
+    print(f"{args.out}: {build(args.out, static=not args.dynamic)}ally linked")
+    return 0

@@ -52,13 +52,13 @@ def wait_for(predicate, timeout: float, step: float = 0.1):
         time.sleep(step)
 
 
-def command_line() -> str:
+def command_line(script: str | None = None, args: Sequence[str] | None = None) -> str:
     """How this run was started, for a report: the Python (relative where it lies below the current
-    directory), the script as it was named and its arguments."""
+    directory), the script as it was named (or `script`) and its arguments (or `args`)."""
     python = os.path.relpath(sys.executable)
     if python.startswith(".."):
         python = sys.executable
-    return shlex.join([python, os.path.relpath(sys.argv[0])] + sys.argv[1:])
+    return shlex.join([python, script or os.path.relpath(sys.argv[0])] + list(sys.argv[1:] if args is None else args))
 
 
 def cpu_model() -> str:
@@ -77,14 +77,15 @@ def git_describe() -> str:
         return "(not a git checkout)"
 
 
-def cell(s: Spread | None, digits: int = 2, unit: str = "") -> str:
-    """"1.23 (1.10-1.40)": median (min-max); one value, or all alike: just it; no value: "-"."""
+def cell(s: Spread | None, digits: int = 2, unit: str = "", scale: float = 1) -> str:
+    """"1.23 (1.10-1.40)": median (min-max), each times `scale`; one value, or all alike: just it; no
+    value: "-"."""
     if s is None:
         return "-"
     f = f"{{:.{digits}f}}"
     if s.n == 1 or s.low == s.high:
-        return f.format(s.median) + unit
-    return f"{f.format(s.median)}{unit} ({f.format(s.low)}-{f.format(s.high)})"
+        return f.format(scale * s.median) + unit
+    return f"{f.format(scale * s.median)}{unit} ({f.format(scale * s.low)}-{f.format(scale * s.high)})"
 
 
 def page(title: str, command: str, about: Sequence[str], body: Sequence[str], notes: Sequence[str] = (),

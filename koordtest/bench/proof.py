@@ -271,7 +271,7 @@ def summary(outcomes: list[Outcome], is_quick: bool, total_s: float, host: str) 
 
 
 def run(args: argparse.Namespace) -> int:
-    from koordtest.bench.qos_cli import cpu_model
+    from koordtest.bench.common import cpu_model
     t0 = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

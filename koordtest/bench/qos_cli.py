@@ -62,7 +62,6 @@ import json
 import math
 import os
 import platform
-import shlex
 import shutil
 import signal
 import subprocess
@@ -71,11 +70,10 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-
 from koordtest.bench.antagonist import KINDS, UNITS
 from koordtest.bench import frontier
 from koordtest.bench.cgroup_tree import CgroupTree
+from koordtest.bench.common import command_line, cpu_model, doc_parser, git_describe, interrupted
 from koordtest.bench.client_build import DEFAULT_BINARY, ensure as ensure_engine
 from koordtest.bench.frontier import SWEEP_FACTORS, koordd_setup
 from koordtest.koordd_proc import SHIPPED_CONFIG, koordd_command, shipped_config
@@ -109,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         ls_kind = Memcached(find_memcached(not args.no_install), args.memcached_keys)
     out = Path(args.out or f"bench-qos-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)    # koordd restores, knobs go back, processes and cgroups go
     workdir = Path(tempfile.mkdtemp(prefix="bench-qos-"))
     tree = CgroupTree(f"koordd-qos-{os.getpid()}", ("cpu", "cpuacct", "memory"))
     keep_logs = False
@@ -200,15 +198,8 @@ def slo_baselines(bench: Bench, args, rates: dict[int, float], workdir: Path, ou
     return runs
 
 
-def interrupted(signum, frame):
-    """SIGTERM cleans up as Ctrl-C does: koordd restores, knobs go back, processes and cgroups go."""
-    raise KeyboardInterrupt
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p = doc_parser(__doc__)
     p.add_argument("--ls", choices=("redis", "memcached", "probe"), default="redis",
                    help="the LS server (default redis)")
     p.add_argument("--loads", default="20,50,70", help="LS loads, percent of the node's CPUs (default 20,50,70)")
@@ -416,9 +407,7 @@ def write_report(args, bench: Bench, layout, costs: dict[int, float], rates: dic
                  out: Path, can_plot: bool) -> None:
     rows = summarise(runs, bench.ncpu, SETUP_NAMES)
     ls_base, be_base = baselines(runs)
-    python = os.path.relpath(sys.executable) if not os.path.relpath(sys.executable).startswith("..") \
-        else sys.executable
-    command = shlex.join([python, "scripts/bench-qos"] + args.argv)
+    command = command_line("scripts/bench-qos", args.argv)
     about = [
         f"host: {bench.ncpu} CPUs ({cpu_model()}), Linux {platform.release()}, cgroups {layout.describe()}; "
         f"koordd {git_describe()}; Python {platform.python_version()}",
@@ -521,21 +510,6 @@ def sensor_table(runs: list[dict]) -> str:
               "to the server's answer (log2 buckets, interpolated); the client from the request's intended "
               "send time to reading the answer."]
     return "\n".join(lines)
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.partition(":")[2].strip()
-    return platform.machine()
-
-
-def git_describe() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(HERE), "describe", "--always", "--dirty"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "(not a git checkout)"
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from koordtest.bench.common import cell, page
 from koordtest.bench.qos_stats import (BE_ALONE, LS_ALONE, WINDOWS_MET, Row, SloVerdict, Spread, baselines,
     be_work_ratio, oracle, ratio, slo_verdicts)
 
@@ -14,23 +15,15 @@ COLUMNS = ("LS load", "setup", "LS p50", "LS p99", "LS p99.9", "BE work", "BE sh
 
 def times(s: Spread | None) -> str:
     """A ratio: "1.23x (1.10-1.40)"; one repetition: "1.23x"."""
-    return _fmt(s, lambda v: f"{v:.2f}", "x")
+    return cell(s, 2, "x")
 
 
 def percent(s: Spread | None) -> str:
-    return _fmt(s, lambda v: f"{100 * v:.0f}", "%")
+    return cell(s, 0, "%", scale=100)
 
 
 def plain(s: Spread | None, digits: int = 2) -> str:
-    return _fmt(s, lambda v: f"{v:.{digits}f}", "")
-
-
-def _fmt(s: Spread | None, number, unit: str) -> str:
-    if s is None:
-        return "-"
-    if s.n == 1 or s.low == s.high:
-        return f"{number(s.median)}{unit}"
-    return f"{number(s.median)}{unit} ({number(s.low)}-{number(s.high)})"
+    return cell(s, digits)
 
 
 def table(rows: Sequence[Row]) -> str:
@@ -48,17 +41,13 @@ def markdown(rows: Sequence[Row], command: str, about: Sequence[str], notes: Seq
     """The whole report: the command, what was measured (`about`, one bullet each), the table and how
     to read it, then `notes` (one bullet each)."""
     reps = max((r.reps for r in rows), default=0)
-    out = ["# koordd QoS benchmark", "", "```console", command, "```", ""]
-    out += [f"- {line}" for line in about]
-    out += ["", table(rows), "",
-            f"Each cell: median (min-max) over the repetitions (up to {reps}). LS p50/p99/p99.9: latency over "
-            f"{LS_ALONE} at the same LS load (the median of its repetitions), counted from each request's "
-            f"intended send time. BE work: work done over {BE_ALONE}'s. BE share of LS-idle CPU: BE's CPU over "
-            "(node CPUs - LS CPU). other CPU: cores busy outside LS, BE and the client (koordd, the benchmark "
-            "itself, anything else on the host). client CPU: the load generator's own cores."]
-    if notes:
-        out += [""] + [f"- {n}" for n in notes]
-    return "\n".join(out) + "\n"
+    return page("koordd QoS benchmark", command, about, [
+        table(rows), "",
+        f"Each cell: median (min-max) over the repetitions (up to {reps}). LS p50/p99/p99.9: latency over "
+        f"{LS_ALONE} at the same LS load (the median of its repetitions), counted from each request's "
+        f"intended send time. BE work: work done over {BE_ALONE}'s. BE share of LS-idle CPU: BE's CPU over "
+        "(node CPUs - LS CPU). other CPU: cores busy outside LS, BE and the client (koordd, the benchmark "
+        "itself, anything else on the host). client CPU: the load generator's own cores."], notes)
 
 
 def slo_table(runs: Sequence[dict], targets: dict, candidates: Sequence[str]) -> str:

@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from koordd.core.histogram import slot_lower_us, slot_upper_us
 from koordd.sensors.app_latency import AppLatencySensor
 from koordd.sensors.contract import SensorContext, SensorUnavailable
-from koordtest.apps import SERVER, STEERED_SERVER, ask, connect, lacks_ebpf, lacks_tracepoints
+from koordtest.apps import SERVER, STEERED_SERVER, flood, half_sent, lacks_ebpf, lacks_tracepoints
 
 pytestmark = pytest.mark.kernel
 
@@ -121,20 +120,7 @@ def test_clients_that_send_half_a_request_and_wait_do_not_count_their_wait(cgrou
     address, context = steered_server(cgroups, kind, tmp_path)
     ls = cgroups.cgroup("ls")
     sensor.sample(context)                                          # baseline
-    waited: list[float] = []
-
-    def slow_client():
-        with connect(kind, address) as c:
-            for _ in range(2):
-                waited.append(ask(c, b"pi", b"ng\n", pause=0.15))
-
-    threads = [threading.Thread(target=slow_client) for _ in range(30)]
-    for t in threads:
-        t.start()
-    with connect(kind, address) as c:
-        waited += [ask(c, b"ping\n") for _ in range(300)]
-    for t in threads:
-        t.join()
+    waited = half_sent(kind, address)
     got = sensor.sample(context).get(ls)
     bound = slot_upper_us(slot_of(max(waited)))
     print(f"\n[kernel] {kind}, 300 pings and 60 half-sent requests paused 150 ms: sensor {got}; the slowest "
@@ -151,20 +137,7 @@ def test_a_flood_of_cheap_pings_on_one_connection_does_not_hide_another_clients_
     address, context = steered_server(cgroups, "tcp", tmp_path)
     ls = cgroups.cgroup("ls")
     sensor.sample(context)                                          # baseline
-    started = threading.Event()
-
-    def flood():
-        with connect("tcp", address) as c:
-            started.set()
-            for _ in range(60_000):
-                ask(c, b"ping\n")
-
-    flooder = threading.Thread(target=flood)
-    flooder.start()
-    started.wait()
-    with connect("tcp", address) as c:
-        slow = [ask(c, b"wait 24\n") for _ in range(40)]
-    flooder.join()
+    slow = flood("tcp", address)
     got = sensor.sample(context).get(ls)
     print(f"\n[kernel] 60,000 pings on one connection, 40 answers after 24 ms on another: sensor {got}; "
           f"the slow client's fastest answer {min(slow):.0f} µs")
