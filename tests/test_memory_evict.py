@@ -10,6 +10,7 @@ from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import RestoreJournal
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
+from koordd.core.reclaim import RECLAIM_WRITE_BYTES
 from koordd.core.snapshot import CgroupSample, NodeSample, Pressure, PressureStat, Snapshot
 from koordd_plugins import memory_evict
 from koordd_plugins.memory_evict import KILL_SETTLE, MemoryEvict
@@ -60,8 +61,17 @@ def decide(snapshot, **kw):
 
 
 def acts(actions):
-    """(knob, cgroup, value) of each action; value None = restore."""
-    return [(a.knob.split(".")[-1], a.target, a.value) for a in actions]
+    """(knob, cgroup, value) of each action; value None = restore. A victim's memory.reclaim writes of
+    one round (RECLAIM_WRITE_BYTES at most each, checked here) are one tuple: their bytes added up."""
+    out = []
+    for a in actions:
+        if a.knob == "memory.reclaim":
+            assert 0 < int(a.value) <= RECLAIM_WRITE_BYTES, a
+            if out and out[-1][:2] == ("reclaim", a.target):
+                out[-1] = ("reclaim", a.target, str(int(out[-1][2]) + int(a.value)))
+                continue
+        out.append((a.knob.split(".")[-1], a.target, a.value))
+    return out
 
 
 THREE = [cg("be/a", anon=300), cg("be/b", anon=200), cg("be/c", anon=100), cg("ls", "LS", anon=250)]
@@ -225,7 +235,8 @@ def test_reclaim_first_where_the_host_has_it_then_kill():
     run = Run(cooldown="4s")
     first = run(snap(750, THREE, t=10, supported=ALL))
     assert acts(first) == [("reclaim", "be/a", str(70 * MiB))]        # its share: 750 - 680
-    assert first[0].reason["step"] == "reclaim" and first[0].reason["reclaim_bytes"] == 70 * MiB
+    assert [(a.reason["step"], a.reason["reclaim_bytes"], a.reason["round_reclaim_bytes"]) for a in first] == \
+        [("reclaim", 32 * MiB, 70 * MiB), ("reclaim", 32 * MiB, 70 * MiB), ("reclaim", 6 * MiB, 70 * MiB)]
     assert run(snap(750, THREE, t=12, supported=ALL)) == []            # cool-down
     # Reclaim did not get it below the mark: the same victim is killed next round.
     assert acts(run(snap(740, THREE, t=14, supported=ALL))) == [("kill", "be/a", "1")]
@@ -254,9 +265,9 @@ def test_a_round_reclaims_its_budget_at_most_and_a_large_share_goes_on_in_steps(
 
 def test_a_reclaim_step_not_carried_out_ends_the_victims_reclaim():
     run = Run(cooldown="0s")
-    [a] = run(snap(1000, [cg("be/a", anon=600)], t=10, supported=ALL))
-    assert a.value == str(256 * MiB)
-    MemoryEvict.settle([a], [], run.settings, run.state)        # EAGAIN: less was reclaimable than asked
+    writes = run(snap(1000, [cg("be/a", anon=600)], t=10, supported=ALL))
+    assert acts(writes) == [("reclaim", "be/a", str(256 * MiB))]
+    MemoryEvict.settle(writes, [], run.settings, run.state)     # EAGAIN: less was reclaimable than asked
     assert acts(run(snap(1000, [cg("be/a", anon=600)], t=11, supported=ALL))) == [("kill", "be/a", "1")]
 
 
@@ -613,7 +624,9 @@ def test_end_to_end_on_v2_reclaims_then_kills(tmp_path):
     node = NodeSample(2, 0.5, memory_total=1000 * MiB, memory_anon=750 * MiB)
     over = Snapshot(1.0, 0.0, node, base.cgroups, supported=base.supported)
     runner.tick(list(runner.runs.values()), over)
-    assert tree.read("be.slice", "memory", "memory.reclaim").strip() == str(70 * MiB)
+    asked = [int(d["new"]) for d in read_decisions(tmp_path / "state") if d["knob"] == "memory.reclaim"]
+    assert asked == [32 * MiB, 32 * MiB, 6 * MiB]                      # 70 MiB, in writes of 32 MiB at most
+    assert tree.read("be.slice", "memory", "memory.reclaim").strip() == str(6 * MiB)
     runner.tick(list(runner.runs.values()), Snapshot(2.0, 0.0, node, base.cgroups, supported=base.supported))
     assert tree.read("be.slice", None, "cgroup.kill").strip() == "1"
     assert tree.read("ls.slice", None, "cgroup.kill").strip() == ""
