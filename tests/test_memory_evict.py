@@ -271,6 +271,21 @@ def test_a_reclaim_step_not_carried_out_ends_the_victims_reclaim():
     assert acts(run(snap(1000, [cg("be/a", anon=600)], t=11, supported=ALL))) == [("kill", "be/a", "1")]
 
 
+def test_a_deferred_reclaim_write_is_asked_again_not_escalated_to_a_kill():
+    # The actuator deferred every write of the round (its budget for slow writes was spent by another
+    # loop): not a failed reclaim. The next round asks the whole step again; the kill comes only after.
+    from koordd.core.decisions import DEFERRED, Decision
+    run = Run(cooldown="0s")
+    writes = run(snap(1000, [cg("be/a", anon=600)], t=10, supported=ALL))
+    deferred = [Decision(0.0, "memory_evict", a.target, a.knob, None, a.value, DEFERRED, a.message, dict(a.reason))
+                for a in writes]
+    MemoryEvict.settle(writes, deferred, run.settings, run.state)
+    again = run(snap(1000, [cg("be/a", anon=600)], t=11, supported=ALL))
+    assert acts(again) == [("reclaim", "be/a", str(256 * MiB))]
+    MemoryEvict.settle(again, [], run.settings, run.state)      # a write refused this time: EAGAIN
+    assert acts(run(snap(1000, [cg("be/a", anon=600)], t=12, supported=ALL))) == [("kill", "be/a", "1")]
+
+
 def test_a_new_victim_is_reclaimed_while_an_old_one_escalates(monkeypatch):
     monkeypatch.setattr(memory_evict, "RECLAIM_ROUND_BYTES", GiB)
     run = Run(cooldown="0s")
