@@ -23,9 +23,12 @@ does not kill more than needed. Rounds are at least `cooldown` apart.
 Escalates per victim, across rounds: where the host has `memory.reclaim` (cgroup v2, 5.19+) and
 `reclaim` is on, a victim's first step is a proactive reclaim of its share of the bytes to free.
 A write to memory.reclaim returns only once that much is reclaimed, which on a large share takes
-seconds (anon pages going to swap): a round asks for RECLAIM_ROUND_BYTES (256 MiB) at most, over all
-its victims, and a share larger than that is reclaimed in steps of it, one per round, while each
-step is carried out in full; a victim past the round's budget waits for the next round. Once its
+seconds (anon pages going to swap): a round asks for RECLAIM_ROUND_BYTES (256 MiB, koordd/core/reclaim.py)
+at most, over all its victims, in writes of RECLAIM_WRITE_BYTES (32 MiB) at most; a share larger than
+that goes on in the next rounds while each step is carried out, and a victim past the round's bytes
+waits for the next round. The actuator times these writes: once they took its budget for the round
+(1 s, SLOW_WRITE_BUDGET, koordd/act/actuator.py), the rest are deferred, not written; a deferred write
+is no failure: its bytes are asked again next round, and its victim is not escalated for it. Once its
 share is reclaimed (or a step could not be: EAGAIN), if a later round still needs that victim, it is killed (`cgroup.kill`: the whole subtree on v2,
 frozen, killed and thawed on v1) or, with `action = "freeze"`, frozen (`cgroup.freeze`, v1
 `freezer.state`). At most `max_kills_per_minute` kills: a victim beyond that is frozen instead.
@@ -64,17 +67,16 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from koordd.core.cgroup import normalize_cgroup, pattern_rank
+from koordd.core.decisions import APPLIED, DEFERRED, DRY_RUN
 from koordd.core.loop import Action, Loop, carried_out, restore
 from koordd.core.options import Duration, Option, PatternList
 from koordd.core.protected import Protected
+from koordd.core.reclaim import RECLAIM_ROUND_BYTES, reclaim_writes
 from koordd.core.snapshot import CgroupSample, PressureStat, Snapshot
 
 MiB = 1 << 20
 KILL_SETTLE = 15.0           # s a killed victim that is still present counts as freed (systemd-oomd waits 15 s)
 MIN_RECLAIM = MiB            # smaller shares go straight to the next step: reclaim would not help
-# Bytes a round asks memory.reclaim for, over all its victims: the write returns only once that much is
-# reclaimed, seconds for GiBs on a host that swaps to disk, and the round (every loop's) waits for it.
-RECLAIM_ROUND_BYTES = 256 * MiB
 PRESSURE_RECLAIM_FRACTION = 0.25   # of its usage, for a victim of a pressure-only round
 
 
@@ -372,9 +374,13 @@ def _act(victims, need, settings, state: State, snapshot: Snapshot, now, reason,
             state.reclaimed[c.path] = now
             state.reclaim_left[c.path] = left - amount
             rest = f", {_mib(left - amount)} more next round" if left - amount >= MIN_RECLAIM else ""
-            actions.append(Action(c.path, "memory.reclaim", str(amount), {**why, "step": "reclaim",
-                                                                           "reclaim_bytes": amount},
-                                  f"{trigger}: reclaiming {_mib(amount)} from {c.path} ({_mib(used)}){goal}{rest}"))
+            writes = reclaim_writes(amount)         # each write short: the actuator times them (see the docstring)
+            for i, n in enumerate(writes):
+                part = f" (write {i + 1} of {len(writes)}: {_mib(n)})" if len(writes) > 1 else ""
+                actions.append(Action(c.path, "memory.reclaim", str(n),
+                                      {**why, "step": "reclaim", "reclaim_bytes": n, "round_reclaim_bytes": amount},
+                                      f"{trigger}: reclaiming {_mib(amount)}{part} from {c.path} ({_mib(used)})"
+                                      f"{goal}{rest}"))
             continue
         if settings.action == "kill" and len(state.kills) < settings.max_kills_per_minute:
             state.kills.append(now)
@@ -413,7 +419,9 @@ def _settle(actions: list[Action], decisions: list, state: State) -> None:
     """A kill or freeze the actuator did not carry out (refused, cgroup gone) spends no kill budget
     and releases no memory: forget it, so the next round sees the victim as it is. A kill that waited
     for its prekill hook settles once made. A reclaim step not carried out ends the
-    victim's reclaim: its next step is the kill."""
+    victim's reclaim: its next step is the kill; one the actuator deferred (its budget for slow writes
+    was spent) was not tried: its bytes are asked again next round."""
+    _settle_reclaim([a for a in actions if a.knob == "memory.reclaim"], decisions, state)
     done = carried_out(decisions)
     for a in actions:
         if (a.target, a.knob) in done:
@@ -424,8 +432,29 @@ def _settle(actions: list[Action], decisions: list, state: State) -> None:
                 state.kills.remove(t)
         elif a.knob == "cgroup.freeze" and a.value == "1":
             state.frozen.pop(a.target, None)
-        elif a.knob == "memory.reclaim":
-            state.reclaim_left.pop(a.target, None)     # less was reclaimable than asked: no further step
+
+
+def _settle_reclaim(actions: list[Action], decisions: list, state: State) -> None:
+    """Per victim, its memory.reclaim writes of the round (one or more) against their decisions: one
+    neither made nor deferred (refused: EAGAIN, less was reclaimable than asked; or the cgroup went)
+    ends its reclaim, no further step; the bytes of those deferred go back to what is left of its share."""
+    asked: dict[str, int] = {}
+    settled: dict[str, int] = {}
+    deferred: dict[str, int] = {}
+    for a in actions:
+        asked[a.target] = asked.get(a.target, 0) + 1
+    for d in decisions:
+        if d.knob != "memory.reclaim" or d.target not in asked:
+            continue
+        if d.outcome in (APPLIED, DRY_RUN, DEFERRED):
+            settled[d.target] = settled.get(d.target, 0) + 1
+        if d.outcome == DEFERRED:
+            deferred[d.target] = deferred.get(d.target, 0) + int(d.new or 0)
+    for target, n in asked.items():
+        if settled.get(target, 0) < n:
+            state.reclaim_left.pop(target, None)       # less was reclaimable than asked: no further step
+        elif target in deferred and target in state.reclaimed:
+            state.reclaim_left[target] = state.reclaim_left.get(target, 0.0) + deferred[target]
 
 
 def _hook(settings) -> str:

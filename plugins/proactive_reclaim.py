@@ -15,9 +15,12 @@ Each round, per cgroup, against `psi_target` (percent of time):
   `memory.reclaim` returns only when that much was reclaimed) it grows by `grow_percent`.
 The step never exceeds `max_step_percent` of the cgroup's `memory.current`. A write to memory.reclaim
 returns only once the kernel reclaimed that much (seconds for GiBs on a host that swaps to disk), and
-every loop's round waits for it: a round asks for RECLAIM_ROUND_BYTES (256 MiB) at most over all the
-cgroups, those that waited longest for a step first; the others (or the rest of a larger step) wait
-for the next round. A reclaim the kernel
+every loop's round waits for it: a cgroup's ask is RECLAIM_WRITE_BYTES (32 MiB) at most, one write, and a
+round asks for RECLAIM_ROUND_BYTES (256 MiB) at most over all the cgroups (koordd/core/reclaim.py), those
+that waited longest for a step first; the others wait for the next round. The actuator times these
+writes: once they took its budget for the round (1 s, SLOW_WRITE_BUDGET, koordd/act/actuator.py), the
+rest are deferred, not written; a deferred cgroup keeps its step and its place in line, and is asked
+again next round. A reclaim the kernel
 could not complete (EAGAIN: less than asked was reclaimable) halves the step. What the kernel
 reclaimed, cumulatively per cgroup since the loop started, is each decision's `saved_total_bytes`
 (with `reclaim_bytes`, this round's ask): the bytes saved. A write that returned is at least that
@@ -57,10 +60,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from koordd.core.decisions import APPLIED
+from koordd.core.decisions import APPLIED, DEFERRED
 from koordd.core.loop import Action, Loop, carried_out, restore
 from koordd.core.options import ClassList, Duration, Option
 from koordd.core.protected import Protected
+from koordd.core.reclaim import RECLAIM_ROUND_BYTES, RECLAIM_WRITE_BYTES
 from koordd.core.snapshot import CgroupSample, Refaults, Snapshot
 from koordd.core.units import parse_memory_value
 
@@ -70,7 +74,6 @@ MiB = 1 << 20
 PAGE = 4096                      # smaller asks are not worth a write: the kernel reclaims in pages
 CLASSES = ("BE",)                # see the docstring: the guard refuses reclaim on every other class
 RISING_FRACTION = 0.5            # "rising" counts once the pressure is past half the target
-RECLAIM_ROUND_BYTES = 256 * MiB  # memory.reclaim asks of one round, over all cgroups (see the docstring)
 
 
 def parse_size(text: str | int, zero_ok: bool = False) -> int | None:
@@ -121,6 +124,7 @@ class Step:
     stepped: int = 0                      # last round's ask, once carried out: what its refaults are judged by
     refaults: int | None = None           # the cumulative refault bytes the last round read
     turn: float = float("-inf")           # when its last step was asked: who waited longest goes first
+    turn_before: float = float("-inf")    # the turn before this round's ask: kept where the ask was deferred
 
 
 @dataclass
@@ -212,13 +216,18 @@ class ProactiveReclaim(Loop):
         done = carried_out(decisions)
         # Dry-run carries a reclaim out on paper only: the step moves as it would, nothing is saved.
         written = {(d.target, d.knob) for d in decisions if d.outcome == APPLIED}
+        deferred = {(d.target, d.knob) for d in decisions if d.outcome == DEFERRED}
         grow = 1 + settings.grow_percent / 100
         floor = parse_size(settings.min_step)
         for a in actions:
             st = state.cgroups.get(a.target)
             if a.knob != "memory.reclaim" or st is None or not st.asked:
                 continue
-            if (a.target, a.knob) in done:
+            if (a.target, a.knob) in deferred:
+                # Not tried (the actuator's budget for slow writes was spent): no failure, its step stays,
+                # and its place in line too, so it goes first next round.
+                st.turn = st.turn_before
+            elif (a.target, a.knob) in done:
                 st.stepped = st.asked
                 if (a.target, a.knob) in written:
                     st.saved_total += st.asked
@@ -277,10 +286,10 @@ def _reclaim(now: float, cg: CgroupSample, settings, state: State, budget: int) 
         how = "grow"
     cap = cg.memory_current * settings.max_step_percent / 100
     st.step = min(st.step, max(cap, float(floor)))
-    ask = int(min(st.step, cap, budget)) // PAGE * PAGE
+    ask = int(min(st.step, cap, budget, RECLAIM_WRITE_BYTES)) // PAGE * PAGE
     if ask < PAGE:
         return None                 # too little memory in use to take anything back, or the round's budget spent
-    st.asked, st.turn = ask, now
+    st.asked, st.turn_before, st.turn = ask, st.turn, now
     reason = {"class": cg.cls or "BE", "memory_current": cg.memory_current, "psi_some_percent": round(pressure, 4),
               "psi_source": source, "psi_target": target, "step": how, "reclaim_bytes": ask,
               "saved_total_bytes": st.saved_total,

@@ -12,7 +12,7 @@ from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import JournalUnreadable, RestoreJournal, read_held
 from koordd.backends.cgroup import KNOBS, Knob
-from koordd.core.decisions import APPLIED, DRY_RUN, Decision, REFUSED, RESTORED
+from koordd.core.decisions import APPLIED, DEFERRED, DRY_RUN, Decision, REFUSED, RESTORED
 from koordd.core.loop import Action, restore
 
 JOB = "be.slice/job"
@@ -392,3 +392,99 @@ def test_a_knob_missing_because_its_controller_is_off_is_refused_once_with_the_f
     (rig.tree.dir(JOB, "cpu") / "cpu.max").unlink()              # cpu not in the parent's subtree_control
     [d] = rig.act.apply("be_suppress", [quota(), quota()])
     assert d.outcome == REFUSED and "subtree_control" in d.error and "set-property" in d.error
+
+
+# --- writes that may block: one time budget a round (issue 35 item 2) -------------------------------
+
+class SlowClock:
+    """A monotonic clock that only a write moves: each memory.reclaim write "takes" `per_write` seconds."""
+
+    def __init__(self, per_write):
+        self.now, self.per_write, self.writes = 0.0, per_write, 0
+
+    def __call__(self):
+        return self.now
+
+
+def slow_rig(tmp_path, monkeypatch, per_write, dry_run=False):
+    """An actuator on a fake v2 tree whose memory.reclaim writes advance its (fake) clock."""
+    from koordd.backends.cgroup import CgroupBackend
+    rig = make_rig(tmp_path, FakeCgroups(tmp_path, "v2").add(JOB).add("be.slice/other"), dry_run=dry_run)
+    clock = SlowClock(per_write)
+    rig.act.clock, rig.clock = clock, clock
+    real = CgroupBackend.write
+
+    def write(self, target, knob, value):
+        if knob == "memory.reclaim":
+            clock.now += clock.per_write
+            clock.writes += 1
+        real(self, target, knob, value)
+    monkeypatch.setattr(CgroupBackend, "write", write)
+    return rig
+
+
+def reclaim(cgroup=JOB, n=32 << 20):
+    return Action(cgroup, "memory.reclaim", str(n), {"step": "reclaim"}, "reclaim")
+
+
+def test_memory_reclaim_is_a_slow_knob_and_the_budget_is_well_under_half_the_watchdog():
+    from koordd.act.actuator import SLOW_WRITE_BUDGET
+    assert KNOBS["memory.reclaim"].slow and not KNOBS["cgroup.kill"].slow and not KNOBS["cpu.max"].slow
+    assert SLOW_WRITE_BUDGET == 1.0           # WatchdogSec=30s: pinged every 15 s, one write in flight past it
+
+
+def test_slow_writes_past_the_rounds_budget_are_deferred_not_written(tmp_path, monkeypatch):
+    # Two loops ask ten reclaim writes in one round, each taking 0.3 s: four are written (the fourth begins at
+    # 0.9 s, under the 1 s budget), the other six are deferred, each a decision that says so; the round's
+    # other writes go on; the next round has a budget of its own.
+    rig = slow_rig(tmp_path, monkeypatch, per_write=0.3)
+    out = rig.act.apply_round([("memory_evict", [reclaim() for _ in range(6)] + [quota()]),
+                               ("proactive_reclaim", [reclaim("be.slice/other") for _ in range(4)])])
+    assert rig.clock.writes == 4 and rig.clock.now == pytest.approx(1.2)    # the budget and the one in flight
+    outcomes = [d.outcome for d in out["memory_evict"]]
+    assert outcomes == [APPLIED] * 4 + [DEFERRED] * 2 + [APPLIED]         # cpu.max is no slow write
+    assert [d.outcome for d in out["proactive_reclaim"]] == [DEFERRED] * 4
+    deferred = out["proactive_reclaim"][0]
+    assert deferred.error == "this round's budget for slow writes (1 s) is spent: asked again next round"
+    assert deferred.text().startswith("proactive_reclaim: deferred be.slice/other memory.reclaim")
+    assert [r["outcome"] for r in records(rig)].count(DEFERRED) == 6
+    assert [d.outcome for d in rig.act.apply("proactive_reclaim", [reclaim("be.slice/other")])] == [APPLIED]
+
+
+def test_a_slow_write_that_fails_still_counts_against_the_budget(tmp_path, monkeypatch):
+    rig = slow_rig(tmp_path, monkeypatch, per_write=0.6)
+    from koordd.backends.cgroup import CgroupBackend
+    slow = CgroupBackend.write
+
+    def eagain(self, target, knob, value):
+        slow(self, target, knob, value)
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+    monkeypatch.setattr(CgroupBackend, "write", eagain)
+    out = rig.act.apply("memory_evict", [reclaim(), reclaim(n=1 << 20), reclaim(n=2 << 20)])
+    assert [d.outcome for d in out] == [REFUSED, REFUSED, DEFERRED]
+
+
+def test_dry_run_writes_and_times_nothing(tmp_path, monkeypatch):
+    rig = slow_rig(tmp_path, monkeypatch, per_write=5.0, dry_run=True)
+    out = rig.act.apply("memory_evict", [reclaim() for _ in range(5)])
+    assert [d.outcome for d in out] == [DRY_RUN] * 5 and rig.clock.writes == 0
+
+
+def test_real_slow_writes_end_the_round_near_the_budget(tmp_path, monkeypatch):
+    # The same with real sleeps and the real monotonic clock (no timed assertion: what was written is
+    # counted). Each write sleeps 0.2 s: five at most fit the 1 s budget, the rest are deferred.
+    import time as real_time
+    from koordd.backends.cgroup import CgroupBackend
+    rig = make_rig(tmp_path, FakeCgroups(tmp_path, "v2").add(JOB))
+    real = CgroupBackend.write
+    writes = []
+
+    def write(self, target, knob, value):
+        if knob == "memory.reclaim":
+            writes.append(value)
+            real_time.sleep(0.2)
+        real(self, target, knob, value)
+    monkeypatch.setattr(CgroupBackend, "write", write)
+    out = rig.act.apply("memory_evict", [reclaim() for _ in range(20)])
+    assert 1 <= len(writes) <= 5
+    assert [d.outcome for d in out] == [APPLIED] * len(writes) + [DEFERRED] * (20 - len(writes))

@@ -24,7 +24,7 @@ MATCHER = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"([^"]*)"')
 BY = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
 # Label values with a fixed domain: a typo there selects nothing, silently.
 DOMAINS = {"class": set(CLASS_NAMES), "resource": {"cpu", "memory", "io"}, "kind": {"some", "full"},
-           "quantile": {"0.5", "0.99", "1"}, "outcome": {"applied", "dry-run", "refused", "restored"}}
+           "quantile": {"0.5", "0.99", "1"}, "outcome": {"applied", "dry-run", "refused", "restored", "left", "deferred"}}
 
 
 def panels(dashboard: dict) -> list[dict]:

@@ -12,6 +12,10 @@ koordd wrote on the same object.
 A command that runs long (a prekill hook: KnobSpec.beside) is only begun in a round; what the loop asked
 of the same target after it waits (Beside) and is applied by finish(), on the main thread, once the
 command is done or its budget ran out; cancel() ends such commands and makes nothing that waited.
+
+A write that may block (KnobSpec.slow: memory.reclaim returns only once the kernel reclaimed what it was
+asked) is timed; all such writes of a round share one budget, SLOW_WRITE_BUDGET: once it is spent, the
+round's remaining ones are not written, each a DEFERRED decision that its loop asks again next round.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from koordd.act.protect import Guard
 from koordd.act.writeahead import WriteAhead, unknown_after
 from koordd.backends.registry import builtin_backends
 from koordd.core.backend import Backend, Backends, InvalidValue, Job, PartialWrite, TargetGone, Unsupported, UnsafeValue
-from koordd.core.decisions import APPLIED, DRY_RUN, Decision, LEFT, REFUSED, RESTORED
+from koordd.core.decisions import APPLIED, DEFERRED, DRY_RUN, Decision, LEFT, REFUSED, RESTORED
 from koordd.core.kubelet import KubeletRule
 from koordd.core.loop import Action
 from koordd.kernel.cgroupfs import CgroupFS, OutsideRoot
@@ -42,6 +46,13 @@ def kernel_error(e: OSError) -> str:
 
 
 Key = tuple[str, str, str]       # (kind, target, knob)
+
+# What the writes that may block (KnobSpec.slow: memory.reclaim) may take of one round, all loops' together,
+# by the monotonic clock: past it the round's remaining such writes are DEFERRED (to the next round), not
+# written. A round's other work takes milliseconds; with the one write still in flight when the budget runs
+# out (a step of koordd.core.reclaim.RECLAIM_WRITE_BYTES, 32 MiB: about 0.3 s at 100 MB/s of swap-out, 3 s
+# at 10 MB/s) a round stays well under half of WatchdogSec=30s (systemd/koordd.service: a ping every 15 s).
+SLOW_WRITE_BUDGET = 1.0
 T = TypeVar("T")
 
 
@@ -72,11 +83,12 @@ class Beside:
 class Actuator:
     def __init__(self, backends: Backends | CgroupFS, journal: RestoreJournal, decisions: DecisionLog,
                  dry_run: bool = False, unsupported: Mapping[str, str] | None = None,
-                 processes: Mapping[str, str] | None = None, kubelet: KubeletRule | None = None):
+                 processes: Mapping[str, str] | None = None, kubelet: KubeletRule | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         """`unsupported`: knob -> why this host lacks it (Backends.probe); `processes`: cgroup -> whose
         (PID 1, koordd: never harmed); `kubelet`: which knobs the kubelet owns (koordd/core/kubelet.py;
-        None: koordd writes them all). A CgroupFS alone for `backends`: an actuator of koordd's own
-        cgroup knobs (tests, tools)."""
+        None: koordd writes them all); `clock`: what times the writes that may block (tests: a fake one).
+        A CgroupFS alone for `backends`: an actuator of koordd's own cgroup knobs (tests, tools)."""
         self.backends = backends if isinstance(backends, Backends) else Backends(builtin_backends(backends))
         self.journal, self.decisions, self.dry_run = journal, decisions, dry_run
         self._would_be: dict[Key, tuple[str, str]] = {}   # dry-run: (loop, value) we pretend to have written
@@ -87,6 +99,9 @@ class Actuator:
         self.kubelet = kubelet
         self.beside: list[Beside] = []                    # commands running beside the round, oldest first
         self.woken: Callable[[], None] = lambda: None     # called (from any thread) when one is done
+        self.clock = clock
+        self.slow_budget = SLOW_WRITE_BUDGET              # seconds a round's slow writes may take (see above)
+        self._slow_spent = 0.0                            # what this round's slow writes took so far
 
     @property
     def processes(self) -> dict[str, str]:
@@ -113,8 +128,10 @@ class Actuator:
     def apply_round(self, batches: list[tuple[str, list[Action]]]) -> dict[str, list[Decision]]:
         """The actions of every loop due in one round, written in one order (see _ordered), so a
         parent's limit written by one loop and a child's written by another never cross; each
-        loop gets its own decisions back."""
+        loop gets its own decisions back. The writes that may block (KnobSpec.slow) share one budget,
+        `slow_budget` seconds: once spent, the rest of them are DEFERRED, not written."""
         out: dict[str, list[Decision]] = {loop: [] for loop, _ in batches}
+        self._slow_spent = 0.0
         started: dict[tuple[str, str], Beside] = {}      # (loop, target) -> its command begun in this batch
         budgets: dict[str, float] = {}                    # loop -> the deadline of the commands it began
         for loop, a in self._ordered([(loop, a) for loop, actions in batches for a in actions]):
@@ -127,6 +144,8 @@ class Actuator:
                 d = self._refuse(loop, a, "", None, f"unknown knob {a.knob!r} (no backend serves it)")
             elif a.value is None:
                 d = self._restore_action(loop, a, backend)
+            elif getattr(backend.knobs[a.knob], "slow", False) and self._slow_spent >= self.slow_budget:
+                d = self._defer(loop, a, backend)
             elif getattr(backend.knobs[a.knob], "beside", False):
                 d, job = self._begin(loop, a, backend)
                 if job is not None:
@@ -262,7 +281,8 @@ class Actuator:
             with refusing(garbled="garbled kernel file: "):     # a kernel file read on the way that does not parse
                 value = self._command_value(a, backend)
                 if not self.dry_run:
-                    backend.write(a.target, a.knob, value)
+                    with self._timed(backend, a.knob):
+                        backend.write(a.target, a.knob, value)
         except TargetGone:
             return None
         except Refused as r:
@@ -338,7 +358,7 @@ class Actuator:
             raise Refused(f"cannot save {ahead.saves} in the restore journal {e.filename}: {kernel_error(e)}",
                           old, new) from None
         try:
-            with ahead.writing():
+            with ahead.writing(), self._timed(backend, a.knob):
                 backend.write(a.target, a.knob, new)
         except OutsideRoot as e:    # a symlink out of the hierarchy: found only at the write
             raise Refused(str(e), old, new) from None
@@ -359,6 +379,25 @@ class Actuator:
         except Exception as e:  # noqa: BLE001 - a third-party backend's bug costs the identity, not the write
             log.debug("%s %s: no identity (%s)", target or "/", knob, e)
             return None
+
+    @contextmanager
+    def _timed(self, backend: Backend, knob: str) -> Iterator[None]:
+        """A write: where it may block (KnobSpec.slow), what it took goes to this round's slow budget."""
+        if not getattr(backend.knobs[knob], "slow", False):
+            yield
+            return
+        start = self.clock()
+        try:
+            yield
+        finally:
+            self._slow_spent += self.clock() - start
+
+    def _defer(self, loop: str, a: Action, backend: Backend) -> Decision:
+        """A write that may block, after this round's budget for them was spent: not tried, nothing checked.
+        Its loop asks it again next round (not a failure: memory_evict does not escalate for it)."""
+        return self._record(Decision(time.time(), loop, a.target, a.knob, None, a.value, DEFERRED, a.message,
+                                     dict(a.reason), f"this round's budget for slow writes ({self.slow_budget:g} s) "
+                                     f"is spent: asked again next round", kind=backend.kind))
 
     def _refuse(self, loop: str, a: Action, kind: str, old: str | None, error: str,
                 new: str | None = None) -> Decision | None:

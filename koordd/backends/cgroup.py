@@ -64,6 +64,7 @@ class Knob:
     magnitude: Callable[[str], float] | None = None   # for write order: parents first when raising
     resets: tuple[str, ...] = ()              # knobs the kernel rewrites when this one changes
     harm: Harm | None = None                  # what a write does to protected work (koordd/act/protect.py)
+    slow: bool = False                        # a write that may block for long (memory.reclaim): KnobSpec.slow
 
     def uses_v2(self, fs: CgroupFS) -> bool:
         if self.controller is None:
@@ -385,7 +386,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "memory.oom.group", None, _norm_uint("memory.oom.group", 0, 1),
          harm=Harm("make the OOM killer take all of", _turns_on)),
     Knob("memory.reclaim", "memory", "proactive reclaim of this many bytes (5.19+)", "memory.reclaim", None,
-         _norm_uint("memory.reclaim", 1), oneshot=True, harm=Harm("reclaim memory of")),
+         _norm_uint("memory.reclaim", 1), oneshot=True, harm=Harm("reclaim memory of"), slow=True),
     Knob("cgroup.freeze", None, "1 = every task of the cgroup is frozen (v1: freezer.state)",
          "cgroup.freeze", "freezer.state", _norm_uint("cgroup.freeze", 0, 1), v1_controller="freezer",
          to_v1=lambda v: "FROZEN" if v == "1" else "THAWED",

@@ -89,6 +89,10 @@ class KnobSpec:
     # the actuator never waits for it in a round (see Job).
     beside: bool = False
     harm: Harm | None = None                             # what a write does to protected work (the guard)
+    # A write that may block for long (memory.reclaim returns only once the kernel reclaimed what it was
+    # asked: seconds on a host that swaps): timed, all such writes of a round within one budget; those past
+    # it are not written and are deferred to the next round (the actuator's SLOW_WRITE_BUDGET).
+    slow: bool = False
 
 
 class Job:

@@ -12,6 +12,9 @@ from koordd.core.printable import printable
 
 APPLIED, DRY_RUN, REFUSED, RESTORED = "applied", "dry-run", "refused", "restored"
 LEFT = "left"           # a held knob not restored: someone else's value now, or another object of that name
+# Not tried this round: a write that may block (KnobSpec.slow, memory.reclaim) after the round's budget for
+# such writes was spent (koordd/act/actuator.py). Not a failure: the loop asks it again next round.
+DEFERRED = "deferred"
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class Decision:
         """The journal's MESSAGE: what changed, and why in words; one line whatever the target's name
         (printable()), the exact name being in the fields."""
         what = {APPLIED: "set", DRY_RUN: "would set", RESTORED: "restored", REFUSED: "refused",
-                LEFT: "left"}[self.outcome]
+                LEFT: "left", DEFERRED: "deferred"}[self.outcome]
         where = (self.target or "/") if self.kind == "cgroup" else f"{self.kind} {self.target}"
         s = f"{self.loop}: {what} {where} {self.knob} {self.old!r} -> {self.new!r}"
         if self.message:
