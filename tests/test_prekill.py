@@ -212,7 +212,9 @@ def test_a_sleeping_hook_does_not_hold_up_the_round_and_its_kill_comes_at_the_bu
     assert killed(tree, "be/a") and not alive(pid)
     made = [(d["knob"], d["outcome"]) for d in list(read_decisions(tmp_path / "state"))]
     assert made == [("cgroup.prekill", REFUSED), ("cgroup.kill", APPLIED)]
-    assert "timed out" in list(read_decisions(tmp_path / "state"))[0]["error"]
+    # Its own watcher ends it at the deadline ("timed out"), or finish() does if it comes first.
+    error = list(read_decisions(tmp_path / "state"))[0]["error"]
+    assert "timed out" in error or "its budget ran out" in error, error
     # The loop settled the kill once it was made: it counts in the kill budget.
     assert list(runner.runs["memory_evict"].state.killed) == ["be/a"]
 
