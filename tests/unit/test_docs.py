@@ -236,6 +236,28 @@ def test_every_relative_link_resolves(page):
     assert not broken, f"{page.relative_to(REPO)}: " + "; ".join(broken)
 
 
+# A test named in prose (`tests/unit/act/test_journal.py`, `tests/unit/test_security.py::test_x`): the file is
+# there and defines the test. README.md is left out until its one stale name (tests/test_docs.py) is updated.
+NAMED_TEST = re.compile(r"(?<![\w/.-])(tests/[\w/]+\.py)(?:::(\w+))?")
+
+
+def named_tests(text: str) -> list[tuple[str, str]]:
+    return NAMED_TEST.findall(text)
+
+
+@pytest.mark.parametrize("page", [p for p in MARKDOWN if p.name != "README.md"], ids=lambda p: str(p.relative_to(REPO)))
+def test_every_test_a_page_names_exists(page):
+    missing = [f"{file}::{name}" if name else file for file, name in named_tests(page.read_text())
+               if not (REPO / file).is_file()
+               or name and not re.search(rf"^\s*(async )?def {name}\b", (REPO / file).read_text(), flags=re.M)]
+    assert not missing, f"{page.relative_to(REPO)} names tests that are not there: {missing}"
+
+
+def test_the_named_test_check_finds_a_moved_file():
+    text = "(tests/unit/test_docs.py::test_x, `tests/kernel/a.py`; its tests/b.py; x/tests/c.py)"
+    assert named_tests(text) == [("tests/unit/test_docs.py", "test_x"), ("tests/kernel/a.py", ""), ("tests/b.py", "")]
+
+
 def test_the_link_check_finds_a_broken_link(tmp_path):
     page = tmp_path / "a.md"
     (tmp_path / "b.md").write_text("# B\n## The round: observe, decide, act\n```\n# not a heading\n```\n")
