@@ -1,5 +1,5 @@
 """The invariant every fault test checks: no knob is left changed without a journal entry, as a fresh
-start would read the journal (tests/test_faults.py, tests/kernel/test_faults_kernel.py)."""
+start would read the journal (tests/unit/test_faults.py, tests/kernel/test_faults_kernel.py)."""
 from __future__ import annotations
 
 from koordd.act.actuator import Actuator

@@ -1,5 +1,5 @@
 """koordd with its metrics endpoint on a fake cgroup tree, and the HTTP helpers its tests share
-(tests/test_metrics.py, tests/test_prometheus.py). Loopback only."""
+(tests/unit/runtime/test_metrics.py, tests/unit/runtime/test_prometheus.py). Loopback only."""
 from __future__ import annotations
 
 import socket

@@ -4,6 +4,7 @@ of the test's own."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -30,13 +31,23 @@ def decide_reads_only_what_it_needs(monkeypatch):
         monkeypatch.setattr(cls, "decide", reads_only_what_it_needs(cls))
 
 
+TESTS = Path(__file__).resolve().parent
+
+
+def tier(request) -> str:
+    """The tier a test is in: "kernel" (tests/kernel), "system" (tests/system) or "unit" (tests/unit). By the
+    folder under tests/, not by a name anywhere in the path (tests/unit/kernel holds unit tests)."""
+    path = Path(str(request.node.fspath)).resolve()
+    return path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else "unit"
+
+
 # --- unit tests load no BPF program into the host's kernel --------------------------------------
 
 @pytest.fixture(autouse=True)
 def no_bpf_outside_kernel_tests(request, monkeypatch):
     """The run-queue sensor koordd's registry makes reads schedstat in unit tests (doctor starts every
     sensor to see which work): loading the real BPF program is for tests/kernel, on purpose."""
-    if "/kernel/" not in str(request.node.fspath):
+    if tier(request) != "kernel":
         from koordd.kernel import libbpf
         from koordd.sensors import runq
         monkeypatch.setattr(runq, "DEFAULT_SOURCES", (runq.SCHEDSTAT,))
@@ -46,7 +57,7 @@ def no_bpf_outside_kernel_tests(request, monkeypatch):
         monkeypatch.setattr(libbpf.BpfObject, "__init__", refuse)
 
 
-# The config owner check (koordd/core/trust.py) is tested in tests/test_security.py; elsewhere tests load
+# The config owner check (koordd/core/trust.py) is tested in tests/unit/test_security.py; elsewhere tests load
 # configs from a checkout whose owner they do not choose. Inherited by the koordd processes they start.
 os.environ.setdefault("KOORDD_TEST_SKIP_CONFIG_OWNER_CHECK", "1")
 
@@ -58,7 +69,7 @@ os.environ.setdefault("KOORDD_TEST_SKIP_CONFIG_OWNER_CHECK", "1")
 @pytest.fixture(autouse=True)
 def owner_lock_of_the_test(request, tmp_path_factory, monkeypatch):
     from koordd.act.owner import TEST_ENV
-    if "/system/" in str(request.node.fspath):
+    if tier(request) == "system":
         monkeypatch.delenv(TEST_ENV, raising=False)
         return
     monkeypatch.setenv(TEST_ENV, str(tmp_path_factory.mktemp("owner") / "owner.lock"))

@@ -18,7 +18,7 @@ koordd's back (transparent hugepages raise vm.min_free_kbytes when khugepaged st
 recomputes it): such a value is someone else's, left as it is with a decision saying so. A restore
 meets the rules of a write: an original above 10% of memory (never the kernel's own, which stays
 below 5%: a forged or hand-made journal line) is not written back; the sysctl is left as it is, with a
-decision saying so, and the hold dropped (tests/test_trust_restore_rules.py).
+decision saying so, and the hold dropped (tests/unit/test_trust_restore_rules.py).
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ distribution (pyproject.toml), found in its installed metadata exactly as a thir
 names them only for the order they run in and to say so when an install lost them. koordd's own sensors
 and backends are part of koordd: BUILTIN names each as an entry point does ("module:attribute"). Either
 way the registry loads a group's modules only when that group is asked for: `koordctl validate` loads the
-loops and no sensor or backend (tests/test_layers.py). Each group's values lie in its own package
-(tests/test_registry.py), as the layers of pyproject.toml would have it for an import.
+loops and no sensor or backend (tests/unit/test_layers.py). Each group's values lie in its own package
+(tests/unit/core/test_registry.py), as the layers of pyproject.toml would have it for an import.
 """
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ HOST: dict[str, Probe] = {"cgroup": _probe_cgroup, "psi": _probe_psi, "sensors":
 
 
 def _owned() -> dict[str, Probe]:
-    """feature -> probe, of koordd's own backends and sensors (tests/test_capabilities.py: each feature
+    """feature -> probe, of koordd's own backends and sensors (tests/unit/runtime/test_capabilities.py: each feature
     has one owner and a row below)."""
     return {name: probe for owner in (*builtin_classes(), *builtin_sensors().values())
             for name, probe in owner.features.items()}

@@ -7,7 +7,7 @@ pinned in the test extras: its output is compared byte for byte). What no parser
 status, signals, files, examples) is hand-written roff in man/<page>.include, in help2man's include format,
 which argparse-manpage reads and `toml_manpage()` reads the same way.
 
-`scripts/gen-docs` writes all four; tests/test_docs.py fails when a committed one differs from what the code
+`scripts/gen-docs` writes all four; tests/unit/test_docs.py fails when a committed one differs from what the code
 makes now. The shipped config/koordd.toml is checked by the same test (every option there, with its default,
 under a comment), so none of them can drift from the code. koordd never imports koordctl: koordctl's parser
 is handed in by the caller (`pages(koordctl_parser)`).

@@ -102,7 +102,7 @@ class AppLatencySensor(OptionalSensor):
     that answered a request this round."""
     name = APP_LATENCY
     # Its host feature, "bpf" (libbpf and the kernel's BTF), is the run-queue sensor's row in koordctl
-    # doctor (a feature has one owner, tests/test_capabilities.py); whether this program loads is doctor's
+    # doctor (a feature has one owner, tests/unit/runtime/test_capabilities.py); whether this program loads is doctor's
     # sensors line.
     features = {}
 

@@ -84,7 +84,7 @@ while True:
     time.sleep({step_s})
 """
 
-# --- the kernel log (pure: tests/test_bench_oom.py) -----------------------------------------------------
+# --- the kernel log (pure: tests/unit/koordtest/test_bench_oom.py) -----------------------------------------------------
 
 KILLED = re.compile(r"(?P<why>Out of memory|Memory cgroup out of memory): Killed process (?P<pid>\d+) "
                     r"\((?P<comm>[^)]*)\).*?anon-rss:(?P<anon>\d+)kB.*?oom_score_adj:(?P<adj>-?\d+)")

@@ -104,7 +104,7 @@ with open(path, "rb", buffering=0) as f:
 """
 
 
-# --- pure parts (tests/test_bench_reclaim.py) ----------------------------------------------------------
+# --- pure parts (tests/unit/koordtest/test_bench_reclaim.py) ----------------------------------------------------------
 
 def parse_flat(text: str) -> dict[str, int]:
     """memory.stat / cpu.stat: "key value" lines; lines that are not that are skipped."""

@@ -1,0 +1,1 @@
+"""Unit tests of koordtest (the benchmark and VM-test tooling) and of scripts/."""

@@ -1,0 +1,1 @@
+"""Unit tests of the loops in plugins/ (package koordd_plugins)."""
