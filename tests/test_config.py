@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import pickle
 import textwrap
 
 import pytest
 
 from koordd.core.config import (CLASS_NAMES, ClassRule, ConfigError, DAEMON_OPTIONS, Settings, load_config,
-    locate_keys, make_settings, parse_config)
+    locate_keys, loop_options, make_settings, parse_config)
 from koordd.core.health import DEFAULT_HEALTH, HealthTargets
+from koordd.core.loop import Loop
 from koordd.core.options import COMMON_LOOP_OPTIONS, Duration, Option
 from koordd.core.slo import SloTarget
 
@@ -435,6 +437,28 @@ def test_settings_value_semantics():
     d = a.as_dict()
     d["enabled"] = False
     assert a.enabled is True  # as_dict is a copy
+
+
+def test_loop_settings_are_a_frozen_dataclass_of_its_options():
+    """A loop's settings are fields generated from its declared options, not a bag looked up by name."""
+    class Typed(Loop):
+        name = "typed"
+        options = Suppress.options + (Option("limit", Duration, Duration(2.0), "how long", min=0, max=60),)
+
+    cls = Typed.settings_type()
+    assert dataclasses.is_dataclass(cls) and issubclass(cls, Settings)
+    assert [f.name for f in dataclasses.fields(cls)] == ["enabled", "interval", "threshold_percent", "policy", "limit"]
+    assert {f.name: f.type for f in dataclasses.fields(cls)}["limit"] is Duration
+    s = parse_config("[loops.typed]\nlimit = \"5s\"\n", "koordd.toml", {"typed": Typed}).loops["typed"]
+    assert type(s) is cls and s.limit == 5.0 and s.policy == "cfs_quota"
+    assert cls() == make_settings(loop_options(Typed), {})      # the defaults are the options'
+    with pytest.raises(TypeError):
+        cls(treshold_percent=3)                                 # a name no option declares
+    with pytest.raises(ValueError, match="unknown option"):
+        make_settings(loop_options(Typed), {"treshold_percent": 3})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.limit = 1.0
+    assert not hasattr(s, "__dict__")                           # slots: no attribute but the options
 
 
 def test_make_settings_rejects_bad_input():
