@@ -51,6 +51,12 @@ def parse(text):
     return parse_config(textwrap.dedent(text), "koordd.toml", REGISTRY)
 
 
+def declared(config, what, cgroup):
+    """What the rule of `cgroup` declares (its "health" or "slo"), or None."""
+    rule = config.rule_for(cgroup)
+    return getattr(rule, what) if rule else None
+
+
 def errors(text):
     with pytest.raises(ConfigError) as ei:
         parse(text)
@@ -355,10 +361,10 @@ def test_each_ls_rule_declares_its_own_health_targets_and_the_rest_take_the_defa
         cgroups = ["db.slice"]
         health = { runq_p99 = "500us", runq_mean = "100us", cpu_pressure = 5 }
         """)
-    assert c.health_of("batch-api.slice") == HealthTargets(10_000.0, DEFAULT_HEALTH.runq_mean_us,
+    assert declared(c, "health", "batch-api.slice") == HealthTargets(10_000.0, DEFAULT_HEALTH.runq_mean_us,
                                                            DEFAULT_HEALTH.cpu_pressure)
-    assert c.health_of("cache.slice") is None and c.health_of("nowhere") is None      # the defaults apply
-    assert c.health_of("/db.slice/") == HealthTargets(500.0, 100.0, 5.0)
+    assert declared(c, "health", "cache.slice") is None and declared(c, "health", "nowhere") is None      # the defaults apply
+    assert declared(c, "health", "/db.slice/") == HealthTargets(500.0, 100.0, 5.0)
     assert DEFAULT_HEALTH == HealthTargets(2000.0, 500.0, 20.0)
 
 
@@ -377,12 +383,12 @@ def test_an_ls_rule_may_declare_an_slo_and_the_others_have_none():
         cgroups = ["db.slice"]
         slo = { latency_p99 = "5ms", latency_p999 = "20ms", source = "measured", violation_target = 5 }
         """)
-    assert c.slo_of("cache.slice") == SloTarget(2000.0, 0.0, "measured", 1.0)
-    assert c.slo_of("cache.slice").quantile == pytest.approx(0.99) and c.slo_of("cache.slice").section == "app_latency"
-    assert c.slo_of("/db.slice/") == SloTarget(5000.0, 20_000.0, "measured", 5.0)
-    assert c.slo_of("db.slice").quantile == pytest.approx(0.95)
-    assert c.slo_of("batch-api.slice") is None and c.slo_of("nowhere") is None
-    assert c.health_of("cache.slice") is None        # an SLO leaves the health targets at their defaults
+    assert declared(c, "slo", "cache.slice") == SloTarget(2000.0, 0.0, "measured", 1.0)
+    assert declared(c, "slo", "cache.slice").quantile == pytest.approx(0.99) and declared(c, "slo", "cache.slice").section == "app_latency"
+    assert declared(c, "slo", "/db.slice/") == SloTarget(5000.0, 20_000.0, "measured", 5.0)
+    assert declared(c, "slo", "db.slice").quantile == pytest.approx(0.95)
+    assert declared(c, "slo", "batch-api.slice") is None and declared(c, "slo", "nowhere") is None
+    assert declared(c, "health", "cache.slice") is None        # an SLO leaves the health targets at their defaults
 
 
 def test_class_names():

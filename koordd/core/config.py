@@ -19,11 +19,9 @@ from koordd.core import toml_lines
 from koordd.core.class_rules import ClassRule, rule_for
 from koordd.core.config_check import METRICS_OPTIONS, TOP_LEVEL, Checker
 from koordd.core.globs import nested_classes
-from koordd.core.health import HealthTargets
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
 from koordd.core.report import REPORT_OPTIONS
 from koordd.core.settings import Settings, make_settings
-from koordd.core.slo import SloTarget
 from koordd.core.trust import untrusted
 
 # Names other modules, tests and third parties' loops import from here.
@@ -62,19 +60,10 @@ class Config:
         return rule_for(self.classes, cgroup)
 
     def classify(self, cgroup: str) -> str | None:
-        """The class of the first rule with a matching pattern, or None."""
+        """The class of the first rule with a matching pattern, or None (for tools and tests: the daemon
+        matches a round's whole walk at once, ClassRules in class_rules.py)."""
         rule = self.rule_for(cgroup)
         return rule.name if rule else None
-
-    def health_of(self, cgroup: str) -> HealthTargets | None:
-        """The health targets the rule of `cgroup` declares, or None (the defaults apply)."""
-        rule = self.rule_for(cgroup)
-        return rule.health if rule else None
-
-    def slo_of(self, cgroup: str) -> SloTarget | None:
-        """The SLO the rule of `cgroup` declares, or None."""
-        rule = self.rule_for(cgroup)
-        return rule.slo if rule else None
 
 
 def load_config(path: Path | str, registry: Mapping[str, type]) -> Config:
