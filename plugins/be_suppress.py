@@ -257,9 +257,8 @@ def _sized_actions(snapshot: Snapshot, settings, state: State, be, non_be: float
             return []       # no LS signal yet: hold the current limits
         allowance, reason, why, extra = sized
         # The allowance moved at the rule's own pace already: the knob follows it in one step.
-        if settings.policy == "cfs_quota":
-            return extra + _quota_actions(be, capacity, allowance, False, settings, reason, why, grow=1.0)
-        return extra + _cpuset_actions(snapshot, be, capacity, allowance, False, settings, reason, why, grow=1.0)
+        return extra + _limit_actions(snapshot, settings, be,
+                                      Sizing(capacity, allowance, False, reason, why, grow=1.0))
     demand = _windowed_peak(state.demand, snapshot.time, non_be + system, settings.usage_window)
     allowance = max(capacity * settings.threshold_percent / 100 - demand, 0.0)
     pressure = _peak_pressure(snapshot.of_class(*LATENCY_SENSITIVE))
@@ -271,9 +270,7 @@ def _sized_actions(snapshot: Snapshot, settings, state: State, be, non_be: float
     why = (f"BE allowance {allowance:.2f} of {capacity} CPUs = {settings.threshold_percent:g}% "
            f"- LS/system peak {demand:.2f}" + (f"; LS cpu pressure {pressure:.1f}% > "
                                                 f"{settings.psi_guard_percent:g}%, shrinking" if guard else ""))
-    if settings.policy == "cfs_quota":
-        return _quota_actions(be, capacity, allowance, guard, settings, reason, why)
-    return _cpuset_actions(snapshot, be, capacity, allowance, guard, settings, reason, why)
+    return _limit_actions(snapshot, settings, be, Sizing(capacity, allowance, guard, reason, why))
 
 
 GROW_AT, HOLD_AT = 0.10, 0.05     # Heracles: grow BE at 10% slack or more, give back under 5%
@@ -585,50 +582,69 @@ def _peak_pressure(samples: tuple[CgroupSample, ...]) -> float | None:
     return max(values) if values else None
 
 
-def _quota_actions(be, capacity, allowance, guard, settings, reason, why, grow=GROW_FRACTION) -> list[Action]:
+@dataclass(frozen=True)
+class Sizing:
+    """BE's share this round, as the knobs are written: `allowance` CPUs of the node's `capacity`, cut
+    further when LS is under pressure (`guard`), grown by at most `grow` of the node per round; `reason`
+    and `why` go with every action."""
+    capacity: int
+    allowance: float
+    guard: bool
+    reason: dict
+    why: str
+    grow: float = GROW_FRACTION
+
+
+def _limit_actions(snapshot: Snapshot, settings, be, sizing: Sizing) -> list[Action]:
+    """The BE cgroups' limit by the knob `policy` names (cpu.max or cpuset.cpus), the other one given back."""
+    if settings.policy == "cfs_quota":
+        return _quota_actions(be, sizing, settings.psi_guard_shrink_percent)
+    return _cpuset_actions(snapshot, be, sizing, settings.psi_guard_shrink_percent)
+
+
+def _quota_actions(be, s: Sizing, shrink_percent: float) -> list[Action]:
     actions = []
     for cg in be:
         # No cpu.max (controller not enabled for the cgroup): ask anyway, so the refusal is on record.
         quota, period = parse_cpu_max(cg.cpu_max) if cg.cpu_max else (None, DEFAULT_PERIOD_US)
-        node_us = capacity * period
+        node_us = s.capacity * period
         current = node_us if quota is None else quota
-        target = allowance / len(be) * period
-        if guard:
-            target = min(target, current * (1 - settings.psi_guard_shrink_percent / 100))
+        target = s.allowance / len(be) * period
+        if s.guard:
+            target = min(target, current * (1 - shrink_percent / 100))
         if target > current:
-            target = min(target, current + grow * node_us)
+            target = min(target, current + s.grow * node_us)
         target = round(max(target, MIN_QUOTA_US))
         actions.append(restore(cg.path, "cpuset.cpus", "policy is cfs_quota"))
-        if allowance >= capacity and not guard:
+        if s.allowance >= s.capacity and not s.guard:
             # The whole node: no cap at all, so one BE cgroup may use what another leaves.
             if quota is not None:
                 actions.append(Action(cg.path, "cpu.max", format_cpu_max(None, period),
-                                      {**reason, "quota_us": None, "period_us": period, "be_cgroups": len(be)}, why))
+                                      {**s.reason, "quota_us": None, "period_us": period, "be_cgroups": len(be)}, s.why))
             continue
         if quota is not None and abs(target - current) < SKIP_FRACTION * node_us:
             continue
         actions.append(Action(cg.path, "cpu.max", format_cpu_max(target, period),
-                              {**reason, "quota_us": target, "period_us": period, "be_cgroups": len(be)}, why))
+                              {**s.reason, "quota_us": target, "period_us": period, "be_cgroups": len(be)}, s.why))
     return actions
 
 
-def _cpuset_actions(snapshot, be, capacity, allowance, guard, settings, reason, why,
-                    grow=GROW_FRACTION) -> list[Action]:
-    topology = snapshot.node.topology or tuple(CpuTopology(c, c, 0) for c in range(capacity))
+def _cpuset_actions(snapshot: Snapshot, be, s: Sizing, shrink_percent: float) -> list[Action]:
+    topology = snapshot.node.topology or tuple(CpuTopology(c, c, 0) for c in range(s.capacity))
     lse = set()
     for cg in snapshot.of_class("LSE"):
         lse |= parse_cpulist(cg.cpuset_cpus or "")
     usable = [t for t in topology if t.cpu not in lse]
     current = parse_cpulist(be[0].cpuset_cpus or "") or {t.cpu for t in usable}
-    want = max(math.ceil(allowance - 1e-9), MIN_CPUSET_CPUS)
-    if guard:
-        want = min(want, len(current) - max(1, math.floor(len(current) * settings.psi_guard_shrink_percent / 100)))
-    want = min(max(want, MIN_CPUSET_CPUS), len(current) + math.ceil(grow * len(topology)), len(usable))
+    want = max(math.ceil(s.allowance - 1e-9), MIN_CPUSET_CPUS)
+    if s.guard:
+        want = min(want, len(current) - max(1, math.floor(len(current) * shrink_percent / 100)))
+    want = min(max(want, MIN_CPUSET_CPUS), len(current) + math.ceil(s.grow * len(topology)), len(usable))
     cpus = format_cpulist(pick_cpus(usable, want))
     actions = []
     for cg in be:
         actions.append(restore(cg.path, "cpu.max", "policy is cpuset"))
-        actions.append(Action(cg.path, "cpuset.cpus", cpus, {**reason, "cpus": want, "lse_cpus": len(lse)}, why))
+        actions.append(Action(cg.path, "cpuset.cpus", cpus, {**s.reason, "cpus": want, "lse_cpus": len(lse)}, s.why))
     return actions
 
 

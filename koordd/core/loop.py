@@ -46,6 +46,7 @@ from typing import Any, ClassVar, Mapping
 
 from koordd.core.decisions import APPLIED, DRY_RUN
 from koordd.core.options import Option
+from koordd.core.settings import Settings, loop_options, settings_type
 from koordd.core.snapshot import CGROUP_FIELDS
 
 
@@ -85,6 +86,12 @@ def release_unasked(held, actions: list[Action], knobs: frozenset[str], message:
 class Loop:
     name: ClassVar[str] = ""
     options: ClassVar[tuple[Option, ...]] = ()
+
+    @classmethod
+    def settings_type(cls) -> type[Settings]:
+        """The frozen dataclass every method below is handed as `settings` (koordd/core/settings.py): a
+        field for `enabled`, `interval` and each of `options`, generated from them."""
+        return settings_type(loop_options(cls))
 
     @staticmethod
     def problems(settings) -> dict[str, str]:

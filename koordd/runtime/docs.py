@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any, Mapping, NamedTuple
 from unittest import mock
 
-from koordd.core.config import DAEMON_OPTIONS, METRICS_OPTIONS, loop_options
+from koordd.core.config_check import DAEMON_OPTIONS, METRICS_OPTIONS
 from koordd.core.health import HEALTH_OPTIONS
 from koordd.core.options import COMMON_LOOP_OPTIONS, Duration, Option
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
 from koordd.core.report import REPORT_OPTIONS, TenantMap
+from koordd.core.settings import loop_options
 from koordd.core.slo import PROBE_OPTIONS, PROMETHEUS_OPTIONS, SLO_OPTIONS, LabelMatchers
 from koordd.core.registry import LOOPS, builtin
 from koordd.runtime import daemon

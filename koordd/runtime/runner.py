@@ -18,9 +18,10 @@ from typing import Any, Collection, Mapping
 from koordd.act.actuator import Actuator
 from koordd.act.journal import Held
 from koordd.act.protect import standing_harm
-from koordd.core.config import Config, Settings
+from koordd.core.config import Config
 from koordd.core.loop import Action, Loop
 from koordd.core.protected import Protected
+from koordd.core.settings import Settings
 from koordd.core.snapshot import CGROUP_FIELDS, Snapshot
 
 log = logging.getLogger("koordd.runner")     # its name before the move: log lines unchanged

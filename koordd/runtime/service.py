@@ -290,7 +290,7 @@ class Daemon:
         set_level(new.daemon.log_level)
         self.config = new
         self.metrics.configure(new.metrics)
-        self.sensors.set_classes(new.classify, wiring.patterns(new), new.health_of, new.slo_of)
+        self.sensors.set_classes(new.classes)
         # Which knobs this host has, file by file, from every backend: probed again.
         unsupported, before = self.backends.probe(), self.actuator.unsupported
         self.sensors.set_supported(wiring.supported(self.backends, unsupported))

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Iterable, Mapping
 
 from koordd.act.journal import Held, write_atomic
-from koordd.core.config import CLASS_NAMES
+from koordd.core.classes import CLASS_NAMES
 from koordd.core.feeds import REQUEST_FILE, TOP_FILE, TopRequest, parse_request
 from koordd.core.snapshot import CPI, CgroupSample, CpiSample, PressureStat, RUNQ_LATENCY, RunqLatency, Snapshot
 from koordd.runtime.result import RoundResult, Subscriber

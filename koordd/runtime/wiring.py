@@ -46,19 +46,14 @@ def build(config: Config, registry, layout: Layout, claim: HostClaim, dry_run: b
                         dry_run=dry_run, unsupported=unsupported,
                         processes=process_cgroups(),     # PID 1's and koordd's: never evicted or throttled
                         kubelet=KubeletRule.of(config.daemon))     # before the loops' first writes
-    sensors = Sensors(fs, config.classify, patterns(config), optional=SensorManager(load_sensor_registry()),
-                      supported=supported(backends, unsupported), health_of=config.health_of,
-                      slo_of=config.slo_of)
+    sensors = Sensors(fs, config.classes, optional=SensorManager(load_sensor_registry()),
+                      supported=supported(backends, unsupported))
     return Parts(fs, backends, actuator, sensors, Runner(registry, actuator, sensors=sensors.optional.names))
 
 
 def supported(backends: Backends, unsupported: Mapping[str, str]) -> frozenset[str]:
     """The knobs this host has, for loops to choose from (snapshot.supported)."""
     return backends.knobs() - unsupported.keys()
-
-
-def patterns(config: Config) -> list[str]:
-    return [p for rule in config.classes for p in rule.patterns]
 
 
 def log_missing_knobs(unsupported: Mapping[str, str], fs: CgroupFS) -> None:

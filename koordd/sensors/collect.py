@@ -7,8 +7,7 @@ from dataclasses import replace
 from typing import Callable, Iterable, Mapping, Sequence
 
 from koordd.backends.cgroup import KNOBS, unsupported_knobs
-from koordd.core.health import HealthTargets
-from koordd.core.slo import SloTarget
+from koordd.core.class_rules import ClassRule, ClassRules
 from koordd.core.snapshot import CGROUP_FIELDS, Snapshot
 from koordd.kernel.cgroupfs import CgroupFS
 from koordd.sensors.cgroup import CgroupSensor
@@ -17,29 +16,49 @@ from koordd.sensors.lifecycle import SensorManager
 from koordd.sensors.node import NodeSensor
 
 Classify = Callable[[str], "str | None"]
-HealthOf = Callable[[str], "HealthTargets | None"]
-SloOf = Callable[[str], "SloTarget | None"]
+
+
+def find_roots(fs: CgroupFS, rules: ClassRules) -> dict[str, ClassRule]:
+    """cgroup -> its rule for each class root: a cgroup a rule matches whose class differs from the one
+    it lies in. The walk goes on below a match, so a root nested in another (an LS job in be.slice, a
+    BE job in an LS pod) is found at any depth: a cgroup has the class of its deepest match. A match of
+    the class it already lies in is no root of its own: it belongs to the root above, whose usage
+    holds its usage. Each cgroup is matched once (ClassRules.match): its rule, and whether any pattern
+    reaches below it (the walk spares the subtrees none does)."""
+    rule_of: dict[str, ClassRule] = {}
+    partial = {"": rules.top()}             # cgroup -> the patterns that may still match below it
+
+    def match(cg: str) -> tuple[str | None, bool]:
+        rule, partial[cg] = rules.match(cg, partial[cg.rpartition("/")[0]])
+        if rule is not None:
+            rule_of[cg] = rule
+        return (rule.name if rule else None), not partial[cg]
+
+    return {cg: rule_of[cg] for cg in _walk_roots(fs, rules.max_depth, match)}
 
 
 def find_classified(fs: CgroupFS, classify: Classify, max_depth: int,
                     patterns: Sequence[str] | None = None) -> dict[str, str]:
-    """cgroup -> class for each class root: a cgroup a rule matches whose class differs from the one
-    it lies in. The walk goes on below a match, so a root nested in another (an LS job in be.slice, a
-    BE job in an LS pod) is found at any depth: a cgroup has the class of its deepest match. A match of
-    the class it already lies in is no root of its own: it belongs to the root above, whose usage
-    holds its usage. `patterns` (the rules' patterns), when given, spare the walk the subtrees no
+    """cgroup -> class for each class root, as find_roots finds them, of a bare `classify` function
+    (tools and tests). `patterns` (the rules' patterns), when given, spare the walk the subtrees no
     pattern reaches into."""
+    reaches = _reach(patterns) if patterns is not None else None
+    return _walk_roots(fs, max_depth, lambda cg: (classify(cg), reaches is not None and not reaches(cg)))
+
+
+def _walk_roots(fs: CgroupFS, max_depth: int, match: Callable[[str], "tuple[str | None, bool]"]) -> dict[str, str]:
+    """cgroup -> class of each class root; `match(cgroup)`: (its class or None, whether nothing below it
+    can match), called parents first."""
     found: dict[str, str] = {}
     inherited: dict[str, str | None] = {"": None}     # cgroup -> the class it has (its own or its parent's)
-    reaches = _reach(patterns) if patterns is not None else None
 
     def seen(cg: str) -> bool:
         above = inherited.get(cg.rpartition("/")[0])
-        cls = classify(cg)
+        cls, done = match(cg)
         if cls is not None and cls != above:
             found[cg] = cls
         inherited[cg] = cls if cls is not None else above
-        return reaches is not None and not reaches(cg)        # True: nothing below can match
+        return done        # True: nothing below can match
 
     for _ in fs.walk(fs.walk_controller(), max_depth, prune=seen):
         pass
@@ -58,14 +77,13 @@ def _reach(patterns: Sequence[str]) -> Callable[[str], bool]:
 
 
 class Sensors:
-    def __init__(self, fs: CgroupFS, classify: Classify, patterns: Sequence[str],
-                 proc_root="/proc", sys_root="/sys", optional: SensorManager | None = None,
-                 supported: frozenset[str] | None = None, health_of: HealthOf | None = None,
-                 slo_of: SloOf | None = None):
+    def __init__(self, fs: CgroupFS, rules: Iterable[ClassRule], proc_root="/proc", sys_root="/sys",
+                 optional: SensorManager | None = None, supported: frozenset[str] | None = None):
+        """`rules`: the config's [[classes]] rules (Config.classes)."""
         self.fs = fs
         self.node = NodeSensor(proc_root, sys_root)
         self.cgroups = CgroupSensor(fs)
-        self.set_classes(classify, patterns, health_of, slo_of)
+        self.set_classes(rules)
         # The optional sensors (GPU, ...): the daemon starts those the enabled loops need (require()).
         self.optional = optional if optional is not None else SensorManager({})
         # Knobs this host has, for loops to choose from: the daemon's, probed from every backend; else
@@ -84,19 +102,16 @@ class Sensors:
         """Stop the optional sensors (the cgroup files are the CgroupFS's to close)."""
         self.optional.stop_all("koordd stopping")
 
-    def set_classes(self, classify: Classify, patterns: Sequence[str], health_of: HealthOf | None = None,
-                    slo_of: SloOf | None = None) -> None:
-        """`health_of`: a class root -> the health targets its rule declares (None: the defaults);
-        `slo_of`: a class root -> the SLO its rule declares (None: none)."""
-        self.classify = classify
-        self.health_of = health_of or (lambda cg: None)
-        self.slo_of = slo_of or (lambda cg: None)
-        self.patterns = tuple(patterns)
-        self.max_depth = max((p.count("/") + 1 for p in patterns), default=0)
+    def set_classes(self, rules: Iterable[ClassRule]) -> None:
+        """The class rules (on reload): each class root's rule gives it its class, and its health targets
+        and SLO the snapshot carries (Snapshot.health, Snapshot.slo)."""
+        self.rules = ClassRules(rules)
+        self.patterns = self.rules.patterns
+        self.max_depth = self.rules.max_depth
 
     def class_roots(self) -> dict[str, str]:
         """cgroup -> class of every class root as the tree is now (OSError if it cannot be listed)."""
-        return find_classified(self.fs, self.classify, self.max_depth, self.patterns)
+        return {cg: rule.name for cg, rule in find_roots(self.fs, self.rules).items()}
 
     def snapshot(self, watch: Iterable[str] = (), held: Mapping[tuple[str, str], str] | None = None,
                  member_classes: Iterable[str] = (), fields: frozenset[str] = CGROUP_FIELDS,
@@ -111,7 +126,8 @@ class Sensors:
         The optional sensors running (those the loops need) fill the snapshot's sections."""
         now = time.monotonic()
         walk = self.fs.walk_controller()
-        classes = self.class_roots()
+        roots = find_roots(self.fs, self.rules)        # the round's one match of the cgroups against the rules
+        classes = {cg: rule.name for cg, rule in roots.items()}
         for cg in watch:
             if cg not in classes and self.fs.exists(walk, cg):
                 classes[cg] = ""
@@ -130,9 +146,10 @@ class Sensors:
         members = {root: tuple(self.cgroups.sample(c, classes[root], now, member_fields) for c in kids)
                    for root, kids in children.items() if kids}
         sampled = {**classes, **{m.path: classes[root] for root, ms in members.items() for m in ms}}
-        slo = {cg: t for cg, cls in classes.items() if cls and (t := self.slo_of(cg)) is not None}
+        # What the roots' rules declare: the health targets and SLO loops read of the snapshot.
+        slo = {cg: rule.slo for cg, rule in roots.items() if rule.slo is not None}
         sections = self.optional.sample(SensorContext(now, sampled, slo))
-        health = {cg: t for cg, cls in classes.items() if cls and (t := self.health_of(cg)) is not None}
+        health = {cg: rule.health for cg, rule in roots.items() if rule.health is not None}
         return Snapshot(time=now, wall=time.time(), node=self.node.sample(now), cgroups=samples, sections=sections,
                         members=members, held=dict(held or {}), supported=self.supported, health=health, slo=slo)
 

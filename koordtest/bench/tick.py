@@ -37,7 +37,7 @@ def main():
         tree.add(f"kubepods.slice/kubepods-burstable.slice/pod{i}", usage_us=i * 1000)
     config = parse_config(CONFIG, "bench.toml", {"be_suppress": BeSuppress})
     settings = config.loops["be_suppress"]
-    sensors = Sensors(tree.fs, config.classify, [p for r in config.classes for p in r.patterns])
+    sensors = Sensors(tree.fs, config.classes)
     actuator = Actuator(tree.fs, RestoreJournal(tmp / "state"), DecisionLog(tmp / "state"))
     state = BeSuppress.initial_state(settings)
     sensors.snapshot(fields=BeSuppress.needs(settings))

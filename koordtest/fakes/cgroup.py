@@ -21,6 +21,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from koordd.core.class_rules import ClassRule
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 
 LAYOUTS = ("v2", "v1", "hybrid", "v1-comount")
@@ -36,6 +37,11 @@ def psi(some_total: int = 0, full_total: int | None = 0, avg10: float = 0.0, avg
     if full_total is not None:
         text += f"full avg10=0.00 avg60=0.00 avg300=0.00 total={full_total}\n"
     return text
+
+
+def rules(classes: dict[str, str]) -> tuple[ClassRule, ...]:
+    """Class rules of {pattern: class}, one rule per pattern, in order: what Sensors matches a tree against."""
+    return tuple(ClassRule(cls, (pattern,)) for pattern, cls in classes.items())
 
 
 class FakeCgroups:

@@ -188,7 +188,7 @@ def test_the_shipped_slo_example_is_off_and_valid_once_uncommented():
     assert example == {o.name for o in SLO_OPTIONS} and all("#" in line for line in block[1:])
     uncommented = "\n".join(lines[:start] + block + lines[start + len(block):])
     config = parse_config(uncommented, "koordd.toml", LOOPS)
-    assert config.slo_of("ls.slice") == SloTarget(5000.0)
+    assert config.rule_for("ls.slice").slo == SloTarget(5000.0)
 
 
 # --- the README and the pages it leads to -------------------------------------------------------------------

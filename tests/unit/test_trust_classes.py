@@ -156,7 +156,7 @@ def nested_tree(tmp_path, mode) -> FakeCgroups:
 
 
 def sensors_of(tree, config) -> Sensors:
-    return Sensors(tree.fs, config.classify, [p for r in config.classes for p in r.patterns])
+    return Sensors(tree.fs, config.classes)
 
 
 @pytest.mark.parametrize("mode", LAYOUTS)

@@ -20,12 +20,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from koordtest.fakes.cgroup import FakeCgroups
+from koordd.core.class_rules import ClassRules
 from koordd.core.config import CLASS_NAMES, parse_config
 from koordd.core.decisions import APPLIED
 from koordd.core.loop import Action
 from koordd.core.protected import PROTECTED_CLASSES
 from koordd.runtime.runner import class_of, classes_of
-from koordd.sensors.collect import Sensors, find_classified
+from koordd.sensors.collect import Sensors, find_classified, find_roots
 from unit.act.test_actuator import make_rig
 
 NAMES = ("a", "b")
@@ -89,11 +90,16 @@ def test_no_throttle_freeze_or_kill_lands_on_non_be_work(sleeper, world, todo, m
             tree.set(cg, controller, threads, f"{sleeper}\n")
         os.sched_setscheduler(sleeper, os.SCHED_OTHER, os.sched_param(0))
 
-        sensors = Sensors(tree.fs, config.classify, patterns, proc_root="/proc", sys_root="/sys")
+        sensors = Sensors(tree.fs, config.classes, proc_root="/proc", sys_root="/sys")
         depth = sensors.max_depth
         # Sparing the walk where no pattern reaches changes nothing found.
         assert find_classified(tree.fs, config.classify, depth, patterns) == \
             find_classified(tree.fs, config.classify, depth)
+        # The daemon's walk (each cgroup matched once, rule and reach together) finds the same roots, each
+        # with the rule that matches it.
+        roots = find_roots(tree.fs, ClassRules(config.classes))
+        assert {cg: rule.name for cg, rule in roots.items()} == find_classified(tree.fs, config.classify, depth)
+        assert all(rule is config.rule_for(cg) for cg, rule in roots.items())
         snapshot = sensors.snapshot(member_classes=set(CLASS_NAMES), fields=frozenset())
         truth = {cg: oracle_class(config, cg) for cg in CGROUPS}
         assert {cg: class_of(cg, snapshot) for cg in CGROUPS} == truth   # the deepest match wins

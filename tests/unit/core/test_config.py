@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import pickle
 import textwrap
 
 import pytest
 
 from koordd.core.config import (CLASS_NAMES, ClassRule, ConfigError, DAEMON_OPTIONS, Settings, load_config,
-    locate_keys, make_settings, parse_config)
+    locate_keys, loop_options, make_settings, parse_config)
 from koordd.core.health import DEFAULT_HEALTH, HealthTargets
+from koordd.core.loop import Loop
 from koordd.core.options import COMMON_LOOP_OPTIONS, Duration, Option
 from koordd.core.slo import SloTarget
 
@@ -47,6 +49,12 @@ REGISTRY = {"be_suppress": Suppress, "mem_qos": MemQos, "quota": Quota}
 
 def parse(text):
     return parse_config(textwrap.dedent(text), "koordd.toml", REGISTRY)
+
+
+def declared(config, what, cgroup):
+    """What the rule of `cgroup` declares (its "health" or "slo"), or None."""
+    rule = config.rule_for(cgroup)
+    return getattr(rule, what) if rule else None
 
 
 def errors(text):
@@ -353,10 +361,10 @@ def test_each_ls_rule_declares_its_own_health_targets_and_the_rest_take_the_defa
         cgroups = ["db.slice"]
         health = { runq_p99 = "500us", runq_mean = "100us", cpu_pressure = 5 }
         """)
-    assert c.health_of("batch-api.slice") == HealthTargets(10_000.0, DEFAULT_HEALTH.runq_mean_us,
+    assert declared(c, "health", "batch-api.slice") == HealthTargets(10_000.0, DEFAULT_HEALTH.runq_mean_us,
                                                            DEFAULT_HEALTH.cpu_pressure)
-    assert c.health_of("cache.slice") is None and c.health_of("nowhere") is None      # the defaults apply
-    assert c.health_of("/db.slice/") == HealthTargets(500.0, 100.0, 5.0)
+    assert declared(c, "health", "cache.slice") is None and declared(c, "health", "nowhere") is None      # the defaults apply
+    assert declared(c, "health", "/db.slice/") == HealthTargets(500.0, 100.0, 5.0)
     assert DEFAULT_HEALTH == HealthTargets(2000.0, 500.0, 20.0)
 
 
@@ -375,12 +383,12 @@ def test_an_ls_rule_may_declare_an_slo_and_the_others_have_none():
         cgroups = ["db.slice"]
         slo = { latency_p99 = "5ms", latency_p999 = "20ms", source = "measured", violation_target = 5 }
         """)
-    assert c.slo_of("cache.slice") == SloTarget(2000.0, 0.0, "measured", 1.0)
-    assert c.slo_of("cache.slice").quantile == pytest.approx(0.99) and c.slo_of("cache.slice").section == "app_latency"
-    assert c.slo_of("/db.slice/") == SloTarget(5000.0, 20_000.0, "measured", 5.0)
-    assert c.slo_of("db.slice").quantile == pytest.approx(0.95)
-    assert c.slo_of("batch-api.slice") is None and c.slo_of("nowhere") is None
-    assert c.health_of("cache.slice") is None        # an SLO leaves the health targets at their defaults
+    assert declared(c, "slo", "cache.slice") == SloTarget(2000.0, 0.0, "measured", 1.0)
+    assert declared(c, "slo", "cache.slice").quantile == pytest.approx(0.99) and declared(c, "slo", "cache.slice").section == "app_latency"
+    assert declared(c, "slo", "/db.slice/") == SloTarget(5000.0, 20_000.0, "measured", 5.0)
+    assert declared(c, "slo", "db.slice").quantile == pytest.approx(0.95)
+    assert declared(c, "slo", "batch-api.slice") is None and declared(c, "slo", "nowhere") is None
+    assert declared(c, "health", "cache.slice") is None        # an SLO leaves the health targets at their defaults
 
 
 def test_class_names():
@@ -435,6 +443,28 @@ def test_settings_value_semantics():
     d = a.as_dict()
     d["enabled"] = False
     assert a.enabled is True  # as_dict is a copy
+
+
+def test_loop_settings_are_a_frozen_dataclass_of_its_options():
+    """A loop's settings are fields generated from its declared options, not a bag looked up by name."""
+    class Typed(Loop):
+        name = "typed"
+        options = Suppress.options + (Option("limit", Duration, Duration(2.0), "how long", min=0, max=60),)
+
+    cls = Typed.settings_type()
+    assert dataclasses.is_dataclass(cls) and issubclass(cls, Settings)
+    assert [f.name for f in dataclasses.fields(cls)] == ["enabled", "interval", "threshold_percent", "policy", "limit"]
+    assert {f.name: f.type for f in dataclasses.fields(cls)}["limit"] is Duration
+    s = parse_config("[loops.typed]\nlimit = \"5s\"\n", "koordd.toml", {"typed": Typed}).loops["typed"]
+    assert type(s) is cls and s.limit == 5.0 and s.policy == "cfs_quota"
+    assert cls() == make_settings(loop_options(Typed), {})      # the defaults are the options'
+    with pytest.raises(TypeError):
+        cls(treshold_percent=3)                                 # a name no option declares
+    with pytest.raises(ValueError, match="unknown option"):
+        make_settings(loop_options(Typed), {"treshold_percent": 3})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.limit = 1.0
+    assert not hasattr(s, "__dict__")                           # slots: no attribute but the options
 
 
 def test_make_settings_rejects_bad_input():

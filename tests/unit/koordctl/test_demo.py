@@ -34,7 +34,8 @@ def test_koordd_config_classifies_only_the_demo_cgroups(tmp_path, loops):
     assert config.classify("be.slice") is None and config.classify("kubepods/besteffort") is None
     assert sorted(name for name, loop in config.loops.items() if loop.enabled) == sorted(loops)
     # LS works in 100 ms slots: its run-queue target is a tenth of one, not a µs server's 2 ms.
-    assert config.health_of("koordd-demo-7/ls").runq_p99_us == 10_000.0 and config.health_of("koordd-demo-7/be") is None
+    assert config.rule_for("koordd-demo-7/ls").health.runq_p99_us == 10_000.0
+    assert config.rule_for("koordd-demo-7/be").health is None
 
 
 # --- signals and the command line ---------------------------------------------------------------------------

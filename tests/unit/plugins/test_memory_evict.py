@@ -603,7 +603,7 @@ def test_end_to_end_on_a_hybrid_tree_freezes_be_in_the_scope_and_restores_on_sto
     actuator = Actuator(tree.fs, journal, DecisionLog(tmp_path / "state"))
     runner = Runner(REGISTRY, actuator)
     runner.configure(conf, now=0.0)
-    sensors = Sensors(tree.fs, conf.classify, ["k/ls", "k/be", "other/be"])
+    sensors = Sensors(tree.fs, conf.classes)
     snapshot = sensors.snapshot(runner.watched())
     assert snapshot.cgroups["k"].cls == "" and snapshot.cgroups["k"].memory_max == str(512 * MiB)
     runner.tick(list(runner.runs.values()), snapshot)
@@ -626,7 +626,7 @@ def through_runner(tmp_path, tree, ls: str, be: str, extra: str = ""):
     actuator = Actuator(tree.fs, RestoreJournal(tmp_path / "state"), DecisionLog(tmp_path / "state"))
     runner = Runner(REGISTRY, actuator)
     runner.configure(conf, now=0.0)
-    return runner, Sensors(tree.fs, conf.classify, [ls, be]).snapshot(runner.watched())
+    return runner, Sensors(tree.fs, conf.classes).snapshot(runner.watched())
 
 
 def test_end_to_end_on_v2_reclaims_then_kills(tmp_path):

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from koordtest.fakes.cgroup import FakeCgroups
+from koordtest.fakes.cgroup import FakeCgroups, rules
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import RestoreJournal
@@ -330,7 +330,7 @@ def test_a_kernel_without_cpu_idle_gets_the_weight_fallback_and_a_refusal_that_s
     for cgroup in ("be", "ls"):
         (tree.root / cgroup / "cpu.idle").unlink()
         (tree.root / cgroup / "memory.reclaim").unlink()
-    sensors = Sensors(tree.fs, lambda cg: {"be": "BE", "ls": "LS"}.get(cg), ["be", "ls"])
+    sensors = Sensors(tree.fs, rules({"be": "BE", "ls": "LS"}))
     assert "cpu.idle" not in sensors.supported and "memory.reclaim" not in sensors.supported
     assert {"cpu.weight", "cpu.max", "cgroup.kill"} <= sensors.supported
 
@@ -352,4 +352,4 @@ def test_a_controller_not_enabled_yet_leaves_support_to_the_layout(tmp_path):
     tree = FakeCgroups(tmp_path, "v2").add("be")
     tree.set("", None, "cgroup.subtree_control", "memory pids\n")
     (tree.root / "be" / "cpu.idle").unlink()
-    assert "cpu.idle" in Sensors(tree.fs, lambda cg: None, []).supported
+    assert "cpu.idle" in Sensors(tree.fs, ()).supported

@@ -1,6 +1,7 @@
 """Sensors on literal kernel text: PSI, /proc + /sys for the node, fake cgroup trees for cgroups."""
 from __future__ import annotations
 
+import fnmatch
 import logging
 import time
 from types import SimpleNamespace
@@ -8,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from koordtest.needs import reads_only_what_it_needs
-from koordtest.fakes.cgroup import FakeCgroups, psi
+from koordtest.fakes.cgroup import FakeCgroups, psi, rules
 from koordd.core.cgroup import match_pattern
 from koordd.core.config import parse_config
 from koordd.core.health import DEFAULT_HEALTH
@@ -248,7 +249,7 @@ def test_snapshot_end_to_end(tmp_path, host, monkeypatch, mode):
     monkeypatch.setattr(collect, "time", SimpleNamespace(monotonic=lambda: next(clock), time=time.time))
     be = "kubepods.slice/kubepods-besteffort.slice"
     ls2 = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod2.slice"
-    sensors = Sensors(tree.fs, classify, list(PATTERNS), proc_root=host.proc, sys_root=host.sys)
+    sensors = Sensors(tree.fs, rules(PATTERNS), proc_root=host.proc, sys_root=host.sys)
     assert sensors.max_depth == 3
     tree.stat(be, usage_us=1_000_000)
     first = sensors.snapshot()
@@ -279,22 +280,19 @@ def test_memory_anon_oom_kills_and_frozen(tree):
 
 def test_watched_cgroups_are_sampled_without_a_class_and_held_originals_pass_through(tmp_path, host):
     tree = FakeCgroups(tmp_path, "v2").add("scope/be").add("other")
-    sensors = Sensors(tree.fs, lambda cg: "BE" if cg == "scope/be" else None, ["scope/be"],
-                      proc_root=host.proc, sys_root=host.sys)
+    sensors = Sensors(tree.fs, rules({"scope/be": "BE"}), proc_root=host.proc, sys_root=host.sys)
     snap = sensors.snapshot(watch={"scope", "gone"}, held={("scope/be", "cpu.max"): "max 100000"})
     assert {p: c.cls for p, c in snap.cgroups.items()} == {"scope/be": "BE", "scope": ""}
     assert snap.of_class("BE")[0].path == "scope/be" and snap.held == {("scope/be", "cpu.max"): "max 100000"}
     assert {"cpu.max", "memory.reclaim", "cgroup.kill"} <= snap.supported
-    v1 = Sensors(FakeCgroups(tmp_path / "v1", "v1").fs, lambda cg: None, [], proc_root=host.proc,
-                 sys_root=host.sys)
+    v1 = Sensors(FakeCgroups(tmp_path / "v1", "v1").fs, (), proc_root=host.proc, sys_root=host.sys)
     assert "memory.reclaim" not in v1.supported and "cgroup.freeze" in v1.supported
 
 
 def test_members_of_requested_classes_are_sampled_apart_from_the_class_roots(tmp_path, host):
     tree = FakeCgroups(tmp_path, "v1").add("be.slice/job1", memory_current=10).add("be.slice/job2")
     tree.add("ls.slice/web")
-    classify = {"be.slice": "BE", "ls.slice": "LS"}.get
-    sensors = Sensors(tree.fs, classify, ["be.slice", "ls.slice"], proc_root=host.proc, sys_root=host.sys)
+    sensors = Sensors(tree.fs, rules({"be.slice": "BE", "ls.slice": "LS"}), proc_root=host.proc, sys_root=host.sys)
     snap = sensors.snapshot(member_classes={"BE"})
     assert set(snap.cgroups) == {"be.slice", "ls.slice"}                 # class sums stay per root
     assert [m.path for m in snap.units("BE")] == ["be.slice/job1", "be.slice/job2"]
@@ -308,22 +306,46 @@ def test_the_snapshot_carries_the_health_targets_each_ls_rule_declares(tmp_path,
     conf = parse_config('[[classes]]\nname = "LS"\ncgroups = ["api.slice"]\nhealth = { runq_p99 = "10ms" }\n'
                         '[[classes]]\nname = "LS"\ncgroups = ["cache.slice"]\n'
                         '[[classes]]\nname = "BE"\ncgroups = ["be.slice"]\n', "koordd.toml", {})
-    sensors = Sensors(tree.fs, conf.classify, ["api.slice", "cache.slice", "be.slice"], proc_root=host.proc,
-                      sys_root=host.sys, health_of=conf.health_of)
+    sensors = Sensors(tree.fs, conf.classes, proc_root=host.proc, sys_root=host.sys)
     snap = sensors.snapshot()
     assert set(snap.health) == {"api.slice"} and snap.health_of("api.slice").runq_p99_us == 10_000.0
     assert snap.health_of("cache.slice") == DEFAULT_HEALTH
     # A reload with other targets reaches the next snapshot.
     conf = parse_config('[[classes]]\nname = "LS"\ncgroups = ["*.slice"]\nhealth = { cpu_pressure = 5 }\n',
                         "koordd.toml", {})
-    sensors.set_classes(conf.classify, ["*.slice"], conf.health_of)
+    sensors.set_classes(conf.classes)
     assert {p: t.cpu_pressure for p, t in sensors.snapshot().health.items()} == \
         {"api.slice": 5.0, "cache.slice": 5.0, "be.slice": 5.0}
 
 
+def test_a_round_matches_each_cgroup_against_the_rules_once(tmp_path, host, monkeypatch):
+    """One walk gives each cgroup its rule and says whether any pattern reaches below it, and the class
+    roots' SLOs and health targets come from the rules that walk found: no cgroup name is matched against
+    a pattern twice in a round (before, the class, the reach of the patterns and each root's SLO and
+    health targets each matched it again)."""
+    tree = k8s_tree(tmp_path, "v2")
+    conf = parse_config('[[classes]]\nname = "LS"\ncgroups = ["kubepods.slice/kubepods-burstable.slice/*"]\n'
+                        'slo = { latency_p99 = "5ms" }\nhealth = { runq_p99 = "1ms" }\n'
+                        '[[classes]]\nname = "BE"\ncgroups = ["kubepods.slice/kubepods-besteffort.slice", '
+                        '"kubepods.slice/kubepods-besteffort.slice/*"]\n'
+                        '[[classes]]\nname = "SYSTEM"\ncgroups = ["system.slice"]\n', "koordd.toml", {})
+    sensors = Sensors(tree.fs, conf.classes, proc_root=host.proc, sys_root=host.sys)
+    walked = []
+    for _ in tree.fs.walk(None, sensors.max_depth, prune=lambda cg: walked.append(cg)):
+        pass
+    matched, real = [], fnmatch.fnmatchcase
+    monkeypatch.setattr(fnmatch, "fnmatchcase", lambda name, glob: matched.append(name) or real(name, glob))
+    snap = sensors.snapshot(fields=frozenset())
+    monkeypatch.undo()
+    ls = [f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{n}.slice" for n in (2, 3)]
+    assert set(snap.slo) == set(snap.health) == set(ls)
+    assert snap.slo_of(ls[0]).latency_p99_us == 5000.0 and snap.health_of(ls[1]).runq_p99_us == 1000.0
+    assert {p: c.cls for p, c in snap.cgroups.items()} == find_classified(tree.fs, conf.classify, 3)
+    assert len(matched) <= len(walked) * len(sensors.patterns), (len(matched), len(walked))
+
+
 def test_only_the_fields_the_loops_need_are_read(tmp_path, host, monkeypatch):
     tree = FakeCgroups(tmp_path, "v2").add("be.slice/job1").add("be.slice/job2").add("ls.slice")
-    classify = {"be.slice": "BE", "ls.slice": "LS"}.get
     contexts = []
 
     class Gpu(OptionalSensor):
@@ -334,7 +356,7 @@ def test_only_the_fields_the_loops_need_are_read(tmp_path, host, monkeypatch):
             return ()
 
     optional = SensorManager({"gpus": Gpu})
-    sensors = Sensors(tree.fs, classify, ["be.slice", "ls.slice"], proc_root=host.proc, sys_root=host.sys,
+    sensors = Sensors(tree.fs, rules({"be.slice": "BE", "ls.slice": "LS"}), proc_root=host.proc, sys_root=host.sys,
                       optional=optional)
     read = []
     real_read = sensors.fs.read
@@ -358,7 +380,7 @@ def test_only_the_fields_the_loops_need_are_read(tmp_path, host, monkeypatch):
 
 def test_v2_cpu_stat_is_read_once_for_usage_and_throttling(tmp_path, host, monkeypatch):
     tree = FakeCgroups(tmp_path, "v2").add("be.slice")
-    sensors = Sensors(tree.fs, {"be.slice": "BE"}.get, ["be.slice"], proc_root=host.proc, sys_root=host.sys)
+    sensors = Sensors(tree.fs, rules({"be.slice": "BE"}), proc_root=host.proc, sys_root=host.sys)
     read = []
     real_read = sensors.fs.read
     monkeypatch.setattr(sensors.fs, "read", lambda c, cg, name: read.append(name) or real_read(c, cg, name))
@@ -371,7 +393,7 @@ def test_members_are_listed_first_and_read_only_when_filled(tmp_path, host, monk
     """The daemon lists members (a directory listing) and reads them only as far as the due loops ask
     this tick (Loop.member_fields): idle pods cost no file reads."""
     tree = FakeCgroups(tmp_path, "v2").add("be.slice/job1", memory_current=10).add("be.slice/job2")
-    sensors = Sensors(tree.fs, {"be.slice": "BE"}.get, ["be.slice"], proc_root=host.proc, sys_root=host.sys)
+    sensors = Sensors(tree.fs, rules({"be.slice": "BE"}), proc_root=host.proc, sys_root=host.sys)
     read = []
     real_read = sensors.fs.read
     monkeypatch.setattr(sensors.fs, "read", lambda c, cg, name: read.append((cg, name)) or real_read(c, cg, name))
@@ -387,7 +409,7 @@ def test_members_are_listed_first_and_read_only_when_filled(tmp_path, host, monk
 def test_a_listing_keeps_the_counters_of_the_last_read(tmp_path, host):
     """A member listed but not read between two reads still gets its rate, over the whole gap."""
     tree = FakeCgroups(tmp_path, "v2").add("be.slice/job1")
-    sensors = Sensors(tree.fs, {"be.slice": "BE"}.get, ["be.slice"], proc_root=host.proc, sys_root=host.sys)
+    sensors = Sensors(tree.fs, rules({"be.slice": "BE"}), proc_root=host.proc, sys_root=host.sys)
     usage = frozenset({"cpu_usage"})
     tree.stat("be.slice/job1", usage_us=0)
     sensors.fill_members(sensors.snapshot(member_classes={"BE"}, fields=frozenset(), member_fields=frozenset()), usage)
@@ -492,8 +514,7 @@ def test_refaults_missing_on_old_kernels_and_never_read_on_v1_or_hybrid(tmp_path
 def test_class_fields_are_read_of_that_class_s_roots_and_members_alone(tmp_path, host, monkeypatch):
     """Loop.class_needs: memory.stat for proactive_reclaim's BE roots and pods, never for every LS pod."""
     tree = FakeCgroups(tmp_path, "v2").add("be.slice/job1").add("be.slice/job2").add("ls.slice").add("solo.slice")
-    classify = {"be.slice": "BE", "solo.slice": "BE", "ls.slice": "LS"}.get
-    sensors = Sensors(tree.fs, classify, ["be.slice", "solo.slice", "ls.slice"], proc_root=host.proc,
+    sensors = Sensors(tree.fs, rules({"be.slice": "BE", "solo.slice": "BE", "ls.slice": "LS"}), proc_root=host.proc,
                       sys_root=host.sys)
     read = []
     real_read = sensors.fs.read

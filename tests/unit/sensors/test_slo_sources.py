@@ -29,7 +29,7 @@ HEAD = "[[classes]]\nname = 'LS'\ncgroups = ['ls.slice']\n[classes.slo]\nlatency
 
 
 def slo_of(text):
-    return parse_config(HEAD + text, "koordd.toml", LOOPS).slo_of("ls.slice")
+    return parse_config(HEAD + text, "koordd.toml", LOOPS).rule_for("ls.slice").slo
 
 
 def errors(text):
