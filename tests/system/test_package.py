@@ -104,7 +104,7 @@ def test_install_upgrade_keeps_the_operators_config_and_purge_leaves_nothing(hos
     # Two versions: the second ships a changed default config (dpkg must still keep the operator's).
     deb1 = build(SRC, V1, tmp / "v1")
     src2 = tmp / "src2"
-    for part in ("pyproject.toml", "README.md", "koordd", "koordctl", "plugins", "config", "systemd", "packaging",
+    for part in ("pyproject.toml", "README.md", "koordd", "koordctl", "plugins", "bpf", "config", "systemd", "packaging",
                  "docs", "man", "scripts/package"):
         dst = src2 / part
         dst.parent.mkdir(parents=True, exist_ok=True)
