@@ -75,9 +75,9 @@ def _drive(stop: threading.Event) -> None:
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "issue 36, open: in the VM (TCG) the SLO cut went to the floor and no verdict came in 120 s: BE stayed "
-    "at its floor with no undo (run of 2026-11-28; the kernel tier's tests/kernel/test_slo_kernel.py and the "
-    "undo test in tests/kernel/test_be_suppress_kernel.py pass). Kept running, so a fix shows as XPASS."))
+    "issue 36, open: in the VM (TCG) the SLO cut went on to the floor and BE stayed there for 120 s with no "
+    "undo decision (run of 2026-11-28; whether the floor was judged 'helped' or the run-queue guard then held "
+    "it is not known). The kernel tier's SLO and undo tests pass. Kept running, so a fix shows as XPASS."))
 def test_a_late_service_gets_a_cut_on_its_slo_which_is_undone_when_it_buys_nothing(slow_service):
     vm.write_config(CONFIG)
     cursor = vm.journal_cursor()
