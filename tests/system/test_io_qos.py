@@ -102,7 +102,9 @@ def test_be_limited_ls_weighted_iocost_on_and_stop_restores_per_device(io_slices
     limited, ls_time = read_seconds(vm.BE, dev), read_seconds(vm.LS, dev)
     print(f"2 MiB direct read in be.slice: {free:.2f}s without koordd, {limited:.2f}s at rbps 1M; "
           f"in ls.slice {ls_time:.2f}s; iocost {'on' if iocost else 'not in this kernel'}")
-    assert limited >= 1.0 and limited > 3 * free
+    # The limit (1 MiB/s on 2 MiB) costs at least a second over the unlimited read, however slow the disk is
+    # (the VM's unlimited read took 0.91 and 1.08 s in two runs of 2026-11-28: 3 x free was no bound).
+    assert limited >= 1.0 and limited > free + 1.0
 
     vm.systemctl("stop", vm.UNIT)
     assert vm.knob(vm.BE, "io.max") == theirs
