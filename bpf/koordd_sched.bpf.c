@@ -3,7 +3,7 @@
 // Loaded in partial mode (SCX_OPS_SWITCH_PARTIAL): only threads with the SCHED_EXT policy (set by
 // the sched_ext loop for `ext_classes`) run here, every other thread stays with the fair class,
 // which the kernel runs before this one. A thread's class is that of the nearest cgroup at or above
-// its own (cgroup v2) in `classes`, cgroup id -> class, which koordd fills (koordd/kernel/scx.py).
+// its own (cgroup v2) in `classes`, cgroup id -> class, which koordd fills (koordd/kernel/sched_ext_scheduler.py).
 //   - LS (and any thread of no BE cgroup) waits in one shared queue, BE in another;
 //   - a CPU that needs work takes LS first and BE only when no LS is queued: BE runs only on CPUs
 //     LS leaves idle;
@@ -26,7 +26,7 @@
 // for one short slice even while LS is queued.
 #include "vmlinux.h"
 #include "scx.h"
-#include "koordd_shared.h"     // CLASS_LS, CLASS_BE: the values koordd/kernel/scx.py writes
+#include "koordd_shared.h"     // CLASS_LS, CLASS_BE: the values koordd/kernel/sched_ext_scheduler.py writes
 
 char _license[] SEC("license") = "GPL";     // sched_ext's kfuncs are GPL-only
 

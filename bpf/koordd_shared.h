@@ -3,7 +3,7 @@
 #ifndef KOORDD_SHARED_H
 #define KOORDD_SHARED_H
 
-// koordd_sched.bpf.c: the values of its `classes` map (cgroup id -> class), written by koordd/kernel/scx.py.
+// koordd_sched.bpf.c: the values of its `classes` map (cgroup id -> class), written by koordd/kernel/sched_ext_scheduler.py.
 #define CLASS_LS 1
 #define CLASS_BE 2
 

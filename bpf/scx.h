@@ -8,7 +8,7 @@
 #include <bpf/bpf_tracing.h>
 
 // libbpf 1.1 (Debian bookworm) knows only "struct_ops/": sleepable ones (init) are flagged by the
-// loader (koordd/kernel/scx.py) instead of the "struct_ops.s/" section newer libbpf reads.
+// loader (koordd/kernel/sched_ext_scheduler.py) instead of the "struct_ops.s/" section newer libbpf reads.
 #define BPF_STRUCT_OPS(name, args...) SEC("struct_ops/" #name) BPF_PROG(name, ##args)
 
 s32 scx_bpf_create_dsq(u64 dsq_id, s32 node) __ksym;

@@ -31,11 +31,11 @@ from typing import Callable
 from koordctl import demo
 from koordctl.common import CtlError
 from koordctl.rows import SORTS
-from koordd.core.cgroup import CGROUP_MOUNT
+from koordd.core.cgroup_text import CGROUP_MOUNT
 from koordd.core.config import CLASS_NAMES, ConfigError, DEFAULT_PATH, load_config
 from koordd.core.feeds import DEFAULT_INTERVAL, MAX_INTERVAL, MIN_INTERVAL
 from koordd.core.options import parse_duration
-from koordd.core.registry import load_registry
+from koordd.core.catalogue import load_registry
 
 
 # --- subcommands --------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from koordctl.statefiles import read_document, refuse_untrusted
 from koordd.act.owner import Holder, current_holder
 from koordd.core.config import ConfigError, DAEMON_OPTIONS, DEFAULT_PATH, load_config
 from koordd.core.feeds import STATUS_FILE
-from koordd.core.registry import load_registry
+from koordd.core.catalogue import load_registry
 
 
 DEFAULT_STATE_DIR = next(o.default for o in DAEMON_OPTIONS if o.name == "state_dir")

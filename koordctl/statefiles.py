@@ -1,7 +1,7 @@
 """How koordctl reads koordd's state_dir: as koordd would trust it, bounded, checked, and escaped for a terminal.
 
 - Trust: koordd refuses a state_dir that anyone but root (or its own user) could change
-  (koordd/core/trust.py, koordd/runtime/host.py): what is in it could be forged. koordctl refuses to read
+  (koordd/core/trust.py, koordd/runtime/host_claim.py): what is in it could be forged. koordctl refuses to read
   such a state_dir the same way, naming the directory or the file and why (exit 2).
 - Bounds: a file larger than koordd writes (MAX_FILE; a decision log line longer than MAX_LINE), or with
   more objects and lists than any koordd writes, is refused before it is parsed; a document nested too deeply
@@ -23,7 +23,7 @@ from koordctl.shapes import Check, DECISION, Malformed, check
 from koordd.act.decision_log import DecisionLog
 from koordd.core.printable import printable
 from koordd.core.trust import untrusted_state_dir
-from koordd.runtime.host import STATE_FILES
+from koordd.runtime.host_claim import STATE_FILES
 
 MAX_FILE = 16 << 20         # status.json and top.json are a few hundred KiB at 10,000 cgroups; a log is 8 MiB
 MAX_CONTAINERS = 1 << 18    # objects and lists in one document: each costs Python ~100 bytes or more

@@ -50,7 +50,7 @@ from typing import Mapping
 
 from koordd.core.avx import (AVX256, AVX512, DEFAULT_MHZ, FrequencyModel, LEVELS, SCALAR, VectorUse,
     compensated_weight, with_siblings)
-from koordd.core.cgroup import format_cpulist, match_pattern
+from koordd.core.cgroup_text import format_cpulist, match_pattern
 from koordd.core.classes import WORKLOAD_CLASSES
 from koordd.core.loop import Action, Loop, restore
 from koordd.core.options import ClassList, Duration, Option, PatternList

@@ -77,7 +77,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from koordd.core.cgroup import CFS_QUOTA_MIN, MAX_CPUS, format_cpu_max, format_cpulist, parse_cpu_max, parse_cpulist
+from koordd.core.cgroup_text import CFS_QUOTA_MIN, MAX_CPUS, format_cpu_max, format_cpulist, parse_cpu_max, parse_cpulist
 from koordd.core.classes import NON_BE
 from koordd.core.experiment import BUSY_CORES, History, Lab, Verdict, conditions
 from koordd.core.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_slack

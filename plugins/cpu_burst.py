@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass, field
 
 from koordd.core.backend import InvalidValue
-from koordd.core.cgroup import format_cpu_max, parse_cpu_max, parse_cpulist
+from koordd.core.cgroup_text import format_cpu_max, parse_cpu_max, parse_cpulist
 from koordd.core.classes import RESERVED_CPUS
 from koordd.core.loop import Action, Loop, restore
 from koordd.core.options import Duration, Option

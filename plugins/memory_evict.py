@@ -66,7 +66,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from koordd.core.cgroup import normalize_cgroup, pattern_rank
+from koordd.core.cgroup_text import normalize_cgroup, pattern_rank
 from koordd.core.decisions import APPLIED, DEFERRED, DRY_RUN
 from koordd.core.loop import Action, Loop, carried_out, restore
 from koordd.core.options import Duration, Option, PatternList

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from koordd.core.cgroup import pattern_rank
+from koordd.core.cgroup_text import pattern_rank
 from koordd.core.loop import Action, Loop, restore
 from koordd.core.options import Option, PatternList
 from koordd.core.snapshot import CgroupSample, Snapshot

@@ -46,7 +46,7 @@ from koordd.core.slo import SloWindow
 from koordd.core.loop import Action, Loop, NODE, restore
 from koordd.core.options import ClassList, Duration, Option
 from koordd.core.snapshot import RUNQ_LATENCY, SCHED_EXT, SchedExtStatus, Snapshot
-from koordd.core.targets import SCX_TARGET as TARGET
+from koordd.core.targets import SCHED_EXT_TARGET as TARGET
 
 CLASSES = WORKLOAD_CLASSES
 

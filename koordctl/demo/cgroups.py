@@ -26,11 +26,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Callable
 
-from koordd.backends.cgroup import KNOBS
+from koordd.backends.cgroup_knobs import KNOBS
 from koordd.core.backend import TargetGone, Unsupported
-from koordd.core.cgroup import parse_cpu_max
+from koordd.core.cgroup_text import parse_cpu_max
 from koordd.kernel.cgroupfs import CgroupFS, Layout
-from koordd.sensors.cgroup import flat_keyed
+from koordd.sensors.cgroup_stats import flat_keyed
 
 CHILDREN = ("ls", "be")
 PR_SET_PDEATHSIG = 1

@@ -30,7 +30,7 @@ from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import Held, RestoreJournal
 from koordd.act.protect import Guard
 from koordd.act.writeahead import WriteAhead, unknown_after
-from koordd.backends.registry import builtin_backends
+from koordd.backends.host_backends import builtin_backends
 from koordd.core.backend import Backend, Backends, InvalidValue, Job, PartialWrite, TargetGone, Unsupported, UnsafeValue
 from koordd.core.decisions import APPLIED, DEFERRED, DRY_RUN, Decision, LEFT, REFUSED, RESTORED
 from koordd.core.kubelet import KubeletRule

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from koordd.core.backend import KnobSpec
-from koordd.core.cgroup import normalize_cgroup
+from koordd.core.cgroup_text import normalize_cgroup
 from koordd.core.protected import Protected
 
 # The limits a loop raises on protected work (cpu_burst on LS: its quota and burst), so that a restore

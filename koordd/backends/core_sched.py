@@ -31,7 +31,7 @@ import re
 
 from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, PartialWrite, TargetGone, TaskBackend, \
     Unsupported
-from koordd.core.cgroup import parent_of
+from koordd.core.cgroup_text import parent_of
 from koordd.kernel.cgroupfs import CgroupFS
 from koordd.kernel.core_sched import Prctl, probe, smt
 from koordd.backends.threads import cgroup_threads
@@ -218,4 +218,4 @@ def backends(fs: CgroupFS) -> list[Backend]:
     return [CoreSchedBackend(fs)]
 
 
-BACKENDS = BackendSet((CoreSchedBackend,), backends)     # koordd/core/registry.py BUILTIN
+BACKENDS = BackendSet((CoreSchedBackend,), backends)     # koordd/core/catalogue.py BUILTIN

@@ -97,4 +97,4 @@ def backends(fs: CgroupFS) -> list[Backend]:
     return [IocostBackend(fs)]
 
 
-BACKENDS = BackendSet((IocostBackend,), backends)     # koordd/core/registry.py BUILTIN
+BACKENDS = BackendSet((IocostBackend,), backends)     # koordd/core/catalogue.py BUILTIN

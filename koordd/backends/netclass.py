@@ -35,7 +35,7 @@ from pathlib import Path
 from koordd.backends.threads import cgroup_threads
 from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpec, PartialWrite, TargetGone, TaskBackend, \
     Unsupported
-from koordd.core.cgroup import parent_of
+from koordd.core.cgroup_text import parent_of
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, Layout, thread_ids
 from koordd.kernel.netclass import ClassifierError, DeviceGone, EgressClassifier
 from koordd.kernel.netlink import BE_CLASS, LS_CLASS
@@ -348,4 +348,4 @@ def backends(fs: CgroupFS) -> list[Backend]:
     return [ClassifierBackend(shared), NetClassBackend(fs, shared)]
 
 
-BACKENDS = BackendSet((ClassifierBackend, NetClassBackend), backends)     # koordd/core/registry.py BUILTIN
+BACKENDS = BackendSet((ClassifierBackend, NetClassBackend), backends)     # koordd/core/catalogue.py BUILTIN

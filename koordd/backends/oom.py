@@ -30,7 +30,7 @@ and that process is not tried again.
 The kubelet gives the processes of its containers values of its own (koordd/core/kubelet.py): on its
 cgroups this knob is the kubelet's, and koordd leaves it alone unless `kubelet_override` names it.
 
-The host feature `memory.oom.group` (a cgroup knob: koordd/backends/cgroup.py) is probed here too,
+The host feature `memory.oom.group` (a cgroup knob: koordd/backends/cgroup_knobs.py) is probed here too,
 for `koordctl doctor`: the OOM policy of a whole cgroup lives next to that of its processes.
 """
 from __future__ import annotations
@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Sequence
 
 from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpec, PartialWrite, TargetGone, TaskBackend
-from koordd.core.cgroup import parent_of
+from koordd.core.cgroup_text import parent_of
 from koordd.kernel.cgroupfs import CgroupFS, LayoutError
-from koordd.kernel.host import Host, find_knob, read
+from koordd.kernel.host_probe import Host, find_knob, read
 from koordd.backends.threads import cgroup_members
 
 log = logging.getLogger("koordd.backend")
@@ -407,4 +407,4 @@ def backends(fs: CgroupFS) -> list[Backend]:
     return [OomScoreBackend(fs)]
 
 
-BACKENDS = BackendSet((OomScoreBackend,), backends)     # koordd/core/registry.py BUILTIN
+BACKENDS = BackendSet((OomScoreBackend,), backends)     # koordd/core/catalogue.py BUILTIN

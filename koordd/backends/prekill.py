@@ -252,4 +252,4 @@ def backends(fs: CgroupFS) -> list[Backend]:
     return [PrekillBackend(fs)]
 
 
-BACKENDS = BackendSet((PrekillBackend,), backends)     # koordd/core/registry.py BUILTIN
+BACKENDS = BackendSet((PrekillBackend,), backends)     # koordd/core/catalogue.py BUILTIN

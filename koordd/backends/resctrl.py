@@ -35,7 +35,7 @@ from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpe
 from koordd.core.schemata import ResctrlInfo
 from koordd.core.targets import RESCTRL_TARGET
 from koordd.kernel.cgroupfs import CgroupFS, thread_ids
-from koordd.kernel.host import Host, read
+from koordd.kernel.host_probe import Host, read
 from koordd.kernel.resctrl import DEFAULT_MOUNT, ResctrlError, ResctrlFS, cpu_vendor, parse_schemata, read_info, refused
 
 DEFAULT_GROUP = "default"           # the root group, as a value of resctrl_group
@@ -319,4 +319,4 @@ def backends(fs: CgroupFS) -> list[Backend]:
     return [ResctrlGroupBackend(), ResctrlTasksBackend(fs)]
 
 
-BACKENDS = BackendSet((ResctrlGroupBackend, ResctrlTasksBackend), backends)     # koordd/core/registry.py BUILTIN
+BACKENDS = BackendSet((ResctrlGroupBackend, ResctrlTasksBackend), backends)     # koordd/core/catalogue.py BUILTIN

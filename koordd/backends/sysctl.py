@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, TargetGone, UnsafeValue, Unsupported
-from koordd.core.cgroup import parse_int
+from koordd.core.cgroup_text import parse_int
 from koordd.core.targets import SYSCTL_TARGET
-from koordd.kernel.host import Host
+from koordd.kernel.host_probe import Host
 
 INT_MAX = 2**31 - 1
 MAX_MIN_FREE_FRACTION = 0.10     # of MemTotal: a min watermark above it leaves the kernel OOM-killing at once
@@ -182,4 +182,4 @@ def backends(fs) -> list[Backend]:
     return [SysctlBackend()]
 
 
-BACKENDS = BackendSet((SysctlBackend,), backends)     # koordd/core/registry.py BUILTIN
+BACKENDS = BackendSet((SysctlBackend,), backends)     # koordd/core/catalogue.py BUILTIN

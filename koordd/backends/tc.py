@@ -34,7 +34,7 @@ from koordd.backends.netclass import process_classifier
 from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, TargetGone, Unsupported
 from koordd.core.units import parse_rate
 from koordd.kernel.cgroupfs import CgroupFS
-from koordd.kernel.host import Host, installed
+from koordd.kernel.host_probe import Host, installed
 from koordd.kernel.netlink import (BE_CLASS, EDT_ROOT, EDT_ROOT_KINDS, KOORDD_CLASSES, LINK, LS_CLASS, OTHER_CLASS,
     ROOT, TC_ROOT_PARENT, burst_bytes, device_index, device_links, htb_rates, kernel_has_qdisc)
 
@@ -303,4 +303,4 @@ def backends(fs: CgroupFS) -> list[Backend]:
     return [TcBackend(process_classifier())]
 
 
-BACKENDS = BackendSet((TcBackend,), backends)     # koordd/core/registry.py BUILTIN
+BACKENDS = BackendSet((TcBackend,), backends)     # koordd/core/catalogue.py BUILTIN

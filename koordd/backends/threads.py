@@ -29,7 +29,7 @@ import os
 
 from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpec, PartialWrite, TaskBackend, TargetGone, \
     Unsupported
-from koordd.core.cgroup import parent_of
+from koordd.core.cgroup_text import parent_of
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, thread_ids
 from koordd.kernel.sched_ext import has_sched_ext, missing_reason
 
@@ -153,4 +153,4 @@ def backends(fs: CgroupFS) -> list[Backend]:
     return [ThreadPolicyBackend(fs)]
 
 
-BACKENDS = BackendSet((ThreadPolicyBackend,), backends)     # koordd/core/registry.py BUILTIN
+BACKENDS = BackendSet((ThreadPolicyBackend,), backends)     # koordd/core/catalogue.py BUILTIN

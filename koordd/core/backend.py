@@ -229,7 +229,7 @@ class TaskBackend(Backend):
 
 @dataclass(frozen=True)
 class BackendSet:
-    """One module's backends as koordd registers its own (koordd/core/registry.py BUILTIN): their classes,
+    """One module's backends as koordd registers its own (koordd/core/catalogue.py BUILTIN): their classes,
     whose `features` koordctl doctor reports, and how they are built on a cgroup layout (a CgroupFS), since
     they take it and share state (a classifier, the sched_ext scheduler) a class alone cannot."""
     classes: tuple[type[Backend], ...]

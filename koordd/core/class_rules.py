@@ -6,7 +6,7 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Iterable
 
-from koordd.core.cgroup import match_pattern
+from koordd.core.cgroup_text import match_pattern
 from koordd.core.health import HealthTargets
 from koordd.core.slo import SloTarget
 

@@ -10,7 +10,7 @@ import difflib
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
-from koordd.core.cgroup import normalize_cgroup
+from koordd.core.cgroup_text import normalize_cgroup
 from koordd.core.class_rules import ClassRule
 from koordd.core.classes import CLASS_NAMES, WORKLOAD_CLASSES
 from koordd.core.health import HEALTH_OPTIONS, HealthTargets, LATENCY_SENSITIVE

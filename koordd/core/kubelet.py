@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from koordd.core.cgroup import match_pattern
+from koordd.core.cgroup_text import match_pattern
 from koordd.core.options import Option, PatternList
 
 ROOT, QOS, POD, CONTAINER = "root", "QoS", "pod", "container"

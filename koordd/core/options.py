@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from koordd.core.cgroup import normalize_cgroup
+from koordd.core.cgroup_text import normalize_cgroup
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(us|µs|ms|s|m|h)")
 _UNIT_SECONDS = {"us": 1e-6, "µs": 1e-6, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}

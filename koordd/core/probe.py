@@ -15,5 +15,5 @@ class Capability:
     detail: str
 
 
-# (host: koordd.kernel.host.Host, where the kernel's interfaces are) -> (available, detail)
+# (host: koordd.kernel.host_probe.Host, where the kernel's interfaces are) -> (available, detail)
 Probe = Callable[[Any], "tuple[bool, str]"]

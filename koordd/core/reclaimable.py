@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from koordd.core.cgroup import parse_cpu_max, parse_cpulist
+from koordd.core.cgroup_text import parse_cpu_max, parse_cpulist
 from koordd.core.health import LATENCY_SENSITIVE
 from koordd.core.options import Duration, Option
 from koordd.core.snapshot import CgroupSample, Snapshot, own_usage

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from koordd.core.classes import LATENCY_SENSITIVE
-from koordd.core.cgroup import normalize_cgroup, pattern_rank
+from koordd.core.cgroup_text import normalize_cgroup, pattern_rank
 from koordd.core.options import Duration, Option
 from koordd.core.reclaimable import Reclaimable
 from koordd.core.slo import PEER_TIMEOUT_MAX, WINDOW as SLO_WINDOW, SloReading, SloWindow

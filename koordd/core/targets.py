@@ -2,5 +2,5 @@
 from __future__ import annotations
 
 RESCTRL_TARGET = "resctrl"          # the target of resctrl.mount: the filesystem at the resctrl backend's mount point
-SCX_TARGET = "sched_ext"            # the node-wide target of `scheduler` (the scx backend)
+SCHED_EXT_TARGET = "sched_ext"      # the node-wide target of `scheduler` (koordd/backends/sched_ext.py)
 SYSCTL_TARGET = "node"              # the node-wide target of the sysctl knobs (koordd/backends/sysctl.py): /proc/sys

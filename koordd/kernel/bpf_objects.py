@@ -21,6 +21,6 @@ def shipped(name: str) -> Path:
 RUNQ_LATENCY = shipped("runq_latency.bpf.o")    # the run-queue latency sensor's (koordd/sensors/runq.py)
 APP_LATENCY = shipped("app_latency.bpf.o")      # the application latency sensor's (koordd/sensors/app_latency.py)
 NET_CLASSIFY = shipped("net_classify.bpf.o")    # the egress classifier (koordd/kernel/netclass.py)
-KOORDD_SCHED = shipped("koordd_sched.bpf.o")    # koordd's sched_ext scheduler (koordd/kernel/scx.py)
+KOORDD_SCHED = shipped("koordd_sched.bpf.o")    # koordd's sched_ext scheduler (koordd/kernel/sched_ext_scheduler.py)
 OBJECTS = (RUNQ_LATENCY, APP_LATENCY, NET_CLASSIFY, KOORDD_SCHED)
 SHARED_HEADER = shipped("koordd_shared.h")      # read by koordd/kernel/bpf_shared.py at import

@@ -3,7 +3,7 @@
 A cgroup is named by its path relative to the hierarchy root ("be.slice/job1"),
 the same name on v2 and on every v1 hierarchy. `CgroupFS` turns that name plus
 a controller into a directory. It holds no policy; the knob table
-(`koordd.backends.cgroup`) decides which file a logical knob lives in.
+(`koordd.backends.cgroup_knobs`) decides which file a logical knob lives in.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from koordd.core.backend import TargetGone
-from koordd.core.cgroup import CGROUP_MOUNT, depth
+from koordd.core.cgroup_text import CGROUP_MOUNT, depth
 
 DEFAULT_ROOT = Path(CGROUP_MOUNT)
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "freezer", "blkio", "pids", "net_cls")

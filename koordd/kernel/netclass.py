@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from koordd.kernel import bpf_objects
-from koordd.kernel.host import installed
+from koordd.kernel.host_probe import installed
 from koordd.kernel.libbpf import BpfError, BpfObject, has_tcx, libbpf
 from koordd.kernel.netlink import burst_bytes, device_index
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from koordd.core.cgroup import parse_cpulist
+from koordd.core.cgroup_text import parse_cpulist
 
 PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE, PERF_TYPE_RAW = 0, 1, 4
 PERF_FLAG_PID_CGROUP, PERF_FLAG_FD_CLOEXEC = 1 << 2, 1 << 3

@@ -15,12 +15,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Collection
 
-from koordd.backends.registry import builtin_classes
+from koordd.backends.host_backends import builtin_classes
 from koordd.core.probe import Capability, Probe
 from koordd.kernel.cgroupfs import LayoutError
-from koordd.kernel.host import Host, find_knob, read, try_import, yes
+from koordd.kernel.host_probe import Host, find_knob, read, try_import, yes
 from koordd.sensors.lifecycle import start_sensor, stop_sensor
-from koordd.sensors.registry import builtin_sensors, load_sensor_registry
+from koordd.sensors.optional_sensors import builtin_sensors, load_sensor_registry
 
 __all__ = ["Capability", "PROBES", "format_report", "probe_all", "report_json"]
 

@@ -17,9 +17,9 @@ from koordd.act.journal import JournalUnreadable
 from koordd.act.owner import HostOwned, UntrustedLock
 from koordd.core.config import ConfigError, DEFAULT_PATH, load_config
 from koordd.core.printable import PrintableFormatter
-from koordd.core.registry import BrokenInstall, load_registry
+from koordd.core.catalogue import BrokenInstall, load_registry
 from koordd.kernel.cgroupfs import LayoutError
-from koordd.runtime.host import UntrustedState
+from koordd.runtime.host_claim import UntrustedState
 from koordd.runtime.logs import set_level
 from koordd.runtime.service import Daemon
 

@@ -28,7 +28,7 @@ from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
 from koordd.core.report import REPORT_OPTIONS, TenantMap
 from koordd.core.settings import loop_options
 from koordd.core.slo import PROBE_OPTIONS, PROMETHEUS_OPTIONS, SLO_OPTIONS, LabelMatchers
-from koordd.core.registry import LOOPS, builtin
+from koordd.core.catalogue import LOOPS, builtin
 from koordd.runtime import daemon
 
 BEGIN = "<!-- config reference: made by scripts/gen-docs from the options in the code; do not edit -->"

@@ -26,8 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.process_collector import ProcessCollector
 
 from koordd.act.journal import Held
-from koordd.backends.cgroup import KNOBS
-from koordd.core.cgroup import parse_cpulist, pattern_rank
+from koordd.backends.cgroup_knobs import KNOBS
+from koordd.core.cgroup_text import parse_cpulist, pattern_rank
 from koordd.core.histogram import merged, quantile_us
 from koordd.core.listen import parse_listen
 from koordd.core.reclaimable import Reclaimable, cpu_given

@@ -27,7 +27,7 @@ from koordd.kernel.cgroupfs import DEFAULT_ROOT, detect_layout
 from koordd.runtime import notify, reload as rereading, wiring
 from koordd.runtime.capabilities import probe_all
 from koordd.runtime.configwatch import ConfigWatcher
-from koordd.runtime.host import HostClaim
+from koordd.runtime.host_claim import HostClaim
 from koordd.runtime.logs import set_level
 from koordd.runtime.metricsfeed import MetricsFeed
 from koordd.runtime.reportpush import ReportPusher

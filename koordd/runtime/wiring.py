@@ -13,17 +13,17 @@ from typing import Mapping
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog, journal_sender
 from koordd.act.protect import process_cgroups
-from koordd.backends.cgroup import KNOBS, kernel_lacks
-from koordd.backends.registry import all_backends
+from koordd.backends.cgroup_knobs import KNOBS, kernel_lacks
+from koordd.backends.host_backends import all_backends
 from koordd.core.backend import Backends
 from koordd.core.config import Config
 from koordd.core.kubelet import KubeletRule
 from koordd.kernel.cgroupfs import CgroupFS, Layout, on_cgroupfs
-from koordd.runtime.host import HostClaim
+from koordd.runtime.host_claim import HostClaim
 from koordd.runtime.runner import Runner
 from koordd.sensors.collect import Sensors
 from koordd.sensors.lifecycle import SensorManager
-from koordd.sensors.registry import load_sensor_registry
+from koordd.sensors.optional_sensors import load_sensor_registry
 
 log = logging.getLogger("koordd")
 

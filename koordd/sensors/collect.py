@@ -6,11 +6,11 @@ import time
 from dataclasses import replace
 from typing import Callable, Iterable, Mapping, Sequence
 
-from koordd.backends.cgroup import KNOBS, unsupported_knobs
+from koordd.backends.cgroup_knobs import KNOBS, unsupported_knobs
 from koordd.core.class_rules import ClassRule, ClassRules
 from koordd.core.snapshot import CGROUP_FIELDS, Snapshot
 from koordd.kernel.cgroupfs import CgroupFS
-from koordd.sensors.cgroup import CgroupSensor
+from koordd.sensors.cgroup_stats import CgroupSensor
 from koordd.sensors.contract import SensorContext
 from koordd.sensors.lifecycle import SensorManager
 from koordd.sensors.node import NodeSensor

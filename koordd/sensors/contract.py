@@ -4,7 +4,7 @@ An optional sensor reads something not every host has or every loop wants (NVML
 for GPUs; later BPF programs, perf counters, netlink) and fills one section of
 the snapshot, named after it. It runs only while an enabled loop names it in
 needs(), or while `koordctl top` shows its section (the run-queue latency and
-CPI sections: koordd/runtime/topfeed.py). koordd's own are built in (sensors/registry.py); a third-party package
+CPI sections: koordd/runtime/topfeed.py). koordd's own are built in (sensors/optional_sensors.py); a third-party package
 registers its class under the entry-point group `koordd.sensors`, with the
 entry point's name equal to the class's `name`. The core calls:
 

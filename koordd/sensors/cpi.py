@@ -26,7 +26,7 @@ from koordd.core.snapshot import CPI, CpiSample
 from koordd.kernel.cgroupfs import DEFAULT_ROOT
 from koordd.kernel import perf
 from koordd.kernel.cgroupfs import LayoutError
-from koordd.kernel.host import Host, read
+from koordd.kernel.host_probe import Host, read
 from koordd.kernel.perf import CYCLES, CounterGroup, INSTRUCTIONS
 from koordd.sensors.cgroup_counters import CgroupCounters, OpenGroup, start_counters
 from koordd.sensors.contract import OptionalSensor, SensorContext

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from koordd.core.snapshot import GPUS
-from koordd.kernel.host import Host, installed
+from koordd.kernel.host_probe import Host, installed
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 
 

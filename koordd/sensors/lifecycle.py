@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
-from koordd.sensors.registry import SensorFactory
+from koordd.sensors.optional_sensors import SensorFactory
 
 log = logging.getLogger(__name__)
 RUNNING, UNAVAILABLE, STOPPED = "running", "unavailable", "stopped"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from koordd.core.cgroup import parse_cpulist
+from koordd.core.cgroup_text import parse_cpulist
 from koordd.core.snapshot import CpuTopology, NodeSample, PressureStat
 from koordd.sensors.psi import parse_psi, with_growth
 

@@ -25,7 +25,7 @@ from koordd.core.snapshot import RUNQ_LATENCY, RunqLatency
 from koordd.kernel import bpf_objects
 from koordd.kernel.bpf_shared import RUNQ_SLOTS
 from koordd.kernel.cgroupfs import DEFAULT_ROOT, Layout, LayoutError, detect_layout, thread_ids
-from koordd.kernel.host import Host, yes
+from koordd.kernel.host_probe import Host, yes
 from koordd.kernel.libbpf import BpfError, BpfObject, libbpf
 from koordd.sensors.cgroup_hist import KERNEL_BTF, CgroupHistograms, below, enclosing  # enclosing: still runq's too
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable

@@ -537,7 +537,7 @@ class Bench:
     workdir: Path
 
     def io_max(self, child: str) -> str:
-        from koordd.backends.cgroup import KNOBS
+        from koordd.backends.cgroup_knobs import KNOBS
         return KNOBS["io.max"].read(self.fs, self.tree.path(child))
 
     def ls_pressure_total(self) -> int | None:
@@ -575,7 +575,7 @@ class Sampler(threading.Thread):
 def be_limit(bench: Bench, value: str):
     """BE's io.max on our disk set to `value` through koordd's knob table (v1: blkio.throttle.*), and that
     disk's line put back afterwards; it must then read as before."""
-    from koordd.backends.cgroup import KNOBS, validate
+    from koordd.backends.cgroup_knobs import KNOBS, validate
     from koordd.core import blkio
     knob, be = KNOBS["io.max"], bench.tree.path("be")
     before = knob.read(bench.fs, be)
@@ -591,7 +591,7 @@ def be_limit(bench: Bench, value: str):
 
 @contextlib.contextmanager
 def iocost_on(bench: Bench):
-    from koordd.backends.cgroup import KNOBS
+    from koordd.backends.cgroup_knobs import KNOBS
     knob = KNOBS["io.weight"]
     ls, be = bench.tree.path("ls"), bench.tree.path("be")
     with Iocost(bench.disk, bench.iocost_qos):

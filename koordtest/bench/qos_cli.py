@@ -84,7 +84,7 @@ from koordtest.bench.qos_report import markdown, plot, slo_table, window_plot
 from koordtest.bench.qos_run import BE, LS, ORACLE_SETUPS, SETUP_NAMES, SETUPS, Bench, run_one, run_order
 from koordtest.bench.qos_stats import BE_ALONE, LS_ALONE, baselines, median_spread, summarise
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
-from koordd.backends.cgroup import KNOBS
+from koordd.backends.cgroup_knobs import KNOBS
 from koordd.kernel.sched_ext import has_sched_ext, missing_reason
 from koordd.sensors.node import parse_meminfo
 

@@ -27,7 +27,7 @@ from koordtest.koordd_proc import KoorddProcess
 from koordtest.bench.ls_servers import python_module, wait_accepting, worker_env
 from koordtest.bench.static_knobs import StaticKnobs, read_knobs
 from koordd.kernel.cgroupfs import CgroupFS
-from koordd.sensors.cgroup import CgroupSensor
+from koordd.sensors.cgroup_stats import CgroupSensor
 from koordd.sensors.node import parse_proc_stat_cpu
 
 PERIOD_US = 100_000

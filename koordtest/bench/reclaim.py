@@ -590,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
     section = loop_section(SHIPPED_CONFIG, args.options)
     # koordd's own loader checks the options before any run (a typo fails now, not after the first run)
     from koordd.core.config import parse_config
-    from koordd.core.registry import load_registry
+    from koordd.core.catalogue import load_registry
     parse_config(koordd_config(Path("/nonexistent"), section, False), "bench-reclaim.toml", load_registry())
     out = args.out or Path(f"bench-reclaim-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,10 @@
-"""Static knob settings of a benchmark setup, written through koordd's own knob table (koordd.backends.cgroup on
+"""Static knob settings of a benchmark setup, written through koordd's own knob table (koordd.backends.cgroup_knobs on
 the detected layout, so `cpu.weight` lands in v1 `cpu.shares` on hybrid hosts and `cpu.max` in
 `cpu.cfs_quota_us`), checked by the same kernel rules koordd checks, and put back afterwards.
 """
 from __future__ import annotations
 
-from koordd.backends.cgroup import KNOBS, validate
+from koordd.backends.cgroup_knobs import KNOBS, validate
 from koordd.kernel.cgroupfs import CgroupFS
 
 

@@ -22,7 +22,7 @@ import pytest
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import RestoreJournal
-from koordd.backends.cgroup import CgroupBackend, KNOBS, weight_to_shares
+from koordd.backends.cgroup_knobs import CgroupBackend, KNOBS, weight_to_shares
 from koordd.core.avx import compensated_weight
 from koordd.core.backend import Backends
 from koordd.core.config import parse_config
@@ -32,7 +32,7 @@ from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 from koordd_plugins.avx_weight import AvxWeight
 from koordd.runtime.runner import Runner
 from koordd.sensors.avx import AvxSection, AvxSensor, AvxUse
-from koordd.sensors.cgroup import CgroupSensor
+from koordd.sensors.cgroup_stats import CgroupSensor
 from koordd.sensors.contract import SensorContext, SensorUnavailable
 
 from koordtest.kernel import CGROUP_ROOT, wait_for

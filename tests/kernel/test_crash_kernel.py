@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from koordd.act.journal import read_held
-from koordd.backends.cgroup import CgroupBackend, KNOBS
+from koordd.backends.cgroup_knobs import CgroupBackend, KNOBS
 from koordd.backends.threads import ThreadPolicyBackend
 from koordd.core.backend import TargetGone, Unsupported
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from koordd.backends.cgroup import KNOBS, V1_THROTTLE
+from koordd.backends.cgroup_knobs import KNOBS, V1_THROTTLE
 from koordd.core import blkio
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 from koordd.sensors.blockdev import BlockDeviceSensor

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from koordd.backends.cgroup import KNOBS
+from koordd.backends.cgroup_knobs import KNOBS
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 
 from koordctl.demo.cgroups import die_with_parent as _die_with_parent

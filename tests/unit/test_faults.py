@@ -366,7 +366,7 @@ def daemon(tmp_path):
     from unit.runtime.test_daemon import Node
     from koordd.core.config import load_config
     from koordd.runtime.daemon import Daemon
-    from koordd.core.registry import load_registry
+    from koordd.core.catalogue import load_registry
     node = Node(tmp_path)
     registry = load_registry()
     d = Daemon(load_config(node.config, registry), registry)
@@ -454,7 +454,7 @@ def test_a_round_survives_garbled_cgroup_files(daemon, text):
 def test_a_garbled_cgroup_file_is_said_once_per_field_and_a_missing_one_not_at_all(tmp_path, caplog):
     """Unknown and not offered read alike (None), but only the garbled file is a warning, once per field,
     naming the cgroup and what did not parse: a kernel format koordd does not know is worth one line."""
-    from koordd.sensors.cgroup import CgroupSensor
+    from koordd.sensors.cgroup_stats import CgroupSensor
     tree = FakeCgroups(tmp_path, "v2").add("be.slice/a").add("be.slice/b").add("ls.slice")
     for cg in ("be.slice/a", "be.slice/b"):
         tree.set(cg, None, "cpu.pressure", "some avg10=x avg60=0 avg300=0 total=1\n")

@@ -16,9 +16,9 @@ from koordtest.fakes.cgroup import FakeCgroups
 from koordtest.fakes.netlink import Msg
 from koordtest.fakes.resctrl import FakeResctrl
 from koordtest.fuzzing import ODD_NUMBERS, PROFILE, counted, kernel_text, text_from
-from koordd.backends.cgroup import KNOBS
+from koordd.backends.cgroup_knobs import KNOBS
 from koordd.core.backend import InvalidValue
-from koordd.core.cgroup import MAX_CPUS, parse_cpu_max, parse_cpulist
+from koordd.core.cgroup_text import MAX_CPUS, parse_cpu_max, parse_cpulist
 from koordd.core.feeds import MAX_INTERVAL, MIN_INTERVAL, TopRequest, parse_request
 from koordd.core.options import parse_duration
 from koordd.core.snapshot import CgroupSample, NodeSample, PressureStat, SchedExtStatus
@@ -29,7 +29,7 @@ from koordd.kernel.netlink import BE_CLASS, LINK, LS_CLASS, OTHER_CLASS, ROOT, T
 from koordd.kernel.perf import GroupReading, parse_group
 from koordd.kernel.resctrl import ResctrlError, cpu_vendor, parse_schemata, read_info
 from koordd.kernel.sched_ext import read_sched_ext
-from koordd.sensors.cgroup import CgroupSensor, flat_keyed
+from koordd.sensors.cgroup_stats import CgroupSensor, flat_keyed
 from koordd.sensors.contract import SensorContext
 from koordd.sensors.gpu import parse_proc_cgroup
 from koordd.sensors.net import NetSample, NetSensor

@@ -14,7 +14,7 @@ yaml = pytest.importorskip("yaml")
 from koordtest.fakes.cgroup import FakeCgroups
 from koordd.core.config import parse_config
 from koordd.core.kubelet import KubeletRule
-from koordd.core.registry import load_registry
+from koordd.core.catalogue import load_registry
 from koordd.sensors.collect import find_classified
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"

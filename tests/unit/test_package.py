@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from koordd.core.registry import OWN_LOOPS
+from koordd.core.catalogue import OWN_LOOPS
 from koordd.kernel import bpf_objects
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,7 +153,7 @@ def test_the_commands_and_entry_points(tree):
     dist_info = tree / SITE / f"koordd-{pyproject_version()}.dist-info"
     assert not (dist_info / "RECORD").exists()     # pip must not uninstall dpkg's files
     # koordd's own loops are entry points of its metadata, as a third party's are (pyproject.toml), each naming
-    # a module of koordd_plugins; its sensors and backends are not (koordd/core/registry.py BUILTIN).
+    # a module of koordd_plugins; its sensors and backends are not (koordd/core/catalogue.py BUILTIN).
     eps = (dist_info / "entry_points.txt").read_text()
     for module in (ROOT / "plugins").glob("*.py"):
         if module.stem != "__init__":
@@ -182,14 +182,14 @@ def test_the_unpacked_package_imports_and_finds_its_loops_and_bpf_files(tree):
     # The package's own tree alone on sys.path (-S: not this venv's editable koordd), as
     # /usr/lib/python3/dist-packages is on the target: the registry finds its own loops there, through the
     # dist-info's entry points, the sensors and the sched_ext loader their BPF files.
-    code = ("import sys; import koordd.core.registry, koordd.kernel.scx, koordd.sensors.runq;"
-            "assert koordd.core.registry.__file__.startswith(sys.argv[1]), koordd.core.registry.__file__;"
-            "loops = koordd.core.registry.load_registry();"
+    code = ("import sys; import koordd.core.catalogue, koordd.kernel.sched_ext_scheduler, koordd.sensors.runq;"
+            "assert koordd.core.catalogue.__file__.startswith(sys.argv[1]), koordd.core.catalogue.__file__;"
+            "loops = koordd.core.catalogue.load_registry();"
             "assert all(c.__module__.startswith('koordd_plugins.') for c in loops.values()), loops;"
             "assert all(sys.modules[c.__module__].__file__.startswith(sys.argv[1]) for c in loops.values());"
             "names = list(loops);"
             "import koordd.kernel.netclass;"
-            "assert koordd.kernel.scx.OBJECT.is_file() and koordd.sensors.runq.PROGRAM.is_file();"
+            "assert koordd.kernel.sched_ext_scheduler.OBJECT.is_file() and koordd.sensors.runq.PROGRAM.is_file();"
             "assert koordd.kernel.netclass.PROGRAM.is_file();"
             "import koordd.kernel.bpf_objects as o;"
             "assert all(p.is_file() and str(p).startswith(sys.argv[1]) for p in (*o.OBJECTS, o.SHARED_HEADER));"

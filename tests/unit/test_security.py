@@ -14,7 +14,7 @@ from koordd.act.journal import Held
 from koordd.core.config import ConfigError, load_config
 from koordd.core.decisions import APPLIED, Decision, REFUSED
 from koordd.core.loop import Action
-from koordd.core.registry import load_registry
+from koordd.core.catalogue import load_registry
 from koordd.core.trust import SKIP_ENV, untrusted
 from koordd.kernel.cgroupfs import OutsideRoot
 from koordd_plugins.memory_evict import MemoryEvict

@@ -21,7 +21,7 @@ from koordtest.fakes.resctrl import FakeResctrl
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
-from koordd.backends.cgroup import CgroupBackend
+from koordd.backends.cgroup_knobs import CgroupBackend
 from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
 from koordd.core.backend import Backends
 from koordd.core.config import can_hold, loop_options, make_settings, parse_config
@@ -30,7 +30,7 @@ from koordd.core.feeds import TopRequest
 from koordd.core.loop import Action, Loop
 from koordd.core.protected import Protected
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS, ReclaimableState, observe
-from koordd.core.registry import load_registry
+from koordd.core.catalogue import load_registry
 from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot, own_usage
 from koordd.core.trust import SKIP_ENV
 from koordd_plugins.be_suppress import BeSuppress

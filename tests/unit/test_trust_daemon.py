@@ -18,7 +18,7 @@ from koordd.act import owner
 from koordd.act.journal import Held, RestoreJournal
 from koordd.act.owner import HostOwned, OwnerLock, UntrustedLock, current_holder
 from koordd.core.config import load_config
-from koordd.core.registry import load_registry
+from koordd.core.catalogue import load_registry
 from koordd.core.trust import SKIP_ENV, untrusted
 from koordd.runtime.daemon import Daemon
 from koordd.runtime.notify import StopExtender

@@ -19,7 +19,7 @@ from koordd.act import journal as state_mod
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import Held, JournalUnreadable, RestoreJournal, note_move, read_held
-from koordd.backends.cgroup import KNOBS, CgroupBackend, Knob
+from koordd.backends.cgroup_knobs import KNOBS, CgroupBackend, Knob
 from koordd.core.decisions import APPLIED, LEFT, REFUSED, RESTORED
 from koordd.core.loop import Action, restore
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone

@@ -15,7 +15,7 @@ import pytest
 
 import koordd.kernel.v1_kill as v1_kill
 from koordtest.fakes.cgroup import FakeCgroups
-from koordd.backends.cgroup import KNOBS
+from koordd.backends.cgroup_knobs import KNOBS
 
 CG = "be.slice"
 

@@ -11,14 +11,14 @@ import re
 
 import pytest
 
-from koordd.backends.cgroup import KNOBS
+from koordd.backends.cgroup_knobs import KNOBS
 from koordd.core.backend import InvalidValue
 from koordd.core.config import ConfigError, DAEMON_OPTIONS, METRICS_OPTIONS, loop_options, make_settings, parse_config
 from koordd.core.health import HEALTH_OPTIONS
 from koordd.core.options import Duration, Option
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
 from koordd.core.report import REPORT_OPTIONS
-from koordd.core.registry import load_registry
+from koordd.core.catalogue import load_registry
 from koordd.core.schemata import L3Info, MBInfo, ResctrlInfo
 from koordd.core.snapshot import (AVX, CPI, CgroupSample, CpiSample, CpuTopology, NET, NodeSample, Pressure,
     PressureStat, RESCTRL, RUNQ_LATENCY, RunqLatency, SCHED_EXT, SchedExtStatus, Snapshot, Throttling)

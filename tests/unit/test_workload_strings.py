@@ -21,7 +21,7 @@ from koordctl.cli import main as koordctl
 from koordctl.top import render
 from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import Held, RestoreJournal, read_held
-from koordd.core.cgroup import match_pattern
+from koordd.core.cgroup_text import match_pattern
 from koordd.core.config import parse_config
 from koordd.core.decisions import APPLIED, Decision
 from koordd.core.printable import printable

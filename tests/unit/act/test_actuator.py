@@ -11,7 +11,7 @@ from koordtest.fakes.cgroup import FakeCgroups
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import JournalUnreadable, RestoreJournal, read_held
-from koordd.backends.cgroup import KNOBS, Knob
+from koordd.backends.cgroup_knobs import KNOBS, Knob
 from koordd.core.decisions import APPLIED, DEFERRED, DRY_RUN, Decision, REFUSED, RESTORED
 from koordd.core.loop import Action, restore
 
@@ -408,7 +408,7 @@ class SlowClock:
 
 def slow_rig(tmp_path, monkeypatch, per_write, dry_run=False):
     """An actuator on a fake v2 tree whose memory.reclaim writes advance its (fake) clock."""
-    from koordd.backends.cgroup import CgroupBackend
+    from koordd.backends.cgroup_knobs import CgroupBackend
     rig = make_rig(tmp_path, FakeCgroups(tmp_path, "v2").add(JOB).add("be.slice/other"), dry_run=dry_run)
     clock = SlowClock(per_write)
     rig.act.clock, rig.clock = clock, clock
@@ -453,7 +453,7 @@ def test_slow_writes_past_the_rounds_budget_are_deferred_not_written(tmp_path, m
 
 def test_a_slow_write_that_fails_still_counts_against_the_budget(tmp_path, monkeypatch):
     rig = slow_rig(tmp_path, monkeypatch, per_write=0.6)
-    from koordd.backends.cgroup import CgroupBackend
+    from koordd.backends.cgroup_knobs import CgroupBackend
     slow = CgroupBackend.write
 
     def eagain(self, target, knob, value):
@@ -474,7 +474,7 @@ def test_real_slow_writes_end_the_round_near_the_budget(tmp_path, monkeypatch):
     # The same with real sleeps and the real monotonic clock (no timed assertion: what was written is
     # counted). Each write sleeps 0.2 s: five at most fit the 1 s budget, the rest are deferred.
     import time as real_time
-    from koordd.backends.cgroup import CgroupBackend
+    from koordd.backends.cgroup_knobs import CgroupBackend
     rig = make_rig(tmp_path, FakeCgroups(tmp_path, "v2").add(JOB))
     real = CgroupBackend.write
     writes = []

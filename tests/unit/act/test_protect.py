@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from koordtest.fakes.cgroup import FakeCgroups
 from koordd.act.protect import harm, process_cgroups
-from koordd.backends.registry import builtin_classes
+from koordd.backends.host_backends import builtin_classes
 from koordd.core.backend import Harm, KnobSpec
 from koordd.core.decisions import APPLIED, DRY_RUN, REFUSED
 from koordd.core.loop import Action

@@ -9,16 +9,16 @@ import pytest
 
 from koordtest.fakes.backends import FakeNetlink, FakeNetlinkKernel, FakeResctrl, FakeResctrlKernel
 from koordtest.fakes.cgroup import FakeCgroups
-import koordd.core.registry as entry_point_loader
+import koordd.core.catalogue as entry_point_loader
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
-from koordd.backends.cgroup import CgroupBackend
+from koordd.backends.cgroup_knobs import CgroupBackend
 from koordd.core.backend import Backends, KnobSpec
 from koordd.core.config import parse_config
 from koordd.core.decisions import APPLIED, DRY_RUN, REFUSED, RESTORED
 from koordd.core.loop import Action, Loop, NODE, restore
-from koordd.core.registry import load_backends
+from koordd.core.catalogue import load_backends
 from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
 from koordd.runtime.runner import Runner
 

@@ -21,7 +21,7 @@ from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import RestoreJournal
 from koordd.backends import prekill
-from koordd.backends.cgroup import KNOBS, CgroupBackend
+from koordd.backends.cgroup_knobs import KNOBS, CgroupBackend
 from koordd.backends.prekill import PrekillBackend, hook_value
 from koordd.core.backend import Backends, InvalidValue
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config

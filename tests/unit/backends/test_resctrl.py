@@ -12,7 +12,7 @@ from koordtest.fakes.resctrl import FakeResctrl
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
-from koordd.backends.cgroup import CgroupBackend
+from koordd.backends.cgroup_knobs import CgroupBackend
 from koordd.backends.resctrl import ResctrlGroupBackend, ResctrlTasksBackend
 from koordd.core.backend import Backends, InvalidValue, PartialWrite, TargetGone, Unsupported
 from koordd.core.decisions import APPLIED, REFUSED, RESTORED

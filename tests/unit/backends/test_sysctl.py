@@ -16,7 +16,7 @@ from koordd.core.backend import Backends, InvalidValue, UnsafeValue, Unsupported
 from koordd.core.decisions import APPLIED, LEFT, REFUSED, RESTORED
 from koordd.core.loop import Action
 from koordd.core.targets import SYSCTL_TARGET
-from koordd.kernel.host import Host
+from koordd.kernel.host_probe import Host
 
 MIN_FREE, SCALE = "vm.min_free_kbytes", "vm.watermark_scale_factor"
 

@@ -16,7 +16,7 @@ from koordtest.fuzzing import PROFILE, counted
 from koordd.core.config import CLASS_NAMES, Config, ConfigError, DAEMON_OPTIONS, load_config, loop_options, parse_config
 from koordd.core.health import HEALTH_OPTIONS
 from koordd.core.options import Duration
-from koordd.core.registry import load_registry
+from koordd.core.catalogue import load_registry
 
 REGISTRY = load_registry()
 PATH = "/etc/koordd/koordd.toml"

@@ -14,7 +14,7 @@ from koordd.core.config import ConfigError, parse_config
 from koordd.core.decisions import APPLIED, REFUSED
 from koordd.core.kubelet import CONTAINER, KubeletRule, POD, QOS, ROOT, owner, place
 from koordd.core.loop import Action
-from koordd.core.registry import load_registry
+from koordd.core.catalogue import load_registry
 
 UID = "6a4f2e3b_1c9d_4a5e_8f7b_2d3e4f5a6b7c"
 UID_DASHED = UID.replace("_", "-")

@@ -7,7 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-from koordd.kernel import bpf_objects, netclass, scx
+from koordd.kernel import bpf_objects, netclass, sched_ext_scheduler
 from koordd.sensors import app_latency, runq
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -31,7 +31,7 @@ def test_sources_are_in_bpf_and_only_build_outputs_in_the_package():
 
 def test_each_loader_opens_the_object_bpf_objects_names():
     assert runq.PROGRAM == bpf_objects.RUNQ_LATENCY and app_latency.PROGRAM == bpf_objects.APP_LATENCY
-    assert netclass.PROGRAM == bpf_objects.NET_CLASSIFY and scx.OBJECT == bpf_objects.KOORDD_SCHED
+    assert netclass.PROGRAM == bpf_objects.NET_CLASSIFY and sched_ext_scheduler.OBJECT == bpf_objects.KOORDD_SCHED
 
 
 def test_no_other_module_finds_a_bpf_file_itself():

@@ -10,7 +10,7 @@ from pathlib import Path
 from koordd.core.classes import BE, LATENCY_SENSITIVE
 from koordd.kernel import bpf_shared
 from koordd.kernel.bpf_shared import HEADER, read_defines
-from koordd.kernel.scx import CLASS_VALUES
+from koordd.kernel.sched_ext_scheduler import CLASS_VALUES
 from koordd.sensors.app_latency import SLOTS as APP_SLOTS
 from koordd.sensors.runq import SLOTS
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from koordtest.fakes.cgroup import FakeCgroups
-from koordd.core.cgroup import depth, format_cpulist, match_pattern, normalize_cgroup, parent_of, parse_cpulist
+from koordd.core.cgroup_text import depth, format_cpulist, match_pattern, normalize_cgroup, parent_of, parse_cpulist
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, LayoutError, detect_layout
 
 

@@ -17,7 +17,7 @@ from koordctl.demo import session as demo
 from koordctl.demo.cgroups import DemoCgroups
 from koordctl.demo.session import Stopped, koordd_config, signals_stop
 from koordd.core.config import load_config
-from koordd.core.registry import load_registry
+from koordd.core.catalogue import load_registry
 
 
 # --- koordd's config ----------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from koordtest.fakes.cgroup import FakeCgroups
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
-from koordd.backends.cgroup import CgroupBackend
+from koordd.backends.cgroup_knobs import CgroupBackend
 from koordd.core.avx import AVX256, AVX512, Licence, SCALAR
 from koordd.core.backend import Backends
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
@@ -21,7 +21,7 @@ from koordd_plugins.avx_weight import AvxWeight
 from koordd_plugins.qos_baseline import QosBaseline
 from koordd.runtime.runner import Runner
 from koordd.sensors.avx import AvxSection, AvxUse
-from koordd.sensors.cgroup import CgroupSensor
+from koordd.sensors.cgroup_stats import CgroupSensor
 
 # 4 CPUs, SMT pairs {0,1} and {2,3}
 TOPOLOGY = tuple(CpuTopology(c, c - c % 2, 0) for c in range(4))

@@ -9,7 +9,7 @@ import pytest
 from koordtest.fakes.cgroup import FakeCgroups, psi
 from koordd.core.config import parse_config
 from koordd.act.decision_log import read_decisions
-from koordd.core.registry import load_registry
+from koordd.core.catalogue import load_registry
 from koordd.runtime.daemon import Daemon
 
 CONFIG = """

@@ -12,7 +12,7 @@ from koordtest.fakes.cgroup import FakeCgroups
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
-from koordd.backends.cgroup import CgroupBackend
+from koordd.backends.cgroup_knobs import CgroupBackend
 from koordd.backends.core_sched import CoreSchedBackend, probe_core_sched
 from koordd.core.backend import Backends, InvalidValue, PartialWrite
 from koordd.core.config import loop_options, make_settings
@@ -20,7 +20,7 @@ from koordd.core.decisions import APPLIED, REFUSED, RESTORED
 from koordd.core.loop import Action
 from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
 from koordd.kernel.core_sched import Prctl, probe, smt
-from koordd.kernel.host import Host
+from koordd.kernel.host_probe import Host
 from koordd_plugins.core_sched import CoreSched
 
 

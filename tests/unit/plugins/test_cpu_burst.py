@@ -11,7 +11,7 @@ from koordtest.fakes.cgroup import FakeCgroups
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
-from koordd.backends.cgroup import KNOBS
+from koordd.backends.cgroup_knobs import KNOBS
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.core.decisions import REFUSED
 from koordd.core.snapshot import CgroupSample, CpuTopology, NodeSample, Snapshot, Throttling

@@ -13,18 +13,18 @@ from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.act.protect import harm
-from koordd.backends import cgroup as cgroup_backend
-from koordd.backends.cgroup import KNOBS, CgroupBackend, probe_io
+from koordd.backends import cgroup_knobs as cgroup_backend
+from koordd.backends.cgroup_knobs import KNOBS, CgroupBackend, probe_io
 from koordd.core import blkio
 from koordd.core.backend import InvalidValue
 from koordd.core.blkio import BLOCK_DEVICES, BlockDevices
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.core.decisions import APPLIED, LEFT, REFUSED, RESTORED
 from koordd.core.kubelet import KubeletRule
-from koordd.core.registry import load_registry
+from koordd.core.catalogue import load_registry
 from koordd.core.snapshot import CgroupSample, NodeSample, Pressure, PressureStat, Snapshot
 from koordd.kernel.cgroupfs import CgroupFS
-from koordd.kernel.host import Host
+from koordd.kernel.host_probe import Host
 from koordd_plugins.io_qos import IoQos, State
 from koordd.sensors.blockdev import BlockDeviceSensor, parse_mountinfo, read_devices
 
@@ -673,7 +673,7 @@ def test_iocost_is_unsupported_without_v2_io_or_a_partition(tmp_path, monkeypatc
 
 
 def backend_set(tree, *extra):
-    from koordd.backends.registry import builtin_backends
+    from koordd.backends.host_backends import builtin_backends
     from koordd.core.backend import Backends
     return Backends([b for b in builtin_backends(tree.fs) if b.kind != "iocost"] + list(extra))
 

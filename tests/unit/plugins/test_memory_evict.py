@@ -653,7 +653,7 @@ def test_reclaim_writes_the_actuator_defers_are_asked_again_and_never_escalated_
     # three fit its 1 s budget for slow writes (the third begins at 0.8 s) and five are deferred. A deferred
     # write is no failed reclaim: its bytes are asked again next round, and the victim is killed only once
     # its whole share (340 MiB) was reclaimed and memory is still short.
-    from koordd.backends.cgroup import CgroupBackend
+    from koordd.backends.cgroup_knobs import CgroupBackend
     tree = FakeCgroups(tmp_path, "v2")
     tree.add("be.slice", memory_current=1000 * MiB, memory_anon=1000 * MiB).add("ls.slice", memory_current=300 * MiB)
     tree.set("", None, "memory.pressure", "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"

@@ -12,7 +12,7 @@ from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.act.protect import harm
-from koordd.backends.cgroup import KNOBS, CgroupBackend
+from koordd.backends.cgroup_knobs import KNOBS, CgroupBackend
 from koordd.backends.oom import OomScoreBackend, format_reading, parse, probe_oom_group
 from koordd.core.backend import Backends, InvalidValue, TargetGone
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
@@ -20,7 +20,7 @@ from koordd.core.decisions import APPLIED, LEFT, REFUSED, RESTORED
 from koordd.core.kubelet import KubeletRule
 from koordd.core.loop import NODE, Action
 from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
-from koordd.kernel.host import Host
+from koordd.kernel.host_probe import Host
 from koordd_plugins.memory_evict import MemoryEvict
 from koordd_plugins.oom_shaping import OomShaping
 

@@ -7,11 +7,11 @@ import logging
 import pytest
 
 from koordd.act.protect import harm
-from koordd.backends.cgroup import KNOBS
+from koordd.backends.cgroup_knobs import KNOBS
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.core.decisions import APPLIED, DEFERRED, DRY_RUN, REFUSED, Decision
 from koordd.core.loop import COMMANDS, Action
-from koordd.core.registry import builtin, LOOPS
+from koordd.core.catalogue import builtin, LOOPS
 from koordd.core.snapshot import CgroupSample, NodeSample, Pressure, PressureStat, Refaults, Snapshot
 from koordd_plugins.proactive_reclaim import ProactiveReclaim, parse_size, pressure_percent
 

@@ -10,7 +10,7 @@ from koordtest.fakes.cgroup import FakeCgroups
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
-from koordd.backends.cgroup import CgroupBackend
+from koordd.backends.cgroup_knobs import CgroupBackend
 from koordd.backends.threads import ThreadPolicyBackend
 from koordd.core.backend import Backends
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config

@@ -6,16 +6,16 @@ import types
 
 import pytest
 
-import koordd.kernel.host
+import koordd.kernel.host_probe
 from koordtest.fakes.nvml import calls as nvml_calls, fake_pynvml
-from koordd.backends.registry import builtin_classes
+from koordd.backends.host_backends import builtin_classes
 from koordd.backends.tc import probe_netlink
 from koordd.kernel import perf
 from koordd.kernel.libbpf import BpfError
 from koordd.runtime import capabilities
 from koordd.runtime.capabilities import Capability, format_report, probe_all, report_json
 from koordd.sensors import runq
-from koordd.sensors.registry import builtin_sensors
+from koordd.sensors.optional_sensors import builtin_sensors
 
 NAMES = ["cgroup", "cpu.max.burst", "cpu.idle", "knobs", "memory.oom.group", "memory.reclaim", "sysctl", "io", "psi",
          "perf", "bpf", "resctrl", "sched_ext", "core_sched", "netlink", "nvml", "sensors", "journald", "systemd"]
@@ -334,7 +334,7 @@ def test_a_raising_probe_is_contained(host, monkeypatch):
 def test_a_raising_helper_is_contained(host, monkeypatch):
     def boom(root):
         raise PermissionError("denied")
-    monkeypatch.setattr(koordd.kernel.host, "detect_layout", boom)
+    monkeypatch.setattr(koordd.kernel.host_probe, "detect_layout", boom)
     write(host.proc / "pressure/cpu", PSI_TEXT)
     caps = host.probe()
     assert list(caps) == NAMES

@@ -256,7 +256,7 @@ def test_a_sigterm_while_starting_stops_koordd_in_order(node, monkeypatch):
     signal's default action."""
     from koordd.core.config import load_config
     from koordd.runtime.daemon import Daemon
-    from koordd.core.registry import load_registry
+    from koordd.core.catalogue import load_registry
     registry = load_registry()
     daemon = Daemon(load_config(node.config, registry), registry)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}

@@ -20,7 +20,7 @@ from koordd.act.journal import Held
 from koordd.core.config import ConfigError, METRICS_OPTIONS, make_settings, parse_config
 from koordd.core.histogram import merged
 from koordd.core.reclaimable import Capacity, Reclaimable
-from koordd.core.registry import load_registry
+from koordd.core.catalogue import load_registry
 from koordd.core.report import REPORT_OPTIONS, ReportWindow, build as build_report
 from koordd.core.slo import SloTarget
 from koordd.core.snapshot import (APP_LATENCY, AppLatency, CPI, CgroupSample, CpiSample, NodeSample, Pressure, PressureStat, RUNQ_LATENCY,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from koordd.core.registry import SENSORS, builtin
+from koordd.core.catalogue import SENSORS, builtin
 from koordd.core.snapshot import APP_LATENCY, AppLatency
 from koordd.kernel.libbpf import BpfError
 from koordd.sensors import app_latency

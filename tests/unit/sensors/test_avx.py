@@ -11,7 +11,7 @@ import pytest
 from koordtest.fakes.cgroup import FakeCgroups
 from koordtest.fakes.perf import FakePerf
 from koordd.core.avx import AVX256, AVX512, Licence, SCALAR
-from koordd.sensors import registry
+from koordd.sensors import optional_sensors
 from koordd.sensors.avx import AvxSensor, AvxUse
 from koordd.sensors.contract import SensorContext, SensorUnavailable
 from unit.kernel.test_avx import stat_line, write_thread
@@ -243,4 +243,4 @@ def test_a_cpu_without_the_events_or_a_host_without_a_v2_tree_is_not_counted(tmp
 
 
 def test_registered_as_avx():
-    assert registry.builtin_sensors()["avx"] is AvxSensor
+    assert optional_sensors.builtin_sensors()["avx"] is AvxSensor

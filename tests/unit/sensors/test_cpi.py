@@ -7,7 +7,7 @@ import pytest
 
 from koordtest.fakes.perf import FakePerf
 from koordd.core.snapshot import CPI, CpiSample
-from koordd.sensors import lifecycle, registry
+from koordd.sensors import lifecycle, optional_sensors
 from koordd.sensors.contract import SensorContext, SensorUnavailable
 from koordd.sensors.cpi import CpiSensor
 
@@ -101,6 +101,6 @@ def test_a_cgroup_that_goes_closes_its_fds_and_stop_closes_the_rest(host):
 
 
 def test_cpi_is_a_built_in_sensor_that_acquires_nothing_until_started(monkeypatch):
-    assert registry.builtin_sensors()[CPI] is CpiSensor and CpiSensor.name == "cpi"
+    assert optional_sensors.builtin_sensors()[CPI] is CpiSensor and CpiSensor.name == "cpi"
     monkeypatch.setattr("koordd.sensors.cgroup_counters.probe_cgroup_mode", lambda *a: pytest.fail("opened by the constructor"))
     CpiSensor().stop()

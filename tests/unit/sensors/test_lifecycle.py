@@ -8,14 +8,14 @@ from importlib.metadata import EntryPoint
 import pytest
 
 from koordtest.fakes.cgroup import FakeCgroups
-import koordd.core.registry as entry_point_loader
-from koordd.core.registry import SENSORS
+import koordd.core.catalogue as entry_point_loader
+from koordd.core.catalogue import SENSORS
 from koordd.core.config import parse_config
 from koordd.core.feeds import STATUS_FILE
 from koordd.core.loop import Loop
 from koordd.core.slo import SloTarget
 from koordd.runtime.daemon import Daemon
-from koordd.sensors import lifecycle, registry
+from koordd.sensors import lifecycle, optional_sensors
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
 from koordd.sensors.cpi import CpiSensor
 from koordd.sensors.gpu import GpuSensor
@@ -187,7 +187,7 @@ def test_third_party_sensors_come_from_the_entry_point_group(monkeypatch, caplog
               EntryPoint("cpi", f"{__name__}:Widget", SENSORS),
               EntryPoint("cpu_usage", f"{__name__}:Widget", SENSORS)]
     monkeypatch.setattr(entry_point_loader, "entry_points", lambda group: [p for p in points if p.group == group])
-    assert registry.load_sensor_registry() == {**registry.builtin_sensors(), "widget": Widget}
+    assert optional_sensors.load_sensor_registry() == {**optional_sensors.builtin_sensors(), "widget": Widget}
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any(m.startswith("sensor broken (koordd_no_such_module:Sensor) failed to load") for m in errors)
     assert any(m.startswith("sensor mismatch: entry point names class") for m in errors)
@@ -197,7 +197,7 @@ def test_third_party_sensors_come_from_the_entry_point_group(monkeypatch, caplog
 
 
 def test_the_gpu_sensor_is_built_in_and_starts_nothing_until_needed():
-    assert registry.builtin_sensors()["gpus"] is GpuSensor and registry.builtin_sensors()["cpi"] is CpiSensor
+    assert optional_sensors.builtin_sensors()["gpus"] is GpuSensor and optional_sensors.builtin_sensors()["cpi"] is CpiSensor
     assert GpuSensor.name == "gpus"
     sensor, why = lifecycle.start_sensor(lambda: GpuSensor(nvml=FailingNvml()))
     assert sensor is None and why == "nvmlInit: Driver Not Loaded"

@@ -10,13 +10,13 @@ import pytest
 
 from koordtest.needs import reads_only_what_it_needs
 from koordtest.fakes.cgroup import FakeCgroups, psi, rules
-from koordd.core.cgroup import match_pattern
+from koordd.core.cgroup_text import match_pattern
 from koordd.core.config import parse_config
 from koordd.core.health import DEFAULT_HEALTH
 from koordd.core.loop import Action, Loop
 from koordd.core.snapshot import CpuTopology, NodeSample, Pressure, PressureStat, Snapshot, Throttling
 from koordd.sensors import collect
-from koordd.sensors.cgroup import CgroupSensor, flat_keyed
+from koordd.sensors.cgroup_stats import CgroupSensor, flat_keyed
 from koordd.sensors.collect import Sensors, find_classified
 from koordd.sensors.contract import OptionalSensor
 from koordd.sensors.lifecycle import SensorManager
@@ -461,7 +461,7 @@ STAT = "anon 4096\nfile 8192\nworkingset_refault_anon {anon}\nworkingset_refault
 
 
 def test_refaults_are_memory_stat_s_page_counts_in_bytes_read_with_memory_anon_in_one_read(tmp_path, monkeypatch):
-    from koordd.backends.cgroup import PAGE_SIZE
+    from koordd.backends.cgroup_knobs import PAGE_SIZE
     from koordd.core.snapshot import Refaults
     tree = FakeCgroups(tmp_path, "v2").add(JOB)
     tree.set(JOB, "memory", "memory.stat", STAT.format(anon=3, file=250))

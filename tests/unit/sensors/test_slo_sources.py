@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from koordd.core.config import ConfigError, parse_config
-from koordd.core.registry import BUILTIN, SENSORS, builtin, load_registry
+from koordd.core.catalogue import BUILTIN, SENSORS, builtin, load_registry
 from koordd.core.slo import SOURCES, SloTarget, sensor_users
 from koordd.core.snapshot import CgroupSample, NodeSample, Snapshot
 from koordd.sensors import slo_prometheus as prom

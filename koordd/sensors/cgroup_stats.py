@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from koordd.backends.cgroup import KNOBS, PAGE_SIZE
+from koordd.backends.cgroup_knobs import KNOBS, PAGE_SIZE
 from koordd.core.snapshot import CGROUP_FIELDS, CgroupSample, PressureStat, Refaults, Throttling
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone
 from koordd.sensors.psi import parse_psi, with_growth

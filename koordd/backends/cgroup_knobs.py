@@ -15,10 +15,10 @@ from typing import Callable, Sequence
 
 from koordd.core import blkio
 from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, PartialWrite, Unsupported, lower
-from koordd.core.cgroup import (CFS_PERIOD_RANGE, CFS_QUOTA_MIN, format_cpu_max, format_cpulist, parent_of,
+from koordd.core.cgroup_text import (CFS_PERIOD_RANGE, CFS_QUOTA_MIN, format_cpu_max, format_cpulist, parent_of,
     parse_cpu_max, parse_cpulist, parse_int)
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, Layout, LayoutError
-from koordd.kernel.host import Host, find_knob, read
+from koordd.kernel.host_probe import Host, find_knob, read
 from koordd.kernel.v1_kill import kill_v1
 
 V1_MEMORY_UNLIMITED = 9223372036854771712   # PAGE_COUNTER_MAX * 4096, what v1 shows for "no limit"
@@ -623,4 +623,4 @@ def backends(fs: CgroupFS) -> list[Backend]:
     return [CgroupBackend(fs)]
 
 
-BACKENDS = BackendSet((CgroupBackend,), backends)     # koordd/core/registry.py BUILTIN
+BACKENDS = BackendSet((CgroupBackend,), backends)     # koordd/core/catalogue.py BUILTIN

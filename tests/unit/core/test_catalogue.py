@@ -1,4 +1,4 @@
-"""The registry (koordd/core/registry.py): koordd's own loops are entry points of its own metadata, found as a
+"""The registry (koordd/core/catalogue.py): koordd's own loops are entry points of its own metadata, found as a
 third party's are (plugins/, the package koordd_plugins); its own sensors and backends are listed once; the
 third parties' entry points are added the same way for all three."""
 from __future__ import annotations
@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import pytest
 
 from koordtest.fakes.cgroup import FakeCgroups
-import koordd.core.registry as registry
-from koordd.backends.registry import all_backends
+import koordd.core.catalogue as registry
+from koordd.backends.host_backends import all_backends
 from koordd.core.backend import Backend
 from koordd.core.loop import Loop
-from koordd.core.registry import (BACKENDS, BUILTIN, LOOPS, OWN_LOOPS, PLUGINS, SENSORS, BrokenInstall, builtin,
+from koordd.core.catalogue import (BACKENDS, BUILTIN, LOOPS, OWN_LOOPS, PLUGINS, SENSORS, BrokenInstall, builtin,
                                   load_registry, own_loop_points, third_party)
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -82,7 +82,7 @@ def test_an_install_without_its_entry_points_stops_koordd_with_one_line_saying_s
     with pytest.raises(BrokenInstall, match="koordd's own loops be_suppress, cpu_burst, .* reinstall koordd"):
         load_registry()
     # koordd itself (a process of its own: main() sets the umask and the log handlers): exit 1, one line.
-    code = ("import sys, koordd.core.registry as r; r.entry_points = lambda group: []\n"
+    code = ("import sys, koordd.core.catalogue as r; r.entry_points = lambda group: []\n"
             "from koordd.runtime.daemon import main; sys.exit(main(sys.argv[1:]))")
     done = subprocess.run([sys.executable, "-c", code, "--config", str(tmp_path / "none.toml"), "--once"],
                           capture_output=True, text=True, timeout=60)

@@ -1,9 +1,9 @@
 """koordd's backends on this host's cgroup layout: koordd's own (each backends module's BACKENDS,
-listed in koordd/core/registry.py BUILTIN) and the third parties' of the entry-point group `koordd.backends`."""
+listed in koordd/core/catalogue.py BUILTIN) and the third parties' of the entry-point group `koordd.backends`."""
 from __future__ import annotations
 
 from koordd.core.backend import Backend, Backends
-from koordd.core.registry import BACKENDS, builtin, load_backends
+from koordd.core.catalogue import BACKENDS, builtin, load_backends
 from koordd.kernel.cgroupfs import CgroupFS
 
 

@@ -34,7 +34,7 @@ CLASS_VALUES = {**{c: CLASS_LS for c in LATENCY_SENSITIVE}, BE: CLASS_BE}     # 
 SLEEPABLE_PROGRAMS = ("koordd_init",)   # may sleep (scx_bpf_create_dsq); libbpf 1.1 has no struct_ops.s/
 
 
-class ScxError(BpfError):
+class SchedExtError(BpfError):
     pass
 
 
@@ -68,7 +68,7 @@ class Scheduler:
             try:
                 self._classes.update(ctypes.c_uint64(cgid), ctypes.c_uint32(CLASS_VALUES[cls]))
             except BpfError as e:
-                raise ScxError(f"classes[{cgid}] = {cls}: {e}") from None
+                raise SchedExtError(f"classes[{cgid}] = {cls}: {e}") from None
         for cgid in self._written - classes.keys():
             self._classes.delete(ctypes.c_uint64(cgid))
         self._written = set(classes)
@@ -142,13 +142,13 @@ def _not_ours(status: SchedExtStatus | None, seq_before: int | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m koordd.kernel.scx --ls CGROUP --be CGROUP`: run koordd's scheduler until SIGTERM or
+    """`python -m koordd.kernel.sched_ext_scheduler --ls CGROUP --be CGROUP`: run koordd's scheduler until SIGTERM or
     SIGINT, then unload it (for trying it out and for the VM tests; koordd itself loads it through the
-    sched_ext loop's `scheduler` option, koordd/backends/scx.py)."""
+    sched_ext loop's `scheduler` option, koordd/backends/sched_ext.py)."""
     import argparse
     import signal
 
-    parser = argparse.ArgumentParser(prog="python -m koordd.kernel.scx", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m koordd.kernel.sched_ext_scheduler", description=main.__doc__)
     for cls in ("LS", "BE"):
         parser.add_argument(f"--{cls.lower()}", action="append", default=[], metavar="CGROUP",
                             help=f"a cgroup-v2 directory whose threads (and those below) are {cls}")

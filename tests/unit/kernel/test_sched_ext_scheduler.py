@@ -1,13 +1,13 @@
-"""koordd.kernel.scx's safe switch against a fake /sys/kernel/sched_ext and a fake scheduler: the steps, and
+"""koordd.kernel.sched_ext_scheduler's safe switch against a fake /sys/kernel/sched_ext and a fake scheduler: the steps, and
 the fall back to the kernel's scheduler whenever the kernel does not confirm ours. (Loading the real
-object needs a sched_ext kernel: tests/system/test_scx.py, in the VM.)"""
+object needs a sched_ext kernel: tests/system/test_sched_ext_scheduler.py, in the VM.)"""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from koordd.kernel.scx import OBJECT, ScxError, switch_to
+from koordd.kernel.sched_ext_scheduler import OBJECT, SchedExtError, switch_to
 
 
 def write_status(sys_root: Path, state: str, ops: str = "", enable_seq: int = 3) -> None:
@@ -31,7 +31,7 @@ class FakeScheduler:
 
     def __call__(self):
         if self.fail == "load":
-            raise ScxError("verifier said no")
+            raise SchedExtError("verifier said no")
         self.calls.append("load")
         return self
 
@@ -40,7 +40,7 @@ class FakeScheduler:
 
     def attach(self):
         if self.fail == "attach":
-            raise ScxError("bpf_link_create: Device or resource busy")
+            raise SchedExtError("bpf_link_create: Device or resource busy")
         self.calls.append("attach")
         write_status(self.sys_root, *self.on_attach)
 

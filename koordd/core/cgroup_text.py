@@ -1,7 +1,7 @@
 """Cgroups as text, with no file touched: paths and patterns, CPU lists and cpu.max values.
 
 What the config, the loops, the guard and the kernel adapters all parse and format the same way. Pure:
-koordd/kernel/cgroupfs.py reads and writes the files, koordd/backends/cgroup.py holds the knob table.
+koordd/kernel/cgroupfs.py reads and writes the files, koordd/backends/cgroup_knobs.py holds the knob table.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""koordd's scheduler as knobs (koordd/backends/scx.py) and the sched_ext loop that asks for it, on a fake
+"""koordd's scheduler as knobs (koordd/backends/sched_ext.py) and the sched_ext loop that asks for it, on a fake
 /sys/kernel/sched_ext, a fake cgroup tree and a fake scheduler: loading with the classes already in
 its map, the classes kept in line while it runs, another program's scheduler left alone, the kernel
 ejecting ours, restore, and when the loop wants it. (The real object: tests/system/, in the VM.)"""
@@ -12,7 +12,7 @@ from koordtest.fakes.cgroup import FakeCgroups
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
-from koordd.backends.scx import OwnScheduler, SchedulerBackend, SchedulerClassBackend, TARGET
+from koordd.backends.sched_ext import OwnScheduler, SchedulerBackend, SchedulerClassBackend, TARGET
 from koordd.core.backend import Backends, TargetGone
 from koordd.core.config import ConfigError, loop_options, make_settings, parse_config
 from koordd.core.decisions import APPLIED, REFUSED, RESTORED
@@ -20,7 +20,7 @@ from koordd.core.health import DEFAULT_HEALTH
 from koordd.core.loop import Action
 from koordd.core.snapshot import CgroupSample, NodeSample, Pressure, PressureStat, SCHED_EXT, Snapshot
 from koordd_plugins.sched_ext import SchedExt
-from unit.kernel.test_scx import FakeScheduler, write_status
+from unit.kernel.test_sched_ext_scheduler import FakeScheduler, write_status
 
 
 @pytest.fixture

@@ -1,10 +1,10 @@
-"""Which optional sensors exist: koordd's own (listed in koordd/core/registry.py BUILTIN) and third parties'
+"""Which optional sensors exist: koordd's own (listed in koordd/core/catalogue.py BUILTIN) and third parties'
 from the entry-point group `koordd.sensors`."""
 from __future__ import annotations
 
 from typing import Callable
 
-from koordd.core.registry import SENSORS, builtin, load
+from koordd.core.catalogue import SENSORS, builtin, load
 from koordd.core.snapshot import CGROUP_FIELDS
 from koordd.sensors.contract import OptionalSensor
 

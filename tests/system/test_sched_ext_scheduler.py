@@ -1,5 +1,5 @@
 """koordd's own sched_ext scheduler (koordd/bpf/koordd_sched.bpf.o) on a kernel with sched_ext, loaded by
-`python -m koordd.kernel.scx` (koordd/kernel/scx.py's safe switch) with ls.slice as LS and be.slice as BE:
+`python -m koordd.kernel.sched_ext_scheduler` (koordd/kernel/sched_ext_scheduler.py's safe switch) with ls.slice as LS and be.slice as BE:
 - it loads: state "enabled", root/ops "koordd", enable_seq one higher;
 - it serves the LS class: a busy loop in ls.slice with SCHED_EXT runs; with a BE busy loop (also
   SCHED_EXT) on the same single CPU, LS gets most of it, where the fair class would split it evenly,
@@ -39,13 +39,13 @@ def shares(pids: dict[str, int], seconds: float) -> dict[str, int]:
 
 
 class Loader:
-    """`python -m koordd.kernel.scx --ls ls.slice --be be.slice`, started; `first_line` is the switch's
+    """`python -m koordd.kernel.sched_ext_scheduler --ls ls.slice --be be.slice`, started; `first_line` is the switch's
     result. libbpf's log (the verifier's, when loading fails) goes to a file: it can outgrow a pipe."""
 
     def __init__(self):
         self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "koordd.kernel.scx", "--ls", str(vm.CGROUP / vm.LS), "--be", str(vm.CGROUP / vm.BE)],
+            [sys.executable, "-m", "koordd.kernel.sched_ext_scheduler", "--ls", str(vm.CGROUP / vm.LS), "--be", str(vm.CGROUP / vm.BE)],
             stdout=subprocess.PIPE, stderr=self.log, text=True)
         self.first_line = self.proc.stdout.readline().strip()
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from koordtest.fakes.cgroup import FakeCgroups
-from koordd.backends.cgroup import KNOBS, PAGE_SIZE, Unsupported, shares_to_weight, validate, weight_to_shares
+from koordd.backends.cgroup_knobs import KNOBS, PAGE_SIZE, Unsupported, shares_to_weight, validate, weight_to_shares
 from koordd.core.backend import InvalidValue
-from koordd.core.cgroup import parse_cpu_max
+from koordd.core.cgroup_text import parse_cpu_max
 
 JOB = "be.slice/job"
 V1_UNLIMITED = "9223372036854771712"
@@ -204,7 +204,7 @@ def test_parse_cpu_max():
 def test_v1_child_quota_may_not_exceed_the_parent(tmp_path, mode, refused):
     from koordtest.fakes.cgroup import FakeCgroups
     from koordd.core.backend import InvalidValue
-    from koordd.backends.cgroup import validate
+    from koordd.backends.cgroup_knobs import validate
     tree = FakeCgroups(tmp_path, mode).add("be.slice/job")
     if mode == "v1":
         tree.set("be.slice", "cpu", "cpu.cfs_quota_us", "50000\n")

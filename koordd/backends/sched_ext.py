@@ -1,7 +1,7 @@
 """koordd's own sched_ext scheduler as two knobs: whether it runs, and the class of each cgroup in it.
 
 - `scheduler`, on the node-wide target "sched_ext": "koordd" loads koordd's scheduler
-  (koordd/bpf/koordd_sched.bpf.o) through koordd/kernel/scx.py's safe switch; "none" unloads it. It reads what
+  (koordd/bpf/koordd_sched.bpf.o) through koordd/kernel/sched_ext_scheduler.py's safe switch; "none" unloads it. It reads what
   the kernel says: "koordd" while ours runs, "none" while no BPF scheduler does, else the name of
   another program's scheduler (or the state, mid-switch). koordd never stops another program's
   scheduler: loading over one is refused naming it, and "none" counts as reached while it runs.
@@ -20,16 +20,16 @@ import logging
 from pathlib import Path
 
 from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpec, TargetGone, Unsupported
-from koordd.core.targets import SCX_TARGET
+from koordd.core.targets import SCHED_EXT_TARGET
 from koordd.kernel.cgroupfs import CgroupFS
-from koordd.kernel.host import Host
+from koordd.kernel.host_probe import Host
 from koordd.kernel.libbpf import BpfError, libbpf
 from koordd.kernel.sched_ext import missing_reason, read_sched_ext
-from koordd.kernel.scx import (CLASS_VALUES, OBJECT, OPS_NAME, Scheduler, ScxError, cgroup_id, switch_to,
+from koordd.kernel.sched_ext_scheduler import (CLASS_VALUES, OBJECT, OPS_NAME, Scheduler, SchedExtError, cgroup_id, switch_to,
     wait_state)
 
 log = logging.getLogger("koordd.scx_backend")     # its name before the move: log lines unchanged
-TARGET = SCX_TARGET             # the node-wide target of `scheduler`
+TARGET = SCHED_EXT_TARGET       # the node-wide target of `scheduler`
 NONE = "none"
 
 
@@ -79,7 +79,7 @@ class OwnScheduler:
         if self.running is not None:
             try:
                 self.running.set_classes(self.class_map())
-            except ScxError as e:
+            except SchedExtError as e:
                 raise OSError(errno.EIO, str(e)) from None
 
     def start(self) -> None:
@@ -198,4 +198,4 @@ def backends(fs: CgroupFS) -> list[Backend]:
     return scheduler_backends(fs)
 
 
-BACKENDS = BackendSet((SchedulerBackend, SchedulerClassBackend), backends)     # koordd/core/registry.py BUILTIN
+BACKENDS = BackendSet((SchedulerBackend, SchedulerClassBackend), backends)     # koordd/core/catalogue.py BUILTIN

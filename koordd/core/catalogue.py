@@ -7,7 +7,7 @@ names them only for the order they run in and to say so when an install lost the
 and backends are part of koordd: BUILTIN names each as an entry point does ("module:attribute"). Either
 way the registry loads a group's modules only when that group is asked for: `koordctl validate` loads the
 loops and no sensor or backend (tests/unit/test_layers.py). Each group's values lie in its own package
-(tests/unit/core/test_registry.py), as the layers of pyproject.toml would have it for an import.
+(tests/unit/core/test_catalogue.py), as the layers of pyproject.toml would have it for an import.
 """
 from __future__ import annotations
 
@@ -45,12 +45,12 @@ BUILTIN: dict[str, dict[str, str]] = {
         "block_devices": "koordd.sensors.blockdev:BlockDeviceSensor",
     },
     BACKENDS: {      # in this order: the cgroup knobs first, as the actuator has always had them
-        "cgroup": "koordd.backends.cgroup:BACKENDS",
+        "cgroup_knobs": "koordd.backends.cgroup_knobs:BACKENDS",
         "threads": "koordd.backends.threads:BACKENDS",
         "resctrl": "koordd.backends.resctrl:BACKENDS",
         "tc": "koordd.backends.tc:BACKENDS",
         "netclass": "koordd.backends.netclass:BACKENDS",
-        "scx": "koordd.backends.scx:BACKENDS",
+        "sched_ext": "koordd.backends.sched_ext:BACKENDS",
         "iocost": "koordd.backends.iocost:BACKENDS",
         "core_sched": "koordd.backends.core_sched:BACKENDS",
         "sysctl": "koordd.backends.sysctl:BACKENDS",
@@ -148,7 +148,7 @@ def load_registry() -> dict[str, type[Loop]]:
 
 
 def load_backends(*builtin_backends: Backend) -> Backends:
-    """`builtin_backends` (koordd's own, built on this host's layout: koordd/backends/registry.py) plus the
+    """`builtin_backends` (koordd's own, built on this host's layout: koordd/backends/host_backends.py) plus the
     third parties' (named by their kind); one that fails to load, to start or clashes with another is left
     out with one error line."""
     out = Backends(builtin_backends)
