@@ -116,6 +116,8 @@ class State:
     capped: dict[str, float] = field(default_factory=dict)   # BE cgroup capped as an antagonist -> until
     lab: Lab | None = None                           # rule slack: every cut an experiment (core/experiment.py)
     guard_cut: tuple | None = None                   # rule slack: a guard's cut: (until, allowance before, signal)
+    guard_since: float | None = None                 # rule slack: since when a guard holds or cuts BE (the SLO met)
+    guard_off_until: float = 0.0                     # rule slack: a guard that held guard_cut_max rests until then
     hot: dict[str, str] = field(default_factory=dict)        # rule slack: BE cgroup under a hot cap -> cpu.max
     be_cpu: History = field(default_factory=lambda: History(60.0))   # rule slack: BE cgroups' CPU, to attribute
 
@@ -324,13 +326,27 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     s = steer[0] if steer is not None else None
     g = guard[0] if guard is not None else None
     below = state.below_zero
-    state.below_zero = s is not None and s < 0
+    # A class whose SLO has no value this round (a scrape every second, a round every half): neither late
+    # nor healthy. Its memory of the last round below zero survives it, and BE does not grow on it.
+    unmeasured = _unmeasured_slos(snapshot, signals)
+    if s is not None or not unmeasured:
+        state.below_zero = s is not None and s < 0
+    guard_max = float(settings.guard_cut_max)
+    if g is None or g >= HOLD_AT or (s is not None and s < HOLD_AT) or now < state.guard_off_until:
+        state.guard_since = None
+    elif state.guard_since is None:
+        state.guard_since = now
+    elif now - state.guard_since >= guard_max and state.guard_cut is None:
+        # The guard held (or cut) BE for guard_cut_max while the SLO was met: the SLO decides, the guard rests.
+        state.guard_since, state.guard_off_until = None, now + guard_max
+    guarding = g is not None and now >= state.guard_off_until
     step, experiment = None, None
 
     if verdict is not None:
         experiment = verdict.fields()
         if not verdict.helped and running.bound is not None:
-            state.guard_cut = None
+            state.guard_cut = None       # a guard's cut that bought nothing: the guard cuts no more for a while
+            lab.rest_for(BE_CAP, verdict.key[1], now + guard_max)
         if not verdict.helped:
             rest = lab.resting(verdict.lever, verdict.key[1], now)
             step = f"undo: {verdict.text()}; {verdict.lever} rests {rest:g}s for {verdict.key[1]}"
@@ -341,7 +357,7 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         if lab.running is not None and lab.running.bound is not None:
             lab.abandon()
         state.guard_cut, state.allowance = None, max(state.allowance, base)
-        lab.rest_for(BE_CAP, signal, now + float(settings.guard_cut_max))
+        lab.rest_for(BE_CAP, signal, now + guard_max)
         step = f"guard cut ends after {float(settings.guard_cut_max):g}s: the SLO decides, and it is met"
     running = lab.running
 
@@ -349,7 +365,9 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         pass
     elif s is not None and s < HOLD_AT:
         if state.guard_cut is not None:
-            state.guard_cut = None       # a guard's cut, and now the SLO itself is at risk: it decides from here
+            # a guard's cut, and now the SLO itself is at risk: it decides from here; the guard rests
+            lab.rest_for(BE_CAP, state.guard_cut[2], now + guard_max)
+            state.guard_cut = None
             if running is not None and running.bound is not None:
                 lab.abandon()
                 running = None
@@ -357,13 +375,15 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
                           signals, extra)
     elif running is not None and running.bound is None:
         step = "floor (LS recovering)" if state.at_floor else f"hold: judging the {running.lever} cut"
-    elif g is not None and g < 0:
+    elif guarding and g < 0:
         step = _guard_cut(settings, state, guard[1], be_used, capacity, others, units)
+    elif unmeasured and (s is None or s < GROW_AT):
+        step = f"hold: no SLO value this round for {', '.join(unmeasured)} (neither late nor healthy)"
     elif state.at_floor and (s is None or s < GROW_AT):
         step = "floor (LS recovering)"
     elif s is not None and s < GROW_AT:
         step = "hold"
-    elif g is not None and g < HOLD_AT:
+    elif guarding and g < HOLD_AT:
         step = "hold (guard: LS's run queue or pressure near its target)"
     else:
         state.at_floor = False
@@ -392,6 +412,13 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     return state.allowance, reason, why, extra
 
 
+def _unmeasured_slos(snapshot: Snapshot, signals: list) -> list[str]:
+    """The LS class roots with an SLO that has no value this round (their source measured nothing)."""
+    measured = {sig[0] for sig in signals if sig[1] in SLO_SIGNALS}
+    return sorted(c.path for c in snapshot.of_class(*LATENCY_SENSITIVE)
+                  if snapshot.slo_of(c.path) is not None and c.path not in measured)
+
+
 def _steer_cut(snapshot, settings, state: State, worst: dict, s: float, below: bool, floor: float, units: dict,
                be_used: float, capacity: int, others: float, signals: list, extra: list[Action]) -> str:
     """The steering signal is under 5% slack: deepen the running cut to the floor (a second round below
@@ -416,6 +443,10 @@ def _steer_cut(snapshot, settings, state: State, worst: dict, s: float, below: b
     if state.at_floor:
         return "floor"
     key = (worst["cgroup"], worst["signal"])
+    if not lab.confirmed(key, now, worst["target"] * (1 - HOLD_AT)):
+        # One round over is no reason to cut: the rounds before a cut must show the state that prompts it
+        # (core/experiment.py judges the cut against their median).
+        return f"hold: {worst['signal']} near or over its target, confirming before a cut"
     cond = conditions(others, capacity, [p for p, c in units.items() if c >= BUSY_CORES], worst["signal"])
     levers = lab.order([HOT_CAP, BE_CAP] if len(units) >= 2 else [BE_CAP], cond, now)
     if not levers:
@@ -451,6 +482,8 @@ def _guard_cut(settings, state: State, worst: dict, be_used: float, capacity: in
         return f"guard: hold the bounded cut (ends in {state.guard_cut[0] - now:g}s at most)"
     if lab.resting(BE_CAP, worst["signal"], now):
         return f"guard: hold ({worst['signal']} over target, the SLO met; its cut rests)"
+    if not lab.confirmed((worst["cgroup"], worst["signal"]), now, worst["target"]):
+        return f"guard: hold ({worst['signal']} over target, the SLO met; confirming before a cut)"
     cond = conditions(others, capacity, [p for p, c in units.items() if c >= BUSY_CORES], worst["signal"])
     until = now + float(settings.guard_cut_max)
     lab.start(now, BE_CAP, (worst["cgroup"], worst["signal"]), be_used, cond, undo=state.allowance, bound=until)
