@@ -118,6 +118,7 @@ class State:
     guard_cut: tuple | None = None                   # rule slack: a guard's cut: (until, allowance before, signal)
     guard_since: float | None = None                 # rule slack: since when a guard holds or cuts BE (the SLO met)
     guard_off_until: float = 0.0                     # rule slack: a guard that held guard_cut_max rests until then
+    slo_seen: dict[str, float] = field(default_factory=dict)   # rule slack: class root -> its SLO's last value's time
     hot: dict[str, str] = field(default_factory=dict)        # rule slack: BE cgroup under a hot cap -> cpu.max
     be_cpu: History = field(default_factory=lambda: History(60.0))   # rule slack: BE cgroups' CPU, to attribute
 
@@ -278,6 +279,7 @@ def _sized_actions(snapshot: Snapshot, settings, state: State, be, non_be: float
 GROW_AT, HOLD_AT = 0.10, 0.05     # Heracles: grow BE at 10% slack or more, give back under 5%
 RAISE_MARGIN = 1.25               # a raised target: what LS showed at BE's floor, plus 25% (20% slack there)
 RAISED_FOR = 300.0                # seconds; then LS is judged by its declared targets again
+SLO_GAP = 2.0                     # seconds: a round this soon after the SLO's last value lies between two values
 
 
 def _split(snapshot: Snapshot, signals: list) -> tuple[list, list]:
@@ -331,6 +333,11 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     unmeasured = _unmeasured_slos(snapshot, signals)
     if s is not None or not unmeasured:
         state.below_zero = s is not None and s < 0
+    state.slo_seen = {sig[0]: now for sig in signals if sig[1] in SLO_SIGNALS} | \
+        {p: t for p, t in state.slo_seen.items() if p in unmeasured}
+    # The SLO measured within SLO_GAP: a round between two values, and the SLO's last word stands. Only an SLO
+    # silent for longer lets the guards act alone (a stall it cannot see yet).
+    between = [p for p in unmeasured if now - state.slo_seen.get(p, -math.inf) <= SLO_GAP]
     guard_max = float(settings.guard_cut_max)
     if g is None or g >= HOLD_AT or (s is not None and s < HOLD_AT) or now < state.guard_off_until:
         state.guard_since = None
@@ -365,8 +372,10 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         pass
     elif s is not None and s < HOLD_AT:
         if state.guard_cut is not None:
-            # a guard's cut, and now the SLO itself is at risk: it decides from here; the guard rests
+            # a guard's cut, and now the SLO itself is at risk: the guard's cut ends (BE back where it was), the
+            # guard rests, and the SLO decides from here (a cut of its own once confirmed)
             lab.rest_for(BE_CAP, state.guard_cut[2], now + guard_max)
+            state.allowance = max(state.allowance, state.guard_cut[1])
             state.guard_cut = None
             if running is not None and running.bound is not None:
                 lab.abandon()
@@ -375,10 +384,12 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
                           signals, extra)
     elif running is not None and running.bound is None:
         step = "floor (LS recovering)" if state.at_floor else f"hold: judging the {running.lever} cut"
+    elif between and (s is None or s < GROW_AT):
+        step = f"hold: no SLO value this round for {', '.join(between)} (neither late nor healthy)"
     elif guarding and g < 0:
         step = _guard_cut(settings, state, guard[1], be_used, capacity, others, units)
     elif unmeasured and (s is None or s < GROW_AT):
-        step = f"hold: no SLO value this round for {', '.join(unmeasured)} (neither late nor healthy)"
+        step = f"hold: no SLO value for {', '.join(unmeasured)} (neither late nor healthy)"
     elif state.at_floor and (s is None or s < GROW_AT):
         step = "floor (LS recovering)"
     elif s is not None and s < GROW_AT:

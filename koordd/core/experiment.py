@@ -80,6 +80,13 @@ class History:
         sigma = spread([v for t, v in pts if t in marks])
         return sigma, correlation(sigma, steps)
 
+    def forget_stale(self, now: float) -> None:
+        """Forget the keys with no value within the span (a cgroup gone); a key without a value this round
+        (an SLO scraped every second, a round every half) keeps its history."""
+        for k in [k for k, q in self.points.items() if not q or q[-1][0] < now - self.span]:
+            del self.points[k]
+            self.quiet.pop(k, None)
+
     def forget_except(self, keys: Iterable[Any]) -> None:
         keep = set(keys)
         for k in [k for k in self.points if k not in keep]:
@@ -254,7 +261,7 @@ class Lab:
         """One round: every signal's value, BE's CPU use and the keys back in health. Returns the running
         experiment's verdict when it is due (the experiment then ends), else None."""
         self.now, quiet, self._moved = now, not self._moved, False
-        self.history.forget_except(values)
+        self.history.forget_stale(now)
         for k, v in values.items():
             self.history.add(now, k, v, quiet)
         e = self.running
