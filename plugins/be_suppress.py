@@ -14,25 +14,30 @@ Two rules decide how much CPU BE may use (`rule`):
   BE's allowance grows by `slack_grow_percent` of the node per tick up to the whole node, where the
   cap is lifted (`cpu.max` "max"): BE may then take any CPU that LS and the system leave idle at any
   moment, and SCHED_IDLE (qos_baseline) decides who runs; a cap at the average idle CPU would
-  leave the dips in LS's demand unused. Between 5% and 10% it holds; under 5% it gives back
-  `slack_shrink_percent` of its allowance at once; below zero it gives back as much, and if the
-  next round is below zero too (not one wild sample) it drops to its floor and stays there until
-  slack is back at 10%, or for `slack_floor_hold`: if LS has not recovered by then, BE is not what
-  it is short of (its own threads contend), and each target LS misses is raised to what LS shows
-  at BE's floor plus 25% (so LS at that level has 20% slack and BE grows) for 5 minutes, after
-  which it is judged by its declared targets again.
-  With no LS signal at all (no sensor, nothing ran yet) it holds what it has.
+  leave the dips in LS's demand unused. Between 5% and 10% it holds; under 5% in every round of
+  half the experiment window (at least two: one wild sample is no reason) it gives back
+  `slack_shrink_percent` of its allowance, or, below zero in this round and the last, drops to its
+  floor (a cut under way deepens to the floor at a second round below zero), and stays there until
+  slack is back at 10%, the cut is judged to have bought nothing, or for `slack_floor_hold`: if LS
+  has not recovered by then, BE is not what it is short of (its own threads contend), and each
+  target LS misses is raised to what LS shows at BE's floor plus 25% (so LS at that level has 20%
+  slack and BE grows) for 5 minutes, after which it is judged by its declared targets again.
+  With no LS signal at all (no sensor, nothing ran yet) it holds what it has; a round in which a
+  class's SLO has no value (neither late nor healthy) holds too, and keeps "below zero" from the
+  SLO's last value.
   Every cut is an experiment (core/experiment.py, docs/be-control.md): `experiment_window` after a
-  cut the signal it acted on is compared with its value at the cut; a cut that bought no more than
-  the signal's noise is undone ("cut bought nothing: runq_p99_us 4.10 ms -> 4.10 ms") and that
+  cut (or after the floor) the signal it acted on is compared with its median over the window
+  before the cut; a cut that bought no more than the signal's noise allows (its spread, the rounds
+  on each side) is undone ("cut bought nothing: runq_p99_us 4.10 ms -> 4.10 ms") and that
   lever rests for that signal `lever_rest`, doubling each time in a row. The levers: a cap on the
   busiest BE pods or jobs alone (`hot_cap_percent`, where BE has two or more busy ones: those whose
   CPU use follows the signal, else the busiest, half of them at most), the whole-BE cap (`policy`'s
   knob), and leaving BE alone (cpu.idle decides who runs) when every cut rests. What each bought is
   remembered per LS load band, busy BE cgroups and signal; the one that helped there goes first.
   Where a class declares an SLO its application latency steers; its run-queue latency and pressure
-  only guard: over their targets while the SLO is met they hold BE's growth and may cut once, by
-  `slack_shrink_percent`, for `guard_cut_max` at most, never to the floor.
+  only guard: over their targets while the SLO is met (or silent for over 2 s) they hold BE's growth
+  and may cut once, by `slack_shrink_percent`; holding and cutting together last `guard_cut_max` at
+  most, then the SLO decides and the guard rests as long; never to the floor.
 - "threshold" (koordlet's rule), described next.
 
 Reads: node CPU in use, CPU usage of every classified cgroup, `cpu.pressure`
@@ -152,8 +157,8 @@ class BeSuppress(Loop):
                "acted on is judged; a cut that bought no more than the signal's noise is undone", min=1, max=600),
         Option("lever_rest", Duration, Duration(10.0), "rule slack: how long a lever whose cut bought nothing "
                "rests for that signal, doubling each time in a row (up to 32 times this)", min=1, max=3600),
-        Option("guard_cut_max", Duration, Duration(30.0), "rule slack: where a class's SLO is met, the longest a "
-               "cut for its run-queue latency or pressure alone stays", min=1, max=3600),
+        Option("guard_cut_max", Duration, Duration(30.0), "rule slack: where a class's SLO is met, the longest its "
+               "run-queue latency or pressure alone holds or cuts BE (then it rests as long)", min=1, max=3600),
         Option("hot_cap_percent", float, 50.0, "rule slack: a lever that caps the busiest BE cgroups (pods, jobs) "
                "alone, to this much less than they use; 0 turns it off", min=0, max=95),
         Option("antagonist_signal", str, "off", "cap the BE cgroup that interferes with LS, judged by: off, "

@@ -188,8 +188,8 @@ class Verdict:
     def fields(self) -> dict:
         return {"lever": self.lever, "cgroup": self.key[0], "signal": self.key[1], "before": round(self.before, 3),
                 "after": round(self.after, 3), "noise": round(self.noise, 3), "margin": round(self.margin, 3),
-                "n_before": self.n_before, "n_after": self.n_after, "verdict": "helped" if self.helped else "bought nothing",
-                "be_given_up_cores": round(self.be_given_up, 3)}
+                "n_before": self.n_before, "n_after": self.n_after,
+                "verdict": "helped" if self.helped else "bought nothing", "be_given_up_cores": round(self.be_given_up, 3)}
 
     def text(self) -> str:
         what = "cut helped" if self.helped else "cut bought nothing"
