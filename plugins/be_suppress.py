@@ -23,8 +23,9 @@ Two rules decide how much CPU BE may use (`rule`):
   target LS misses is raised to what LS shows at BE's floor plus 25% (so LS at that level has 20%
   slack and BE grows) for 5 minutes, after which it is judged by its declared targets again.
   With no LS signal at all (no sensor, nothing ran yet) it holds what it has; a round in which a
-  class's SLO has no value (neither late nor healthy) holds too, and keeps "below zero" from the
-  SLO's last value.
+  class's SLO has no value within 2 s of its last one (neither late nor healthy) holds too, and keeps
+  "below zero" from the SLO's last value; an SLO silent for longer leaves the class to its health
+  targets, as guards.
   Every cut is an experiment (core/experiment.py, docs/be-control.md): `experiment_window` after a
   cut (or after the floor) the signal it acted on is compared with its median over the window
   before the cut; a cut that bought no more than the signal's noise allows (its spread, the rounds
@@ -340,8 +341,9 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         state.below_zero = s is not None and s < 0
     state.slo_seen = {sig[0]: now for sig in signals if sig[1] in SLO_SIGNALS} | \
         {p: t for p, t in state.slo_seen.items() if p in unmeasured}
-    # The SLO measured within SLO_GAP: a round between two values, and the SLO's last word stands. Only an SLO
-    # silent for longer lets the guards act alone (a stall it cannot see yet).
+    # The SLO measured within SLO_GAP: a round between two values, and the SLO's last word stands. An SLO silent
+    # for longer (a stall it cannot see yet, a source that fails or never ran) leaves the class to its health
+    # targets alone, as guards: they may hold and cut BE for a bounded time, and BE grows on their health.
     between = [p for p in unmeasured if now - state.slo_seen.get(p, -math.inf) <= SLO_GAP]
     guard_max = float(settings.guard_cut_max)
     if g is None or g >= HOLD_AT or (s is not None and s < HOLD_AT) or now < state.guard_off_until:
@@ -393,8 +395,6 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         step = f"hold: no SLO value this round for {', '.join(between)} (neither late nor healthy)"
     elif guarding and g < 0:
         step = _guard_cut(settings, state, guard[1], be_used, capacity, others, units)
-    elif unmeasured and (s is None or s < GROW_AT):
-        step = f"hold: no SLO value for {', '.join(unmeasured)} (neither late nor healthy)"
     elif state.at_floor and (s is None or s < GROW_AT):
         step = "floor (LS recovering)"
     elif s is not None and s < GROW_AT:
