@@ -14,25 +14,31 @@ Two rules decide how much CPU BE may use (`rule`):
   BE's allowance grows by `slack_grow_percent` of the node per tick up to the whole node, where the
   cap is lifted (`cpu.max` "max"): BE may then take any CPU that LS and the system leave idle at any
   moment, and SCHED_IDLE (qos_baseline) decides who runs; a cap at the average idle CPU would
-  leave the dips in LS's demand unused. Between 5% and 10% it holds; under 5% it gives back
-  `slack_shrink_percent` of its allowance at once; below zero it gives back as much, and if the
-  next round is below zero too (not one wild sample) it drops to its floor and stays there until
-  slack is back at 10%, or for `slack_floor_hold`: if LS has not recovered by then, BE is not what
-  it is short of (its own threads contend), and each target LS misses is raised to what LS shows
-  at BE's floor plus 25% (so LS at that level has 20% slack and BE grows) for 5 minutes, after
-  which it is judged by its declared targets again.
-  With no LS signal at all (no sensor, nothing ran yet) it holds what it has.
+  leave the dips in LS's demand unused. Between 5% and 10% it holds; under 5% in every round of
+  half the experiment window (at least two: one wild sample is no reason) it gives back
+  `slack_shrink_percent` of its allowance, or, below zero in this round and the last, drops to its
+  floor (a cut under way deepens to the floor at a second round below zero), and stays there until
+  slack is back at 10%, the cut is judged to have bought nothing, or for `slack_floor_hold`: if LS
+  has not recovered by then, BE is not what it is short of (its own threads contend), and each
+  target LS misses is raised to what LS shows at BE's floor plus 25% (so LS at that level has 20%
+  slack and BE grows) for 5 minutes, after which it is judged by its declared targets again.
+  With no LS signal at all (no sensor, nothing ran yet) it holds what it has; a round in which a
+  class's SLO has no value within 2 s of its last one (neither late nor healthy) holds too, and keeps
+  "below zero" from the SLO's last value; an SLO silent for longer leaves the class to its health
+  targets, as guards.
   Every cut is an experiment (core/experiment.py, docs/be-control.md): `experiment_window` after a
-  cut the signal it acted on is compared with its value at the cut; a cut that bought no more than
-  the signal's noise is undone ("cut bought nothing: runq_p99_us 4.10 ms -> 4.10 ms") and that
+  cut (or after the floor) the signal it acted on is compared with its median over the window
+  before the cut; a cut that bought no more than the signal's noise allows (its spread, the rounds
+  on each side) is undone ("cut bought nothing: runq_p99_us 4.10 ms -> 4.10 ms") and that
   lever rests for that signal `lever_rest`, doubling each time in a row. The levers: a cap on the
   busiest BE pods or jobs alone (`hot_cap_percent`, where BE has two or more busy ones: those whose
   CPU use follows the signal, else the busiest, half of them at most), the whole-BE cap (`policy`'s
   knob), and leaving BE alone (cpu.idle decides who runs) when every cut rests. What each bought is
   remembered per LS load band, busy BE cgroups and signal; the one that helped there goes first.
   Where a class declares an SLO its application latency steers; its run-queue latency and pressure
-  only guard: over their targets while the SLO is met they hold BE's growth and may cut once, by
-  `slack_shrink_percent`, for `guard_cut_max` at most, never to the floor.
+  only guard: over their targets while the SLO is met (or silent for over 2 s) they hold BE's growth
+  and may cut once, by `slack_shrink_percent`; holding and cutting together last `guard_cut_max` at
+  most, then the SLO decides and the guard rests as long; never to the floor.
 - "threshold" (koordlet's rule), described next.
 
 Reads: node CPU in use, CPU usage of every classified cgroup, `cpu.pressure`
@@ -116,6 +122,9 @@ class State:
     capped: dict[str, float] = field(default_factory=dict)   # BE cgroup capped as an antagonist -> until
     lab: Lab | None = None                           # rule slack: every cut an experiment (core/experiment.py)
     guard_cut: tuple | None = None                   # rule slack: a guard's cut: (until, allowance before, signal)
+    guard_since: float | None = None                 # rule slack: since when a guard holds or cuts BE (the SLO met)
+    guard_off_until: float = 0.0                     # rule slack: a guard that held guard_cut_max rests until then
+    slo_seen: dict[str, float] = field(default_factory=dict)   # rule slack: class root -> its SLO's last value's time
     hot: dict[str, str] = field(default_factory=dict)        # rule slack: BE cgroup under a hot cap -> cpu.max
     be_cpu: History = field(default_factory=lambda: History(60.0))   # rule slack: BE cgroups' CPU, to attribute
 
@@ -149,8 +158,8 @@ class BeSuppress(Loop):
                "acted on is judged; a cut that bought no more than the signal's noise is undone", min=1, max=600),
         Option("lever_rest", Duration, Duration(10.0), "rule slack: how long a lever whose cut bought nothing "
                "rests for that signal, doubling each time in a row (up to 32 times this)", min=1, max=3600),
-        Option("guard_cut_max", Duration, Duration(30.0), "rule slack: where a class's SLO is met, the longest a "
-               "cut for its run-queue latency or pressure alone stays", min=1, max=3600),
+        Option("guard_cut_max", Duration, Duration(30.0), "rule slack: where a class's SLO is met, the longest its "
+               "run-queue latency or pressure alone holds or cuts BE (then it rests as long)", min=1, max=3600),
         Option("hot_cap_percent", float, 50.0, "rule slack: a lever that caps the busiest BE cgroups (pods, jobs) "
                "alone, to this much less than they use; 0 turns it off", min=0, max=95),
         Option("antagonist_signal", str, "off", "cap the BE cgroup that interferes with LS, judged by: off, "
@@ -276,6 +285,7 @@ def _sized_actions(snapshot: Snapshot, settings, state: State, be, non_be: float
 GROW_AT, HOLD_AT = 0.10, 0.05     # Heracles: grow BE at 10% slack or more, give back under 5%
 RAISE_MARGIN = 1.25               # a raised target: what LS showed at BE's floor, plus 25% (20% slack there)
 RAISED_FOR = 300.0                # seconds; then LS is judged by its declared targets again
+SLO_GAP = 2.0                     # seconds: a round this soon after the SLO's last value lies between two values
 
 
 def _split(snapshot: Snapshot, signals: list) -> tuple[list, list]:
@@ -324,13 +334,33 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     s = steer[0] if steer is not None else None
     g = guard[0] if guard is not None else None
     below = state.below_zero
-    state.below_zero = s is not None and s < 0
+    # A class whose SLO has no value this round (a scrape every second, a round every half): neither late
+    # nor healthy. Its memory of the last round below zero survives it, and BE does not grow on it.
+    unmeasured = _unmeasured_slos(snapshot, signals)
+    if s is not None or not unmeasured:
+        state.below_zero = s is not None and s < 0
+    state.slo_seen = {sig[0]: now for sig in signals if sig[1] in SLO_SIGNALS} | \
+        {p: t for p, t in state.slo_seen.items() if p in unmeasured}
+    # The SLO measured within SLO_GAP: a round between two values, and the SLO's last word stands. An SLO silent
+    # for longer (a stall it cannot see yet, a source that fails or never ran) leaves the class to its health
+    # targets alone, as guards: they may hold and cut BE for a bounded time, and BE grows on their health.
+    between = [p for p in unmeasured if now - state.slo_seen.get(p, -math.inf) <= SLO_GAP]
+    guard_max = float(settings.guard_cut_max)
+    if g is None or g >= HOLD_AT or (s is not None and s < HOLD_AT) or now < state.guard_off_until:
+        state.guard_since = None
+    elif state.guard_since is None:
+        state.guard_since = now
+    elif now - state.guard_since >= guard_max and state.guard_cut is None:
+        # The guard held (or cut) BE for guard_cut_max while the SLO was met: the SLO decides, the guard rests.
+        state.guard_since, state.guard_off_until = None, now + guard_max
+    guarding = g is not None and now >= state.guard_off_until
     step, experiment = None, None
 
     if verdict is not None:
         experiment = verdict.fields()
         if not verdict.helped and running.bound is not None:
-            state.guard_cut = None
+            state.guard_cut = None       # a guard's cut that bought nothing: the guard cuts no more for a while
+            lab.rest_for(BE_CAP, verdict.key[1], now + guard_max)
         if not verdict.helped:
             rest = lab.resting(verdict.lever, verdict.key[1], now)
             step = f"undo: {verdict.text()}; {verdict.lever} rests {rest:g}s for {verdict.key[1]}"
@@ -341,7 +371,7 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         if lab.running is not None and lab.running.bound is not None:
             lab.abandon()
         state.guard_cut, state.allowance = None, max(state.allowance, base)
-        lab.rest_for(BE_CAP, signal, now + float(settings.guard_cut_max))
+        lab.rest_for(BE_CAP, signal, now + guard_max)
         step = f"guard cut ends after {float(settings.guard_cut_max):g}s: the SLO decides, and it is met"
     running = lab.running
 
@@ -349,7 +379,11 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         pass
     elif s is not None and s < HOLD_AT:
         if state.guard_cut is not None:
-            state.guard_cut = None       # a guard's cut, and now the SLO itself is at risk: it decides from here
+            # a guard's cut, and now the SLO itself is at risk: the guard's cut ends (BE back where it was), the
+            # guard rests, and the SLO decides from here (a cut of its own once confirmed)
+            lab.rest_for(BE_CAP, state.guard_cut[2], now + guard_max)
+            state.allowance = max(state.allowance, state.guard_cut[1])
+            state.guard_cut = None
             if running is not None and running.bound is not None:
                 lab.abandon()
                 running = None
@@ -357,13 +391,15 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
                           signals, extra)
     elif running is not None and running.bound is None:
         step = "floor (LS recovering)" if state.at_floor else f"hold: judging the {running.lever} cut"
-    elif g is not None and g < 0:
+    elif between and (s is None or s < GROW_AT):
+        step = f"hold: no SLO value this round for {', '.join(between)} (neither late nor healthy)"
+    elif guarding and g < 0:
         step = _guard_cut(settings, state, guard[1], be_used, capacity, others, units)
     elif state.at_floor and (s is None or s < GROW_AT):
         step = "floor (LS recovering)"
     elif s is not None and s < GROW_AT:
         step = "hold"
-    elif g is not None and g < HOLD_AT:
+    elif guarding and g < HOLD_AT:
         step = "hold (guard: LS's run queue or pressure near its target)"
     else:
         state.at_floor = False
@@ -392,6 +428,13 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     return state.allowance, reason, why, extra
 
 
+def _unmeasured_slos(snapshot: Snapshot, signals: list) -> list[str]:
+    """The LS class roots with an SLO that has no value this round (their source measured nothing)."""
+    measured = {sig[0] for sig in signals if sig[1] in SLO_SIGNALS}
+    return sorted(c.path for c in snapshot.of_class(*LATENCY_SENSITIVE)
+                  if snapshot.slo_of(c.path) is not None and c.path not in measured)
+
+
 def _steer_cut(snapshot, settings, state: State, worst: dict, s: float, below: bool, floor: float, units: dict,
                be_used: float, capacity: int, others: float, signals: list, extra: list[Action]) -> str:
     """The steering signal is under 5% slack: deepen the running cut to the floor (a second round below
@@ -416,6 +459,10 @@ def _steer_cut(snapshot, settings, state: State, worst: dict, s: float, below: b
     if state.at_floor:
         return "floor"
     key = (worst["cgroup"], worst["signal"])
+    if not lab.confirmed(key, now, worst["target"] * (1 - HOLD_AT)):
+        # One round over is no reason to cut: the rounds before a cut must show the state that prompts it
+        # (core/experiment.py judges the cut against their median).
+        return f"hold: {worst['signal']} near or over its target, confirming before a cut"
     cond = conditions(others, capacity, [p for p, c in units.items() if c >= BUSY_CORES], worst["signal"])
     levers = lab.order([HOT_CAP, BE_CAP] if len(units) >= 2 else [BE_CAP], cond, now)
     if not levers:
@@ -451,6 +498,8 @@ def _guard_cut(settings, state: State, worst: dict, be_used: float, capacity: in
         return f"guard: hold the bounded cut (ends in {state.guard_cut[0] - now:g}s at most)"
     if lab.resting(BE_CAP, worst["signal"], now):
         return f"guard: hold ({worst['signal']} over target, the SLO met; its cut rests)"
+    if not lab.confirmed((worst["cgroup"], worst["signal"]), now, worst["target"]):
+        return f"guard: hold ({worst['signal']} over target, the SLO met; confirming before a cut)"
     cond = conditions(others, capacity, [p for p, c in units.items() if c >= BUSY_CORES], worst["signal"])
     until = now + float(settings.guard_cut_max)
     lab.start(now, BE_CAP, (worst["cgroup"], worst["signal"]), be_used, cond, undo=state.allowance, bound=until)

@@ -3,19 +3,31 @@
 A loop that takes a resource from BE (a quota, a cpuset, a cap on one BE cgroup) names the lever it
 moved and the LS signal it acted on; the `Lab` keeps that signal's recent values, compares its level
 before the cut with its level after it has settled, and says whether the cut bought more than the
-signal's own noise:
+signal's own noise. The comparison is built so that a signal no cut can move is judged "bought
+nothing" (tests/unit/core/test_experiment.py's seeded simulations: 200 trials per kind of noise) while
+a real improvement is still judged "helped":
 
-- before: the value the loop acted on (the signal's latest, the round of the cut). Not a median of
-  earlier rounds: a signal that just jumped would be judged by its healthy past and every cut would
-  look useless. A wild sample makes a cut look better than it was, the safe side for LS;
-- noise: the signal's round-to-round jitter over its history, 1.05 x the median absolute difference of
-  successive values (the standard deviation, for independent noise), robust to a level shift; only
-  rounds after one in which the loop moved nothing count (`moved()`), else the loop's own steps
-  (a cut, a growth) would pass for noise;
+- confirmation (`confirmed()`): the loop cuts only once the signal has been over its threshold in every
+  round of the last `confirm` seconds (half the window), at least CONFIRM_ROUNDS of them. One wild
+  sample is no reason to cut, and the rounds before the cut then describe the state that prompted it;
+- before: the median of the signal's values over the `window` seconds up to the cut. Not the value the
+  loop acted on: a cut taken because the signal was high would be judged by its highest sample, and a
+  signal that only wanders (regression to the mean) would look improved by any cut. With the
+  confirmation covering half of that window, the median is a value of the state that prompted the cut
+  (for a signal that just jumped, the new level, not its healthy past);
+- noise: the spread of the signal's values themselves, 1.4826 x their median absolute deviation (the
+  standard deviation, for normal noise; robust to a few wild samples and to a level shift in part of the
+  minute), over the quiet rounds of the last minute (after a round in which the loop moved nothing:
+  `moved()`), and how strongly successive values move together (an overlapping p99 window: a wandering
+  level, not independent samples), estimated from the same rounds' successive differences;
 - after: the median of its values from `settle` seconds after the lever last moved, judged `window`
-  seconds after that move; earlier only in the safe direction (the signal back in health and better
-  by more than the margin: the cut helped);
-- the cut helped when before - after > max(NOISE_K x noise, MIN_GAIN x before).
+  seconds after that move; earlier only in the safe direction (the signal back in health and better by
+  more than the margin: the cut helped);
+- the cut helped when before - after > max(NOISE_K x noise x sqrt(1/n_before + 1/n_after), MIN_GAIN x
+  before), where n_before and n_after are the rounds on each side, each counted as fewer where
+  successive values move together (n x (1 - r) / (1 + r), for lag-one correlation r): a median of five
+  rounds of a slowly wandering p99 is hardly better than one round. Successive differences alone (the
+  old measure) see almost no noise in such a signal and call its wandering a gain.
 
 A cut that bought nothing is the loop's to undo; the lever then rests for that signal, `rest` seconds
 the first time, doubling each time in a row up to `rest_max` (as a failing loop backs off), and a cut
@@ -25,6 +37,7 @@ first. Pure policy: no I/O, fed one round at a time by the loop, its state is pl
 """
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,8 +45,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 Key = tuple[str, str]            # (LS cgroup, signal name), as core/health.py's signals name them
 
-NOISE_K = 2.0                    # an improvement must exceed this many noise units ...
+NOISE_K = 3.0                    # an improvement must exceed this many standard errors of before - after ...
 MIN_GAIN = 0.05                  # ... and this share of the level before the cut
+CONFIRM_ROUNDS = 2               # a cut needs the signal over its threshold in at least this many rounds
+MAX_CORRELATION = 0.9            # successive values never count as more alike than this
+MAD_SIGMA = 1.4826               # the median absolute deviation of normal noise x this = its deviation
 LOAD_BANDS = 5                   # LS load in fifths of the node
 BUSY_CORES = 0.1                 # a BE cgroup using less is not "busy" in a condition
 
@@ -55,10 +71,21 @@ class History:
         while q and q[0][0] < now - self.span:
             marks.discard(q.popleft()[0])
 
-    def noise(self, key: Any) -> float:
-        """noise() of the key's quiet steps: successive values whose later one is quiet."""
-        pts, marks = list(self.points.get(key, ())), self.quiet.get(key, set())
-        return noise([abs(b - a) for (_, a), (t, b) in zip(pts, pts[1:]) if t in marks], diffs=True)
+    def spread(self, key: Any, until: float | None = None) -> tuple[float, float]:
+        """(spread, lag-one correlation) of the key's quiet values (those up to `until`): spread() of the
+        values, and how much successive quiet values move together (correlation())."""
+        pts = [(t, v) for t, v in self.points.get(key, ()) if until is None or t <= until]
+        marks = self.quiet.get(key, set())
+        steps = [abs(b - a) for (_, a), (t, b) in zip(pts, pts[1:]) if t in marks]
+        sigma = spread([v for t, v in pts if t in marks])
+        return sigma, correlation(sigma, steps)
+
+    def forget_stale(self, now: float) -> None:
+        """Forget the keys with no value within the span (a cgroup gone); a key without a value this round
+        (an SLO scraped every second, a round every half) keeps its history."""
+        for k in [k for k, q in self.points.items() if not q or q[-1][0] < now - self.span]:
+            del self.points[k]
+            self.quiet.pop(k, None)
 
     def forget_except(self, keys: Iterable[Any]) -> None:
         keep = set(keys)
@@ -73,12 +100,44 @@ class History:
         return dict(self.points.get(key, ()))
 
 
-def noise(values: Sequence[float], diffs: bool = False) -> float:
-    """The jitter of a series: 1.05 x the median |difference| of successive values (for independent
-    noise of deviation s the differences have deviation s x sqrt 2, whose median |.| is 0.954 s);
-    0 for fewer than two values. `diffs`: `values` are the |differences| already."""
-    steps = list(values) if diffs else [abs(b - a) for a, b in zip(values, values[1:])]
-    return 1.05 * statistics.median(steps) if steps else 0.0
+def spread(values: Sequence[float]) -> float:
+    """The noise of a signal's values: 1.4826 x their median absolute deviation (the standard deviation of
+    normal noise; a few wild values or a level shift in part of them move it little); 0 for fewer than
+    two values."""
+    if len(values) < 2:
+        return 0.0
+    mid = statistics.median(values)
+    return MAD_SIGMA * statistics.median(abs(v - mid) for v in values)
+
+
+def correlation(sigma: float, steps: Sequence[float]) -> float:
+    """How much successive values move together, from their spread `sigma` and the |differences| of
+    successive values: for noise of deviation s and lag-one correlation r the differences have deviation
+    s x sqrt(2 (1 - r)). Clamped to [0, MAX_CORRELATION]; 0 without spread or differences."""
+    if sigma <= 0 or not steps:
+        return 0.0
+    step = MAD_SIGMA * statistics.median(steps)
+    return min(max(1 - step * step / (2 * sigma * sigma), 0.0), MAX_CORRELATION)
+
+
+def standard_error(noise: float, r: float, before: Sequence[int], after: Sequence[int]) -> float:
+    """The standard deviation of (level before - level after) where nothing changed: values of deviation
+    `noise` at rounds `before` and `after` (their places in the signal's sequence), successive values
+    correlated `r` (an AR(1) process: rounds k apart correlate r^k). Independent values give the familiar
+    noise x sqrt(1/n_before + 1/n_after); correlated ones count as fewer values, and less so where the
+    two windows lie close together (what wanders moves both)."""
+    def pairs(xs: Sequence[int], ys: Sequence[int]) -> float:
+        return sum(r ** abs(x - y) for x in xs for y in ys) / (len(xs) * len(ys))
+    if not before or not after:
+        return noise * math.sqrt(2)
+    var = pairs(before, before) + pairs(after, after) - 2 * pairs(before, after)
+    return noise * math.sqrt(max(var, 0.0))
+
+
+def margin(before: float, noise: float, r: float, at_before: Sequence[int], at_after: Sequence[int]) -> float:
+    """How much better than `before` the level after a cut must be to count as bought (module docstring):
+    `at_before`, `at_after` are the places of the values each level was taken over."""
+    return max(NOISE_K * standard_error(noise, r, at_before, at_after), MIN_GAIN * abs(before))
 
 
 def conditions(ls_cores: float, capacity: int, busy_be: Iterable[str], signal: str) -> tuple:
@@ -94,18 +153,22 @@ class Experiment:
     key: Key
     started: float
     changed: float               # when the lever last moved (a deeper cut restarts the after window)
-    before: float
-    noise: float
+    before: float                # the median over the window up to the cut
+    noise: float                 # the signal's spread (History.spread)
     be_before: float             # BE cores when it started
     conditions: tuple
     undo: Any = None             # what puts the lever back (the loop's to read)
     bound: float | None = None   # a guard's cut: undone by this time whatever it bought
-    after: list = field(default_factory=list)      # (time, value)
+    n_before: int = 1            # the values the median before was taken over
+    correlation: float = 0.0     # how much successive values move together (History.spread)
+    seen: int = 0                # the signal's values since the cut (their places after it)
+    after: list = field(default_factory=list)      # (time, value, place)
     be_after: list = field(default_factory=list)   # BE cores after the cut
 
     def fields(self) -> dict:
         return {"lever": self.lever, "cgroup": self.key[0], "signal": self.key[1], "before": round(self.before, 3),
-                "noise": round(self.noise, 3), "started": self.started, "bound": self.bound}
+                "noise": round(self.noise, 3), "n_before": self.n_before, "correlation": round(self.correlation, 3),
+                "started": self.started, "bound": self.bound}
 
 
 @dataclass(frozen=True)
@@ -119,17 +182,20 @@ class Verdict:
     margin: float
     be_given_up: float           # BE cores: before the cut minus after it
     early: bool = False          # judged before the window ended (back in health)
+    n_before: int = 1            # rounds the level before was taken over
+    n_after: int = 1             # rounds the level after was taken over
 
     def fields(self) -> dict:
         return {"lever": self.lever, "cgroup": self.key[0], "signal": self.key[1], "before": round(self.before, 3),
                 "after": round(self.after, 3), "noise": round(self.noise, 3), "margin": round(self.margin, 3),
-                "verdict": "helped" if self.helped else "bought nothing",
-                "be_given_up_cores": round(self.be_given_up, 3)}
+                "n_before": self.n_before, "n_after": self.n_after,
+                "verdict": "helped" if self.helped else "bought nothing", "be_given_up_cores": round(self.be_given_up, 3)}
 
     def text(self) -> str:
         what = "cut helped" if self.helped else "cut bought nothing"
         return (f"{what}: {self.key[1]} {_show(self.key[1], self.before)} -> {_show(self.key[1], self.after)} "
-                f"(noise {_show(self.key[1], self.noise)}) for {self.be_given_up:.2f} BE cores")
+                f"(noise {_show(self.key[1], self.noise)}, margin {_show(self.key[1], self.margin)}, "
+                f"{self.n_before}/{self.n_after} rounds) for {self.be_given_up:.2f} BE cores")
 
 
 def _show(signal: str, value: float) -> str:
@@ -179,6 +245,7 @@ class Lab:
     settle: float = 2.0
     rest: float = 10.0
     rest_max: float = 320.0
+    confirm: float | None = None     # seconds the signal must be over before a cut (None: half the window)
     history: History = field(default_factory=lambda: History(60.0))
     running: Experiment | None = None
     rests: dict[tuple[str, str], Rest] = field(default_factory=dict)          # (lever, signal) -> its rest
@@ -194,31 +261,41 @@ class Lab:
         """One round: every signal's value, BE's CPU use and the keys back in health. Returns the running
         experiment's verdict when it is due (the experiment then ends), else None."""
         self.now, quiet, self._moved = now, not self._moved, False
-        self.history.forget_except(values)
+        self.history.forget_stale(now)
         for k, v in values.items():
             self.history.add(now, k, v, quiet)
         e = self.running
         if e is None:
             return None
         value = values.get(e.key)
+        if value is not None and now > e.started:
+            e.seen += 1
         if value is not None and now > e.changed:
-            e.after.append((now, value))
+            e.after.append((now, value, e.seen))
             if be_cores is not None:
                 e.be_after.append(be_cores)
-        settled = [v for t, v in e.after if t >= e.changed + self.settle] or [v for _, v in e.after]
+        settled = [a for a in e.after if a[0] >= e.changed + self.settle] or e.after
         if e.key in set(healthy) and e.after:
-            v = self._verdict(e, [v for _, v in e.after], early=True)
+            v = self._verdict(e, e.after, early=True)
             if v.helped:
                 return self._end(now, v)
         if now >= e.changed + self.window and settled:
             return self._end(now, self._verdict(e, settled))
         return None
 
-    def _verdict(self, e: Experiment, after: list[float], early: bool = False) -> Verdict:
-        level = statistics.median(after)
-        margin = max(NOISE_K * e.noise, MIN_GAIN * abs(e.before))
+    def _verdict(self, e: Experiment, after: list[tuple], early: bool = False) -> Verdict:
+        level = statistics.median(v for _, v, _ in after)
+        need = margin(e.before, e.noise, e.correlation, range(1 - e.n_before, 1), [k for _, _, k in after])
         given = e.be_before - statistics.fmean(e.be_after) if e.be_after else 0.0
-        return Verdict(e.lever, e.key, e.before - level > margin, e.before, level, e.noise, margin, given, early)
+        return Verdict(e.lever, e.key, e.before - level > need, e.before, level, e.noise, need, given, early,
+                       e.n_before, len(after))
+
+    def confirmed(self, key: Key, now: float, over: float) -> bool:
+        """The signal has been at or over `over` in every round of the last `confirm` seconds (half the
+        window unless set), at least CONFIRM_ROUNDS of them: a cut may be taken (module docstring)."""
+        span = self.confirm if self.confirm is not None else self.window / 2
+        recent = self.history.values(key, since=now - span - 1e-9)
+        return len(recent) >= CONFIRM_ROUNDS and all(v >= over for v in recent)
 
     def _end(self, now: float, v: Verdict) -> Verdict:
         e, self.running = self.running, None
@@ -235,11 +312,13 @@ class Lab:
 
     def start(self, now: float, lever: str, key: Key, be_cores: float, cond: tuple, undo: Any = None,
               bound: float | None = None) -> Experiment:
-        """The loop moved `lever` for signal `key` this round: judge it from here."""
-        past = self.history.values(key)
-        before = past[-1] if past else 0.0
-        self.running = Experiment(lever, key, now, now, before, self.history.noise(key), be_cores, cond,
-                                  undo, bound)
+        """The loop moved `lever` for signal `key` this round: judge it from here, against the median of the
+        signal over the window up to now."""
+        past = [v for t, v in self.history.points.get(key, ()) if now - self.window < t <= now]
+        before = statistics.median(past) if past else 0.0
+        sigma, r = self.history.spread(key, until=now)
+        self.running = Experiment(lever, key, now, now, before, sigma, be_cores, cond, undo, bound,
+                                  n_before=max(len(past), 1), correlation=r)
         self._moved = True
         self.chosen[lever] = self.chosen.get(lever, 0) + 1
         return self.running

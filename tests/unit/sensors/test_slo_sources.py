@@ -523,10 +523,14 @@ def test_a_declared_source_over_its_target_shrinks_be():
     assert ("ls", "app_p99_us") in {(c, n) for c, n, _, _ in signals}
     s = make_settings(loop_options(BeSuppress), {"enabled": True, "rule": "slack"})
     state = BeSuppress.initial_state(s)
-    [act] = [a for a in BeSuppress.decide(snap(1.0, slow), s, state) if a.value]
+    assert [a for a in BeSuppress.decide(snap(1.0, slow), s, state) if a.value] == []    # confirming: hold
+    [act] = [a for a in BeSuppress.decide(snap(2.0, slow), s, state) if a.value]
     assert act.reason["worst"]["signal"] == "app_p99_us" and act.reason["slack"] < 0
     assert int(act.value.split()[0]) < 200_000
-    # The source unknown this round (a failed scrape: no entry): the run queue's 75% slack decides, BE grows.
+    # A round between two values (the source answered 1 s ago): neither late nor healthy, BE stays at its floor.
+    [act] = [a for a in BeSuppress.decide(snap(3.0, None), s, state) if a.value]
+    assert act.value == "2000 100000" and act.reason["step"] != "grow", act.reason
+    # The source never measured (a scrape that fails: no entry): the run queue's 75% slack decides, BE grows.
     state = BeSuppress.initial_state(s)
     [act] = [a for a in BeSuppress.decide(snap(1.0, None), s, state) if a.value]
     assert act.reason["worst"]["signal"] == "runq_p99_us" and int(act.value.split()[0]) > 200_000
