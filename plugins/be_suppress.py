@@ -366,7 +366,8 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         lab.rest_for(BE_CAP, signal, now + float(settings.guard_cut_max))
         step = f"guard cut ends after {float(settings.guard_cut_max):g}s: the SLO decides, and it is met"
     running = lab.running
-    extra += _wake_upkeep(snapshot, settings, state, s if s is not None else g)
+    if not any(a.knob == WAKE_KNOB for a in extra):       # not in the round of its verdict
+        extra += _wake_upkeep(snapshot, settings, state, s if s is not None else g)
 
     if step is not None:
         pass

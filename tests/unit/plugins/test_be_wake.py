@@ -79,6 +79,7 @@ def test_a_request_that_buys_nothing_is_released_it_rests_and_the_cuts_come_next
     # tried again after its rest, bought nothing again: its rest doubles (as a cut's does).
     undos = [r["t"] for r in rows if r["wake"] and r["wake"][0].startswith("undo")]
     assert undos == [5, 20], rows
+    assert len(rows[5]["wake"]) == 1 and len(rows[20]["wake"]) == 1       # one release, the undo
     assert "cut bought nothing: runq_p99_us 3.00 ms -> 3.00 ms" in rows[5]["wake"][0]
     assert "wake rests 10s for runq_p99_us" in rows[5]["wake"][0] and "wake rests 20s" in rows[20]["wake"][0]
     assert not rows[5]["held"] and not rows[20]["held"]
