@@ -67,7 +67,13 @@ def probe_pm_qos(host: Host) -> tuple[bool, str]:
     """Whether koordd can hold a CPU latency request, the aggregate now, and the cpuidle driver it acts on."""
     device = default_device()
     idle = host.sys / "devices/system/cpu/cpuidle"
-    cpuidle = f"cpuidle driver {read(idle / 'current_driver') or '?'}, governor {read(idle / 'current_governor_ro') or read(idle / 'current_governor') or '?'}"
+    driver = read(idle / "current_driver") or "?"
+    governor = read(idle / "current_governor_ro") or read(idle / "current_governor") or "?"
+    cpuidle = f"cpuidle driver {driver}, governor {governor}"
+    if driver == "none":
+        # The idle path is the architecture's default halt, which no PM QoS request governs: the wake lever's
+        # experiments will find it buys nothing (docs/benchmarks.md, bench-wakeup).
+        cpuidle += " (no cpuidle driver: a request cannot change how CPUs idle here)"
     why = why_not(device)
     if why is not None:
         return False, f"{why}; {cpuidle}"

@@ -156,6 +156,8 @@ def test_doctor_row_says_the_target_and_the_cpuidle_driver(device, tmp_path, mon
     assert ok and "2000000000 µs (no request)" in detail and "cpuidle driver haltpoll" in detail
     device.write_bytes(struct.pack("i", 0))
     assert "0 µs requested" in probe_pm_qos(Host(sys=tmp_path / "sys"))[1]
+    (idle / "current_driver").write_text("none\n")
+    assert "no cpuidle driver: a request cannot change how CPUs idle here" in probe_pm_qos(Host(sys=tmp_path / "sys"))[1]
     monkeypatch.setenv(TEST_ENV, str(tmp_path / "nothing"))
     ok, detail = probe_pm_qos(Host(sys=tmp_path / "sys"))
     assert not ok and "no " in detail
