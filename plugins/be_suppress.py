@@ -527,7 +527,7 @@ def _wake_release(state: State, why: str) -> list[Action]:
 def _wake_upkeep(snapshot: Snapshot, settings, state: State, slack: float | None) -> list[Action]:
     """Let the wake lever's request go where it no longer serves: turned off or the knob gone, held from
     before a restart or reload (its state is lost), or LS healthy (slack >= 10%) for WAKE_CALM_WINDOWS
-    experiment windows in a row while no experiment of it runs."""
+    experiment windows in a row while no experiment runs (its release would muddle the verdict)."""
     now = snapshot.time
     if not state.wake:
         if (NODE, WAKE_KNOB) in snapshot.held:
@@ -535,9 +535,8 @@ def _wake_upkeep(snapshot: Snapshot, settings, state: State, slack: float | None
                                              "released", rule="slack", lever=WAKE, step="release")]
         return []
     if not _wake_on(settings) or WAKE_KNOB not in snapshot.supported:
-        return _wake_release(state, "the wake lever is off")
-    running = state.lab.running
-    if slack is None or slack < GROW_AT or (running is not None and running.lever == WAKE):
+        return _wake_release(state, "the wake lever is off, or the host lost cpu_dma_latency")
+    if slack is None or slack < GROW_AT or state.lab.running is not None:    # no release mid-experiment
         state.wake_calm = None
         return []
     if state.wake_calm is None:
