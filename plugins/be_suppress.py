@@ -35,6 +35,13 @@ Two rules decide how much CPU BE may use (`rule`):
   CPU use follows the signal, else the busiest, half of them at most), the whole-BE cap (`policy`'s
   knob), and leaving BE alone (cpu.idle decides who runs) when every cut rests. What each bought is
   remembered per LS load band, busy BE cgroups and signal; the one that helped there goes first.
+  Before any of them, faster wake-ups (`wake_lever`): koordd holds 0 µs CPU wake-up latency on
+  /dev/cpu_dma_latency (the pm_qos backend's `cpu_dma_latency`), so CPUs stay out of deep idle (a VM's vCPU
+  does not halt). It takes no CPU from BE, so where the host has the device it is tried first, judged
+  as a cut is, released when it bought nothing (it then rests as a cut's lever does), kept while it
+  helps, and released once the steering slack has been 10% or more for 6 experiment windows in a row
+  (30 s by default: not on the first good round, which it may have bought), when turned off, and at stop;
+  if koordd dies the kernel drops the request with its file descriptor.
   Where a class declares an SLO its application latency steers; its run-queue latency and pressure
   only guard: over their targets while the SLO is met (or silent for over 2 s) they hold BE's growth
   and may cut once, by `slack_shrink_percent`; holding and cutting together last `guard_cut_max` at
@@ -89,7 +96,7 @@ from koordd.core.experiment import BUSY_CORES, History, Lab, Verdict, conditions
 from koordd.core.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_slack
 from koordd.core.slo import SloWindow
 from koordd.core.interference import Detector, pearson
-from koordd.core.loop import Action, Loop, restore
+from koordd.core.loop import NODE, Action, Loop, restore
 from koordd.core.options import Duration, Option
 from koordd.core.protected import Protected
 from koordd.core.snapshot import CPI, CgroupSample, CpuTopology, RUNQ_LATENCY, Snapshot, own_usage
@@ -104,7 +111,11 @@ SIGNAL_SECTIONS = {"runq": RUNQ_LATENCY, "cpi": CPI}
 # The levers of rule slack: a cap on the busiest BE cgroups alone, the whole-BE cap (the policy's knob),
 # and leaving BE alone (cpu.idle, qos_baseline's, decides who runs): core/experiment.py judges each cut.
 HOT_CAP, BE_CAP, LEAVE = "hot_cap", "be_cap", "leave"
-LEVERS = (HOT_CAP, BE_CAP, LEAVE)
+# Faster wake-ups: koordd's request of 0 µs CPU wake-up latency (the pm_qos backend's knob on the node), which
+# keeps CPUs out of deep idle while held. It takes no CPU from BE: tried before any cut (_wake_lever).
+WAKE, WAKE_KNOB = "wake", "cpu_dma_latency"
+WAKE_CALM_WINDOWS = 6        # released once LS's slack was 10% or more for this many experiment windows
+LEVERS = (WAKE, HOT_CAP, BE_CAP, LEAVE)
 SLO_SIGNALS = frozenset({"app_p99_us", "app_p999_us"})     # core/health.py's SLO signals; the rest are proxies
 
 
@@ -127,6 +138,8 @@ class State:
     slo_seen: dict[str, float] = field(default_factory=dict)   # rule slack: class root -> its SLO's last value's time
     hot: dict[str, str] = field(default_factory=dict)        # rule slack: BE cgroup under a hot cap -> cpu.max
     be_cpu: History = field(default_factory=lambda: History(60.0))   # rule slack: BE cgroups' CPU, to attribute
+    wake: bool = False                               # rule slack: the wake lever's request is held
+    wake_calm: float | None = None                   # rule slack: since when LS is healthy while it is held
 
 
 class BeSuppress(Loop):
@@ -160,6 +173,9 @@ class BeSuppress(Loop):
                "rests for that signal, doubling each time in a row (up to 32 times this)", min=1, max=3600),
         Option("guard_cut_max", Duration, Duration(30.0), "rule slack: where a class's SLO is met, the longest its "
                "run-queue latency or pressure alone holds or cuts BE (then it rests as long)", min=1, max=3600),
+        Option("wake_lever", bool, True, "rule slack: a lever that asks the kernel for 0 µs CPU wake-up latency "
+               "(/dev/cpu_dma_latency: CPUs stay out of deep idle) while LS is at risk, tried before any cut, kept "
+               "while it helps; false turns it off"),
         Option("hot_cap_percent", float, 50.0, "rule slack: a lever that caps the busiest BE cgroups (pods, jobs) "
                "alone, to this much less than they use; 0 turns it off", min=0, max=95),
         Option("antagonist_signal", str, "off", "cap the BE cgroup that interferes with LS, judged by: off, "
@@ -179,7 +195,8 @@ class BeSuppress(Loop):
     def writes(settings) -> frozenset[tuple[str, str]]:
         knob = "cpu.max" if settings.policy == "cfs_quota" else "cpuset.cpus"
         members = _antagonists_on(settings) or _hot_cap_on(settings)
-        return frozenset({("BE", knob)} | ({("BE", "cpu.max")} if members else set()))
+        wake = {(NODE, WAKE_KNOB)} if _wake_on(settings) else set()
+        return frozenset({("BE", knob)} | ({("BE", "cpu.max")} if members else set()) | wake)
 
     @staticmethod
     def needs(settings) -> frozenset[str]:
@@ -208,7 +225,8 @@ class BeSuppress(Loop):
         """Rule slack: what each lever bought (core/experiment.py's Lab.status), for status.json and metrics."""
         if settings.rule != "slack" or state.lab is None:
             return {}
-        return {"hot_caps": dict(sorted(state.hot.items())), **state.lab.status(state.lab.now, LEVERS)}
+        return {"hot_caps": dict(sorted(state.hot.items())), "wake_held": state.wake,
+                **state.lab.status(state.lab.now, LEVERS)}
 
     @staticmethod
     def decide(snapshot: Snapshot, settings, state: State) -> list[Action]:
@@ -229,6 +247,10 @@ def _antagonists_on(settings) -> bool:
 
 def _hot_cap_on(settings) -> bool:
     return settings.rule == "slack" and settings.hot_cap_percent > 0
+
+
+def _wake_on(settings) -> bool:
+    return settings.rule == "slack" and settings.wake_lever
 
 
 def _allowance_actions(snapshot: Snapshot, settings, state: State) -> list[Action]:
@@ -374,6 +396,8 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         lab.rest_for(BE_CAP, signal, now + guard_max)
         step = f"guard cut ends after {float(settings.guard_cut_max):g}s: the SLO decides, and it is met"
     running = lab.running
+    if not any(a.knob == WAKE_KNOB for a in extra):       # not in the round of its verdict
+        extra += _wake_upkeep(snapshot, settings, state, s if s is not None else g)
 
     if step is not None:
         pass
@@ -425,6 +449,9 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     extra += [Action(cg, "cpu.max", value, {"rule": "slack", "lever": HOT_CAP, "step": "hold"},
                      f"hot cap on {cg} holds") for cg, value in sorted(state.hot.items())
               if not any(a.target == cg for a in extra)]
+    if state.wake and not any(a.knob == WAKE_KNOB for a in extra):
+        extra.append(Action(NODE, WAKE_KNOB, "0", {"rule": "slack", "lever": WAKE, "step": "hold"},
+                            "CPU wake-up latency request (0 µs) holds"))
     return state.allowance, reason, why, extra
 
 
@@ -464,6 +491,8 @@ def _steer_cut(snapshot, settings, state: State, worst: dict, s: float, below: b
         # (core/experiment.py judges the cut against their median).
         return f"hold: {worst['signal']} near or over its target, confirming before a cut"
     cond = conditions(others, capacity, [p for p, c in units.items() if c >= BUSY_CORES], worst["signal"])
+    if _wake_free(snapshot, settings, state, worst["signal"]):
+        return _wake_lever(state, key, be_used, cond, worst, extra)
     levers = lab.order([HOT_CAP, BE_CAP] if len(units) >= 2 else [BE_CAP], cond, now)
     if not levers:
         lab.chose(LEAVE)
@@ -512,11 +541,59 @@ def _undo(state: State, e) -> list[Action]:
     """Put back what experiment `e` moved."""
     if e is None:
         return []
+    if e.lever == WAKE:
+        return _wake_release(state, "its cut is undone")
     if e.lever == BE_CAP:
         state.allowance = max(state.allowance or 0.0, e.undo)
         state.at_floor = state.below_zero = False
         return []
     return _lift_hot(state, "its cut is undone", only=e.undo)
+
+
+def _wake_free(snapshot: Snapshot, settings, state: State, signal: str) -> bool:
+    """Whether the wake lever may be tried now: on, the host has the knob, not held, not resting for `signal`."""
+    return (_wake_on(settings) and WAKE_KNOB in snapshot.supported and not state.wake
+            and not state.lab.resting(WAKE, signal, snapshot.time))
+
+
+def _wake_lever(state: State, key, be_used: float, cond: tuple, worst: dict, extra: list[Action]) -> str:
+    """Hold 0 µs CPU wake-up latency, judged as a cut is: it costs BE nothing, so it goes before any cut."""
+    lab, now = state.lab, state.lab.now
+    lab.start(now, WAKE, key, be_used, cond)
+    state.wake, state.wake_calm = True, None
+    extra.append(Action(NODE, WAKE_KNOB, "0", {"rule": "slack", "lever": WAKE, "step": "wake", "worst": worst,
+                                               "experiment": lab.running.fields()},
+                        f"CPUs kept out of deep idle (cpu_dma_latency 0 µs) for {worst['cgroup']} {worst['signal']}"))
+    return "wake: CPUs kept out of deep idle (cpu_dma_latency 0), BE keeps its CPU"
+
+
+def _wake_release(state: State, why: str) -> list[Action]:
+    state.wake, state.wake_calm = False, None
+    return [restore(NODE, WAKE_KNOB, f"CPU wake-up latency request released: {why}", rule="slack", lever=WAKE,
+                    step="release")]
+
+
+def _wake_upkeep(snapshot: Snapshot, settings, state: State, slack: float | None) -> list[Action]:
+    """Let the wake lever's request go where it no longer serves: turned off or the knob gone, held from
+    before a restart or reload (its state is lost), or LS healthy (slack >= 10%) for WAKE_CALM_WINDOWS
+    experiment windows in a row while no experiment runs (its release would muddle the verdict)."""
+    now = snapshot.time
+    if not state.wake:
+        if (NODE, WAKE_KNOB) in snapshot.held:
+            return [restore(NODE, WAKE_KNOB, "CPU wake-up latency request from before a restart or reload "
+                                             "released", rule="slack", lever=WAKE, step="release")]
+        return []
+    if not _wake_on(settings) or WAKE_KNOB not in snapshot.supported:
+        return _wake_release(state, "the wake lever is off, or the host lost cpu_dma_latency")
+    if slack is None or slack < GROW_AT or state.lab.running is not None:    # no release mid-experiment
+        state.wake_calm = None
+        return []
+    if state.wake_calm is None:
+        state.wake_calm = now
+    calm = WAKE_CALM_WINDOWS * float(settings.experiment_window)
+    if now - state.wake_calm >= calm:
+        return _wake_release(state, f"LS healthy (slack {slack:.0%}) for {calm:g}s")
+    return []
 
 
 def _lift_hot(state: State, why: str, only=None) -> list[Action]:

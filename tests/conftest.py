@@ -1,6 +1,6 @@
 """Fixtures of every test: fake cgroup trees (koordtest/fakes/cgroup.py; `tree` runs a test once per layout),
 every decide() checked against its needs() (koordtest/needs.py), no BPF outside tests/kernel, an owner lock
-of the test's own."""
+of the test's own, no hold of the host's /dev/cpu_dma_latency in unit tests."""
 from __future__ import annotations
 
 import os
@@ -73,3 +73,17 @@ def owner_lock_of_the_test(request, tmp_path_factory, monkeypatch):
         monkeypatch.delenv(TEST_ENV, raising=False)
         return
     monkeypatch.setenv(TEST_ENV, str(tmp_path_factory.mktemp("owner") / "owner.lock"))
+
+
+# --- unit tests hold no request on the host's /dev/cpu_dma_latency ---------------------------------
+
+@pytest.fixture(autouse=True)
+def no_host_pm_qos_in_unit_tests(request, tmp_path_factory, monkeypatch):
+    """koordd's PM QoS backend (koordd/backends/pm_qos.py) holds the host's CPU latency request: in unit
+    tests, in-process or in a koordd they start, it finds no device (a path in the test's own folder that a
+    test may create) unless the test gives it one. tests/kernel hold the real device, on purpose."""
+    from koordd.kernel.pm_qos import TEST_ENV as PM_QOS_ENV
+    if tier(request) == "unit":
+        monkeypatch.setenv(PM_QOS_ENV, str(tmp_path_factory.mktemp("pm_qos") / "cpu_dma_latency"))
+    else:
+        monkeypatch.delenv(PM_QOS_ENV, raising=False)

@@ -54,6 +54,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "iocost": "koordd.backends.iocost:BACKENDS",
         "core_sched": "koordd.backends.core_sched:BACKENDS",
         "sysctl": "koordd.backends.sysctl:BACKENDS",
+        "pm_qos": "koordd.backends.pm_qos:BACKENDS",
         "oom": "koordd.backends.oom:BACKENDS",
         "prekill": "koordd.backends.prekill:BACKENDS",
     },

@@ -91,7 +91,7 @@ def _owned() -> dict[str, Probe]:
 
 
 # doctor's rows, in this order: the host's, and those of the backends and sensors that use them.
-ORDER = ("cgroup", "cpu.max.burst", "cpu.idle", "knobs", "memory.oom.group", "memory.reclaim", "sysctl", "io", "psi",
+ORDER = ("cgroup", "cpu.max.burst", "cpu.idle", "knobs", "memory.oom.group", "memory.reclaim", "sysctl", "pm_qos", "io", "psi",
          "perf", "bpf", "resctrl", "sched_ext", "core_sched", "netlink", "nvml", "sensors", "journald", "systemd")
 PROBES: list[tuple[str, Probe]] = [(name, {**HOST, **_owned()}[name]) for name in ORDER]
 

@@ -17,8 +17,8 @@ from koordd.runtime.capabilities import Capability, format_report, probe_all, re
 from koordd.sensors import runq
 from koordd.sensors.optional_sensors import builtin_sensors
 
-NAMES = ["cgroup", "cpu.max.burst", "cpu.idle", "knobs", "memory.oom.group", "memory.reclaim", "sysctl", "io", "psi",
-         "perf", "bpf", "resctrl", "sched_ext", "core_sched", "netlink", "nvml", "sensors", "journald", "systemd"]
+NAMES = ["cgroup", "cpu.max.burst", "cpu.idle", "knobs", "memory.oom.group", "memory.reclaim", "sysctl", "pm_qos",
+         "io", "psi", "perf", "bpf", "resctrl", "sched_ext", "core_sched", "netlink", "nvml", "sensors", "journald", "systemd"]
 PSI_TEXT = "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
 
 

@@ -1,0 +1,104 @@
+"""The wake lever on the real /dev/cpu_dma_latency: koordd holds 0 µs CPU wake-up latency by an fd of its own
+while an SLO is at risk, lets it go at stop, and the kernel lets it go when koordd is killed -9.
+
+LS's SLO is missed by every request whatever happens (LateService, a Prometheus histogram all 50-100 ms), so
+be_suppress's rule slack is at risk from its first round and tries the wake lever first; a long experiment
+window (60 s) keeps it held while the test looks. The device reads the aggregate of every request on the
+host: 0 while koordd holds its request, what it read before once koordd's is gone (another program's request,
+tuned's, stays what it was). Needs root and the device; skipped without it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from koordd.kernel.pm_qos import DEVICE, read_target
+from koordtest.kernel import wait_for
+from kernel.test_be_suppress_kernel import LateService
+
+pytestmark = pytest.mark.kernel
+
+KNOB = "cpu_dma_latency"
+
+
+def holds_device(pid: int) -> bool:
+    """Whether process `pid` has an fd open on the device."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(DEVICE):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def wake_decisions(koordd) -> list[dict]:
+    return [d for d in koordd.decisions() if d.get("knob") == KNOB]
+
+
+@pytest.fixture
+def device():
+    if os.geteuid() != 0 or not DEVICE.exists():
+        pytest.skip(f"needs root and {DEVICE}")
+    return read_target()
+
+
+def config_with_late_slo(koordd, cgroups, service, extra: str = "") -> Path:
+    config = koordd.write_config(extra='rule = "slack"\nexperiment_window = "60s"\n' + extra)
+    ls = cgroups.cgroup("ls")
+    text = config.read_text().replace(
+        f'cgroups = ["{ls}"]\n',
+        f'cgroups = ["{ls}"]\n[classes.slo]\nlatency_p99 = "5ms"\nsource = "prometheus"\n'
+        f'url = "{service.url}"\nmetric = "{LateService.METRIC}"\n', 1)
+    assert "[classes.slo]" in text, text
+    config.write_text(text)
+    return config
+
+
+def test_koordd_holds_it_while_the_slo_is_at_risk_releases_it_at_stop_and_the_kernel_at_kill(koordd, cgroups, device):
+    original = device
+    cgroups.spawn_hog("be")
+    service = LateService()
+    try:
+        config = config_with_late_slo(koordd, cgroups, service)
+        p = koordd.start(config)
+        held = wait_for(lambda: [d for d in wake_decisions(koordd) if d["outcome"] == "applied"], 30)
+        assert held, f"no wake-up latency request: {koordd.decisions()}\n{koordd.log_text()}"
+        d = held[0]
+        assert (d["kind"], d["old"], d["new"]) == ("pm_qos", "none", "0"), d
+        assert d["reason"]["lever"] == "wake" and d["reason"]["worst"]["signal"] == "app_p99_us", d
+        # tried before any cut: BE's cpu.max untouched so far
+        be = cgroups.cgroup("be")
+        assert not [x for x in koordd.decisions() if x.get("cgroup") == be and x.get("outcome") == "applied"
+                    and x["time"] <= d["time"]]
+        # held by koordd's fd: the kernel's aggregate is 0, the journal holds it with its original "none"
+        assert holds_device(p.pid) and read_target() == 0
+        assert [(h["knob"], h["original"]) for h in koordd.held() if h["knob"] == KNOB] == [(KNOB, "none")]
+        print(f"\n[kernel] koordd (pid {p.pid}) holds {DEVICE}: target {read_target()} µs (was {original})")
+
+        assert koordd.stop(p) == 0
+        assert read_target() == original, (read_target(), original)
+        last = wake_decisions(koordd)[-1]
+        assert (last["outcome"], last["old"], last["new"]) == ("restored", "0", "none"), last
+        assert not [h for h in koordd.held() or [] if h["knob"] == KNOB]
+
+        # Again, then kill -9: nothing of koordd's runs to let it go; the kernel drops it with the process's fds.
+        p = koordd.start(config)
+        seen = len(wake_decisions(koordd))
+        assert wait_for(lambda: len(wake_decisions(koordd)) > seen and holds_device(p.pid), 30), koordd.log_text()
+        assert read_target() == 0
+        koordd.stop(p, signal.SIGKILL)
+        assert read_target() == original, (read_target(), original)
+        assert [h["original"] for h in koordd.held() if h["knob"] == KNOB] == ["none"]     # the journal still says held
+        print(f"[kernel] after kill -9: target {read_target()} µs, the journal still holds {KNOB}")
+
+        # The next koordd (the lever off now) finds "none", the journal's original: the entry goes, nothing written.
+        p = koordd.start(config_with_late_slo(koordd, cgroups, service, "wake_lever = false\n"))
+        assert wait_for(lambda: not [h for h in koordd.held() or [] if h["knob"] == KNOB], 30), koordd.held()
+        assert not holds_device(p.pid) and read_target() == original
+        assert koordd.stop(p) == 0
+    finally:
+        service.close()

@@ -1,0 +1,169 @@
+"""be_suppress's wake lever (rule slack): 0 µs CPU wake-up latency held through the pm_qos backend's
+`cpu_dma_latency` while LS is at risk. It takes no CPU from BE, so it is tried before any cut, judged by the
+same experiment (core/experiment.py), kept while it helps, released when it bought nothing (and it rests),
+released once LS has been healthy for WAKE_CALM_WINDOWS experiment windows, never tried when turned off or
+where the host lacks the knob. Hand-built snapshots (the "kernel" is the test: LS's run-queue p99 follows
+whether the request is held), then the daemon on a fake tree and a stand-in device: held by an fd, released
+at stop."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+
+import pytest
+
+from koordd.act.decision_log import read_decisions
+from koordd.core.config import parse_config
+from koordd.core.decisions import RESTORED
+from koordd.core.loop import NODE
+from koordd.core.catalogue import load_registry
+from koordd.kernel.pm_qos import NO_CONSTRAINT, TEST_ENV
+from koordd.runtime.daemon import Daemon
+from koordd_plugins.be_suppress import LEVERS, WAKE_CALM_WINDOWS, WAKE_KNOB, BeSuppress
+from koordtest.fakes.cgroup import FakeCgroups, psi
+from unit.backends.test_pm_qos import fds_on
+from unit.plugins.test_be_suppress import PERIOD, health, quota_of, settings
+
+HEALTHY_US, AT_RISK_US = 500, 3000          # run-queue p99 against its 2 ms target: slack 75% and -50%
+
+
+def run(p99_of, rounds: int, supported: bool = True, held_before: bool = False, **kw) -> tuple[list[dict], object]:
+    """Rounds a second apart; LS's run-queue p99 is p99_of(wake held). Returns one row per round: whether the
+    request is held after it, the BE quotas written, the wake actions' steps, the loop's step."""
+    s = settings(rule="slack", **kw)
+    state = BeSuppress.initial_state(s)
+    held, rows = held_before, []
+    for t in range(rounds):
+        quota = 200_000 if state.allowance is None else round(state.allowance * PERIOD)    # the knob as written
+        snap = dataclasses.replace(health(float(t), 1.0, quota, p99_us=p99_of(held)),
+                                   supported=frozenset({WAKE_KNOB}) if supported else frozenset(),
+                                   held={(NODE, WAKE_KNOB): "none"} if held else {})
+        actions = BeSuppress.decide(snap, s, state)
+        wake = [a for a in actions if a.knob == WAKE_KNOB]
+        assert all(a.target == NODE and a.value in (None, "0") for a in wake)
+        if wake:
+            held = wake[-1].value is not None
+        steps = [a.reason["step"] for a in actions if a.knob == "cpu.max" and a.reason.get("step")]
+        rows.append({"t": t, "held": held, "quotas": quota_of(actions), "wake": [a.reason["step"] for a in wake],
+                     "messages": [a.message for a in wake], "step": steps[0] if steps else None})
+    return rows, state
+
+
+def levers(state) -> dict:
+    return state.lab.status(state.lab.now, LEVERS)["levers"]
+
+
+def test_tried_before_any_cut_and_kept_while_it_helps_then_released_once_ls_is_healthy():
+    rows, state = run(lambda held: HEALTHY_US if held else AT_RISK_US, 40)
+    # At risk (slack -50%), confirmed over a second round (core/experiment.py: no lever on one round's
+    # value): the request first, and BE keeps its CPU (no cut, no shrink, no floor).
+    assert rows[0]["wake"] == [] and not rows[0]["held"] and rows[0]["quotas"] == []
+    assert rows[1]["wake"] == ["wake"] and rows[1]["held"] and rows[1]["quotas"] == []
+    assert "cpu_dma_latency 0" in rows[1]["messages"][0]
+    # It helped (3 -> 0.5 ms, judged early: back in health): kept, BE grows meanwhile.
+    assert levers(state)["wake"]["by_signal"]["runq_p99_us"]["helped"] >= 1
+    assert all(r["held"] for r in rows[1:32]), [(r["t"], r["held"]) for r in rows]
+    assert any(r["step"] == "grow" for r in rows[2:32])
+    # Healthy for 6 windows of 5 s (from t=2, the round of its verdict): released at t=32 ...
+    assert rows[32]["wake"] == ["release"] and not rows[32]["held"]
+    assert f"LS healthy (slack 75%) for {WAKE_CALM_WINDOWS * 5}s" in rows[32]["messages"][0]
+    # ... and the next time LS is at risk (confirmed again) it goes first again, before any cut
+    assert [r["wake"] for r in rows[33:36]] == [[], [], ["wake"]] and rows[35]["held"]
+    assert not any(r["step"] and r["step"].startswith(("shrink", "floor", "hot cap")) for r in rows), rows
+    assert levers(state)["be_cap"]["chosen"] == 0
+
+
+def test_a_request_that_buys_nothing_is_released_it_rests_and_the_cuts_come_next():
+    rows, state = run(lambda held: AT_RISK_US, 45)
+    assert rows[1]["wake"] == ["wake"] and rows[1]["quotas"] == []        # once confirmed (t=1)
+    # Judged with the experiment window (5 s): nothing bought, released, and it rests 10 s for this signal;
+    # tried again after its rest, bought nothing again: its rest doubles (as a cut's does).
+    undos = [r["t"] for r in rows if r["wake"] and r["wake"][0].startswith("undo")]
+    assert undos == [6, 21], rows
+    assert len(rows[6]["wake"]) == 1 and len(rows[21]["wake"]) == 1       # one release, the undo
+    assert "cut bought nothing: runq_p99_us 3.00 ms -> 3.00 ms" in rows[6]["wake"][0]
+    assert "wake rests 10s for runq_p99_us" in rows[6]["wake"][0] and "wake rests 20s" in rows[21]["wake"][0]
+    assert not rows[6]["held"] and not rows[21]["held"]
+    # BE held while it was judged (no cut before its verdict), then the whole-BE cap is tried
+    assert all(r["quotas"] == [] for r in rows[:7]), rows[:7]
+    assert rows[7]["step"] == "floor" and rows[7]["quotas"] == [2000]
+    # resting: not held again within its rests
+    assert not any(r["held"] for r in rows[7:16] + rows[22:41]) and rows[41]["held"]
+    assert levers(state)["wake"]["by_signal"]["runq_p99_us"]["bought_nothing"] == 2
+
+
+@pytest.mark.parametrize("how", [{"wake_lever": False}, {"supported": False}])
+def test_never_held_when_turned_off_or_where_the_host_lacks_the_knob(how):
+    rows, state = run(lambda held: AT_RISK_US, 12, **how)
+    assert not any(r["wake"] or r["held"] for r in rows)
+    # the cut comes once confirmed, as without the lever: two rounds below zero, the floor
+    assert rows[0]["quotas"] == [] and rows[1]["step"] == "floor" and rows[1]["quotas"] == [2000]
+    assert levers(state)["wake"]["chosen"] == 0
+
+
+def test_claimed_only_while_on():
+    assert (NODE, WAKE_KNOB) in BeSuppress.writes(settings(rule="slack"))
+    assert (NODE, WAKE_KNOB) not in BeSuppress.writes(settings(rule="slack", wake_lever=False))
+    assert (NODE, WAKE_KNOB) not in BeSuppress.writes(settings(rule="threshold"))
+
+
+@pytest.mark.parametrize("how", [{}, {"wake_lever": False}])
+def test_a_request_held_from_before_a_restart_or_reload_is_released(how):
+    """The loop's state is new (a restart, or a reload that changed its settings) and LS is healthy: a request
+    the journal says it holds is let go, whether the lever is on or off now."""
+    rows, _ = run(lambda held: HEALTHY_US, 2, held_before=True, **how)
+    assert rows[0]["wake"] == ["release"] and not rows[0]["held"] and rows[1]["wake"] == []
+
+
+# --- the daemon on a fake tree, with a stand-in device ------------------------------------------------
+
+CONFIG = """
+[daemon]
+cgroup_root = "{root}"
+state_dir = "{state}"
+[[classes]]
+name = "LS"
+cgroups = ["ls.slice"]
+[[classes]]
+name = "BE"
+cgroups = ["be.slice"]
+[loops.be_suppress]
+enabled = true
+interval = "1s"
+rule = "slack"
+"""
+
+
+def test_the_daemon_holds_it_by_an_fd_and_releases_it_at_stop(tmp_path, monkeypatch):
+    device = tmp_path / "cpu_dma_latency"
+    device.write_bytes(struct.pack("i", NO_CONSTRAINT))
+    monkeypatch.setenv(TEST_ENV, str(device))
+    tree = FakeCgroups(tmp_path, "v2").add("ls.slice").add("be.slice/job")
+    clock = [1000.0]
+    import koordd.sensors.collect as collect
+    monkeypatch.setattr(collect.time, "monotonic", lambda: clock[0])
+    path = tmp_path / "koordd.toml"
+    path.write_text(CONFIG.format(root=tree.root, state=tmp_path / "state"))
+    registry = load_registry()
+    d = Daemon(parse_config(path.read_text(), path, registry), registry)
+    d.start()
+    try:
+        used = 0
+        for _ in range(3):
+            clock[0] += 1.0
+            used += 1_000_000
+            for cg in ("ls.slice", "be.slice", "be.slice/job"):
+                tree.stat(cg, usage_us=used)
+            tree.set("ls.slice", "cpu", "cpu.pressure", psi(avg10=50.0))     # LS at risk
+            d.round(list(d.runner.runs.values()))
+        assert fds_on(device) == 1 and struct.unpack("i", device.read_bytes()[:4])[0] == 0
+        assert [(h.knob, h.original) for h in d.journal.entries() if h.knob == WAKE_KNOB] == [(WAKE_KNOB, "none")]
+        assert not tree.read("be.slice", "cpu", "cpu.max").split()[0].isdigit()     # BE not cut: the wake went first
+    finally:
+        d.stop()
+    assert fds_on(device) == 0
+    released = [r for r in read_decisions(d.state_dir) if r.get("knob") == WAKE_KNOB]
+    assert [(r["old"], r["new"]) for r in released] == [("none", "0"), ("0", "none")]
+    assert released[-1]["outcome"] == RESTORED
+    assert os.environ[TEST_ENV] == str(device)
