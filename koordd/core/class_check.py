@@ -73,13 +73,22 @@ def _patterns(c: Checker, entry: dict, kp: tuple) -> list[str]:
     return patterns
 
 
-def check_health(c: Checker, value: Any, name: Any, kp: tuple) -> HealthTargets | None:
-    """A class's [classes.health] table: targets of latency-sensitive work, so LS classes only."""
+def _ls_table(c: Checker, value: Any, name: Any, kp: tuple, what: str) -> dict | None:
+    """A table only latency-sensitive classes declare (`what` they declare in it): None, with an error,
+    where it is no table or the rule's class is another known one."""
     table = c.table(value, kp)
     if table is None:
         return None
     if name in CLASS_NAMES and name not in LATENCY_SENSITIVE:
-        c.error(kp, f"only LS, LSR and LSE classes declare health targets, not {name}")
+        c.error(kp, f"only LS, LSR and LSE classes declare {what}, not {name}")
+        return None
+    return table
+
+
+def check_health(c: Checker, value: Any, name: Any, kp: tuple) -> HealthTargets | None:
+    """A class's [classes.health] table: targets of latency-sensitive work, so LS classes only."""
+    table = _ls_table(c, value, name, kp, "health targets")
+    if table is None:
         return None
     settings, _ = c.section(HEALTH_OPTIONS, table, kp)
     return HealthTargets.from_values(settings.as_dict())
@@ -87,11 +96,8 @@ def check_health(c: Checker, value: Any, name: Any, kp: tuple) -> HealthTargets 
 
 def check_slo(c: Checker, value: Any, name: Any, kp: tuple) -> SloTarget | None:
     """A class's [classes.slo] table: the latency its requests must meet, so LS classes only."""
-    table = c.table(value, kp)
+    table = _ls_table(c, value, name, kp, "an SLO")
     if table is None:
-        return None
-    if name in CLASS_NAMES and name not in LATENCY_SENSITIVE:
-        c.error(kp, f"only LS, LSR and LSE classes declare an SLO, not {name}")
         return None
     settings, ok = c.section(ALL_OPTIONS, table, kp)
     ok = _slo_source(c, settings, table, kp) and ok
