@@ -110,7 +110,9 @@ def killed(tree, cg):
     return tree.read(cg, None, "cgroup.kill").strip() == "1"
 
 
-SLEEPER = 'echo $$ > "$KOORDD_CGROUP_DIR/hook.pid"; exec sleep 600\n'
+# The pid file appears whole (written aside, then renamed): a test that sees it reads the pid, never an empty file.
+SLEEPER = 'echo $$ > "$KOORDD_CGROUP_DIR/hook.pid.tmp"; mv "$KOORDD_CGROUP_DIR/hook.pid.tmp" "$KOORDD_CGROUP_DIR/hook.pid"; ' \
+          'exec sleep 600\n'
 
 
 # --- what a hook gets, and how its failures are told ---------------------------------------------------
