@@ -12,10 +12,14 @@ from koordd.sensors.cgroup_hist import KERNEL_BTF
 
 TRACEPOINTS = (b"btf_trace_sk_data_ready", b"btf_trace_sock_send_length")
 
-# One request per line, each answered after `delay` seconds; prints its address once listening.
-SERVER = r"""
+def server_source(arguments: str, backlog: int, answer: str) -> str:
+    """The source of a small server (`python -c` it): `arguments` reads sys.argv into at least `kind` ("tcp":
+    on a free port of 127.0.0.1, or "unix") and `where` (a UNIX socket's path); it listens with `backlog`,
+    prints its address (the port, or the path) once listening, and gives each connection a thread that runs
+    `answer` (statements indented for the loop's body) for each `line` a client sends on `c`."""
+    return r"""
 import socket, sys, threading, time
-kind, delay, where = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+""" + arguments + r"""
 if kind == "tcp":
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -23,45 +27,30 @@ if kind == "tcp":
 else:
     s = socket.socket(socket.AF_UNIX)
     s.bind(where)
-s.listen(16)
-print(where, flush=True)
-
-def answer(c):
-    with c, c.makefile("rb") as requests:
-        for _ in requests:
-            time.sleep(delay)
-            c.sendall(b"ok\n")
-
-while True:
-    threading.Thread(target=answer, args=(s.accept()[0],), daemon=True).start()
-"""
-
-
-# Clients steering the measurement (issue 35, item 9): a server that answers "ping" at once and "wait <ms>"
-# after that many milliseconds, one thread per connection; prints its address once listening.
-STEERED_SERVER = r"""
-import socket, sys, threading, time
-kind, where = sys.argv[1], sys.argv[2]
-if kind == "tcp":
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    where = str(s.getsockname()[1])
-else:
-    s = socket.socket(socket.AF_UNIX)
-    s.bind(where)
-s.listen(64)
+s.listen(""" + str(backlog) + r""")
 print(where, flush=True)
 
 def answer(c):
     with c, c.makefile("rb") as requests:
         for line in requests:
-            if line.startswith(b"wait "):
-                time.sleep(int(line[5:]) / 1000)
-            c.sendall(b"ok\n")
+""" + answer + r"""
 
 while True:
     threading.Thread(target=answer, args=(s.accept()[0],), daemon=True).start()
 """
+
+
+# One request per line, each answered after `delay` seconds.
+SERVER = server_source("kind, delay, where = sys.argv[1], float(sys.argv[2]), sys.argv[3]", 16, r"""
+            time.sleep(delay)
+            c.sendall(b"ok\n")""".lstrip("\n"))
+
+# Clients steering the measurement (issue 35, item 9): a server that answers "ping" at once and "wait <ms>"
+# after that many milliseconds, one thread per connection.
+STEERED_SERVER = server_source("kind, where = sys.argv[1], sys.argv[2]", 64, r"""
+            if line.startswith(b"wait "):
+                time.sleep(int(line[5:]) / 1000)
+            c.sendall(b"ok\n")""".lstrip("\n"))
 
 
 def connect(kind: str, address: str) -> socket.socket:

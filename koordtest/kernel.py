@@ -234,15 +234,7 @@ class Koordd:
 
     def write_config(self, enabled: bool = True, interval: str = "500ms", name: str = "koordd.toml",
                      extra: str = "") -> Path:
-        # The config lives in a directory of its own: koordd watches that directory for edits.
-        path = self.tmp / "etc" / name
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(f"""\
-[daemon]
-cgroup_root = ""
-state_dir = {json.dumps(str(self.state_dir))}
-log_level = "info"
-
+        return self.config_file(f"""
 [[classes]]
 name = "LS"
 cgroups = [{json.dumps(self.env.cgroup("ls"))}]
@@ -257,7 +249,23 @@ interval = {json.dumps(interval)}
 {"" if 'rule = ' in extra else 'rule = "threshold"'}
 threshold_percent = 65
 policy = "cfs_quota"
-{extra}""")
+{extra}""", name)
+
+    def daemon_toml(self) -> str:
+        """The [daemon] table of a kernel test's config: the host's cgroup root, this test's state_dir."""
+        return f"""\
+[daemon]
+cgroup_root = ""
+state_dir = {json.dumps(str(self.state_dir))}
+log_level = "info"
+"""
+
+    def config_file(self, body: str, name: str = "koordd.toml") -> Path:
+        """etc/<name> holding daemon_toml() and `body`. The config lives in a directory of its own: koordd
+        watches that directory for edits."""
+        path = self.tmp / "etc" / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(self.daemon_toml() + body)
         return path
 
     def _env(self) -> dict:

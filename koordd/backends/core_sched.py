@@ -29,7 +29,7 @@ from __future__ import annotations
 import errno
 import re
 
-from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, PartialWrite, TargetGone, TaskBackend, \
+from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, TargetGone, TaskBackend, TaskWrite, \
     Unsupported
 from koordd.core.cgroup_text import parent_of
 from koordd.kernel.cgroupfs import CgroupFS
@@ -180,34 +180,26 @@ class CoreSchedBackend(TaskBackend):
             return
         prctl = self._prctl()
 
-        def push() -> tuple[int, list]:
+        def push() -> TaskWrite:
             if carrier is not None:
                 prctl.share_from(carrier)
             elif prctl.get(0) != 0:
                 # A thread inherits its creator's cookie: pushing this one would set a cookie, not clear one.
                 raise OSError(errno.EBUSY, "koordd's own thread has a core-scheduling cookie; cannot clear")
-            moved, errors = 0, []
+            w = TaskWrite()
             for tid in tids:
-                try:
-                    prctl.share_to(tid)
-                    moved += 1
-                except OSError as e:
-                    if e.errno != errno.ESRCH:      # ESRCH: exited meanwhile
-                        errors.append((tid, e))
-            return moved, errors
+                w.put(f"thread {tid}", prctl.share_to, tid)
+            return w
 
         try:
-            moved, errors = prctl.run_as_carrier(push)
+            w = prctl.run_as_carrier(push)
         except OSError as e:
             if carrier is not None and e.errno == errno.ESRCH:
                 # The carrier exited between finding and pulling: the next round finds or makes another.
                 raise OSError(errno.EAGAIN, f"the thread holding the {value} cookie exited; retried next round") \
                     from None
             raise
-        if errors:
-            tid, e = errors[0]
-            raise (PartialWrite if moved else OSError)(
-                e.errno, f"{len(errors)} thread(s) refused core_sched {value} (first: thread {tid}: {e.strerror})")
+        w.refused(f"thread(s) refused core_sched {value}")
 
     def parent(self, target: str) -> str | None:
         return parent_of(target) or None

@@ -33,7 +33,7 @@ import os
 from pathlib import Path
 
 from koordd.backends.threads import cgroup_threads
-from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpec, PartialWrite, TargetGone, TaskBackend, \
+from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpec, TargetGone, TaskBackend, TaskWrite, \
     Unsupported
 from koordd.core.cgroup_text import parent_of
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, Layout, thread_ids
@@ -325,20 +325,10 @@ class NetClassBackend(TaskBackend):
 
     def _move(self, tids: list[int], cgroup: str) -> None:
         """Each thread into net_cls `cgroup`; one that exited meanwhile is skipped."""
-        moved, errors = 0, []
+        w = TaskWrite()
         for tid in tids:
-            try:
-                self.net_cls.move(tid, cgroup)
-                moved += 1
-            except ProcessLookupError:
-                continue
-            except OSError as e:
-                errors.append((tid, e))
-        if errors:
-            tid, e = errors[0]
-            raise (PartialWrite if moved else OSError)(
-                e.errno, f"{len(errors)} thread(s) refused net_cls cgroup {cgroup or '/'} "
-                         f"(first: thread {tid}: {e.strerror})")
+            w.put(f"thread {tid}", self.net_cls.move, tid, cgroup)
+        w.refused(f"thread(s) refused net_cls cgroup {cgroup or '/'}")
 
 
 def backends(fs: CgroupFS) -> list[Backend]:

@@ -41,7 +41,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
-from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpec, PartialWrite, TargetGone, TaskBackend
+from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpec, TargetGone, TaskBackend, TaskWrite
 from koordd.core.cgroup_text import parent_of
 from koordd.kernel.cgroupfs import CgroupFS, LayoutError
 from koordd.kernel.host_probe import Host, find_knob, read
@@ -341,34 +341,23 @@ class OomScoreBackend(TaskBackend):
         restoring = told or _normalize(value) == self._originals.get(target)
         ours = stash[1] if told else None
         values = self._values(target)
-        errors: list[tuple[int, OSError, int, bool]] = []
-        done = 0
+        w = TaskWrite(gone=(FileNotFoundError, ProcessLookupError))     # exited meanwhile
         for proc, current in values.items() if common is not None else ():
             wanted = own.get(proc, common)
             if current == wanted:
                 continue
             if ours is not None and current not in ours:
                 continue                            # changed behind koordd's back: that value stands
-            try:
-                done += self._put(proc, wanted)
-            except (FileNotFoundError, ProcessLookupError):
-                continue                            # exited meanwhile
-            except OSError as e:
-                errors.append((proc[0], e, wanted, False))
+            w.put(f"pid {proc[0]}: {wanted}", self._put, proc, wanted)
         hold = self._holds.get(target)
         if hold is not None:
             before_common, before_own, _ = hold
             for proc, current in self._left(target, values).items():
                 self._drop(target, proc)            # tried once: put back, or refused and said so
                 wanted = before_own.get(proc, before_common)
-                if wanted is None or wanted == current:
-                    continue
-                try:
-                    done += self._put(proc, wanted)
-                except (FileNotFoundError, ProcessLookupError):
-                    continue
-                except OSError as e:
-                    errors.append((proc[0], e, wanted, True))
+                if wanted is not None and wanted != current:
+                    w.put(f"pid {proc[0]} (it left {target}: back to its value before koordd): {wanted}",
+                          self._put, proc, wanted)
         if restoring:
             self._forget(target)
         elif common is not None:
@@ -380,23 +369,18 @@ class OomScoreBackend(TaskBackend):
             else:
                 self._holds[target] = (hold[0], hold[1], hold[2] | {common})
             self._saw(target, values)               # _left() drops those not reading koordd's
-        if errors:
-            pid, e, wanted, left = errors[0]
-            # The kernel refuses a value below the process's oom_score_adj_min (its lowest so far, 0 for
-            # most) without CAP_SYS_RESOURCE: a container or unit that dropped it can only raise scores.
-            hint = "; lowering it needs CAP_SYS_RESOURCE, which koordd lacks" if e.errno == errno.EACCES else ""
-            where = f" (it left {target}: back to its value before koordd)" if left else ""
-            raise (PartialWrite if done else OSError)(
-                e.errno, f"{len(errors)} process(es) refused oom_score_adj (first: pid {pid}{where}: {wanted}: "
-                         f"{e.strerror}{hint})")
+        # The kernel refuses a value below the process's oom_score_adj_min (its lowest so far, 0 for
+        # most) without CAP_SYS_RESOURCE: a container or unit that dropped it can only raise scores.
+        w.refused("process(es) refused oom_score_adj", lambda e: "; lowering it needs CAP_SYS_RESOURCE, which "
+                  "koordd lacks" if e.errno == errno.EACCES else "")
 
-    def _put(self, proc: Proc, value: int) -> int:
-        """Write `value` to that very process: 1, or 0 if its pid is another process's now."""
+    def _put(self, proc: Proc, value: int) -> bool:
+        """Write `value` to that very process: False (nothing written) if its pid is another process's now."""
         if self._start(proc[0]) != proc[1]:
-            return 0                                # the pid is another process's now
+            return False                            # the pid is another process's now
         with open(self.proc / str(proc[0]) / "oom_score_adj", "w") as f:
             f.write(str(value))
-        return 1
+        return True
 
     def parent(self, target: str) -> str | None:
         return parent_of(target) or None

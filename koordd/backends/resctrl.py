@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 
 from koordd.backends.threads import cgroup_threads
-from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpec, PartialWrite, TargetGone, TaskBackend, \
+from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpec, TargetGone, TaskBackend, TaskWrite, \
     Unsupported
 from koordd.core.schemata import ResctrlInfo
 from koordd.core.targets import RESCTRL_TARGET
@@ -278,10 +278,7 @@ class ResctrlTasksBackend(TaskBackend):
 
     def read(self, target: str, knob: str) -> str:
         where = self._where()
-        groups = {where.get(t, DEFAULT_GROUP) for t in cgroup_threads(self.cgroups, target)}
-        if not groups:
-            return NONE
-        return groups.pop() if len(groups) == 1 else MIXED
+        return self.common(where.get(t, DEFAULT_GROUP) for t in cgroup_threads(self.cgroups, target))
 
     def check(self, target: str, knob: str, value: str) -> str:
         if value != DEFAULT_GROUP:
@@ -294,23 +291,22 @@ class ResctrlTasksBackend(TaskBackend):
         group = DEFAULT_GROUP if value == MIXED else value      # restoring "mixed": back to the default
         tasks = "tasks" if group == DEFAULT_GROUP else f"{group}/tasks"
         where = self._where()
-        moved, errors = 0, []
+        w = TaskWrite()
         for tid in cgroup_threads(self.cgroups, target):
-            if where.get(tid, DEFAULT_GROUP) == group:
-                continue
-            try:
-                self.fs.write(tasks, f"{tid}\n")
-                moved += 1
-            except OSError as e:
-                if e.errno == errno.ESRCH:
-                    continue        # exited meanwhile
-                if e.errno == errno.ENOENT:
-                    raise TargetGone(group) from None
-                errors.append((tid, refused(self.fs, e)))
-        if errors:
-            tid, e = errors[0]
-            raise (PartialWrite if moved else OSError)(
-                e.errno, f"{len(errors)} thread(s) refused resctrl group {group} (first: thread {tid}: {e.strerror})")
+            if where.get(tid, DEFAULT_GROUP) != group:
+                w.put(f"thread {tid}", self._move, tid, tasks, group)
+        w.refused(f"thread(s) refused resctrl group {group}")
+
+    def _move(self, tid: int, tasks: str, group: str) -> None:
+        """One thread into the group whose `tasks` file that is; TargetGone when the group is not there."""
+        try:
+            self.fs.write(tasks, f"{tid}\n")
+        except OSError as e:
+            if e.errno == errno.ESRCH:
+                raise               # exited meanwhile
+            if e.errno == errno.ENOENT:
+                raise TargetGone(group) from None
+            raise refused(self.fs, e) from None
 
 
 def backends(fs: CgroupFS) -> list[Backend]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import errno
 import os
 
-from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpec, PartialWrite, TaskBackend, TargetGone, \
+from koordd.core.backend import Backend, BackendSet, Harm, InvalidValue, KnobSpec, TaskBackend, TargetGone, TaskWrite, \
     Unsupported
 from koordd.core.cgroup_text import parent_of
 from koordd.kernel.cgroupfs import CgroupFS, CgroupGone, thread_ids
@@ -111,10 +111,7 @@ class ThreadPolicyBackend(TaskBackend):
         return out
 
     def read(self, target: str, knob: str) -> str:
-        policies = set(self._movable(target).values())
-        if not policies:
-            return NONE
-        return NAMES[policies.pop()] if len(policies) == 1 else MIXED
+        return self.common(NAMES[p] for p in self._movable(target).values())
 
     def check(self, target: str, knob: str, value: str) -> str:
         if value == "ext" and not has_sched_ext(self.sys_root):
@@ -123,26 +120,14 @@ class ThreadPolicyBackend(TaskBackend):
 
     def write(self, target: str, knob: str, value: str) -> None:
         policy = POLICIES.get(value, os.SCHED_OTHER)       # "mixed" (a restore) goes back to normal
-        errors, moved = [], 0
+        w = TaskWrite()
         for tid, current in self._movable(target).items():
-            if current == policy:
-                continue
-            try:
-                self.sched.sched_setscheduler(tid, policy, os.sched_param(0))
-                moved += 1
-            except ProcessLookupError:
-                continue                                    # exited meanwhile
-            except OSError as e:
-                errors.append((tid, e))
-        if errors:
-            tid, e = errors[0]
-            # root with CAP_SYS_NICE still gets EPERM from a seccomp filter: systemd's RestrictRealtime=
-            # allows no policy above SCHED_IDLE.
-            hint = "; a seccomp filter such as RestrictRealtime= refuses it" if policy == SCHED_EXT and \
-                e.errno == errno.EPERM else ""
-            raise (PartialWrite if moved else OSError)(
-                e.errno, f"{len(errors)} thread(s) refused sched_policy {value} (first: thread {tid}: {e.strerror}"
-                         f"{hint})")
+            if current != policy:
+                w.put(f"thread {tid}", self.sched.sched_setscheduler, tid, policy, os.sched_param(0))
+        # root with CAP_SYS_NICE still gets EPERM from a seccomp filter: systemd's RestrictRealtime=
+        # allows no policy above SCHED_IDLE.
+        w.refused(f"thread(s) refused sched_policy {value}", lambda e: "; a seccomp filter such as RestrictRealtime= "
+                  "refuses it" if policy == SCHED_EXT and e.errno == errno.EPERM else "")
 
     def parent(self, target: str) -> str | None:
         return parent_of(target) or None

@@ -13,6 +13,7 @@ a class whose instances take no arguments (or a factory), bringing its knobs.
 """
 from __future__ import annotations
 
+import errno
 import logging
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterable, Mapping, Sequence
@@ -225,6 +226,46 @@ class TaskBackend(Backend):
 
     def still_koordds(self, target: str, knob: str, current: str, values: Sequence[str]) -> bool:
         return current == self.MIXED or super().still_koordds(target, knob, current, values)
+
+    def common(self, values: Iterable[str]) -> str | None:
+        """The reading of tasks reading `values`: their one value, MIXED where they differ, `empty` where
+        there is no task."""
+        found = set(values)
+        if not found:
+            return self.empty
+        return found.pop() if len(found) == 1 else self.MIXED
+
+
+class TaskWrite:
+    """One write of a TaskBackend over the tasks of its cgroup, each task written on its own: put() each
+    task that does not read the value yet; a task that exited meanwhile is skipped, a refusal is kept and
+    the others are still written; then refused() raises one error for them all, naming the first: a
+    PartialWrite where some task was written (the knob's journal entry must stay), else an OSError."""
+
+    def __init__(self, gone: tuple[type[OSError], ...] = (ProcessLookupError,)):
+        self.gone = gone            # what a task that exited meanwhile raises (besides ESRCH)
+        self.done = 0               # tasks written
+        self.errors: list[tuple[str, OSError]] = []    # (the task as the error names it, its refusal)
+
+    def put(self, task: str, write: Callable[..., object], *args) -> None:
+        """write(*args) for one task, named `task` in an error ("thread 12"). A write that returns False
+        did not happen (its id is another task's now): not counted as done."""
+        try:
+            wrote = write(*args)
+        except OSError as e:
+            if isinstance(e, self.gone) or e.errno == errno.ESRCH:
+                return              # exited meanwhile
+            self.errors.append((task, e))
+            return
+        if wrote is not False:
+            self.done += 1
+
+    def refused(self, what: str, hint: Callable[[OSError], str] = lambda e: "") -> None:
+        """If any task refused: raise "<n> <what> (first: <task>: <its error><hint(error)>)"."""
+        if self.errors:
+            task, e = self.errors[0]
+            raise (PartialWrite if self.done else OSError)(
+                e.errno, f"{len(self.errors)} {what} (first: {task}: {e.strerror}{hint(e)})")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ file, the line and the key, and every such error in the file is reported at
 once, so one edit fixes them all and a bad file never reaches a loop.
 
 The parts, each in its own module: the parse and where each key stands (toml_lines.py), the schema
-and the check (config_check.py), the checked values (settings.py), the class rules (class_rules.py)
+and the check of the sections (config_check.py) and of the class rules (class_check.py), the checked values (settings.py), the class rules (class_rules.py)
 and the overlap of their patterns (globs.py).
 """
 from __future__ import annotations
@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from koordd.core import toml_lines
+from koordd.core.class_check import check_classes
 from koordd.core.class_rules import ClassRule, rule_for
-from koordd.core.config_check import METRICS_OPTIONS, TOP_LEVEL, Checker
+from koordd.core.config_check import METRICS_OPTIONS, TOP_LEVEL, Checker, check_daemon, check_loops, check_metrics, \
+    check_report
 from koordd.core.globs import nested_classes
 from koordd.core.reclaimable import RECLAIMABLE_OPTIONS
 from koordd.core.report import REPORT_OPTIONS
@@ -91,13 +93,12 @@ def parse_config(text: str, path: Path | str, registry: Mapping[str, type]) -> C
     for key in data:
         if key not in TOP_LEVEL:
             c.unknown((key,), TOP_LEVEL, "table")
-    daemon = c.daemon(data.get("daemon", {}))
-    classes = c.classes(data.get("classes", []))
-    loops = c.loops(data.get("loops", {}), registry)
-    metrics = c.metrics(data.get("metrics", {}))
-    reclaimable, _ = c.section(RECLAIMABLE_OPTIONS, c.table(data.get("reclaimable", {}), ("reclaimable",)) or {},
-                               ("reclaimable",))
-    report = c.report(data.get("report", {}))
+    daemon = check_daemon(c, data.get("daemon", {}))
+    classes = check_classes(c, data.get("classes", []))
+    loops = check_loops(c, data.get("loops", {}), registry)
+    metrics = check_metrics(c, data.get("metrics", {}))
+    reclaimable = c.top(RECLAIMABLE_OPTIONS, data.get("reclaimable", {}), "reclaimable")
+    report = check_report(c, data.get("report", {}))
     if c.errors:
         # Stable sort: file order, with line-less errors (none today) first.
         raise ConfigError(f"{path}:{ln}: {msg}" if ln else f"{path}: {msg}"

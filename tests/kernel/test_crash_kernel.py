@@ -24,7 +24,6 @@ another original, is an orphan. Needs root; skipped elsewhere.
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import statistics
@@ -325,12 +324,7 @@ def config_text(koordd: Koordd, tree: CrashTree, loops: frozenset[str], device: 
                         'thaw_delay = "300ms"\npressure_full_percent = 0\nreclaim = false\n',
         "net_shaping": f'devices = ["{device}:{LINK}"]\nfollow_health = false\n',
     }
-    text = f"""\
-[daemon]
-cgroup_root = ""
-state_dir = {json.dumps(str(koordd.state_dir))}
-log_level = "info"
-
+    text = koordd.daemon_toml() + f"""
 [[classes]]
 name = "LS"
 cgroups = ["{name}/ls"]

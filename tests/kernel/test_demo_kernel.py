@@ -24,7 +24,7 @@ import pytest
 from koordctl.demo.cgroups import hierarchy_roots
 from koordd.kernel.cgroupfs import detect_layout
 
-from koordtest.kernel import CGROUP_ROOT, detect_host, wait_for
+from koordtest.kernel import CGROUP_ROOT, detect_host, rmdir, wait_for
 
 pytestmark = pytest.mark.kernel
 
@@ -125,7 +125,7 @@ class DemoRun:
         wait_for(lambda: not self.processes(), 10)
         for d in self.cgroup_dirs():
             for sub in (d / "ls", d / "be", d):
-                wait_for(lambda: not sub.exists() or _rmdir(sub), 5)
+                wait_for(lambda: not sub.exists() or rmdir(sub), 5)
         for tmp in Path(tempfile.gettempdir()).glob(f"{self.name}-*"):
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -137,16 +137,6 @@ def running(pid: int) -> bool:
     except OSError:
         return False
     return stat.rpartition(")")[2].split()[0] != "Z"
-
-
-def _rmdir(d: Path) -> bool:
-    try:
-        d.rmdir()
-        return True
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
 
 
 @pytest.fixture

@@ -187,14 +187,7 @@ def koordd(tmp_path, scope):
 
 
 def write_config(koordd: Koordd, scope: Scope, action: str, extra: str = "") -> Path:
-    path = koordd.tmp / "etc" / "koordd.toml"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(f"""\
-[daemon]
-cgroup_root = ""
-state_dir = {json.dumps(str(koordd.state_dir))}
-log_level = "info"
-
+    return koordd.config_file(f"""
 [[classes]]
 name = "LS"
 cgroups = [{json.dumps(scope.path("ls"))}]
@@ -217,7 +210,6 @@ pressure_full_percent = 0
 reclaim = false
 thaw_delay = "10m"
 {extra}""")
-    return path
 
 
 def start_koordd(koordd: Koordd, scope: Scope, action: str) -> subprocess.Popen:

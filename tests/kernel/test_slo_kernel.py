@@ -21,14 +21,7 @@ pytestmark = pytest.mark.kernel
 
 
 def config(koordd, cgroups) -> "object":
-    path = koordd.tmp / "etc" / "koordd.toml"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(f"""\
-[daemon]
-cgroup_root = ""
-state_dir = {json.dumps(str(koordd.state_dir))}
-log_level = "info"
-
+    return koordd.config_file(f"""
 [[classes]]
 name = "LS"
 cgroups = [{json.dumps(cgroups.cgroup("ls"))}]
@@ -45,7 +38,6 @@ interval = "500ms"
 rule = "slack"
 policy = "cfs_quota"
 """)
-    return path
 
 
 def drive(port: int, stop: threading.Event) -> None:

@@ -118,14 +118,7 @@ def koordd(tmp_path, nest, free):
 
 
 def write_config(koordd: Koordd, nest: Tree, free: Tree) -> Path:
-    path = koordd.tmp / "etc" / "koordd.toml"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(f"""\
-[daemon]
-cgroup_root = ""
-state_dir = {json.dumps(str(koordd.state_dir))}
-log_level = "info"
-
+    return koordd.config_file(f"""
 [[classes]]
 name = "BE"
 cgroups = [{json.dumps(nest.name)}, {json.dumps(free.name)}]
@@ -149,7 +142,6 @@ cooldown = "0s"
 pressure_full_percent = 0
 reclaim = false
 """)
-    return path
 
 
 def test_an_ls_root_inside_a_be_root_is_never_capped_frozen_or_killed(nest, free, koordd, capsys):

@@ -142,7 +142,8 @@ def test_a_symlink_is_judged_by_what_it_leads_to(strict, etc, tmp_path):
 
 
 def test_koordd_refuses_to_start_and_refuses_a_reload_on_an_untrusted_file(strict, tmp_path):
-    from unit.runtime.test_daemon import Node, NotifySocket, wait_for
+    from koordtest.notify import NotifySocket
+    from unit.runtime.test_daemon import Node, wait_for
     node = Node(tmp_path)
     node.config.chmod(0o666)
     assert node.run("--once").returncode == 78

@@ -22,7 +22,8 @@ from koordd.core.catalogue import load_registry
 from koordd.core.trust import SKIP_ENV, untrusted
 from koordd.runtime.daemon import Daemon
 from koordd.runtime.notify import StopExtender
-from unit.runtime.test_daemon import CONFIG, Node, NotifySocket, wait_for
+from koordtest.notify import NotifySocket
+from unit.runtime.test_daemon import CONFIG, Node, wait_for
 
 REGISTRY = load_registry()
 MAX = "max 100000"
@@ -326,7 +327,7 @@ def test_one_sighup_is_one_reload(tmp_path):
     node = Node(tmp_path)
     notify = NotifySocket(tmp_path / "notify.sock")
     proc = node.run(env={"NOTIFY_SOCKET": str(notify.path)}, wait=False)
-    reloads = lambda: sum("RELOADING=1" in m.split("\n") for m in list(notify.messages))
+    reloads = lambda: sum("RELOADING=1" in m.split("\n") for m in notify.texts())
     try:
         notify.expect("READY=1")
         wait_for(lambda: ticks(node) >= 1, what="a first tick")
@@ -436,7 +437,7 @@ def test_children_raise_on_a_listing_error_and_are_empty_for_a_gone_cgroup(tmp_p
 # --- 13: a long stop asks systemd for time while it makes progress -------------------------------------
 
 def extensions(notify: NotifySocket) -> list[int]:
-    return [int(line.split("=", 1)[1]) for m in list(notify.messages) for line in m.split("\n")
+    return [int(line.split("=", 1)[1]) for m in notify.texts() for line in m.split("\n")
             if line.startswith("EXTEND_TIMEOUT_USEC=")]
 
 
@@ -465,7 +466,7 @@ def test_a_stop_under_systemd_asks_for_time_to_restore(tmp_path):
     notify.expect("READY=1")
     wait_for(lambda: node.cpu_max() != MAX, what="BE capped")
     terminate(proc, node)
-    assert extensions(notify), notify.messages
+    assert extensions(notify), notify.texts()
     assert node.cpu_max() == MAX
 
 

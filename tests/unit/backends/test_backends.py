@@ -2,6 +2,7 @@
 equal -> journal -> write -> decision -> restore, a crash and a restart included."""
 from __future__ import annotations
 
+import errno
 import json
 from types import SimpleNamespace
 
@@ -14,7 +15,7 @@ from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import RestoreJournal
 from koordd.backends.cgroup_knobs import CgroupBackend
-from koordd.core.backend import Backends, KnobSpec
+from koordd.core.backend import Backends, KnobSpec, PartialWrite, TaskBackend, TaskWrite
 from koordd.core.config import parse_config
 from koordd.core.decisions import APPLIED, DRY_RUN, REFUSED, RESTORED
 from koordd.core.loop import Action, Loop, NODE, restore
@@ -248,3 +249,55 @@ def test_two_loops_claiming_a_node_wide_knob_is_a_config_error():
     registry = {"partitioner": Partitioner, "other": Other}
     with pytest.raises(Exception, match="knob 'tc.htb.ceil' of the node"):
         parse_config("[loops.partitioner]\nenabled = true\n[loops.other]\nenabled = true\n", "k.toml", registry)
+
+
+# --- the per-task write every TaskBackend makes (koordd/core/backend.py TaskWrite) ---------------------
+
+def _task_write(outcomes, gone=(ProcessLookupError,)):
+    """A TaskWrite over tasks 1, 2, ... whose writes end as `outcomes` say: None lands, False is a task
+    whose id is another's now, an exception is raised."""
+    w = TaskWrite(gone)
+
+    def write(i):
+        if isinstance(outcomes[i], BaseException):
+            raise outcomes[i]
+        return outcomes[i]
+    for i in range(len(outcomes)):
+        w.put(f"thread {i + 1}", write, i)
+    return w
+
+
+def test_a_task_write_skips_tasks_gone_and_names_the_first_refusal_with_the_count():
+    eperm = OSError(errno.EPERM, "Operation not permitted")
+    w = _task_write([ProcessLookupError(7), OSError(errno.ESRCH, "No such process"), eperm,
+                     OSError(errno.EINVAL, "Invalid argument")])
+    assert w.done == 0 and [t for t, _ in w.errors] == ["thread 3", "thread 4"]
+    with pytest.raises(OSError) as e:
+        w.refused("thread(s) refused sched_policy idle", lambda e: "; why" if e.errno == errno.EPERM else "")
+    assert not isinstance(e.value, PartialWrite) and e.value.errno == errno.EPERM
+    assert e.value.strerror == "2 thread(s) refused sched_policy idle (first: thread 3: Operation not permitted; why)"
+
+
+def test_a_task_write_that_landed_somewhere_before_a_refusal_is_a_partial_write():
+    w = _task_write([None, OSError(errno.EACCES, "Permission denied")])
+    with pytest.raises(PartialWrite, match=r"^\[Errno 13\] 1 x \(first: thread 2: Permission denied\)$"):
+        w.refused("x")
+    # A write that says it did not happen (False: the pid is another process's now) is not one that landed.
+    with pytest.raises(OSError) as e:
+        _task_write([False, OSError(errno.EACCES, "Permission denied")]).refused("x")
+    assert not isinstance(e.value, PartialWrite)
+
+
+def test_a_task_write_with_no_refusal_raises_nothing_and_gone_may_name_more_errors():
+    _task_write([None, ProcessLookupError(1)]).refused("x")
+    w = _task_write([FileNotFoundError(errno.ENOENT, "gone"), None], gone=(FileNotFoundError, ProcessLookupError))
+    assert w.done == 1 and w.errors == []
+    w.refused("x")
+    assert [t for t, _ in _task_write([FileNotFoundError(errno.ENOENT, "gone")]).errors] == ["thread 1"]
+
+
+def test_tasks_read_their_one_value_mixed_where_they_differ_and_empty_where_there_is_none():
+    class Tasks(TaskBackend):
+        kind, knobs = "tasks", {"k": KnobSpec("k", "a task's knob")}
+
+    assert Tasks().common([]) == "none" and Tasks().common(["a", "a"]) == "a" and Tasks().common(["a", "b"]) == "mixed"

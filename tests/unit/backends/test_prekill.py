@@ -6,17 +6,15 @@ test runs koordd as a process on a fake tree, under a fake systemd, and reads it
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from koordtest.fakes.cgroup import FakeCgroups
-from koordtest.notify import NotifySocket
+from koordtest.notify import NotifySocket, start_koordd
 from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import RestoreJournal
@@ -112,7 +110,9 @@ def killed(tree, cg):
     return tree.read(cg, None, "cgroup.kill").strip() == "1"
 
 
-SLEEPER = 'echo $$ > "$KOORDD_CGROUP_DIR/hook.pid"; exec sleep 600\n'
+# The pid file appears whole (written aside, then renamed): a test that sees it reads the pid, never an empty file.
+SLEEPER = 'echo $$ > "$KOORDD_CGROUP_DIR/hook.pid.tmp"; mv "$KOORDD_CGROUP_DIR/hook.pid.tmp" "$KOORDD_CGROUP_DIR/hook.pid"; ' \
+          'exec sleep 600\n'
 
 
 # --- what a hook gets, and how its failures are told ---------------------------------------------------
@@ -310,11 +310,7 @@ def test_the_watchdog_is_fed_while_a_hook_sleeps_and_sigterm_kills_no_victim(tmp
     config.write_text(DAEMON_CONFIG.format(root=tree.root, state=tmp_path / "state", hook=hook))
     notify = NotifySocket(tmp_path / "notify.sock")
     log = tmp_path / "koordd.log"
-    env = {**os.environ, "NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "1000000"}   # a ping every 0.5 s
-    env.pop("WATCHDOG_PID", None)
-    with open(log, "wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "koordd.runtime.daemon", "--config", str(config)],
-                                stdout=f, stderr=subprocess.STDOUT, env=env)
+    proc = start_koordd(config, log, notify, watchdog_usec=1_000_000)     # a ping every 0.5 s
     pidfile = tree.root / "k" / "be" / "hook.pid"
     try:
         wait_for(pidfile.exists, what=f"the hook started\n{log.read_text() if log.exists() else ''}")

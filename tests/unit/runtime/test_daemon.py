@@ -4,16 +4,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from koordtest.fakes.cgroup import FakeCgroups
+from koordtest.notify import NotifySocket
 from koordctl.top import write_request
 from koordd.act.journal import read_held
 from koordd.core.feeds import REQUEST_FILE, TOP_FILE, TopRequest
@@ -95,26 +94,6 @@ def wait_for(predicate, timeout=15.0, what="condition"):
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-class NotifySocket:
-    """systemd's end of sd_notify: read in a thread, as systemd does, so the queue never fills."""
-
-    def __init__(self, path: Path):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.path, self.messages = path, []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        while True:
-            try:
-                self.messages.append(self.sock.recv(4096).decode())
-            except OSError:
-                return
-
-    def expect(self, line: str, timeout=15.0):
-        wait_for(lambda: any(line in m.split("\n") for m in list(self.messages)), timeout, what=line)
 
 
 def test_once_caps_be_and_records_the_decision(node):

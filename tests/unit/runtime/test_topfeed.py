@@ -13,11 +13,11 @@ from koordctl.top import write_request
 from koordd.act.journal import Held
 from koordd.core.config import parse_config
 from koordd.core.feeds import FRESH_AT_LEAST, REQUEST_FILE, TOP_FILE, TopRequest, parse_request
-from koordd.core.loop import Loop
 from koordd.core.snapshot import CPI, CpiSample, RUNQ_LATENCY, RunqLatency
 from koordd.runtime.daemon import Daemon
 from koordd.runtime.topfeed import TopFeed, VIEW_FIELDS
 from koordd.sensors.contract import OptionalSensor, SensorUnavailable
+from unit.runtime.test_round import UsageLoop
 
 CALLS: list[str] = []       # what the fake sensors were asked, in order ("start runq_latency", ...)
 
@@ -43,24 +43,6 @@ class FakeCpi(FakeRunq):
 
     def sample(self, context):
         return {"ls.slice": CpiSample(cycles=3e9, instructions=2e9, running_fraction=0.5), "be.slice": "not a sample"}
-
-
-class UsageLoop(Loop):
-    """Needs CPU usage only, and keeps every snapshot it is given."""
-    name = "usage_loop"
-
-    @staticmethod
-    def needs(settings):
-        return frozenset({"cpu_usage"})
-
-    @staticmethod
-    def initial_state(settings):
-        return []
-
-    @staticmethod
-    def decide(snapshot, settings, state):
-        state.append(snapshot)
-        return []
 
 
 CONFIG = """

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 from koordtest.fakes.cgroup import FakeCgroups
 from koordtest.hostile import HostileServer
-from koordtest.notify import NotifySocket
+from koordtest.notify import NotifySocket, start_koordd
 
 MiB = 1 << 20
 WATCHDOG_USEC = 4_000_000           # systemd kills at 4 s without a ping; koordd pings every 2 s
@@ -118,11 +116,7 @@ def test_the_watchdog_is_fed_through_slow_peers_and_reloads_and_sigterm_ends_eve
     write(trickle, scrape)
     notify = NotifySocket(tmp_path / "notify.sock")
     log = tmp_path / "koordd.log"
-    env = {**os.environ, "NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": str(WATCHDOG_USEC)}
-    env.pop("WATCHDOG_PID", None)
-    with open(log, "wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "koordd.runtime.daemon", "--config", str(config)],
-                                stdout=f, stderr=subprocess.STDOUT, env=env)
+    proc = start_koordd(config, log, notify, WATCHDOG_USEC)
     try:
         wait_for(lambda: notify.times("READY=1"), what="READY=1", log=log)
         # Every peer is being asked: a push trickled, a scrape answered by 100 Continues, a probe unanswered.
