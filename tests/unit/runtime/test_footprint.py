@@ -22,7 +22,6 @@ OPTIONAL = {
     "koordd.runtime.metrics": "[metrics] enable only",
     "pynvml": "the GPU sensor, where a loop needs it; the start-up probe runs in a child process",
     "pyroute2": "net_shaping only (16 MB)",
-    "watchdog": "no longer used by the daemon",
     "bcc": "replaced by the CO-RE loader (81 MB of LLVM)",
     "numpy": "no koordd code path",
     "matplotlib": "benchmarks only",
