@@ -52,8 +52,12 @@ class Protected:
         held = self.holders.get(target)
         if held is not None:
             return held
-        for up in _ancestry(target):
-            cls = self.classes.get(up)
+        # _ancestry(target) walked without building it: asked for every pod of a class each round.
+        classes, up = self.classes, target
+        while True:
+            cls = classes.get(up)
             if cls is not None:
                 return f"is of class {cls}" if up == target else f"lies below {up}, of class {cls}"
-        return None
+            if not up:
+                return None
+            up = up.rpartition("/")[0]

@@ -25,13 +25,15 @@ import ipaddress
 import os
 import select
 import socket
-import ssl
 import stat
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    import ssl      # imported where TLS is used: libssl and libcrypto cost the daemon 4 MB of RSS
 
 MAX_LOOKUPS = 4             # name lookups in flight over all of koordd (helper threads blocked in getaddrinfo)
 CACHE_TTL = 30.0            # seconds a resolved name is kept
@@ -217,6 +219,7 @@ class Conn:
     def __init__(self, sock: socket.socket, deadline: Deadline):
         self.sock: Any = sock
         self.deadline = deadline
+        self.tls: Any = None        # the ssl module, once start_tls made this a TLS connection
 
     def close(self) -> None:
         self.sock.close()
@@ -228,17 +231,21 @@ class Conn:
         self.close()
 
     def _io(self, op, *args):
+        # ssl's errors only where this connection went TLS (start_tls imports ssl): a plain socket raises none.
+        tls = self.tls
+        want_read, want_write, tls_error = \
+            (tls.SSLWantReadError, tls.SSLWantWriteError, tls.SSLError) if tls is not None else ((), (), ())
         while True:
             self.deadline.left()
             try:
                 return op(*args)
-            except ssl.SSLWantReadError:
+            except want_read:
                 self.deadline.wait_fd(self.sock.fileno(), select.POLLIN)
-            except ssl.SSLWantWriteError:
+            except want_write:
                 self.deadline.wait_fd(self.sock.fileno(), select.POLLOUT)
             except (BlockingIOError, InterruptedError):
                 self.deadline.wait_fd(self.sock.fileno(), select.POLLOUT if op == self.sock.send else select.POLLIN)
-            except ssl.SSLError as e:
+            except tls_error as e:
                 raise PeerError("tls", f"TLS: {e.reason or e}") from None
             except ConnectionError as e:
                 raise PeerError("reset", e.strerror or type(e).__name__) from None
@@ -256,6 +263,8 @@ class Conn:
         return self._io(self.sock.recv, n)
 
     def start_tls(self, context: ssl.SSLContext, server_hostname: str) -> None:
+        import ssl
+        self.tls = ssl
         self.sock = context.wrap_socket(self.sock, server_hostname=server_hostname, do_handshake_on_connect=False)
         self._io(self.sock.do_handshake)
 
@@ -498,7 +507,10 @@ def http_exchange(url: str, deadline: Deadline, *, method: str = "GET", body: by
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     with connect_tcp(host, port, deadline, resolver) as conn:
         if parts.scheme == "https":
-            conn.start_tls(tls or ssl.create_default_context(), host)
+            if tls is None:
+                import ssl
+                tls = ssl.create_default_context()
+            conn.start_tls(tls, host)
         hostport = f"[{host}]" if ":" in host else host
         if parts.port:
             hostport += f":{parts.port}"

@@ -126,22 +126,31 @@ class CgroupHistograms:
         first map counted nothing in its subtree."""
         self._watch(list(paths))
         per_map = [self._deltas(table, i) for i, table in enumerate([self.waits, *self.more_maps])]
+        path_of = {cid: p for p, cid in self.ids.items()}
+        sums = [self._subtrees(delta, path_of) for delta in per_map]
         out = {}
-        for path, inside in enclosing(self.ids).items():
-            first = self._subtree(per_map[0], inside)
+        for path in sorted(sums[0]):        # the order enclosing(self.ids) gave
+            first = sums[0][path]
             if sum(first[0]) > 0:
-                out[path] = [first] + [self._subtree(delta, inside) for delta in per_map[1:]]
+                out[path] = [first] + [more.get(path) or ([0] * self.slots, 0) for more in sums[1:]]
         return out
 
-    def _subtree(self, delta: dict[int, Counts], inside: list[str]) -> Counts:
-        """The sum of `delta` over the paths `inside` a sampled one."""
-        slots, total_ns = [0] * self.slots, 0
-        for q in inside:
-            d = delta.get(self.ids[q])
-            if d is not None:
-                slots = [a + b for a, b in zip(slots, d[0])]
-                total_ns += d[1]
-        return slots, total_ns
+    def _subtrees(self, delta: dict[int, Counts], path_of: dict[int, str]) -> dict[str, Counts]:
+        """Each sampled path -> the sum of `delta` over its subtree (itself and the sampled paths below it,
+        as enclosing() groups them), for the paths whose subtree has an entry in `delta`. Each entry is added
+        to its path's sampled ancestors: the map holds the cgroups whose threads waited, a few of hundreds
+        of pods, where summing each sampled path's subtree cost a pass over every pod every round."""
+        out: dict[str, Counts] = {}
+        ids = self.ids
+        for cid, (slots, total_ns) in delta.items():
+            q = path_of.get(cid)
+            while q is not None:
+                if q in ids:
+                    have = out.get(q)
+                    out[q] = (list(slots), total_ns) if have is None else \
+                        ([a + b for a, b in zip(have[0], slots)], have[1] + total_ns)
+                q = q.rpartition("/")[0] if q else None
+        return out
 
     def _deltas(self, table, i: int) -> dict[int, Counts]:
         """Map `table` (self.names[i]'s): cgroup id -> its counts since the last read."""

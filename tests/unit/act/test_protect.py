@@ -13,7 +13,7 @@ from koordd.backends.host_backends import builtin_classes
 from koordd.core.backend import Harm, KnobSpec
 from koordd.core.decisions import APPLIED, DRY_RUN, REFUSED
 from koordd.core.loop import Action
-from koordd.core.protected import PROTECTED_CLASSES, Protected
+from koordd.core.protected import PROTECTED_CLASSES, Protected, _ancestry
 from unit.act.test_actuator import make_rig
 
 NAMES = ("a", "b", "c")
@@ -79,6 +79,30 @@ def test_why_names_class_holders_and_processes():
     assert p.why("system.slice") == "holds system.slice/koordd.service, the cgroup of koordd"
     assert p.why("") and p.why("/")                                  # the root holds everything
     assert p.why("be.slice") is None and p.why("be.slice/job") is None
+
+
+def _why_by_ancestry(p: Protected, target: str) -> str | None:
+    """why() as it was written before it walked the ancestry in place (the reference)."""
+    target = target.strip("/")
+    if target in p.holders:
+        return p.holders[target]
+    for up in _ancestry(target):
+        if up in p.classes:
+            cls = p.classes[up]
+            return f"is of class {cls}" if up == target else f"lies below {up}, of class {cls}"
+    return None
+
+
+_PATHS = st.lists(st.sampled_from(["a", "b", "pod1"]), max_size=4).map("/".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(_PATHS, st.sampled_from(["LS", "BE", "SYSTEM", "LSR"]), max_size=5),
+       st.dictionaries(_PATHS, st.sampled_from(["PID 1", "koordd"]), max_size=2), _PATHS)
+def test_why_says_what_the_ancestry_walk_says(classes, processes, target):
+    p = Protected.of(classes, processes)
+    for t in (target, "/" + target, target + "/"):
+        assert p.why(t) == _why_by_ancestry(p, t)
 
 
 def test_process_cgroups_reads_every_hierarchy(tmp_path):

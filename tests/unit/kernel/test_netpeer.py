@@ -91,6 +91,17 @@ def test_a_healthy_answer_is_read_whole():
         assert http_exchange(srv.url, Deadline(2.0), method="POST", body=b"{}").status == 200
 
 
+def test_an_https_peer_that_answers_plain_http_is_a_tls_error():
+    """ssl is imported only where a connection goes TLS (koordd/kernel/netpeer.py, Conn.start_tls): its
+    errors still reach the caller as PeerError "tls", after the handshake waited for the server's answer
+    (the non-blocking handshake's want-read path) - a plain server answering the ClientHello with HTTP."""
+    with HostileServer("ok", body=b"plain") as srv:
+        url = srv.url.replace("http://", "https://", 1)
+        with pytest.raises(PeerError) as ei:
+            http_exchange(url, Deadline(10.0), max_body=1 << 10)
+    assert ei.value.kind == "tls", ei.value
+
+
 # --- stop ends the thread, within the deadline --------------------------------------------------------------
 
 @pytest.mark.parametrize("shape", ["trickle_head", "endless_continue", "endless_body", "silent"])

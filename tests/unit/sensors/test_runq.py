@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from koordtest.fakes.bpf import FakeMap
 from koordd.core.histogram import quantile_us
@@ -271,3 +272,37 @@ def test_below_and_outermost_keep_siblings_with_a_shared_prefix_apart():
     assert runq.below(ordered, "be/pod") == [] and runq.below(ordered, "") == ordered
     assert runq.outermost(["be", "be/pod1", "be-x", "ls/a", "ls/a/b"]) == ["be", "be-x", "ls/a"]
     assert runq.outermost(["", "be"]) == [""]
+
+
+def _subtrees_by_enclosing(ids: dict[str, int], delta: dict, nslots: int) -> dict:
+    """Each sampled path's subtree sum as it was computed before the entries were added to their ancestors
+    (the reference): enclosing() of every sampled path, its subtree summed path by path."""
+    out = {}
+    for path, inside in enclosing(ids).items():
+        s, ns = [0] * nslots, 0
+        for q in inside:
+            d = delta.get(ids[q])
+            if d is not None:
+                s, ns = [a + b for a, b in zip(s, d[0])], ns + d[1]
+        out[path] = (s, ns)
+    return out
+
+
+_TREE_PATHS = st.lists(st.sampled_from(["be", "be-x", "ls", "pod1", "pod2"]), max_size=3).map("/".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_TREE_PATHS, unique=True, min_size=1, max_size=8), st.data())
+def test_each_wait_is_added_to_the_sampled_paths_above_it_as_enclosing_sums_them(paths, data):
+    """_subtrees (each map entry added to its sampled ancestors) against the pass over every sampled path's
+    subtree it replaced: the same sums wherever an entry lies in the subtree, the same order and zero-sum paths
+    left out by all_deltas."""
+    nslots = 3
+    src = runq.CgroupHistograms(Path("/nonexistent"), Path("/nonexistent.o"), "waits", nslots)
+    src.ids = {p: 100 + i for i, p in enumerate(paths)}
+    counts = st.tuples(st.lists(st.integers(0, 5), min_size=nslots, max_size=nslots), st.integers(0, 10**6))
+    delta = data.draw(st.dictionaries(st.sampled_from(sorted(src.ids.values()) + [7]), counts))
+    want = _subtrees_by_enclosing(src.ids, delta, nslots)
+    got = src._subtrees(delta, {cid: p for p, cid in src.ids.items()})
+    assert {p: c for p, c in want.items() if p in got} == got
+    assert all(c == ([0] * nslots, 0) for p, c in want.items() if p not in got)

@@ -1,12 +1,14 @@
 """Sensors on literal kernel text: PSI, /proc + /sys for the node, fake cgroup trees for cgroups."""
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import logging
 import time
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, strategies as st
 
 from koordtest.needs import reads_only_what_it_needs
 from koordtest.fakes.cgroup import FakeCgroups, psi, rules
@@ -14,9 +16,9 @@ from koordd.core.cgroup_text import match_pattern
 from koordd.core.config import parse_config
 from koordd.core.health import DEFAULT_HEALTH
 from koordd.core.loop import Action, Loop
-from koordd.core.snapshot import CpuTopology, NodeSample, Pressure, PressureStat, Snapshot, Throttling
+from koordd.core.snapshot import CGROUP_FIELDS, CgroupSample, CpuTopology, NodeSample, Pressure, PressureStat, Snapshot, Throttling
 from koordd.sensors import collect
-from koordd.sensors.cgroup_stats import CgroupSensor, flat_keyed
+from koordd.sensors.cgroup_stats import CgroupSensor, flat_keyed, make_sample
 from koordd.sensors.collect import Sensors, find_classified
 from koordd.sensors.contract import OptionalSensor
 from koordd.sensors.lifecycle import SensorManager
@@ -143,6 +145,32 @@ def test_cgroup_usage_and_throttling_from_two_samples(tree):
     assert second.cpu_usage == pytest.approx(2.0)
     assert second.throttling == Throttling(30, 7, 9000, 20, 5)
     assert second.memory_current == 8192
+
+
+@given(st.lists(st.sampled_from(sorted(CGROUP_FIELDS)), unique=True),
+       st.text(max_size=20), st.sampled_from(["", "BE", "LS"]))
+def test_make_sample_is_the_dataclass_built_by_its_constructor(names, path, cls):
+    """The sensor's fast constructor gives the very object CgroupSample(...) gives: equal, same hash and repr,
+    every field set (a field added to CgroupSample with a default_factory would make it unsafe: fails here)."""
+    values = {name: i for i, name in enumerate(names)}
+    made, built = make_sample(path, cls, values), CgroupSample(path=path, cls=cls, **values)
+    assert made == built and hash(made) == hash(built) and repr(made) == repr(built)
+    assert {f.name: getattr(made, f.name) for f in dataclasses.fields(CgroupSample)} == built.__dict__
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.cpu_usage = 1.0
+
+
+def test_a_listed_only_sample_is_one_object_until_its_cgroup_goes(tree):
+    """A member listed but not read (a calm tick) costs a dictionary look-up, not a new sample; the sensor
+    forgets it with the cgroup, and a sample that reads fields is a new one each time."""
+    sensor = CgroupSensor(tree.fs)
+    listed = sensor.sample(JOB, "be", 1.0, frozenset())
+    assert listed == CgroupSample(path=JOB, cls="be")
+    assert sensor.sample(JOB, "be", 2.0, frozenset()) is listed
+    assert sensor.sample(JOB, "ls", 2.0, frozenset()) == CgroupSample(path=JOB, cls="ls")   # its class is its own
+    assert sensor.sample(JOB, "be", 2.0, frozenset({"cpu_usage"})) is not listed
+    sensor.forget_except(set())
+    assert sensor.sample(JOB, "be", 3.0, frozenset()) is not listed
 
 
 def test_cgroup_knob_values_and_pressure(tree):
