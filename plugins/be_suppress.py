@@ -320,62 +320,61 @@ def _split(snapshot: Snapshot, signals: list) -> tuple[list, list]:
     return steer, guard
 
 
+@dataclass(frozen=True)
+class SlackRound:
+    """One round of rule slack as read, before any step: what the steps decide on. `steer` and `guard`: the
+    worst steering and guarding slack with what set it (worst_slack), or None; `below`: the last round's slack
+    was below zero; `between`: class roots whose SLO has no value this round but had one within SLO_GAP;
+    `guarding`: a guard signal is there and not resting."""
+    now: float
+    capacity: int
+    others: float                    # LS and system cores
+    be_used: float
+    floor: float                     # BE's floor, in cores
+    signals: list
+    steer: tuple | None
+    guard: tuple | None
+    units: dict                      # the BE cgroups a hot cap may take -> their CPU use
+    below: bool
+    between: list
+    guarding: bool
+
+    @property
+    def s(self) -> float | None:
+        return self.steer[0] if self.steer is not None else None
+
+    @property
+    def g(self) -> float | None:
+        return self.guard[0] if self.guard is not None else None
+
+
 def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: int, others: float,
                      be_used: float) -> tuple[float, dict, str, list[Action]] | None:
     """BE's CPUs moved by LS slack (rule slack), every cut an experiment (core/experiment.py): grow towards
     the whole node, hold, cut with the lever that bought most under these conditions, undo a cut that
     bought nothing, drop to the floor. Also the hot caps' actions."""
     now = snapshot.time
-    window = float(settings.experiment_window)
-    if state.lab is None:
-        state.lab = Lab(window=window, settle=0.4 * window, rest=float(settings.lever_rest),
-                        rest_max=32 * float(settings.lever_rest))
-    lab = state.lab
-    state.raised = {k: v for k, v in state.raised.items() if v[1] > now}      # (target, until)
-    raised = {k: t for k, (t, _) in state.raised.items()}
+    lab = _slack_lab(settings, state)
+    raised = _raised_targets(state, now)
     signals = ls_signals(snapshot, snapshot.section(RUNQ_LATENCY), state.runq, state.slo)
     steer_signals, guard_signals = _split(snapshot, signals)
     steer, guard = worst_slack(steer_signals, raised), worst_slack(guard_signals, raised)
     units, extra = _hot_units(snapshot, settings, state)
     if steer is None and guard is None:
         return None
-    idle = max(capacity - others, 0.0)
-    floor = len(be) * MIN_QUOTA_US / DEFAULT_PERIOD_US
     if state.allowance is None:
-        # Under policy cpuset cpu.max is not sampled (needs()): BE starts from the whole node.
-        limits = [parse_cpu_max(c.cpu_max) for c in be if c.cpu_max] if settings.policy == "cfs_quota" else []
-        quotas = [q / p for q, p in limits if q is not None]
-        state.allowance = sum(quotas) if len(quotas) == len(be) else float(capacity)   # what BE has
-
+        state.allowance = _allowance_held(settings, be, capacity)
     allowance = state.allowance
-    targets = {(cg, name): max(t, raised.get((cg, name), 0.0)) for cg, name, _, t in signals}
-    values = {(cg, name): v for cg, name, v, _ in signals}
-    healthy = [k for k, v in values.items() if 1 - v / targets[k] >= GROW_AT]
     running = lab.running
+    values, healthy = _readings(signals, raised)
     verdict = lab.observe(now, values, be_used, healthy)
-    s = steer[0] if steer is not None else None
-    g = guard[0] if guard is not None else None
-    below = state.below_zero
-    # A class whose SLO has no value this round (a scrape every second, a round every half): neither late
-    # nor healthy. Its memory of the last round below zero survives it, and BE does not grow on it.
-    unmeasured = _unmeasured_slos(snapshot, signals)
-    if s is not None or not unmeasured:
-        state.below_zero = s is not None and s < 0
-    state.slo_seen = {sig[0]: now for sig in signals if sig[1] in SLO_SIGNALS} | \
-        {p: t for p, t in state.slo_seen.items() if p in unmeasured}
-    # The SLO measured within SLO_GAP: a round between two values, and the SLO's last word stands. An SLO silent
-    # for longer (a stall it cannot see yet, a source that fails or never ran) leaves the class to its health
-    # targets alone, as guards: they may hold and cut BE for a bounded time, and BE grows on their health.
-    between = [p for p in unmeasured if now - state.slo_seen.get(p, -math.inf) <= SLO_GAP]
-    guard_max = float(settings.guard_cut_max)
-    if g is None or g >= HOLD_AT or (s is not None and s < HOLD_AT) or now < state.guard_off_until:
-        state.guard_since = None
-    elif state.guard_since is None:
-        state.guard_since = now
-    elif now - state.guard_since >= guard_max and state.guard_cut is None:
-        # The guard held (or cut) BE for guard_cut_max while the SLO was met: the SLO decides, the guard rests.
-        state.guard_since, state.guard_off_until = None, now + guard_max
-    guarding = g is not None and now >= state.guard_off_until
+    below = state.below_zero             # the last round's: this round's is noted next
+    between = _note_slo_rounds(snapshot, state, signals, steer)
+    guarding = _guard_clock(settings, state, steer, guard, now)
+    rd = SlackRound(now, capacity, others, be_used, len(be) * MIN_QUOTA_US / DEFAULT_PERIOD_US, signals, steer,
+                    guard, units, below, between, guarding)
+    s, g = rd.s, rd.g
+    floor, idle, guard_max = rd.floor, max(capacity - others, 0.0), float(settings.guard_cut_max)
     step, experiment = None, None
 
     if verdict is not None:
@@ -453,6 +452,68 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         extra.append(Action(NODE, WAKE_KNOB, "0", {"rule": "slack", "lever": WAKE, "step": "hold"},
                             "CPU wake-up latency request (0 µs) holds"))
     return state.allowance, reason, why, extra
+
+
+def _slack_lab(settings, state: State) -> Lab:
+    """The loop's experiments (core/experiment.py), made on its first round of rule slack."""
+    if state.lab is None:
+        window = float(settings.experiment_window)
+        state.lab = Lab(window=window, settle=0.4 * window, rest=float(settings.lever_rest),
+                        rest_max=32 * float(settings.lever_rest))
+    return state.lab
+
+
+def _raised_targets(state: State, now: float) -> dict:
+    """(cgroup, signal) -> its raised target, those whose time is up forgotten."""
+    state.raised = {k: v for k, v in state.raised.items() if v[1] > now}      # (target, until)
+    return {k: t for k, (t, _) in state.raised.items()}
+
+
+def _allowance_held(settings, be, capacity: int) -> float:
+    """What BE has before rule slack moved it: the sum of its quotas, or the whole node where one has none.
+    Under policy cpuset cpu.max is not sampled (needs()): BE starts from the whole node."""
+    limits = [parse_cpu_max(c.cpu_max) for c in be if c.cpu_max] if settings.policy == "cfs_quota" else []
+    quotas = [q / p for q, p in limits if q is not None]
+    return sum(quotas) if len(quotas) == len(be) else float(capacity)
+
+
+def _readings(signals: list, raised: dict) -> tuple[dict, list]:
+    """What the experiments observe: each signal's value, and the keys back in health (10% slack or more
+    against the target, raised where it is)."""
+    targets = {(cg, name): max(t, raised.get((cg, name), 0.0)) for cg, name, _, t in signals}
+    values = {(cg, name): v for cg, name, v, _ in signals}
+    return values, [k for k, v in values.items() if 1 - v / targets[k] >= GROW_AT]
+
+
+def _note_slo_rounds(snapshot: Snapshot, state: State, signals: list, steer: tuple | None) -> list[str]:
+    """Note whether this round's steering slack is below zero, and when each SLO last had a value. A class
+    whose SLO has no value this round (a scrape every second, a round every half) is neither late nor
+    healthy: its memory of the last round below zero survives it. Returns those measured within SLO_GAP: a
+    round between two values, where the SLO's last word stands and BE does not grow. An SLO silent for
+    longer (a stall it cannot see yet, a source that fails or never ran) leaves the class to its health
+    targets alone, as guards: they may hold and cut BE for a bounded time, and BE grows on their health."""
+    now = snapshot.time
+    unmeasured = _unmeasured_slos(snapshot, signals)
+    if steer is not None or not unmeasured:
+        state.below_zero = steer is not None and steer[0] < 0
+    state.slo_seen = {sig[0]: now for sig in signals if sig[1] in SLO_SIGNALS} | \
+        {p: t for p, t in state.slo_seen.items() if p in unmeasured}
+    return [p for p in unmeasured if now - state.slo_seen.get(p, -math.inf) <= SLO_GAP]
+
+
+def _guard_clock(settings, state: State, steer: tuple | None, guard: tuple | None, now: float) -> bool:
+    """Time how long a guard has held (or cut) BE while the SLO is met: after guard_cut_max the SLO decides
+    and the guard rests as long. Returns whether a guard may act this round."""
+    s = steer[0] if steer is not None else None
+    g = guard[0] if guard is not None else None
+    guard_max = float(settings.guard_cut_max)
+    if g is None or g >= HOLD_AT or (s is not None and s < HOLD_AT) or now < state.guard_off_until:
+        state.guard_since = None
+    elif state.guard_since is None:
+        state.guard_since = now
+    elif now - state.guard_since >= guard_max and state.guard_cut is None:
+        state.guard_since, state.guard_off_until = None, now + guard_max
+    return g is not None and now >= state.guard_off_until
 
 
 def _unmeasured_slos(snapshot: Snapshot, signals: list) -> list[str]:
