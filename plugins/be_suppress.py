@@ -375,25 +375,12 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
                     guard, units, below, between, guarding)
     s, g = rd.s, rd.g
     floor, idle, guard_max = rd.floor, max(capacity - others, 0.0), float(settings.guard_cut_max)
-    step, experiment = None, None
-
+    experiment = verdict.fields() if verdict is not None else None
     if verdict is not None:
-        experiment = verdict.fields()
-        if not verdict.helped and running.bound is not None:
-            state.guard_cut = None       # a guard's cut that bought nothing: the guard cuts no more for a while
-            lab.rest_for(BE_CAP, verdict.key[1], now + guard_max)
-        if not verdict.helped:
-            rest = lab.resting(verdict.lever, verdict.key[1], now)
-            step = f"undo: {verdict.text()}; {verdict.lever} rests {rest:g}s for {verdict.key[1]}"
-            extra += [Action(a.target, a.knob, a.value, {**a.reason, "step": step, "experiment": experiment},
-                             f"{a.message}: {step}") for a in _undo(state, running)]
-    elif state.guard_cut is not None and now >= state.guard_cut[0]:
-        until, base, signal = state.guard_cut
-        if lab.running is not None and lab.running.bound is not None:
-            lab.abandon()
-        state.guard_cut, state.allowance = None, max(state.allowance, base)
-        lab.rest_for(BE_CAP, signal, now + guard_max)
-        step = f"guard cut ends after {float(settings.guard_cut_max):g}s: the SLO decides, and it is met"
+        step, undone = _verdict_step(settings, state, verdict, running, experiment)
+        extra += undone
+    else:
+        step = _guard_cut_over(settings, state, now)
     running = lab.running
     if not any(a.knob == WAKE_KNOB for a in extra):       # not in the round of its verdict
         extra += _wake_upkeep(snapshot, settings, state, s if s is not None else g)
@@ -404,12 +391,7 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         if state.guard_cut is not None:
             # a guard's cut, and now the SLO itself is at risk: the guard's cut ends (BE back where it was), the
             # guard rests, and the SLO decides from here (a cut of its own once confirmed)
-            lab.rest_for(BE_CAP, state.guard_cut[2], now + guard_max)
-            state.allowance = max(state.allowance, state.guard_cut[1])
-            state.guard_cut = None
-            if running is not None and running.bound is not None:
-                lab.abandon()
-                running = None
+            _end_guard_cut(settings, state, now)
         step = _steer_cut(snapshot, settings, state, steer[1], s, below, floor, units, be_used, capacity, others,
                           signals, extra)
     elif running is not None and running.bound is None:
@@ -514,6 +496,41 @@ def _guard_clock(settings, state: State, steer: tuple | None, guard: tuple | Non
     elif now - state.guard_since >= guard_max and state.guard_cut is None:
         state.guard_since, state.guard_off_until = None, now + guard_max
     return g is not None and now >= state.guard_off_until
+
+
+def _verdict_step(settings, state: State, verdict: Verdict, running, experiment: dict) -> tuple[str | None, list]:
+    """The running cut's verdict came due (its experiment ended): one that bought nothing is undone and its
+    lever rests (a guard's bounded cut also stops the guard cutting for guard_cut_max). Returns the round's
+    step (None where the cut helped: it stays, and the round goes on) and the undoing actions."""
+    if verdict.helped:
+        return None, []
+    lab, now = state.lab, state.lab.now
+    if running.bound is not None:
+        state.guard_cut = None       # a guard's cut that bought nothing: the guard cuts no more for a while
+        lab.rest_for(BE_CAP, verdict.key[1], now + float(settings.guard_cut_max))
+    rest = lab.resting(verdict.lever, verdict.key[1], now)
+    step = f"undo: {verdict.text()}; {verdict.lever} rests {rest:g}s for {verdict.key[1]}"
+    return step, [Action(a.target, a.knob, a.value, {**a.reason, "step": step, "experiment": experiment},
+                         f"{a.message}: {step}") for a in _undo(state, running)]
+
+
+def _guard_cut_over(settings, state: State, now: float) -> str | None:
+    """A guard's bounded cut that ran guard_cut_max ends: the step that says so, else None."""
+    if state.guard_cut is None or now < state.guard_cut[0]:
+        return None
+    _end_guard_cut(settings, state, now)
+    return f"guard cut ends after {float(settings.guard_cut_max):g}s: the SLO decides, and it is met"
+
+
+def _end_guard_cut(settings, state: State, now: float) -> None:
+    """End the guard's cut: BE gets back what it had before it, the cut's experiment (if still running) ends
+    without a verdict, and the guard's lever rests guard_cut_max for its signal."""
+    lab = state.lab
+    _, base, signal = state.guard_cut
+    if lab.running is not None and lab.running.bound is not None:
+        lab.abandon()
+    state.guard_cut, state.allowance = None, max(state.allowance, base)
+    lab.rest_for(BE_CAP, signal, now + float(settings.guard_cut_max))
 
 
 def _unmeasured_slos(snapshot: Snapshot, signals: list) -> list[str]:
