@@ -347,6 +347,10 @@ class SlackRound:
     def g(self) -> float | None:
         return self.guard[0] if self.guard is not None else None
 
+    def conditions(self, signal: str) -> tuple:
+        """The conditions a cut for `signal` is judged and remembered under (core/experiment.py)."""
+        return conditions(self.others, self.capacity, [p for p, c in self.units.items() if c >= BUSY_CORES], signal)
+
 
 def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: int, others: float,
                      be_used: float) -> tuple[float, dict, str, list[Action]] | None:
@@ -385,33 +389,9 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     if not any(a.knob == WAKE_KNOB for a in extra):       # not in the round of its verdict
         extra += _wake_upkeep(snapshot, settings, state, s if s is not None else g)
 
-    if step is not None:
-        pass
-    elif s is not None and s < HOLD_AT:
-        if state.guard_cut is not None:
-            # a guard's cut, and now the SLO itself is at risk: the guard's cut ends (BE back where it was), the
-            # guard rests, and the SLO decides from here (a cut of its own once confirmed)
-            _end_guard_cut(settings, state, now)
-        step = _steer_cut(snapshot, settings, state, steer[1], s, below, floor, units, be_used, capacity, others,
-                          signals, extra)
-    elif running is not None and running.bound is None:
-        step = "floor (LS recovering)" if state.at_floor else f"hold: judging the {running.lever} cut"
-    elif between and (s is None or s < GROW_AT):
-        step = f"hold: no SLO value this round for {', '.join(between)} (neither late nor healthy)"
-    elif guarding and g < 0:
-        step = _guard_cut(settings, state, guard[1], be_used, capacity, others, units)
-    elif state.at_floor and (s is None or s < GROW_AT):
-        step = "floor (LS recovering)"
-    elif s is not None and s < GROW_AT:
-        step = "hold"
-    elif guarding and g < HOLD_AT:
-        step = "hold (guard: LS's run queue or pressure near its target)"
-    else:
-        state.at_floor = False
-        if state.hot:
-            extra += _lift_hot(state, "LS healthy again")
-        grow = settings.slack_grow_percent / 100 * capacity
-        state.allowance, step = min(float(capacity), state.allowance + grow), "grow"
+    if step is None:
+        step, moved = _choose_step(snapshot, settings, state, rd)
+        extra += moved
     state.allowance = max(state.allowance, floor)
     if state.allowance != allowance or any(a.value is None or a.reason.get("step") != "hold" for a in extra):
         lab.moved()
@@ -434,6 +414,42 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         extra.append(Action(NODE, WAKE_KNOB, "0", {"rule": "slack", "lever": WAKE, "step": "hold"},
                             "CPU wake-up latency request (0 µs) holds"))
     return state.allowance, reason, why, extra
+
+
+def _choose_step(snapshot: Snapshot, settings, state: State, rd: SlackRound) -> tuple[str, list[Action]]:
+    """The round's step where no verdict or end of a guard's cut decided it, the first that applies: a cut
+    (the steering slack under 5%; a guard's cut then ends, the SLO decides), wait for a running cut's verdict,
+    hold between two SLO values, a guard's bounded cut, stay at the floor, hold, hold for a guard, else grow.
+    Returns it with its actions."""
+    s, g, running = rd.s, rd.g, state.lab.running
+    if s is not None and s < HOLD_AT:
+        if state.guard_cut is not None:
+            # a guard's cut, and now the SLO itself is at risk: the guard's cut ends (BE back where it was), the
+            # guard rests, and the SLO decides from here (a cut of its own once confirmed)
+            _end_guard_cut(settings, state, rd.now)
+        return _steer_cut(snapshot, settings, state, rd)
+    if running is not None and running.bound is None:
+        return ("floor (LS recovering)" if state.at_floor else f"hold: judging the {running.lever} cut"), []
+    if rd.between and (s is None or s < GROW_AT):
+        return f"hold: no SLO value this round for {', '.join(rd.between)} (neither late nor healthy)", []
+    if rd.guarding and g < 0:
+        return _guard_cut(settings, state, rd), []
+    if state.at_floor and (s is None or s < GROW_AT):
+        return "floor (LS recovering)", []
+    if s is not None and s < GROW_AT:
+        return "hold", []
+    if rd.guarding and g < HOLD_AT:
+        return "hold (guard: LS's run queue or pressure near its target)", []
+    return _grow(settings, state, rd.capacity)
+
+
+def _grow(settings, state: State, capacity: int) -> tuple[str, list[Action]]:
+    """LS is healthy: BE leaves its floor, its hot caps are lifted, and it gains slack_grow_percent of the node."""
+    state.at_floor = False
+    lifted = _lift_hot(state, "LS healthy again") if state.hot else []
+    grow = settings.slack_grow_percent / 100 * capacity
+    state.allowance = min(float(capacity), state.allowance + grow)
+    return "grow", lifted
 
 
 def _slack_lab(settings, state: State) -> Lab:
@@ -540,76 +556,74 @@ def _unmeasured_slos(snapshot: Snapshot, signals: list) -> list[str]:
                   if snapshot.slo_of(c.path) is not None and c.path not in measured)
 
 
-def _steer_cut(snapshot, settings, state: State, worst: dict, s: float, below: bool, floor: float, units: dict,
-               be_used: float, capacity: int, others: float, signals: list, extra: list[Action]) -> str:
+def _steer_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, list[Action]]:
     """The steering signal is under 5% slack: deepen the running cut to the floor (a second round below
     zero), wait for its verdict, or start a cut with the lever that bought most here."""
-    lab, now = state.lab, snapshot.time
+    lab, now, worst, s = state.lab, rd.now, rd.steer[1], rd.s
     running = lab.running
     if state.at_floor and now - state.floor_since >= float(settings.slack_floor_hold) and running is None:
         # BE has been at its floor and LS still misses its targets: BE is not what LS is short of.
         # Judge BE from now on against what LS shows without it (+25%), for RAISED_FOR seconds.
-        steer, _ = _split(snapshot, signals)
+        steer, _ = _split(snapshot, rd.signals)
         for cgroup, name, value, target in steer:
             if value * RAISE_MARGIN > target:
                 state.raised[(cgroup, name)] = (value * RAISE_MARGIN, now + RAISED_FOR)
         state.at_floor = state.below_zero = False
-        return "LS misses its targets without BE too: targets raised to what it shows at the floor"
+        return "LS misses its targets without BE too: targets raised to what it shows at the floor", []
     if running is not None:
-        if running.lever == BE_CAP and s < 0 and below and not state.at_floor:
-            state.floor_since, state.allowance, state.at_floor = now, floor, True
+        if running.lever == BE_CAP and s < 0 and rd.below and not state.at_floor:
+            state.floor_since, state.allowance, state.at_floor = now, rd.floor, True
             lab.deepen(now)
-            return "floor"
-        return "floor" if state.at_floor else f"hold: judging the {running.lever} cut"
+            return "floor", []
+        return ("floor" if state.at_floor else f"hold: judging the {running.lever} cut"), []
     if state.at_floor:
-        return "floor"
+        return "floor", []
     key = (worst["cgroup"], worst["signal"])
     if not lab.confirmed(key, now, worst["target"] * (1 - HOLD_AT)):
         # One round over is no reason to cut: the rounds before a cut must show the state that prompts it
         # (core/experiment.py judges the cut against their median).
-        return f"hold: {worst['signal']} near or over its target, confirming before a cut"
-    cond = conditions(others, capacity, [p for p, c in units.items() if c >= BUSY_CORES], worst["signal"])
+        return f"hold: {worst['signal']} near or over its target, confirming before a cut", []
+    cond = rd.conditions(worst["signal"])
     if _wake_free(snapshot, settings, state, worst["signal"]):
-        return _wake_lever(state, key, be_used, cond, worst, extra)
-    levers = lab.order([HOT_CAP, BE_CAP] if len(units) >= 2 else [BE_CAP], cond, now)
+        return _wake_lever(state, key, rd.be_used, cond, worst)
+    levers = lab.order([HOT_CAP, BE_CAP] if len(rd.units) >= 2 else [BE_CAP], cond, now)
     if not levers:
         lab.chose(LEAVE)
         return (f"leave BE alone (cpu.idle decides who runs): every cut rests for {worst['signal']} "
-                f"after buying nothing")
+                f"after buying nothing"), []
     if levers[0] == HOT_CAP:
-        capped = _hot_cap(state, settings, units, key)
-        lab.start(now, HOT_CAP, key, be_used, cond, undo=capped)
-        extra += [Action(cg, "cpu.max", state.hot[cg], {"rule": "slack", "lever": HOT_CAP, "step": "hot cap",
-                                                          "cpus": round(units[cg], 3), "worst": worst,
-                                                          "experiment": lab.running.fields()},
-                         f"hot cap on {cg} (using {units[cg]:.2f} CPUs) for {worst['cgroup']} {worst['signal']}")
-                  for cg in capped]
-        return f"hot cap on {', '.join(capped)}"
-    lab.start(now, BE_CAP, key, be_used, cond, undo=state.allowance)
-    if s < 0 and below:
-        state.floor_since, state.allowance, state.at_floor = now, floor, True
-        return "floor"
+        capped = _hot_cap(state, settings, rd.units, key)
+        lab.start(now, HOT_CAP, key, rd.be_used, cond, undo=capped)
+        return f"hot cap on {', '.join(capped)}", [
+            Action(cg, "cpu.max", state.hot[cg], {"rule": "slack", "lever": HOT_CAP, "step": "hot cap",
+                                                   "cpus": round(rd.units[cg], 3), "worst": worst,
+                                                   "experiment": lab.running.fields()},
+                   f"hot cap on {cg} (using {rd.units[cg]:.2f} CPUs) for {worst['cgroup']} {worst['signal']}")
+            for cg in capped]
+    lab.start(now, BE_CAP, key, rd.be_used, cond, undo=state.allowance)
+    if s < 0 and rd.below:
+        state.floor_since, state.allowance, state.at_floor = now, rd.floor, True
+        return "floor", []
     # One round below zero can be one wild sample (a p99 of a few waits): give back, and go to
     # the floor if the next round is below zero too.
     state.allowance *= 1 - settings.slack_shrink_percent / 100
-    return "shrink (below zero)" if s < 0 else "shrink"
+    return ("shrink (below zero)" if s < 0 else "shrink"), []
 
 
-def _guard_cut(settings, state: State, worst: dict, be_used: float, capacity: int, others: float,
-               units: dict) -> str:
+def _guard_cut(settings, state: State, rd: SlackRound) -> str:
     """The SLO is met (or not measured this round) while a class's run-queue latency or pressure is over
     its target: hold, with at most one cut of slack_shrink_percent, undone within guard_cut_max; never
     the floor."""
-    lab, now = state.lab, state.lab.now
+    lab, now, worst = state.lab, state.lab.now, rd.guard[1]
     if state.guard_cut is not None:
         return f"guard: hold the bounded cut (ends in {state.guard_cut[0] - now:g}s at most)"
     if lab.resting(BE_CAP, worst["signal"], now):
         return f"guard: hold ({worst['signal']} over target, the SLO met; its cut rests)"
     if not lab.confirmed((worst["cgroup"], worst["signal"]), now, worst["target"]):
         return f"guard: hold ({worst['signal']} over target, the SLO met; confirming before a cut)"
-    cond = conditions(others, capacity, [p for p, c in units.items() if c >= BUSY_CORES], worst["signal"])
+    cond = rd.conditions(worst["signal"])
     until = now + float(settings.guard_cut_max)
-    lab.start(now, BE_CAP, (worst["cgroup"], worst["signal"]), be_used, cond, undo=state.allowance, bound=until)
+    lab.start(now, BE_CAP, (worst["cgroup"], worst["signal"]), rd.be_used, cond, undo=state.allowance, bound=until)
     state.guard_cut = (until, state.allowance, worst["signal"])
     state.allowance *= 1 - settings.slack_shrink_percent / 100
     return f"guard: one cut for at most {float(settings.guard_cut_max):g}s ({worst['signal']} over target, the SLO met)"
@@ -634,15 +648,15 @@ def _wake_free(snapshot: Snapshot, settings, state: State, signal: str) -> bool:
             and not state.lab.resting(WAKE, signal, snapshot.time))
 
 
-def _wake_lever(state: State, key, be_used: float, cond: tuple, worst: dict, extra: list[Action]) -> str:
+def _wake_lever(state: State, key, be_used: float, cond: tuple, worst: dict) -> tuple[str, list[Action]]:
     """Hold 0 µs CPU wake-up latency, judged as a cut is: it costs BE nothing, so it goes before any cut."""
     lab, now = state.lab, state.lab.now
     lab.start(now, WAKE, key, be_used, cond)
     state.wake, state.wake_calm = True, None
-    extra.append(Action(NODE, WAKE_KNOB, "0", {"rule": "slack", "lever": WAKE, "step": "wake", "worst": worst,
-                                               "experiment": lab.running.fields()},
-                        f"CPUs kept out of deep idle (cpu_dma_latency 0 µs) for {worst['cgroup']} {worst['signal']}"))
-    return "wake: CPUs kept out of deep idle (cpu_dma_latency 0), BE keeps its CPU"
+    return "wake: CPUs kept out of deep idle (cpu_dma_latency 0), BE keeps its CPU", [
+        Action(NODE, WAKE_KNOB, "0", {"rule": "slack", "lever": WAKE, "step": "wake", "worst": worst,
+                                      "experiment": lab.running.fields()},
+               f"CPUs kept out of deep idle (cpu_dma_latency 0 µs) for {worst['cgroup']} {worst['signal']}")]
 
 
 def _wake_release(state: State, why: str) -> list[Action]:
