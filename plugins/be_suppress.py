@@ -557,32 +557,49 @@ def _unmeasured_slos(snapshot: Snapshot, signals: list) -> list[str]:
 
 
 def _steer_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, list[Action]]:
-    """The steering signal is under 5% slack: deepen the running cut to the floor (a second round below
-    zero), wait for its verdict, or start a cut with the lever that bought most here."""
-    lab, now, worst, s = state.lab, rd.now, rd.steer[1], rd.s
+    """The steering signal is under 5% slack: raise the targets where the floor bought nothing for
+    slack_floor_hold, deepen the running cut to the floor (a second round below zero) or wait for its
+    verdict, hold at the floor, confirm, or start a cut with the lever that bought most here."""
+    lab, now, worst = state.lab, rd.now, rd.steer[1]
     running = lab.running
     if state.at_floor and now - state.floor_since >= float(settings.slack_floor_hold) and running is None:
-        # BE has been at its floor and LS still misses its targets: BE is not what LS is short of.
-        # Judge BE from now on against what LS shows without it (+25%), for RAISED_FOR seconds.
-        steer, _ = _split(snapshot, rd.signals)
-        for cgroup, name, value, target in steer:
-            if value * RAISE_MARGIN > target:
-                state.raised[(cgroup, name)] = (value * RAISE_MARGIN, now + RAISED_FOR)
-        state.at_floor = state.below_zero = False
-        return "LS misses its targets without BE too: targets raised to what it shows at the floor", []
+        return _raise_targets(snapshot, state, rd), []
     if running is not None:
-        if running.lever == BE_CAP and s < 0 and rd.below and not state.at_floor:
-            state.floor_since, state.allowance, state.at_floor = now, rd.floor, True
+        if running.lever == BE_CAP and rd.s < 0 and rd.below and not state.at_floor:
+            _to_floor(state, rd)
             lab.deepen(now)
             return "floor", []
         return ("floor" if state.at_floor else f"hold: judging the {running.lever} cut"), []
     if state.at_floor:
         return "floor", []
-    key = (worst["cgroup"], worst["signal"])
-    if not lab.confirmed(key, now, worst["target"] * (1 - HOLD_AT)):
+    if not lab.confirmed((worst["cgroup"], worst["signal"]), now, worst["target"] * (1 - HOLD_AT)):
         # One round over is no reason to cut: the rounds before a cut must show the state that prompts it
         # (core/experiment.py judges the cut against their median).
         return f"hold: {worst['signal']} near or over its target, confirming before a cut", []
+    return _start_cut(snapshot, settings, state, rd)
+
+
+def _raise_targets(snapshot: Snapshot, state: State, rd: SlackRound) -> str:
+    """BE has been at its floor and LS still misses its targets: BE is not what LS is short of. Judge BE
+    from now on against what LS shows without it (+25%), for RAISED_FOR seconds."""
+    steer, _ = _split(snapshot, rd.signals)
+    for cgroup, name, value, target in steer:
+        if value * RAISE_MARGIN > target:
+            state.raised[(cgroup, name)] = (value * RAISE_MARGIN, rd.now + RAISED_FOR)
+    state.at_floor = state.below_zero = False
+    return "LS misses its targets without BE too: targets raised to what it shows at the floor"
+
+
+def _to_floor(state: State, rd: SlackRound) -> None:
+    state.floor_since, state.allowance, state.at_floor = rd.now, rd.floor, True
+
+
+def _start_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, list[Action]]:
+    """A confirmed risk and no cut running: the wake lever where it is free (it costs BE nothing), else the
+    cut that bought most under these conditions (a hot cap, the whole-BE cap), else leave BE alone where
+    every cut rests. The cut is an experiment from here."""
+    lab, now, worst = state.lab, rd.now, rd.steer[1]
+    key = (worst["cgroup"], worst["signal"])
     cond = rd.conditions(worst["signal"])
     if _wake_free(snapshot, settings, state, worst["signal"]):
         return _wake_lever(state, key, rd.be_used, cond, worst)
@@ -601,13 +618,13 @@ def _steer_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, l
                    f"hot cap on {cg} (using {rd.units[cg]:.2f} CPUs) for {worst['cgroup']} {worst['signal']}")
             for cg in capped]
     lab.start(now, BE_CAP, key, rd.be_used, cond, undo=state.allowance)
-    if s < 0 and rd.below:
-        state.floor_since, state.allowance, state.at_floor = now, rd.floor, True
+    if rd.s < 0 and rd.below:
+        _to_floor(state, rd)
         return "floor", []
     # One round below zero can be one wild sample (a p99 of a few waits): give back, and go to
     # the floor if the next round is below zero too.
     state.allowance *= 1 - settings.slack_shrink_percent / 100
-    return ("shrink (below zero)" if s < 0 else "shrink"), []
+    return ("shrink (below zero)" if rd.s < 0 else "shrink"), []
 
 
 def _guard_cut(settings, state: State, rd: SlackRound) -> str:
