@@ -356,7 +356,7 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
                      be_used: float) -> tuple[float, dict, str, list[Action]] | None:
     """BE's CPUs moved by LS slack (rule slack), every cut an experiment (core/experiment.py): grow towards
     the whole node, hold, cut with the lever that bought most under these conditions, undo a cut that
-    bought nothing, drop to the floor. Also the hot caps' actions."""
+    bought nothing, drop to the floor. Also the hot caps' and the wake lever's actions. None: no LS signal."""
     now = snapshot.time
     lab = _slack_lab(settings, state)
     raised = _raised_targets(state, now)
@@ -368,8 +368,7 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         return None
     if state.allowance is None:
         state.allowance = _allowance_held(settings, be, capacity)
-    allowance = state.allowance
-    running = lab.running
+    allowance, running = state.allowance, lab.running          # as the round found them
     values, healthy = _readings(signals, raised)
     verdict = lab.observe(now, values, be_used, healthy)
     below = state.below_zero             # the last round's: this round's is noted next
@@ -377,42 +376,25 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     guarding = _guard_clock(settings, state, steer, guard, now)
     rd = SlackRound(now, capacity, others, be_used, len(be) * MIN_QUOTA_US / DEFAULT_PERIOD_US, signals, steer,
                     guard, units, below, between, guarding)
-    s, g = rd.s, rd.g
-    floor, idle, guard_max = rd.floor, max(capacity - others, 0.0), float(settings.guard_cut_max)
+
     experiment = verdict.fields() if verdict is not None else None
     if verdict is not None:
         step, undone = _verdict_step(settings, state, verdict, running, experiment)
         extra += undone
     else:
         step = _guard_cut_over(settings, state, now)
-    running = lab.running
     if not any(a.knob == WAKE_KNOB for a in extra):       # not in the round of its verdict
-        extra += _wake_upkeep(snapshot, settings, state, s if s is not None else g)
-
+        extra += _wake_upkeep(snapshot, settings, state, rd.s if rd.s is not None else rd.g)
     if step is None:
         step, moved = _choose_step(snapshot, settings, state, rd)
         extra += moved
-    state.allowance = max(state.allowance, floor)
+    state.allowance = max(state.allowance, rd.floor)
     if state.allowance != allowance or any(a.value is None or a.reason.get("step") != "hold" for a in extra):
         lab.moved()
-    running = lab.running
-    if running is not None and experiment is None:
-        experiment = running.fields()
-    slack, worst = steer if steer is not None else guard
-    reason = {"rule": "slack", "slack": round(slack, 3), "worst": worst, "step": step, "capacity": capacity,
-              "raised_targets": {f"{cg} {name}": round(t, 3) for (cg, name), (t, _) in sorted(state.raised.items())},
-              "ls_and_system_usage": round(others, 3), "idle_for_be": round(idle, 3),
-              "allowance": round(state.allowance, 3), "be_usage": round(be_used, 3),
-              "guard": {"slack": round(g, 3), **guard[1]} if guard is not None and steer is not None else None,
-              "experiment": experiment}
-    why = (f"LS slack {slack:.0%} ({worst['cgroup']} {worst['signal']} {worst['value']:g} of {worst['target']:g}): "
-           f"{step}, BE allowance {state.allowance:.2f} of {capacity} CPUs ({idle:.2f} idle)")
-    extra += [Action(cg, "cpu.max", value, {"rule": "slack", "lever": HOT_CAP, "step": "hold"},
-                     f"hot cap on {cg} holds") for cg, value in sorted(state.hot.items())
-              if not any(a.target == cg for a in extra)]
-    if state.wake and not any(a.knob == WAKE_KNOB for a in extra):
-        extra.append(Action(NODE, WAKE_KNOB, "0", {"rule": "slack", "lever": WAKE, "step": "hold"},
-                            "CPU wake-up latency request (0 µs) holds"))
+    if lab.running is not None and experiment is None:
+        experiment = lab.running.fields()
+    reason, why = _slack_reason(state, rd, step, experiment)
+    extra += _holds(state, extra)
     return state.allowance, reason, why, extra
 
 
@@ -450,6 +432,34 @@ def _grow(settings, state: State, capacity: int) -> tuple[str, list[Action]]:
     grow = settings.slack_grow_percent / 100 * capacity
     state.allowance = min(float(capacity), state.allowance + grow)
     return "grow", lifted
+
+
+def _slack_reason(state: State, rd: SlackRound, step: str, experiment: dict | None) -> tuple[dict, str]:
+    """The reason and the sentence that go with each of the round's actions on BE's knob."""
+    slack, worst = rd.steer if rd.steer is not None else rd.guard
+    idle = max(rd.capacity - rd.others, 0.0)
+    reason = {"rule": "slack", "slack": round(slack, 3), "worst": worst, "step": step, "capacity": rd.capacity,
+              "raised_targets": {f"{cg} {name}": round(t, 3) for (cg, name), (t, _) in sorted(state.raised.items())},
+              "ls_and_system_usage": round(rd.others, 3), "idle_for_be": round(idle, 3),
+              "allowance": round(state.allowance, 3), "be_usage": round(rd.be_used, 3),
+              "guard": {"slack": round(rd.g, 3), **rd.guard[1]} if rd.guard is not None and rd.steer is not None
+              else None,
+              "experiment": experiment}
+    why = (f"LS slack {slack:.0%} ({worst['cgroup']} {worst['signal']} {worst['value']:g} of {worst['target']:g}): "
+           f"{step}, BE allowance {state.allowance:.2f} of {rd.capacity} CPUs ({idle:.2f} idle)")
+    return reason, why
+
+
+def _holds(state: State, moved: list[Action]) -> list[Action]:
+    """A hold for each lever still held that the round's actions (`moved`) do not move: the hot caps and the
+    wake lever's request."""
+    out = [Action(cg, "cpu.max", value, {"rule": "slack", "lever": HOT_CAP, "step": "hold"},
+                  f"hot cap on {cg} holds") for cg, value in sorted(state.hot.items())
+           if not any(a.target == cg for a in moved)]
+    if state.wake and not any(a.knob == WAKE_KNOB for a in moved + out):
+        out.append(Action(NODE, WAKE_KNOB, "0", {"rule": "slack", "lever": WAKE, "step": "hold"},
+                          "CPU wake-up latency request (0 µs) holds"))
+    return out
 
 
 def _slack_lab(settings, state: State) -> Lab:
