@@ -773,37 +773,49 @@ def _antagonist_actions(snapshot: Snapshot, settings, state: State) -> list[Acti
                 if u.path not in snapshot.cgroups and not guard.why(u.path)}
     victims = detector.observe(now, ls, suspects)
 
+    actions = _antagonist_lifts(snapshot, state, suspects, now)
+    cap = format_cpu_max(max(CFS_QUOTA_MIN, round(settings.antagonist_cap_cpus * DEFAULT_PERIOD_US)),
+                         DEFAULT_PERIOD_US)
+    for v in victims:
+        found = detector.suspect(v.cgroup, [p for p in suspects if p not in state.capped])
+        if found is not None and found[1] >= MIN_CORRELATION:
+            actions.append(_antagonist_cap(settings, state, v, found, suspects, cap, now))
+    for cg in sorted(set(state.capped) - {a.target for a in actions}):
+        actions.append(Action(cg, "cpu.max", cap, {"step": "hold"}, f"antagonist cap on {cg} holds"))
+    return actions
+
+
+def _antagonist_lifts(snapshot: Snapshot, state: State, suspects: dict, now: float) -> list[Action]:
+    """Lift the antagonist caps whose time is up or whose cgroup is no suspect now, and those in the journal
+    this state does not know (a restart or reload lost their timers)."""
     actions = []
     for cg in sorted(state.capped):
         if now >= state.capped[cg] or cg not in suspects:
             del state.capped[cg]
             actions.append(restore(cg, "cpu.max", f"antagonist cap on {cg} ends", step="uncap"))
-    # Caps in the journal this state does not know (a restart or reload lost their timers): lift them.
     for cg, knob in sorted(snapshot.held):
         if knob == "cpu.max" and cg in suspects and cg not in state.capped and cg not in state.hot:
             actions.append(restore(cg, "cpu.max", f"antagonist cap on {cg} from before a restart ends",
                                    step="uncap"))
-    period = DEFAULT_PERIOD_US
-    cap = format_cpu_max(max(CFS_QUOTA_MIN, round(settings.antagonist_cap_cpus * period)), period)
-    for v in victims:
-        found = detector.suspect(v.cgroup, [p for p in suspects if p not in state.capped])
-        if found is None or found[1] < MIN_CORRELATION:
-            continue
-        suspect, r = found
-        state.capped[suspect] = now + float(settings.antagonist_cap_duration)
-        detector.outlier_times[v.cgroup].clear()      # this episode is answered; the next needs new outliers
-        actions.append(Action(suspect, "cpu.max", cap, {
-            "victim": v.cgroup, "signal": settings.antagonist_signal, "value": round(v.value, 3),
-            "baseline_mean": round(v.mean, 3), "baseline_sigma": round(v.sigma, 3), "outliers": v.outliers,
-            "window_s": float(settings.antagonist_window), "correlation": round(r, 3),
-            "suspect_cpus": suspects.get(suspect), "cap_cpus": settings.antagonist_cap_cpus,
-            "cap_s": float(settings.antagonist_cap_duration)},
-            f"{v.cgroup}'s {settings.antagonist_signal} {v.value:.3g} is above its baseline {v.mean:.3g} + 2σ "
-            f"({v.outliers} times); {suspect}'s CPU use follows it (r={r:.2f}): capped to "
-            f"{settings.antagonist_cap_cpus:g} CPUs for {float(settings.antagonist_cap_duration):g}s"))
-    for cg in sorted(set(state.capped) - {a.target for a in actions}):
-        actions.append(Action(cg, "cpu.max", cap, {"step": "hold"}, f"antagonist cap on {cg} holds"))
     return actions
+
+
+def _antagonist_cap(settings, state: State, v, found: tuple[str, float], suspects: dict, cap: str,
+                    now: float) -> Action:
+    """Cap the suspect whose CPU use follows victim `v`'s signal (r = found[1]) for antagonist_cap_duration;
+    the victim's episode is answered: the next needs new outliers. The reason holds the evidence."""
+    suspect, r = found
+    state.capped[suspect] = now + float(settings.antagonist_cap_duration)
+    state.detector.outlier_times[v.cgroup].clear()
+    return Action(suspect, "cpu.max", cap, {
+        "victim": v.cgroup, "signal": settings.antagonist_signal, "value": round(v.value, 3),
+        "baseline_mean": round(v.mean, 3), "baseline_sigma": round(v.sigma, 3), "outliers": v.outliers,
+        "window_s": float(settings.antagonist_window), "correlation": round(r, 3),
+        "suspect_cpus": suspects.get(suspect), "cap_cpus": settings.antagonist_cap_cpus,
+        "cap_s": float(settings.antagonist_cap_duration)},
+        f"{v.cgroup}'s {settings.antagonist_signal} {v.value:.3g} is above its baseline {v.mean:.3g} + 2σ "
+        f"({v.outliers} times); {suspect}'s CPU use follows it (r={r:.2f}): capped to "
+        f"{settings.antagonist_cap_cpus:g} CPUs for {float(settings.antagonist_cap_duration):g}s")
 
 
 def _signal(sample, kind: str) -> float | None:
