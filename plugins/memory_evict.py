@@ -349,12 +349,13 @@ def _pick(be: list[CgroupSample], need: float, settings, state: State) -> list[C
 
 def _act(victims, need, settings, state: State, snapshot: Snapshot, now, reason, over, capacity, effective,
          low) -> list[Action]:
+    """A round's steps on its victims, in order: each victim's share of `need` (a pressure-only round: a part
+    of its usage) reclaimed where the host can and the round's reclaim bytes last, else the victim killed
+    while the kill budget lasts, else frozen."""
     actions: list[Action] = []
     can_reclaim = settings.reclaim and "memory.reclaim" in snapshot.supported
-    trigger = (f"{_where(settings.scope)} at {_mib(effective)} of {_mib(capacity)} "
-               f"({100 * effective / capacity:.0f}%) >= {settings.threshold_percent:g}%" if over else
-               f"memory pressure full avg10 {reason['pressure_full_avg10']:.1f}% > "
-               f"{settings.pressure_full_percent:g}% for {settings.pressure_duration:g}s")
+    trigger = _trigger(settings, reason, over, capacity, effective)
+    goal = f", to get below {_pct(low, capacity)}" if over else ""
     remaining = need
     budget = RECLAIM_ROUND_BYTES          # of memory.reclaim, this round
     for rank, c in enumerate(victims):
@@ -363,56 +364,81 @@ def _act(victims, need, settings, state: State, snapshot: Snapshot, now, reason,
         remaining = max(remaining - used, 0.0)
         why = {**reason, "need": round(need), "victim_usage": used, "victim_rank": rank,
                "priority_rank": pattern_rank(c.path, settings.priority), "kills_last_minute": len(state.kills)}
-        goal = f", to get below {_pct(low, capacity)}" if over else ""
-        first = c.path not in state.reclaimed
-        left = share if first else min(share, state.reclaim_left.get(c.path, 0.0))
+        left = share if c.path not in state.reclaimed else min(share, state.reclaim_left.get(c.path, 0.0))
         if can_reclaim and left >= MIN_RECLAIM:
             if budget < MIN_RECLAIM:
                 continue                          # the round's reclaim budget is spent: its turn comes next round
             amount = int(min(left, budget))
             budget -= amount
-            state.reclaimed[c.path] = now
-            state.reclaim_left[c.path] = left - amount
-            rest = f", {_mib(left - amount)} more next round" if left - amount >= MIN_RECLAIM else ""
-            writes = reclaim_writes(amount)         # each write short: the actuator times them (see the docstring)
-            for i, n in enumerate(writes):
-                part = f" (write {i + 1} of {len(writes)}: {_mib(n)})" if len(writes) > 1 else ""
-                actions.append(Action(c.path, "memory.reclaim", str(n),
-                                      {**why, "step": "reclaim", "reclaim_bytes": n, "round_reclaim_bytes": amount},
-                                      f"{trigger}: reclaiming {_mib(amount)}{part} from {c.path} ({_mib(used)})"
-                                      f"{goal}{rest}"))
-            continue
-        if settings.action == "kill" and len(state.kills) < settings.max_kills_per_minute:
-            state.kills.append(now)
-            state.killed[c.path] = now
-            state.reclaimed.pop(c.path, None)
-            state.reclaim_left.pop(c.path, None)
-            if settings.prekill_command:
-                # Right before the kill, in the same batch: the actuator begins it beside the round and
-                # makes the kill when it is done or out of time, whether or not it succeeded.
-                actions.append(Action(c.path, "cgroup.prekill", _hook(settings), {**why, "step": "prekill"},
-                                      f"{trigger}: prekill hook for {c.path} before the kill"))
-            actions.append(Action(c.path, "cgroup.kill", "1", {**why, "step": "kill"},
-                                  f"{trigger}: killing {c.path} ({_mib(used)}){goal}"))
-            # A frozen task dies only once thawed (v1): ours goes back to its original, anyone
-            # else's freeze is lifted as a decision of its own.
-            if c.path in state.frozen:
-                del state.frozen[c.path]
-                actions.append(restore(c.path, "cgroup.freeze", f"thawing the killed {c.path}", step="thaw"))
-            elif c.frozen:
-                actions.append(Action(c.path, "cgroup.freeze", "0", {**why, "step": "thaw"},
-                                      f"thawing the killed {c.path} (frozen by someone else): a frozen task "
-                                      f"dies only once thawed"))
-            continue
-        if c.frozen or c.path in state.frozen:
-            continue                              # kill budget spent and already frozen: nothing more to do
-        state.frozen[c.path] = now
-        capped = settings.action == "kill"
-        actions.append(Action(c.path, "cgroup.freeze", "1", {**why, "step": "freeze", "kill_budget_spent": capped},
-                              f"{trigger}: freezing {c.path} ({_mib(used)}){goal}"
-                              + (f"; {settings.max_kills_per_minute} kills in the last minute already" if capped
-                                 else "")))
+            actions += _reclaim(c.path, used, left, amount, why, trigger, goal, state, now)
+        elif settings.action == "kill" and len(state.kills) < settings.max_kills_per_minute:
+            actions += _kill(c, used, why, trigger, goal, settings, state, now)
+        elif not (c.frozen or c.path in state.frozen):   # kill budget spent and already frozen: nothing more
+            actions.append(_freeze(c, used, why, trigger, goal, settings, state, now))
     return actions
+
+
+def _trigger(settings, reason: dict, over: bool, capacity: float, effective: float) -> str:
+    """What started the round, as the messages of its actions begin."""
+    if over:
+        return (f"{_where(settings.scope)} at {_mib(effective)} of {_mib(capacity)} "
+                f"({100 * effective / capacity:.0f}%) >= {settings.threshold_percent:g}%")
+    return (f"memory pressure full avg10 {reason['pressure_full_avg10']:.1f}% > "
+            f"{settings.pressure_full_percent:g}% for {settings.pressure_duration:g}s")
+
+
+def _reclaim(path: str, used: float, left: float, amount: int, why: dict, trigger: str, goal: str, state: State,
+             now: float) -> list[Action]:
+    """Reclaim `amount` bytes of the victim's share (`left` of it still to go), in writes short enough for
+    the actuator to time (see the module docstring); what is left goes on next round."""
+    state.reclaimed[path] = now
+    state.reclaim_left[path] = left - amount
+    rest = f", {_mib(left - amount)} more next round" if left - amount >= MIN_RECLAIM else ""
+    writes = reclaim_writes(amount)
+    out = []
+    for i, n in enumerate(writes):
+        part = f" (write {i + 1} of {len(writes)}: {_mib(n)})" if len(writes) > 1 else ""
+        out.append(Action(path, "memory.reclaim", str(n),
+                          {**why, "step": "reclaim", "reclaim_bytes": n, "round_reclaim_bytes": amount},
+                          f"{trigger}: reclaiming {_mib(amount)}{part} from {path} ({_mib(used)}){goal}{rest}"))
+    return out
+
+
+def _kill(c: CgroupSample, used: float, why: dict, trigger: str, goal: str, settings, state: State,
+          now: float) -> list[Action]:
+    """Kill the victim (its prekill hook first, where one is set), spending the kill budget; thaw it if frozen."""
+    state.kills.append(now)
+    state.killed[c.path] = now
+    state.reclaimed.pop(c.path, None)
+    state.reclaim_left.pop(c.path, None)
+    out = []
+    if settings.prekill_command:
+        # Right before the kill, in the same batch: the actuator begins it beside the round and
+        # makes the kill when it is done or out of time, whether or not it succeeded.
+        out.append(Action(c.path, "cgroup.prekill", _hook(settings), {**why, "step": "prekill"},
+                          f"{trigger}: prekill hook for {c.path} before the kill"))
+    out.append(Action(c.path, "cgroup.kill", "1", {**why, "step": "kill"},
+                      f"{trigger}: killing {c.path} ({_mib(used)}){goal}"))
+    # A frozen task dies only once thawed (v1): ours goes back to its original, anyone
+    # else's freeze is lifted as a decision of its own.
+    if c.path in state.frozen:
+        del state.frozen[c.path]
+        out.append(restore(c.path, "cgroup.freeze", f"thawing the killed {c.path}", step="thaw"))
+    elif c.frozen:
+        out.append(Action(c.path, "cgroup.freeze", "0", {**why, "step": "thaw"},
+                          f"thawing the killed {c.path} (frozen by someone else): a frozen task "
+                          f"dies only once thawed"))
+    return out
+
+
+def _freeze(c: CgroupSample, used: float, why: dict, trigger: str, goal: str, settings, state: State,
+            now: float) -> Action:
+    """Freeze the victim: `action` is freeze, or the kill budget is spent."""
+    state.frozen[c.path] = now
+    capped = settings.action == "kill"
+    return Action(c.path, "cgroup.freeze", "1", {**why, "step": "freeze", "kill_budget_spent": capped},
+                  f"{trigger}: freezing {c.path} ({_mib(used)}){goal}"
+                  + (f"; {settings.max_kills_per_minute} kills in the last minute already" if capped else ""))
 
 
 def _settle(actions: list[Action], decisions: list, state: State) -> None:
