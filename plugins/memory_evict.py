@@ -205,35 +205,14 @@ class MemoryEvict(Loop):
         effective = usage - pending
         high = _high(capacity, settings)
         low = capacity * max(settings.threshold_percent - settings.release_gap_percent, 0.0) / 100
-        full = _full_avg10(pressure_stat)
         pressured = _pressured(pressure_stat, settings)
-        if not pressured:
-            state.pressure_since = None
-        elif state.pressure_since is None:
-            state.pressure_since = now
-        pressure_trigger = pressured and now - state.pressure_since >= settings.pressure_duration
+        pressure_trigger = _pressure_lasted(settings, state, pressured, now)
         over = effective >= high
         reason = {"scope": settings.scope or None, "capacity": capacity, "usage": usage, "pending_release": pending,
                   "effective_usage": effective, "threshold_percent": settings.threshold_percent,
-                  "high_mark": round(high), "low_mark": round(low), "pressure_full_avg10": full,
+                  "high_mark": round(high), "low_mark": round(low), "pressure_full_avg10": _full_avg10(pressure_stat),
                   "pressure_trigger": pressure_trigger, "action": settings.action}
-
-        if effective < low:
-            state.reclaimed.clear()        # this episode is over: a new one starts with reclaim again
-            state.reclaim_left.clear()
-        if effective < low and not pressured:
-            if state.calm_since is None:
-                state.calm_since = now
-            if state.frozen and now - state.calm_since >= settings.thaw_delay:
-                victim = max(state.frozen, key=lambda p: (state.frozen[p], p))
-                del state.frozen[victim]
-                state.calm_since = now            # the next thaw waits another thaw_delay
-                actions.append(restore(victim, "cgroup.freeze",
-                                       f"{_where(settings.scope)} at {_mib(effective)} of {_mib(capacity)}, below "
-                                       f"{_pct(low, capacity)} for {settings.thaw_delay:g}s: thawing {victim}",
-                                       **reason, step="thaw"))
-        else:
-            state.calm_since = None
+        actions += _calm(settings, state, capacity, effective, low, pressured, reason, now)
 
         if not (over or pressure_trigger) or now < state.next_round:
             return actions
@@ -277,6 +256,37 @@ def _high(capacity: float, settings) -> float:
 def _pressured(pressure_stat: PressureStat | None, settings) -> bool:
     full = _full_avg10(pressure_stat)
     return settings.pressure_full_percent > 0 and full is not None and full > settings.pressure_full_percent
+
+
+def _pressure_lasted(settings, state: State, pressured: bool, now: float) -> bool:
+    """Time how long memory pressure has lasted: whether it has for pressure_duration."""
+    if not pressured:
+        state.pressure_since = None
+    elif state.pressure_since is None:
+        state.pressure_since = now
+    return pressured and now - state.pressure_since >= settings.pressure_duration
+
+
+def _calm(settings, state: State, capacity: float, effective: float, low: float, pressured: bool, reason: dict,
+          now: float) -> list[Action]:
+    """Below the lower mark the episode is over (a new one starts with reclaim again); below it without
+    pressure for thaw_delay, the most recently frozen victim is thawed, the next one a thaw_delay later."""
+    if effective < low:
+        state.reclaimed.clear()        # this episode is over: a new one starts with reclaim again
+        state.reclaim_left.clear()
+    if effective >= low or pressured:
+        state.calm_since = None
+        return []
+    if state.calm_since is None:
+        state.calm_since = now
+    if not state.frozen or now - state.calm_since < settings.thaw_delay:
+        return []
+    victim = max(state.frozen, key=lambda p: (state.frozen[p], p))
+    del state.frozen[victim]
+    state.calm_since = now            # the next thaw waits another thaw_delay
+    return [restore(victim, "cgroup.freeze", f"{_where(settings.scope)} at {_mib(effective)} of {_mib(capacity)}, "
+                    f"below {_pct(low, capacity)} for {settings.thaw_delay:g}s: thawing {victim}",
+                    **reason, step="thaw")]
 
 
 def _usage(sample: CgroupSample, unknown=0):
