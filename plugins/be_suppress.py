@@ -320,139 +320,243 @@ def _split(snapshot: Snapshot, signals: list) -> tuple[list, list]:
     return steer, guard
 
 
+@dataclass(frozen=True)
+class SlackRound:
+    """One round of rule slack as read, before any step: what the steps decide on. `steer` and `guard`: the
+    worst steering and guarding slack with what set it (worst_slack), or None; `below`: the last round's slack
+    was below zero; `between`: class roots whose SLO has no value this round but had one within SLO_GAP;
+    `guarding`: a guard signal is there and not resting."""
+    now: float
+    capacity: int
+    others: float                    # LS and system cores
+    be_used: float
+    floor: float                     # BE's floor, in cores
+    signals: list
+    steer: tuple | None
+    guard: tuple | None
+    units: dict                      # the BE cgroups a hot cap may take -> their CPU use
+    below: bool
+    between: list
+    guarding: bool
+
+    @property
+    def s(self) -> float | None:
+        return self.steer[0] if self.steer is not None else None
+
+    @property
+    def g(self) -> float | None:
+        return self.guard[0] if self.guard is not None else None
+
+    def conditions(self, signal: str) -> tuple:
+        """The conditions a cut for `signal` is judged and remembered under (core/experiment.py)."""
+        return conditions(self.others, self.capacity, [p for p, c in self.units.items() if c >= BUSY_CORES], signal)
+
+
 def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: int, others: float,
                      be_used: float) -> tuple[float, dict, str, list[Action]] | None:
     """BE's CPUs moved by LS slack (rule slack), every cut an experiment (core/experiment.py): grow towards
     the whole node, hold, cut with the lever that bought most under these conditions, undo a cut that
-    bought nothing, drop to the floor. Also the hot caps' actions."""
+    bought nothing, drop to the floor. Also the hot caps' and the wake lever's actions. None: no LS signal."""
     now = snapshot.time
-    window = float(settings.experiment_window)
-    if state.lab is None:
-        state.lab = Lab(window=window, settle=0.4 * window, rest=float(settings.lever_rest),
-                        rest_max=32 * float(settings.lever_rest))
-    lab = state.lab
-    state.raised = {k: v for k, v in state.raised.items() if v[1] > now}      # (target, until)
-    raised = {k: t for k, (t, _) in state.raised.items()}
+    lab = _slack_lab(settings, state)
+    raised = _raised_targets(state, now)
     signals = ls_signals(snapshot, snapshot.section(RUNQ_LATENCY), state.runq, state.slo)
     steer_signals, guard_signals = _split(snapshot, signals)
     steer, guard = worst_slack(steer_signals, raised), worst_slack(guard_signals, raised)
     units, extra = _hot_units(snapshot, settings, state)
     if steer is None and guard is None:
         return None
-    idle = max(capacity - others, 0.0)
-    floor = len(be) * MIN_QUOTA_US / DEFAULT_PERIOD_US
     if state.allowance is None:
-        # Under policy cpuset cpu.max is not sampled (needs()): BE starts from the whole node.
-        limits = [parse_cpu_max(c.cpu_max) for c in be if c.cpu_max] if settings.policy == "cfs_quota" else []
-        quotas = [q / p for q, p in limits if q is not None]
-        state.allowance = sum(quotas) if len(quotas) == len(be) else float(capacity)   # what BE has
+        state.allowance = _allowance_held(settings, be, capacity)
+    allowance, running = state.allowance, lab.running          # as the round found them
+    values, healthy = _readings(signals, raised)
+    verdict = lab.observe(now, values, be_used, healthy)
+    below = state.below_zero             # the last round's: this round's is noted next
+    between = _note_slo_rounds(snapshot, state, signals, steer)
+    guarding = _guard_clock(settings, state, steer, guard, now)
+    rd = SlackRound(now, capacity, others, be_used, len(be) * MIN_QUOTA_US / DEFAULT_PERIOD_US, signals, steer,
+                    guard, units, below, between, guarding)
 
-    allowance = state.allowance
+    experiment = verdict.fields() if verdict is not None else None
+    if verdict is not None:
+        step, undone = _verdict_step(settings, state, verdict, running, experiment)
+        extra += undone
+    else:
+        step = _guard_cut_over(settings, state, now)
+    if not any(a.knob == WAKE_KNOB for a in extra):       # not in the round of its verdict
+        extra += _wake_upkeep(snapshot, settings, state, rd.s if rd.s is not None else rd.g)
+    if step is None:
+        step, moved = _choose_step(snapshot, settings, state, rd)
+        extra += moved
+    state.allowance = max(state.allowance, rd.floor)
+    if state.allowance != allowance or any(a.value is None or a.reason.get("step") != "hold" for a in extra):
+        lab.moved()
+    if lab.running is not None and experiment is None:
+        experiment = lab.running.fields()
+    reason, why = _slack_reason(state, rd, step, experiment)
+    extra += _holds(state, extra)
+    return state.allowance, reason, why, extra
+
+
+def _choose_step(snapshot: Snapshot, settings, state: State, rd: SlackRound) -> tuple[str, list[Action]]:
+    """The round's step where no verdict or end of a guard's cut decided it, the first that applies: a cut
+    (the steering slack under 5%; a guard's cut then ends, the SLO decides), wait for a running cut's verdict,
+    hold between two SLO values, a guard's bounded cut, stay at the floor, hold, hold for a guard, else grow.
+    Returns it with its actions."""
+    s, g, running = rd.s, rd.g, state.lab.running
+    if s is not None and s < HOLD_AT:
+        if state.guard_cut is not None:
+            # a guard's cut, and now the SLO itself is at risk: the guard's cut ends (BE back where it was), the
+            # guard rests, and the SLO decides from here (a cut of its own once confirmed)
+            _end_guard_cut(settings, state, rd.now)
+        return _steer_cut(snapshot, settings, state, rd)
+    if running is not None and running.bound is None:
+        return ("floor (LS recovering)" if state.at_floor else f"hold: judging the {running.lever} cut"), []
+    if rd.between and (s is None or s < GROW_AT):
+        return f"hold: no SLO value this round for {', '.join(rd.between)} (neither late nor healthy)", []
+    if rd.guarding and g < 0:
+        return _guard_cut(settings, state, rd), []
+    if state.at_floor and (s is None or s < GROW_AT):
+        return "floor (LS recovering)", []
+    if s is not None and s < GROW_AT:
+        return "hold", []
+    if rd.guarding and g < HOLD_AT:
+        return "hold (guard: LS's run queue or pressure near its target)", []
+    return _grow(settings, state, rd.capacity)
+
+
+def _grow(settings, state: State, capacity: int) -> tuple[str, list[Action]]:
+    """LS is healthy: BE leaves its floor, its hot caps are lifted, and it gains slack_grow_percent of the node."""
+    state.at_floor = False
+    lifted = _lift_hot(state, "LS healthy again") if state.hot else []
+    grow = settings.slack_grow_percent / 100 * capacity
+    state.allowance = min(float(capacity), state.allowance + grow)
+    return "grow", lifted
+
+
+def _slack_reason(state: State, rd: SlackRound, step: str, experiment: dict | None) -> tuple[dict, str]:
+    """The reason and the sentence that go with each of the round's actions on BE's knob."""
+    slack, worst = rd.steer if rd.steer is not None else rd.guard
+    idle = max(rd.capacity - rd.others, 0.0)
+    reason = {"rule": "slack", "slack": round(slack, 3), "worst": worst, "step": step, "capacity": rd.capacity,
+              "raised_targets": {f"{cg} {name}": round(t, 3) for (cg, name), (t, _) in sorted(state.raised.items())},
+              "ls_and_system_usage": round(rd.others, 3), "idle_for_be": round(idle, 3),
+              "allowance": round(state.allowance, 3), "be_usage": round(rd.be_used, 3),
+              "guard": {"slack": round(rd.g, 3), **rd.guard[1]} if rd.guard is not None and rd.steer is not None
+              else None,
+              "experiment": experiment}
+    why = (f"LS slack {slack:.0%} ({worst['cgroup']} {worst['signal']} {worst['value']:g} of {worst['target']:g}): "
+           f"{step}, BE allowance {state.allowance:.2f} of {rd.capacity} CPUs ({idle:.2f} idle)")
+    return reason, why
+
+
+def _holds(state: State, moved: list[Action]) -> list[Action]:
+    """A hold for each lever still held that the round's actions (`moved`) do not move: the hot caps and the
+    wake lever's request."""
+    out = [Action(cg, "cpu.max", value, {"rule": "slack", "lever": HOT_CAP, "step": "hold"},
+                  f"hot cap on {cg} holds") for cg, value in sorted(state.hot.items())
+           if not any(a.target == cg for a in moved)]
+    if state.wake and not any(a.knob == WAKE_KNOB for a in moved + out):
+        out.append(Action(NODE, WAKE_KNOB, "0", {"rule": "slack", "lever": WAKE, "step": "hold"},
+                          "CPU wake-up latency request (0 µs) holds"))
+    return out
+
+
+def _slack_lab(settings, state: State) -> Lab:
+    """The loop's experiments (core/experiment.py), made on its first round of rule slack."""
+    if state.lab is None:
+        window = float(settings.experiment_window)
+        state.lab = Lab(window=window, settle=0.4 * window, rest=float(settings.lever_rest),
+                        rest_max=32 * float(settings.lever_rest))
+    return state.lab
+
+
+def _raised_targets(state: State, now: float) -> dict:
+    """(cgroup, signal) -> its raised target, those whose time is up forgotten."""
+    state.raised = {k: v for k, v in state.raised.items() if v[1] > now}      # (target, until)
+    return {k: t for k, (t, _) in state.raised.items()}
+
+
+def _allowance_held(settings, be, capacity: int) -> float:
+    """What BE has before rule slack moved it: the sum of its quotas, or the whole node where one has none.
+    Under policy cpuset cpu.max is not sampled (needs()): BE starts from the whole node."""
+    limits = [parse_cpu_max(c.cpu_max) for c in be if c.cpu_max] if settings.policy == "cfs_quota" else []
+    quotas = [q / p for q, p in limits if q is not None]
+    return sum(quotas) if len(quotas) == len(be) else float(capacity)
+
+
+def _readings(signals: list, raised: dict) -> tuple[dict, list]:
+    """What the experiments observe: each signal's value, and the keys back in health (10% slack or more
+    against the target, raised where it is)."""
     targets = {(cg, name): max(t, raised.get((cg, name), 0.0)) for cg, name, _, t in signals}
     values = {(cg, name): v for cg, name, v, _ in signals}
-    healthy = [k for k, v in values.items() if 1 - v / targets[k] >= GROW_AT]
-    running = lab.running
-    verdict = lab.observe(now, values, be_used, healthy)
-    s = steer[0] if steer is not None else None
-    g = guard[0] if guard is not None else None
-    below = state.below_zero
-    # A class whose SLO has no value this round (a scrape every second, a round every half): neither late
-    # nor healthy. Its memory of the last round below zero survives it, and BE does not grow on it.
+    return values, [k for k, v in values.items() if 1 - v / targets[k] >= GROW_AT]
+
+
+def _note_slo_rounds(snapshot: Snapshot, state: State, signals: list, steer: tuple | None) -> list[str]:
+    """Note whether this round's steering slack is below zero, and when each SLO last had a value. A class
+    whose SLO has no value this round (a scrape every second, a round every half) is neither late nor
+    healthy: its memory of the last round below zero survives it. Returns those measured within SLO_GAP: a
+    round between two values, where the SLO's last word stands and BE does not grow. An SLO silent for
+    longer (a stall it cannot see yet, a source that fails or never ran) leaves the class to its health
+    targets alone, as guards: they may hold and cut BE for a bounded time, and BE grows on their health."""
+    now = snapshot.time
     unmeasured = _unmeasured_slos(snapshot, signals)
-    if s is not None or not unmeasured:
-        state.below_zero = s is not None and s < 0
+    if steer is not None or not unmeasured:
+        state.below_zero = steer is not None and steer[0] < 0
     state.slo_seen = {sig[0]: now for sig in signals if sig[1] in SLO_SIGNALS} | \
         {p: t for p, t in state.slo_seen.items() if p in unmeasured}
-    # The SLO measured within SLO_GAP: a round between two values, and the SLO's last word stands. An SLO silent
-    # for longer (a stall it cannot see yet, a source that fails or never ran) leaves the class to its health
-    # targets alone, as guards: they may hold and cut BE for a bounded time, and BE grows on their health.
-    between = [p for p in unmeasured if now - state.slo_seen.get(p, -math.inf) <= SLO_GAP]
+    return [p for p in unmeasured if now - state.slo_seen.get(p, -math.inf) <= SLO_GAP]
+
+
+def _guard_clock(settings, state: State, steer: tuple | None, guard: tuple | None, now: float) -> bool:
+    """Time how long a guard has held (or cut) BE while the SLO is met: after guard_cut_max the SLO decides
+    and the guard rests as long. Returns whether a guard may act this round."""
+    s = steer[0] if steer is not None else None
+    g = guard[0] if guard is not None else None
     guard_max = float(settings.guard_cut_max)
     if g is None or g >= HOLD_AT or (s is not None and s < HOLD_AT) or now < state.guard_off_until:
         state.guard_since = None
     elif state.guard_since is None:
         state.guard_since = now
     elif now - state.guard_since >= guard_max and state.guard_cut is None:
-        # The guard held (or cut) BE for guard_cut_max while the SLO was met: the SLO decides, the guard rests.
         state.guard_since, state.guard_off_until = None, now + guard_max
-    guarding = g is not None and now >= state.guard_off_until
-    step, experiment = None, None
+    return g is not None and now >= state.guard_off_until
 
-    if verdict is not None:
-        experiment = verdict.fields()
-        if not verdict.helped and running.bound is not None:
-            state.guard_cut = None       # a guard's cut that bought nothing: the guard cuts no more for a while
-            lab.rest_for(BE_CAP, verdict.key[1], now + guard_max)
-        if not verdict.helped:
-            rest = lab.resting(verdict.lever, verdict.key[1], now)
-            step = f"undo: {verdict.text()}; {verdict.lever} rests {rest:g}s for {verdict.key[1]}"
-            extra += [Action(a.target, a.knob, a.value, {**a.reason, "step": step, "experiment": experiment},
-                             f"{a.message}: {step}") for a in _undo(state, running)]
-    elif state.guard_cut is not None and now >= state.guard_cut[0]:
-        until, base, signal = state.guard_cut
-        if lab.running is not None and lab.running.bound is not None:
-            lab.abandon()
-        state.guard_cut, state.allowance = None, max(state.allowance, base)
-        lab.rest_for(BE_CAP, signal, now + guard_max)
-        step = f"guard cut ends after {float(settings.guard_cut_max):g}s: the SLO decides, and it is met"
-    running = lab.running
-    if not any(a.knob == WAKE_KNOB for a in extra):       # not in the round of its verdict
-        extra += _wake_upkeep(snapshot, settings, state, s if s is not None else g)
 
-    if step is not None:
-        pass
-    elif s is not None and s < HOLD_AT:
-        if state.guard_cut is not None:
-            # a guard's cut, and now the SLO itself is at risk: the guard's cut ends (BE back where it was), the
-            # guard rests, and the SLO decides from here (a cut of its own once confirmed)
-            lab.rest_for(BE_CAP, state.guard_cut[2], now + guard_max)
-            state.allowance = max(state.allowance, state.guard_cut[1])
-            state.guard_cut = None
-            if running is not None and running.bound is not None:
-                lab.abandon()
-                running = None
-        step = _steer_cut(snapshot, settings, state, steer[1], s, below, floor, units, be_used, capacity, others,
-                          signals, extra)
-    elif running is not None and running.bound is None:
-        step = "floor (LS recovering)" if state.at_floor else f"hold: judging the {running.lever} cut"
-    elif between and (s is None or s < GROW_AT):
-        step = f"hold: no SLO value this round for {', '.join(between)} (neither late nor healthy)"
-    elif guarding and g < 0:
-        step = _guard_cut(settings, state, guard[1], be_used, capacity, others, units)
-    elif state.at_floor and (s is None or s < GROW_AT):
-        step = "floor (LS recovering)"
-    elif s is not None and s < GROW_AT:
-        step = "hold"
-    elif guarding and g < HOLD_AT:
-        step = "hold (guard: LS's run queue or pressure near its target)"
-    else:
-        state.at_floor = False
-        if state.hot:
-            extra += _lift_hot(state, "LS healthy again")
-        grow = settings.slack_grow_percent / 100 * capacity
-        state.allowance, step = min(float(capacity), state.allowance + grow), "grow"
-    state.allowance = max(state.allowance, floor)
-    if state.allowance != allowance or any(a.value is None or a.reason.get("step") != "hold" for a in extra):
-        lab.moved()
-    running = lab.running
-    if running is not None and experiment is None:
-        experiment = running.fields()
-    slack, worst = steer if steer is not None else guard
-    reason = {"rule": "slack", "slack": round(slack, 3), "worst": worst, "step": step, "capacity": capacity,
-              "raised_targets": {f"{cg} {name}": round(t, 3) for (cg, name), (t, _) in sorted(state.raised.items())},
-              "ls_and_system_usage": round(others, 3), "idle_for_be": round(idle, 3),
-              "allowance": round(state.allowance, 3), "be_usage": round(be_used, 3),
-              "guard": {"slack": round(g, 3), **guard[1]} if guard is not None and steer is not None else None,
-              "experiment": experiment}
-    why = (f"LS slack {slack:.0%} ({worst['cgroup']} {worst['signal']} {worst['value']:g} of {worst['target']:g}): "
-           f"{step}, BE allowance {state.allowance:.2f} of {capacity} CPUs ({idle:.2f} idle)")
-    extra += [Action(cg, "cpu.max", value, {"rule": "slack", "lever": HOT_CAP, "step": "hold"},
-                     f"hot cap on {cg} holds") for cg, value in sorted(state.hot.items())
-              if not any(a.target == cg for a in extra)]
-    if state.wake and not any(a.knob == WAKE_KNOB for a in extra):
-        extra.append(Action(NODE, WAKE_KNOB, "0", {"rule": "slack", "lever": WAKE, "step": "hold"},
-                            "CPU wake-up latency request (0 µs) holds"))
-    return state.allowance, reason, why, extra
+def _verdict_step(settings, state: State, verdict: Verdict, running, experiment: dict) -> tuple[str | None, list]:
+    """The running cut's verdict came due (its experiment ended): one that bought nothing is undone and its
+    lever rests (a guard's bounded cut also stops the guard cutting for guard_cut_max). Returns the round's
+    step (None where the cut helped: it stays, and the round goes on) and the undoing actions."""
+    if verdict.helped:
+        return None, []
+    lab, now = state.lab, state.lab.now
+    if running.bound is not None:
+        state.guard_cut = None       # a guard's cut that bought nothing: the guard cuts no more for a while
+        lab.rest_for(BE_CAP, verdict.key[1], now + float(settings.guard_cut_max))
+    rest = lab.resting(verdict.lever, verdict.key[1], now)
+    step = f"undo: {verdict.text()}; {verdict.lever} rests {rest:g}s for {verdict.key[1]}"
+    return step, [Action(a.target, a.knob, a.value, {**a.reason, "step": step, "experiment": experiment},
+                         f"{a.message}: {step}") for a in _undo(state, running)]
+
+
+def _guard_cut_over(settings, state: State, now: float) -> str | None:
+    """A guard's bounded cut that ran guard_cut_max ends: the step that says so, else None."""
+    if state.guard_cut is None or now < state.guard_cut[0]:
+        return None
+    _end_guard_cut(settings, state, now)
+    return f"guard cut ends after {float(settings.guard_cut_max):g}s: the SLO decides, and it is met"
+
+
+def _end_guard_cut(settings, state: State, now: float) -> None:
+    """End the guard's cut: BE gets back what it had before it, the cut's experiment (if still running) ends
+    without a verdict, and the guard's lever rests guard_cut_max for its signal."""
+    lab = state.lab
+    _, base, signal = state.guard_cut
+    if lab.running is not None and lab.running.bound is not None:
+        lab.abandon()
+    state.guard_cut, state.allowance = None, max(state.allowance, base)
+    lab.rest_for(BE_CAP, signal, now + float(settings.guard_cut_max))
 
 
 def _unmeasured_slos(snapshot: Snapshot, signals: list) -> list[str]:
@@ -462,76 +566,91 @@ def _unmeasured_slos(snapshot: Snapshot, signals: list) -> list[str]:
                   if snapshot.slo_of(c.path) is not None and c.path not in measured)
 
 
-def _steer_cut(snapshot, settings, state: State, worst: dict, s: float, below: bool, floor: float, units: dict,
-               be_used: float, capacity: int, others: float, signals: list, extra: list[Action]) -> str:
-    """The steering signal is under 5% slack: deepen the running cut to the floor (a second round below
-    zero), wait for its verdict, or start a cut with the lever that bought most here."""
-    lab, now = state.lab, snapshot.time
+def _steer_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, list[Action]]:
+    """The steering signal is under 5% slack: raise the targets where the floor bought nothing for
+    slack_floor_hold, deepen the running cut to the floor (a second round below zero) or wait for its
+    verdict, hold at the floor, confirm, or start a cut with the lever that bought most here."""
+    lab, now, worst = state.lab, rd.now, rd.steer[1]
     running = lab.running
     if state.at_floor and now - state.floor_since >= float(settings.slack_floor_hold) and running is None:
-        # BE has been at its floor and LS still misses its targets: BE is not what LS is short of.
-        # Judge BE from now on against what LS shows without it (+25%), for RAISED_FOR seconds.
-        steer, _ = _split(snapshot, signals)
-        for cgroup, name, value, target in steer:
-            if value * RAISE_MARGIN > target:
-                state.raised[(cgroup, name)] = (value * RAISE_MARGIN, now + RAISED_FOR)
-        state.at_floor = state.below_zero = False
-        return "LS misses its targets without BE too: targets raised to what it shows at the floor"
+        return _raise_targets(snapshot, state, rd), []
     if running is not None:
-        if running.lever == BE_CAP and s < 0 and below and not state.at_floor:
-            state.floor_since, state.allowance, state.at_floor = now, floor, True
+        if running.lever == BE_CAP and rd.s < 0 and rd.below and not state.at_floor:
+            _to_floor(state, rd)
             lab.deepen(now)
-            return "floor"
-        return "floor" if state.at_floor else f"hold: judging the {running.lever} cut"
+            return "floor", []
+        return ("floor" if state.at_floor else f"hold: judging the {running.lever} cut"), []
     if state.at_floor:
-        return "floor"
-    key = (worst["cgroup"], worst["signal"])
-    if not lab.confirmed(key, now, worst["target"] * (1 - HOLD_AT)):
+        return "floor", []
+    if not lab.confirmed((worst["cgroup"], worst["signal"]), now, worst["target"] * (1 - HOLD_AT)):
         # One round over is no reason to cut: the rounds before a cut must show the state that prompts it
         # (core/experiment.py judges the cut against their median).
-        return f"hold: {worst['signal']} near or over its target, confirming before a cut"
-    cond = conditions(others, capacity, [p for p, c in units.items() if c >= BUSY_CORES], worst["signal"])
+        return f"hold: {worst['signal']} near or over its target, confirming before a cut", []
+    return _start_cut(snapshot, settings, state, rd)
+
+
+def _raise_targets(snapshot: Snapshot, state: State, rd: SlackRound) -> str:
+    """BE has been at its floor and LS still misses its targets: BE is not what LS is short of. Judge BE
+    from now on against what LS shows without it (+25%), for RAISED_FOR seconds."""
+    steer, _ = _split(snapshot, rd.signals)
+    for cgroup, name, value, target in steer:
+        if value * RAISE_MARGIN > target:
+            state.raised[(cgroup, name)] = (value * RAISE_MARGIN, rd.now + RAISED_FOR)
+    state.at_floor = state.below_zero = False
+    return "LS misses its targets without BE too: targets raised to what it shows at the floor"
+
+
+def _to_floor(state: State, rd: SlackRound) -> None:
+    state.floor_since, state.allowance, state.at_floor = rd.now, rd.floor, True
+
+
+def _start_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, list[Action]]:
+    """A confirmed risk and no cut running: the wake lever where it is free (it costs BE nothing), else the
+    cut that bought most under these conditions (a hot cap, the whole-BE cap), else leave BE alone where
+    every cut rests. The cut is an experiment from here."""
+    lab, now, worst = state.lab, rd.now, rd.steer[1]
+    key = (worst["cgroup"], worst["signal"])
+    cond = rd.conditions(worst["signal"])
     if _wake_free(snapshot, settings, state, worst["signal"]):
-        return _wake_lever(state, key, be_used, cond, worst, extra)
-    levers = lab.order([HOT_CAP, BE_CAP] if len(units) >= 2 else [BE_CAP], cond, now)
+        return _wake_lever(state, key, rd.be_used, cond, worst)
+    levers = lab.order([HOT_CAP, BE_CAP] if len(rd.units) >= 2 else [BE_CAP], cond, now)
     if not levers:
         lab.chose(LEAVE)
         return (f"leave BE alone (cpu.idle decides who runs): every cut rests for {worst['signal']} "
-                f"after buying nothing")
+                f"after buying nothing"), []
     if levers[0] == HOT_CAP:
-        capped = _hot_cap(state, settings, units, key)
-        lab.start(now, HOT_CAP, key, be_used, cond, undo=capped)
-        extra += [Action(cg, "cpu.max", state.hot[cg], {"rule": "slack", "lever": HOT_CAP, "step": "hot cap",
-                                                          "cpus": round(units[cg], 3), "worst": worst,
-                                                          "experiment": lab.running.fields()},
-                         f"hot cap on {cg} (using {units[cg]:.2f} CPUs) for {worst['cgroup']} {worst['signal']}")
-                  for cg in capped]
-        return f"hot cap on {', '.join(capped)}"
-    lab.start(now, BE_CAP, key, be_used, cond, undo=state.allowance)
-    if s < 0 and below:
-        state.floor_since, state.allowance, state.at_floor = now, floor, True
-        return "floor"
+        capped = _hot_cap(state, settings, rd.units, key)
+        lab.start(now, HOT_CAP, key, rd.be_used, cond, undo=capped)
+        return f"hot cap on {', '.join(capped)}", [
+            Action(cg, "cpu.max", state.hot[cg], {"rule": "slack", "lever": HOT_CAP, "step": "hot cap",
+                                                   "cpus": round(rd.units[cg], 3), "worst": worst,
+                                                   "experiment": lab.running.fields()},
+                   f"hot cap on {cg} (using {rd.units[cg]:.2f} CPUs) for {worst['cgroup']} {worst['signal']}")
+            for cg in capped]
+    lab.start(now, BE_CAP, key, rd.be_used, cond, undo=state.allowance)
+    if rd.s < 0 and rd.below:
+        _to_floor(state, rd)
+        return "floor", []
     # One round below zero can be one wild sample (a p99 of a few waits): give back, and go to
     # the floor if the next round is below zero too.
     state.allowance *= 1 - settings.slack_shrink_percent / 100
-    return "shrink (below zero)" if s < 0 else "shrink"
+    return ("shrink (below zero)" if rd.s < 0 else "shrink"), []
 
 
-def _guard_cut(settings, state: State, worst: dict, be_used: float, capacity: int, others: float,
-               units: dict) -> str:
+def _guard_cut(settings, state: State, rd: SlackRound) -> str:
     """The SLO is met (or not measured this round) while a class's run-queue latency or pressure is over
     its target: hold, with at most one cut of slack_shrink_percent, undone within guard_cut_max; never
     the floor."""
-    lab, now = state.lab, state.lab.now
+    lab, now, worst = state.lab, state.lab.now, rd.guard[1]
     if state.guard_cut is not None:
         return f"guard: hold the bounded cut (ends in {state.guard_cut[0] - now:g}s at most)"
     if lab.resting(BE_CAP, worst["signal"], now):
         return f"guard: hold ({worst['signal']} over target, the SLO met; its cut rests)"
     if not lab.confirmed((worst["cgroup"], worst["signal"]), now, worst["target"]):
         return f"guard: hold ({worst['signal']} over target, the SLO met; confirming before a cut)"
-    cond = conditions(others, capacity, [p for p, c in units.items() if c >= BUSY_CORES], worst["signal"])
+    cond = rd.conditions(worst["signal"])
     until = now + float(settings.guard_cut_max)
-    lab.start(now, BE_CAP, (worst["cgroup"], worst["signal"]), be_used, cond, undo=state.allowance, bound=until)
+    lab.start(now, BE_CAP, (worst["cgroup"], worst["signal"]), rd.be_used, cond, undo=state.allowance, bound=until)
     state.guard_cut = (until, state.allowance, worst["signal"])
     state.allowance *= 1 - settings.slack_shrink_percent / 100
     return f"guard: one cut for at most {float(settings.guard_cut_max):g}s ({worst['signal']} over target, the SLO met)"
@@ -556,15 +675,15 @@ def _wake_free(snapshot: Snapshot, settings, state: State, signal: str) -> bool:
             and not state.lab.resting(WAKE, signal, snapshot.time))
 
 
-def _wake_lever(state: State, key, be_used: float, cond: tuple, worst: dict, extra: list[Action]) -> str:
+def _wake_lever(state: State, key, be_used: float, cond: tuple, worst: dict) -> tuple[str, list[Action]]:
     """Hold 0 µs CPU wake-up latency, judged as a cut is: it costs BE nothing, so it goes before any cut."""
     lab, now = state.lab, state.lab.now
     lab.start(now, WAKE, key, be_used, cond)
     state.wake, state.wake_calm = True, None
-    extra.append(Action(NODE, WAKE_KNOB, "0", {"rule": "slack", "lever": WAKE, "step": "wake", "worst": worst,
-                                               "experiment": lab.running.fields()},
-                        f"CPUs kept out of deep idle (cpu_dma_latency 0 µs) for {worst['cgroup']} {worst['signal']}"))
-    return "wake: CPUs kept out of deep idle (cpu_dma_latency 0), BE keeps its CPU"
+    return "wake: CPUs kept out of deep idle (cpu_dma_latency 0), BE keeps its CPU", [
+        Action(NODE, WAKE_KNOB, "0", {"rule": "slack", "lever": WAKE, "step": "wake", "worst": worst,
+                                      "experiment": lab.running.fields()},
+               f"CPUs kept out of deep idle (cpu_dma_latency 0 µs) for {worst['cgroup']} {worst['signal']}")]
 
 
 def _wake_release(state: State, why: str) -> list[Action]:
@@ -654,37 +773,49 @@ def _antagonist_actions(snapshot: Snapshot, settings, state: State) -> list[Acti
                 if u.path not in snapshot.cgroups and not guard.why(u.path)}
     victims = detector.observe(now, ls, suspects)
 
+    actions = _antagonist_lifts(snapshot, state, suspects, now)
+    cap = format_cpu_max(max(CFS_QUOTA_MIN, round(settings.antagonist_cap_cpus * DEFAULT_PERIOD_US)),
+                         DEFAULT_PERIOD_US)
+    for v in victims:
+        found = detector.suspect(v.cgroup, [p for p in suspects if p not in state.capped])
+        if found is not None and found[1] >= MIN_CORRELATION:
+            actions.append(_antagonist_cap(settings, state, v, found, suspects, cap, now))
+    for cg in sorted(set(state.capped) - {a.target for a in actions}):
+        actions.append(Action(cg, "cpu.max", cap, {"step": "hold"}, f"antagonist cap on {cg} holds"))
+    return actions
+
+
+def _antagonist_lifts(snapshot: Snapshot, state: State, suspects: dict, now: float) -> list[Action]:
+    """Lift the antagonist caps whose time is up or whose cgroup is no suspect now, and those in the journal
+    this state does not know (a restart or reload lost their timers)."""
     actions = []
     for cg in sorted(state.capped):
         if now >= state.capped[cg] or cg not in suspects:
             del state.capped[cg]
             actions.append(restore(cg, "cpu.max", f"antagonist cap on {cg} ends", step="uncap"))
-    # Caps in the journal this state does not know (a restart or reload lost their timers): lift them.
     for cg, knob in sorted(snapshot.held):
         if knob == "cpu.max" and cg in suspects and cg not in state.capped and cg not in state.hot:
             actions.append(restore(cg, "cpu.max", f"antagonist cap on {cg} from before a restart ends",
                                    step="uncap"))
-    period = DEFAULT_PERIOD_US
-    cap = format_cpu_max(max(CFS_QUOTA_MIN, round(settings.antagonist_cap_cpus * period)), period)
-    for v in victims:
-        found = detector.suspect(v.cgroup, [p for p in suspects if p not in state.capped])
-        if found is None or found[1] < MIN_CORRELATION:
-            continue
-        suspect, r = found
-        state.capped[suspect] = now + float(settings.antagonist_cap_duration)
-        detector.outlier_times[v.cgroup].clear()      # this episode is answered; the next needs new outliers
-        actions.append(Action(suspect, "cpu.max", cap, {
-            "victim": v.cgroup, "signal": settings.antagonist_signal, "value": round(v.value, 3),
-            "baseline_mean": round(v.mean, 3), "baseline_sigma": round(v.sigma, 3), "outliers": v.outliers,
-            "window_s": float(settings.antagonist_window), "correlation": round(r, 3),
-            "suspect_cpus": suspects.get(suspect), "cap_cpus": settings.antagonist_cap_cpus,
-            "cap_s": float(settings.antagonist_cap_duration)},
-            f"{v.cgroup}'s {settings.antagonist_signal} {v.value:.3g} is above its baseline {v.mean:.3g} + 2σ "
-            f"({v.outliers} times); {suspect}'s CPU use follows it (r={r:.2f}): capped to "
-            f"{settings.antagonist_cap_cpus:g} CPUs for {float(settings.antagonist_cap_duration):g}s"))
-    for cg in sorted(set(state.capped) - {a.target for a in actions}):
-        actions.append(Action(cg, "cpu.max", cap, {"step": "hold"}, f"antagonist cap on {cg} holds"))
     return actions
+
+
+def _antagonist_cap(settings, state: State, v, found: tuple[str, float], suspects: dict, cap: str,
+                    now: float) -> Action:
+    """Cap the suspect whose CPU use follows victim `v`'s signal (r = found[1]) for antagonist_cap_duration;
+    the victim's episode is answered: the next needs new outliers. The reason holds the evidence."""
+    suspect, r = found
+    state.capped[suspect] = now + float(settings.antagonist_cap_duration)
+    state.detector.outlier_times[v.cgroup].clear()
+    return Action(suspect, "cpu.max", cap, {
+        "victim": v.cgroup, "signal": settings.antagonist_signal, "value": round(v.value, 3),
+        "baseline_mean": round(v.mean, 3), "baseline_sigma": round(v.sigma, 3), "outliers": v.outliers,
+        "window_s": float(settings.antagonist_window), "correlation": round(r, 3),
+        "suspect_cpus": suspects.get(suspect), "cap_cpus": settings.antagonist_cap_cpus,
+        "cap_s": float(settings.antagonist_cap_duration)},
+        f"{v.cgroup}'s {settings.antagonist_signal} {v.value:.3g} is above its baseline {v.mean:.3g} + 2σ "
+        f"({v.outliers} times); {suspect}'s CPU use follows it (r={r:.2f}): capped to "
+        f"{settings.antagonist_cap_cpus:g} CPUs for {float(settings.antagonist_cap_duration):g}s")
 
 
 def _signal(sample, kind: str) -> float | None:

@@ -205,35 +205,14 @@ class MemoryEvict(Loop):
         effective = usage - pending
         high = _high(capacity, settings)
         low = capacity * max(settings.threshold_percent - settings.release_gap_percent, 0.0) / 100
-        full = _full_avg10(pressure_stat)
         pressured = _pressured(pressure_stat, settings)
-        if not pressured:
-            state.pressure_since = None
-        elif state.pressure_since is None:
-            state.pressure_since = now
-        pressure_trigger = pressured and now - state.pressure_since >= settings.pressure_duration
+        pressure_trigger = _pressure_lasted(settings, state, pressured, now)
         over = effective >= high
         reason = {"scope": settings.scope or None, "capacity": capacity, "usage": usage, "pending_release": pending,
                   "effective_usage": effective, "threshold_percent": settings.threshold_percent,
-                  "high_mark": round(high), "low_mark": round(low), "pressure_full_avg10": full,
+                  "high_mark": round(high), "low_mark": round(low), "pressure_full_avg10": _full_avg10(pressure_stat),
                   "pressure_trigger": pressure_trigger, "action": settings.action}
-
-        if effective < low:
-            state.reclaimed.clear()        # this episode is over: a new one starts with reclaim again
-            state.reclaim_left.clear()
-        if effective < low and not pressured:
-            if state.calm_since is None:
-                state.calm_since = now
-            if state.frozen and now - state.calm_since >= settings.thaw_delay:
-                victim = max(state.frozen, key=lambda p: (state.frozen[p], p))
-                del state.frozen[victim]
-                state.calm_since = now            # the next thaw waits another thaw_delay
-                actions.append(restore(victim, "cgroup.freeze",
-                                       f"{_where(settings.scope)} at {_mib(effective)} of {_mib(capacity)}, below "
-                                       f"{_pct(low, capacity)} for {settings.thaw_delay:g}s: thawing {victim}",
-                                       **reason, step="thaw"))
-        else:
-            state.calm_since = None
+        actions += _calm(settings, state, capacity, effective, low, pressured, reason, now)
 
         if not (over or pressure_trigger) or now < state.next_round:
             return actions
@@ -277,6 +256,37 @@ def _high(capacity: float, settings) -> float:
 def _pressured(pressure_stat: PressureStat | None, settings) -> bool:
     full = _full_avg10(pressure_stat)
     return settings.pressure_full_percent > 0 and full is not None and full > settings.pressure_full_percent
+
+
+def _pressure_lasted(settings, state: State, pressured: bool, now: float) -> bool:
+    """Time how long memory pressure has lasted: whether it has for pressure_duration."""
+    if not pressured:
+        state.pressure_since = None
+    elif state.pressure_since is None:
+        state.pressure_since = now
+    return pressured and now - state.pressure_since >= settings.pressure_duration
+
+
+def _calm(settings, state: State, capacity: float, effective: float, low: float, pressured: bool, reason: dict,
+          now: float) -> list[Action]:
+    """Below the lower mark the episode is over (a new one starts with reclaim again); below it without
+    pressure for thaw_delay, the most recently frozen victim is thawed, the next one a thaw_delay later."""
+    if effective < low:
+        state.reclaimed.clear()        # this episode is over: a new one starts with reclaim again
+        state.reclaim_left.clear()
+    if effective >= low or pressured:
+        state.calm_since = None
+        return []
+    if state.calm_since is None:
+        state.calm_since = now
+    if not state.frozen or now - state.calm_since < settings.thaw_delay:
+        return []
+    victim = max(state.frozen, key=lambda p: (state.frozen[p], p))
+    del state.frozen[victim]
+    state.calm_since = now            # the next thaw waits another thaw_delay
+    return [restore(victim, "cgroup.freeze", f"{_where(settings.scope)} at {_mib(effective)} of {_mib(capacity)}, "
+                    f"below {_pct(low, capacity)} for {settings.thaw_delay:g}s: thawing {victim}",
+                    **reason, step="thaw")]
 
 
 def _usage(sample: CgroupSample, unknown=0):
@@ -349,12 +359,13 @@ def _pick(be: list[CgroupSample], need: float, settings, state: State) -> list[C
 
 def _act(victims, need, settings, state: State, snapshot: Snapshot, now, reason, over, capacity, effective,
          low) -> list[Action]:
+    """A round's steps on its victims, in order: each victim's share of `need` (a pressure-only round: a part
+    of its usage) reclaimed where the host can and the round's reclaim bytes last, else the victim killed
+    while the kill budget lasts, else frozen."""
     actions: list[Action] = []
     can_reclaim = settings.reclaim and "memory.reclaim" in snapshot.supported
-    trigger = (f"{_where(settings.scope)} at {_mib(effective)} of {_mib(capacity)} "
-               f"({100 * effective / capacity:.0f}%) >= {settings.threshold_percent:g}%" if over else
-               f"memory pressure full avg10 {reason['pressure_full_avg10']:.1f}% > "
-               f"{settings.pressure_full_percent:g}% for {settings.pressure_duration:g}s")
+    trigger = _trigger(settings, reason, over, capacity, effective)
+    goal = f", to get below {_pct(low, capacity)}" if over else ""
     remaining = need
     budget = RECLAIM_ROUND_BYTES          # of memory.reclaim, this round
     for rank, c in enumerate(victims):
@@ -363,56 +374,81 @@ def _act(victims, need, settings, state: State, snapshot: Snapshot, now, reason,
         remaining = max(remaining - used, 0.0)
         why = {**reason, "need": round(need), "victim_usage": used, "victim_rank": rank,
                "priority_rank": pattern_rank(c.path, settings.priority), "kills_last_minute": len(state.kills)}
-        goal = f", to get below {_pct(low, capacity)}" if over else ""
-        first = c.path not in state.reclaimed
-        left = share if first else min(share, state.reclaim_left.get(c.path, 0.0))
+        left = share if c.path not in state.reclaimed else min(share, state.reclaim_left.get(c.path, 0.0))
         if can_reclaim and left >= MIN_RECLAIM:
             if budget < MIN_RECLAIM:
                 continue                          # the round's reclaim budget is spent: its turn comes next round
             amount = int(min(left, budget))
             budget -= amount
-            state.reclaimed[c.path] = now
-            state.reclaim_left[c.path] = left - amount
-            rest = f", {_mib(left - amount)} more next round" if left - amount >= MIN_RECLAIM else ""
-            writes = reclaim_writes(amount)         # each write short: the actuator times them (see the docstring)
-            for i, n in enumerate(writes):
-                part = f" (write {i + 1} of {len(writes)}: {_mib(n)})" if len(writes) > 1 else ""
-                actions.append(Action(c.path, "memory.reclaim", str(n),
-                                      {**why, "step": "reclaim", "reclaim_bytes": n, "round_reclaim_bytes": amount},
-                                      f"{trigger}: reclaiming {_mib(amount)}{part} from {c.path} ({_mib(used)})"
-                                      f"{goal}{rest}"))
-            continue
-        if settings.action == "kill" and len(state.kills) < settings.max_kills_per_minute:
-            state.kills.append(now)
-            state.killed[c.path] = now
-            state.reclaimed.pop(c.path, None)
-            state.reclaim_left.pop(c.path, None)
-            if settings.prekill_command:
-                # Right before the kill, in the same batch: the actuator begins it beside the round and
-                # makes the kill when it is done or out of time, whether or not it succeeded.
-                actions.append(Action(c.path, "cgroup.prekill", _hook(settings), {**why, "step": "prekill"},
-                                      f"{trigger}: prekill hook for {c.path} before the kill"))
-            actions.append(Action(c.path, "cgroup.kill", "1", {**why, "step": "kill"},
-                                  f"{trigger}: killing {c.path} ({_mib(used)}){goal}"))
-            # A frozen task dies only once thawed (v1): ours goes back to its original, anyone
-            # else's freeze is lifted as a decision of its own.
-            if c.path in state.frozen:
-                del state.frozen[c.path]
-                actions.append(restore(c.path, "cgroup.freeze", f"thawing the killed {c.path}", step="thaw"))
-            elif c.frozen:
-                actions.append(Action(c.path, "cgroup.freeze", "0", {**why, "step": "thaw"},
-                                      f"thawing the killed {c.path} (frozen by someone else): a frozen task "
-                                      f"dies only once thawed"))
-            continue
-        if c.frozen or c.path in state.frozen:
-            continue                              # kill budget spent and already frozen: nothing more to do
-        state.frozen[c.path] = now
-        capped = settings.action == "kill"
-        actions.append(Action(c.path, "cgroup.freeze", "1", {**why, "step": "freeze", "kill_budget_spent": capped},
-                              f"{trigger}: freezing {c.path} ({_mib(used)}){goal}"
-                              + (f"; {settings.max_kills_per_minute} kills in the last minute already" if capped
-                                 else "")))
+            actions += _reclaim(c.path, used, left, amount, why, trigger, goal, state, now)
+        elif settings.action == "kill" and len(state.kills) < settings.max_kills_per_minute:
+            actions += _kill(c, used, why, trigger, goal, settings, state, now)
+        elif not (c.frozen or c.path in state.frozen):   # kill budget spent and already frozen: nothing more
+            actions.append(_freeze(c, used, why, trigger, goal, settings, state, now))
     return actions
+
+
+def _trigger(settings, reason: dict, over: bool, capacity: float, effective: float) -> str:
+    """What started the round, as the messages of its actions begin."""
+    if over:
+        return (f"{_where(settings.scope)} at {_mib(effective)} of {_mib(capacity)} "
+                f"({100 * effective / capacity:.0f}%) >= {settings.threshold_percent:g}%")
+    return (f"memory pressure full avg10 {reason['pressure_full_avg10']:.1f}% > "
+            f"{settings.pressure_full_percent:g}% for {settings.pressure_duration:g}s")
+
+
+def _reclaim(path: str, used: float, left: float, amount: int, why: dict, trigger: str, goal: str, state: State,
+             now: float) -> list[Action]:
+    """Reclaim `amount` bytes of the victim's share (`left` of it still to go), in writes short enough for
+    the actuator to time (see the module docstring); what is left goes on next round."""
+    state.reclaimed[path] = now
+    state.reclaim_left[path] = left - amount
+    rest = f", {_mib(left - amount)} more next round" if left - amount >= MIN_RECLAIM else ""
+    writes = reclaim_writes(amount)
+    out = []
+    for i, n in enumerate(writes):
+        part = f" (write {i + 1} of {len(writes)}: {_mib(n)})" if len(writes) > 1 else ""
+        out.append(Action(path, "memory.reclaim", str(n),
+                          {**why, "step": "reclaim", "reclaim_bytes": n, "round_reclaim_bytes": amount},
+                          f"{trigger}: reclaiming {_mib(amount)}{part} from {path} ({_mib(used)}){goal}{rest}"))
+    return out
+
+
+def _kill(c: CgroupSample, used: float, why: dict, trigger: str, goal: str, settings, state: State,
+          now: float) -> list[Action]:
+    """Kill the victim (its prekill hook first, where one is set), spending the kill budget; thaw it if frozen."""
+    state.kills.append(now)
+    state.killed[c.path] = now
+    state.reclaimed.pop(c.path, None)
+    state.reclaim_left.pop(c.path, None)
+    out = []
+    if settings.prekill_command:
+        # Right before the kill, in the same batch: the actuator begins it beside the round and
+        # makes the kill when it is done or out of time, whether or not it succeeded.
+        out.append(Action(c.path, "cgroup.prekill", _hook(settings), {**why, "step": "prekill"},
+                          f"{trigger}: prekill hook for {c.path} before the kill"))
+    out.append(Action(c.path, "cgroup.kill", "1", {**why, "step": "kill"},
+                      f"{trigger}: killing {c.path} ({_mib(used)}){goal}"))
+    # A frozen task dies only once thawed (v1): ours goes back to its original, anyone
+    # else's freeze is lifted as a decision of its own.
+    if c.path in state.frozen:
+        del state.frozen[c.path]
+        out.append(restore(c.path, "cgroup.freeze", f"thawing the killed {c.path}", step="thaw"))
+    elif c.frozen:
+        out.append(Action(c.path, "cgroup.freeze", "0", {**why, "step": "thaw"},
+                          f"thawing the killed {c.path} (frozen by someone else): a frozen task "
+                          f"dies only once thawed"))
+    return out
+
+
+def _freeze(c: CgroupSample, used: float, why: dict, trigger: str, goal: str, settings, state: State,
+            now: float) -> Action:
+    """Freeze the victim: `action` is freeze, or the kill budget is spent."""
+    state.frozen[c.path] = now
+    capped = settings.action == "kill"
+    return Action(c.path, "cgroup.freeze", "1", {**why, "step": "freeze", "kill_budget_spent": capped},
+                  f"{trigger}: freezing {c.path} ({_mib(used)}){goal}"
+                  + (f"; {settings.max_kills_per_minute} kills in the last minute already" if capped else ""))
 
 
 def _settle(actions: list[Action], decisions: list, state: State) -> None:
