@@ -240,3 +240,11 @@ def _write_all(d: Path, files: dict[str, str]) -> None:
     """Kernel files end in a newline (an empty one is a lone newline, like cpuset.cpus)."""
     for name, text in files.items():
         (d / name).write_text(text + "\n")
+
+
+def steady_node(monkeypatch, cores: float) -> None:
+    """The node's CPU in use reads as `cores` every round. A daemon on a fake tree still reads the host's
+    /proc/stat, whose counters move once a jiffy: two rounds a few milliseconds apart (a test's clock moves
+    a second, the host's did not) see no tick, the node reads as blind, and a loop that needs it holds."""
+    from koordd.sensors.node import NodeSensor
+    monkeypatch.setattr(NodeSensor, "_cpu_used", lambda self: cores)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from koordtest.fakes.cgroup import FakeCgroups, psi
+from koordtest.fakes.cgroup import FakeCgroups, psi, steady_node
 from koordd.core.config import parse_config
 from koordd.act.decision_log import read_decisions
 from koordd.core.catalogue import load_registry
@@ -48,6 +48,7 @@ def node(tmp_path, monkeypatch):
     clock = Clock()
     import koordd.sensors.collect as collect
     monkeypatch.setattr(collect.time, "monotonic", clock)
+    steady_node(monkeypatch, 1.0 + 0.5 * len(PODS))      # LS's 1 CPU and each pod's 0.5, below
     path = tmp_path / "koordd.toml"
     path.write_text(CONFIG.format(root=tree.root, state=tmp_path / "state"))
     registry = load_registry()

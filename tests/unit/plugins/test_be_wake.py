@@ -21,7 +21,7 @@ from koordd.core.catalogue import load_registry
 from koordd.kernel.pm_qos import NO_CONSTRAINT, TEST_ENV
 from koordd.runtime.daemon import Daemon
 from koordd_plugins.be_suppress import LEVERS, WAKE_CALM_WINDOWS, WAKE_KNOB, BeSuppress
-from koordtest.fakes.cgroup import FakeCgroups, psi
+from koordtest.fakes.cgroup import FakeCgroups, psi, steady_node
 from unit.backends.test_pm_qos import fds_on
 from unit.plugins.test_be_suppress import PERIOD, health, quota_of, settings
 
@@ -143,6 +143,7 @@ def test_the_daemon_holds_it_by_an_fd_and_releases_it_at_stop(tmp_path, monkeypa
     clock = [1000.0]
     import koordd.sensors.collect as collect
     monkeypatch.setattr(collect.time, "monotonic", lambda: clock[0])
+    steady_node(monkeypatch, 2.0)                 # LS's 1 CPU and BE's 1, below
     path = tmp_path / "koordd.toml"
     path.write_text(CONFIG.format(root=tree.root, state=tmp_path / "state"))
     registry = load_registry()
@@ -167,3 +168,25 @@ def test_the_daemon_holds_it_by_an_fd_and_releases_it_at_stop(tmp_path, monkeypa
     assert [(r["old"], r["new"]) for r in released] == [("none", "0"), ("0", "none")]
     assert released[-1]["outcome"] == RESTORED
     assert os.environ[TEST_ENV] == str(device)
+
+
+# --- BE pods' CPU is read only while a hot cap may matter ---------------------------------------------
+
+def test_be_pods_cpu_is_read_only_while_ls_is_near_its_target_or_a_hot_cap_is_held():
+    """member_fields: hundreds of BE pods cost a listing, not a usage file each, while LS is healthy; their CPU
+    is read again from the round after LS comes near its target (a cut needs confirming rounds first, so the
+    hot cap still has their use), while a cut is judged and while a hot cap is held; always with antagonists."""
+    s = settings(rule="slack", wake_lever=False)
+    state = BeSuppress.initial_state(s)
+    asked = []
+    for t, p99 in enumerate([HEALTHY_US] * 3 + [AT_RISK_US] * 3 + [HEALTHY_US] * 30):
+        snap = health(float(t), 1.0, 200_000, p99_us=p99)
+        asked.append(bool(BeSuppress.member_fields(snap, s, state)))
+        BeSuppress.decide(snap, s, state)
+    assert asked[:2] == [True, False]              # the first round reads (nothing known yet), then healthy
+    assert asked[2:4] == [False, False] and asked[4] is True     # from the round after the first at risk
+    assert not asked[-1]                           # healthy again, nothing held or judged: listed only
+    state.hot["be/pod-a"] = "50000 100000"
+    assert BeSuppress.member_fields(health(99.0, 1.0, 200_000, p99_us=HEALTHY_US), s, state)
+    on = settings(rule="slack", antagonist_signal="runq")
+    assert BeSuppress.member_fields(health(0.0, 1.0, 200_000), on, BeSuppress.initial_state(on))
