@@ -142,6 +142,24 @@ def test_status_json_carries_the_history_small(tmp_path):
     assert all(isinstance(p, list) and len(p) == len(HISTORY_FIELDS) for p in h["workloads"]["web.slice"])
 
 
+def test_status_json_writes_held_knobs_workloads_and_tenants_one_a_line_and_reads_back_the_same():
+    """statusfile.dumps: the long lists (hundreds of pods' workloads) one compact object a line, the rest
+    indented; what koordctl reads back is the document, hostile names included."""
+    from koordd.runtime.statusfile import dumps
+    workloads = [{"cgroup": f"be.slice/pod-{i}" if i else HOSTILE + '"]},', "class": "BE", "latency_us": None}
+                 for i in range(300)]
+    status = {"pid": 1, "held": [{"target": "be.slice", "knob": "cpu.max", "original": "max 100000"}],
+              "report": {"workloads": workloads, "tenants": [{"name": "t", "cgroups": ["a", "b"]}], "node": "n"},
+              "loops": {"be_suppress": {"report": {"levers": {}}}}}
+    history = {"workloads": {"web.slice": [[1, 2], [3, 4]], HOSTILE: []}}
+    text = dumps(status, history)
+    assert json.loads(text) == {**status, "slo_history": history}
+    lines = text.splitlines()
+    assert len(lines) < 300 + 40                              # a line a workload, not a line a field
+    assert sum(line.strip().startswith('{"cgroup":"be.slice/pod-') for line in lines) == 299
+    assert dumps({"held": [], "report": None}, None) == '{\n "held": [],\n "report": null,\n "slo_history": null\n}'
+
+
 # --- koordctl slo ---------------------------------------------------------------------------------------------
 
 def test_slo_text(tmp_path, capsys):
