@@ -444,9 +444,10 @@ class BurstService:
 
 
 # The SLO: 90% of the bursts within 15 ms (violation_target 10: the quantile held to latency_p99 is the p90).
-# On the 2-CPU host with BE uncapped koordd reads it at about 30 ms (a 6 ms burst shares its CPU with BE's
-# loops); with BE at its floor under 13.5 ms (10% slack: healthy), though other work on the host still shares
-# the CPU. The p99 of 1000 bursts is the other work's as much as BE's there: its drop hardly exceeds its noise.
+# On the shared 2-CPU host with BE uncapped koordd read it at 15-33 ms (a 6 ms burst shares its CPU with BE's
+# loops; the more other work the host has, the less LS gets against BE); with BE at its floor at 12-15 ms.
+# The p99 of 1000 bursts is the other work's as much as BE's there: its drop hardly exceeded its noise.
+# Known weak: where the host is quiet the service meets 15 ms with BE uncapped too, and no cut is made.
 TARGET_MS = 15
 # The p90 is taken over 10 s (1000 bursts at most 100 a second): a cut shows fully about 10 s after it.
 # The after window starts 0.4 x this after the cut, so most of it lies past those 10 s.
@@ -504,7 +505,10 @@ def test_rule_slack_keeps_a_cut_that_bought_a_missed_slo_its_latency_and_the_lev
 
     found = wait_for(helped, 120)
     assert found, f"no cut judged helped: {steps()}\nlevers {levers()}\n{koordd.log_text()}"
-    record, capped = levers(), cgroups.cpu_max("be")
+    # status.json is written on its own beat: wait for it to count the verdict the decision shows
+    record = wait_for(lambda: (lv := levers()) and lv["be_cap"]["by_signal"].get("app_p99_us", {}).get("helped")
+                      and lv, 10) or levers()
+    capped = cgroups.cpu_max("be")
     assert koordd.stop(p) == 0, koordd.log_text()
     restored = cgroups.cpu_max("be")
     d = found[0]
@@ -512,13 +516,18 @@ def test_rule_slack_keeps_a_cut_that_bought_a_missed_slo_its_latency_and_the_lev
     cuts = [a for a in applied(koordd, be, after=started) if a["time"] <= d["time"]
             and str(a["reason"].get("step", "")).startswith(("shrink", "floor"))]
     assert cuts, steps()
-    first = cuts[0]
+    # The cut judged: the last one before the verdict, with any deeper step of the same experiment before it.
+    experiment = cuts[-1]["reason"]["experiment"]
+    first = next(a for a in cuts if a["reason"]["experiment"].get("started") == experiment.get("started"))
     worst = first["reason"]["worst"]
     assert (worst["cgroup"], worst["signal"], worst["target"]) == (ls, "app_p99_us", TARGET_MS * 1000), first
-    assert worst["value"] > TARGET_MS * 1000 and first["reason"]["experiment"]["lever"] == "be_cap", first
+    # a cut comes once the SLO's slack is under 5% (core/experiment.py's confirmation)
+    assert worst["value"] >= 0.95 * TARGET_MS * 1000 and experiment["lever"] == "be_cap", first
     assert (e["lever"], e["cgroup"], e["signal"]) == ("be_cap", ls, "app_p99_us"), d
     assert e["before"] - e["after"] > e["margin"] > 0, d          # bought more than the signal's noise
-    # Kept: between the cut and its verdict nothing undid it, and the verdict's round is no undo.
+    # Kept: between the cut and its verdict nothing undid it, and the verdict's round is no undo. (An earlier
+    # cut may have been judged "bought nothing" on a busy host: a 2-round median before it, the first
+    # rounds of a fresh koordd; that is the other test's half.)
     undone = [a for a in ours() if first["time"] <= a["time"] <= d["time"]
               and str(a["reason"].get("step", "")).startswith("undo")]
     assert not undone, (undone, steps())
