@@ -12,11 +12,15 @@ test's CPU with and without koordd, and give LS what the other work and BE left.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -334,3 +338,212 @@ def test_rule_slack_undoes_a_cut_that_bought_a_missed_slo_nothing_and_the_lever_
         assert cgroups.cpu_max("be") == original
     finally:
         service.close()
+
+
+# A real service whose latency truly depends on BE's CPU: one process in LS's cgroup that does a fixed CPU
+# burst (WORK_S of its own CPU time, calibrated with thread_time before BE starts) every PERIOD_S, and counts
+# each burst's response time (from when it was due to its end: a late wake-up counts) in a Prometheus
+# histogram it serves on 127.0.0.1 (port 0: its own). A burst takes WORK_S when the service has its CPU to
+# itself and longer when BE's busy loops share it. Argv: work seconds, period seconds, metric name; it prints
+# "<port>" once serving.
+BURSTS = r'''
+import sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+work, period, metric = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+bounds = (0.001, 0.002, 0.004, 0.005, 0.006, 0.007, 0.008, 0.009, 0.01, 0.012, 0.014, 0.016, 0.018, 0.02, 0.025,
+          0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 1.0)
+counts, total, lock = [0] * (len(bounds) + 1), [0.0], threading.Lock()
+
+def spin(n):
+    x = 0
+    for i in range(n):
+        x += i
+    return x
+
+n = 1000
+while True:                       # n such that spin(n) costs `work` of CPU time
+    t = time.thread_time()
+    spin(n)
+    took = time.thread_time() - t
+    if took > 0.05:
+        n = max(int(n * work / took), 1)
+        break
+    n *= 2
+
+class Metrics(BaseHTTPRequestHandler):
+    def do_GET(self):
+        with lock:
+            c, s = list(counts), total[0]
+        lines, acc = [], 0
+        for le, k in zip([*map(repr, bounds), "+Inf"], c):
+            acc += k
+            lines.append(f'{metric}_bucket{{le="{le}"}} {acc}')
+        data = ("\n".join(lines + [f"{metric}_count {acc}", f"{metric}_sum {s}"]) + "\n").encode()
+        self.send_response(200 if self.path == "/metrics" else 404)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+print(server.server_address[1], flush=True)
+due = time.monotonic()
+while True:
+    spin(n)
+    took = time.monotonic() - due     # from when the burst was due: a late wake-up counts too
+    i = 0
+    while i < len(bounds) and took > bounds[i]:
+        i += 1
+    with lock:
+        counts[i] += 1
+        total[0] += took
+    due += period
+    now = time.monotonic()
+    if due < now:                 # open loop: a late burst does not make the next ones come faster
+        due = now + period
+    time.sleep(due - now)
+'''
+
+
+class BurstService:
+    """BURSTS running in the test's LS cgroup, and the test's own reading of its histogram."""
+    WORK_S, PERIOD_S = 0.006, 0.010       # 0.6 CPU, 100 bursts a second: the SLO's p90 is over 10 s
+    METRIC = f"ktest_{os.getpid()}_burst_seconds"
+
+    def __init__(self, cgroups):
+        self.proc = cgroups.spawn("ls", [sys.executable, "-c", BURSTS, str(self.WORK_S), str(self.PERIOD_S),
+                                         self.METRIC], stdout=subprocess.PIPE)
+        line = self.proc.stdout.readline().decode().strip()
+        assert line.isdigit(), f"the burst service did not start (said {line!r}, exit {self.proc.poll()})"
+        self.url = f"http://127.0.0.1:{int(line)}/metrics"
+
+    def buckets(self) -> list[tuple[float, int]]:
+        with urllib.request.urlopen(self.url, timeout=10) as r:
+            text = r.read().decode()
+        out = []
+        for line in text.splitlines():
+            if line.startswith(f"{self.METRIC}_bucket"):
+                le = line.split('le="')[1].split('"')[0]
+                out.append((math.inf if le == "+Inf" else float(le), int(line.split()[-1])))
+        return out
+
+    def quantiles_ms(self, seconds: float) -> tuple[float, float, int]:
+        """(p90, p99) of the bursts' response times over the next `seconds`, in ms (each the upper bound of the
+        bucket it falls in), and the bursts counted."""
+        a = self.buckets()
+        time.sleep(seconds)
+        b = self.buckets()
+        counts = [(le, y - x) for (le, x), (_, y) in zip(a, b)]
+        n = counts[-1][1]
+        p90, p99 = (next((le * 1000 for le, c in counts if c >= q * n), math.inf) for q in (0.9, 0.99))
+        return p90, p99, n
+
+
+# The SLO: 90% of the bursts within 15 ms (violation_target 10: the quantile held to latency_p99 is the p90).
+# On the shared 2-CPU host with BE uncapped koordd read it at 15-33 ms (a 6 ms burst shares its CPU with BE's
+# loops; the more other work the host has, the less LS gets against BE); with BE at its floor at 12-15 ms.
+# The p99 of 1000 bursts is the other work's as much as BE's there: its drop hardly exceeded its noise.
+# Known weak: where the host is quiet the service meets 15 ms with BE uncapped too, and no cut is made.
+TARGET_MS = 15
+# The p90 is taken over 10 s (1000 bursts at most 100 a second): a cut shows fully about 10 s after it.
+# The after window starts 0.4 x this after the cut, so most of it lies past those 10 s.
+WINDOW = "24s"
+# LS's run-queue latency and pressure guard nothing here: on a shared host other work makes LS wait
+# for a CPU whatever BE gets, and a guard's bounded cut (tested on its own) would interleave with the SLO's.
+LOOSE_HEALTH = '[classes.health]\nrunq_p99 = "10s"\nrunq_mean = "10s"\ncpu_pressure = 100\n'
+
+
+def test_rule_slack_keeps_a_cut_that_bought_a_missed_slo_its_latency_and_the_lever_is_credited(koordd, cgroups):
+    """Every cut is an experiment, the other half, on the real kernel: a real service in LS (a 6 ms CPU burst
+    every 10 ms, its response times in its own Prometheus histogram, the SLO's source) and more BE busy loops
+    than CPUs at LS's own cpu weight (no cpu.idle: qos_baseline is off), so BE truly takes CPU from it. With BE
+    uncapped the responses' p90 is far over the SLO's 15 ms; koordd cuts BE on the SLO (app_p99_us) with its
+    be_cap lever, the cut brings the p90 down by more than the signal's noise, and it is judged "helped": kept
+    (never undone as "bought nothing"), the lever credited in status.json. Stop, while BE is still capped,
+    gives BE back its cpu.max. The wake lever is off: it takes no CPU from BE and would be tried first,
+    delaying the cut this is about. BE grows back slowly once LS is healthy (5% of the node a round), so it
+    is still capped when the test stops koordd."""
+    if NCPU < 2:
+        pytest.skip("needs at least 2 CPUs")
+    original = cgroups.cpu_max("be")
+    service = BurstService(cgroups)
+    for _ in range(2 * NCPU):
+        cgroups.spawn_hog("be")
+    be, ls = cgroups.cgroup("be"), cgroups.cgroup("ls")
+    time.sleep(1.0)
+    p90, p99, n = service.quantiles_ms(4.0)
+    print(f"\n[kernel] {NCPU} CPUs, {2 * NCPU} BE busy loops uncapped: the service's response time p90 <= {p90:g} ms, "
+          f"p99 <= {p99:g} ms over {n} bursts of {BurstService.WORK_S * 1000:g} ms")
+    config = koordd.write_config(extra=f'rule = "slack"\nexperiment_window = "{WINDOW}"\nwake_lever = false\n'
+                                       'slack_grow_percent = 5\n')
+    text = config.read_text().replace(
+        f'cgroups = ["{ls}"]\n',
+        f'cgroups = ["{ls}"]\n{LOOSE_HEALTH}[classes.slo]\nlatency_p99 = "{TARGET_MS}ms"\nviolation_target = 10\n'
+        f'source = "prometheus"\nurl = "{service.url}"\nmetric = "{BurstService.METRIC}"\n', 1)
+    assert "[classes.slo]" in text, text
+    config.write_text(text)
+    started = time.time()
+    p = koordd.start(config)
+
+    def ours() -> list[dict]:
+        return [d for d in koordd.decisions() if d.get("loop") == LOOP and d.get("cgroup") == be
+                and d.get("time", 0) >= started]
+
+    def helped() -> list[dict]:
+        return [d for d in ours() if ((d.get("reason") or {}).get("experiment") or {}).get("verdict") == "helped"]
+
+    def steps() -> list:
+        return [(round(d["time"] - started, 1), d["reason"].get("step"), d.get("new"),
+                 ((d["reason"].get("experiment") or {}).get("verdict"))) for d in ours()]
+
+    def levers() -> dict | None:
+        return (((koordd.status() or {}).get("loops", {}).get(LOOP, {}).get("report")) or {}).get("levers")
+
+    found = wait_for(helped, 120)
+    assert found, f"no cut judged helped: {steps()}\nlevers {levers()}\n{koordd.log_text()}"
+    # status.json is written on its own beat: wait for it to count the verdict the decision shows
+    record = wait_for(lambda: (lv := levers()) and lv["be_cap"]["by_signal"].get("app_p99_us", {}).get("helped")
+                      and lv, 10) or levers()
+    capped = cgroups.cpu_max("be")
+    assert koordd.stop(p) == 0, koordd.log_text()
+    restored = cgroups.cpu_max("be")
+    d = found[0]
+    e = d["reason"]["experiment"]
+    cuts = [a for a in applied(koordd, be, after=started) if a["time"] <= d["time"]
+            and str(a["reason"].get("step", "")).startswith(("shrink", "floor"))]
+    assert cuts, steps()
+    # The cut judged: the last one before the verdict, with any deeper step of the same experiment before it.
+    experiment = cuts[-1]["reason"]["experiment"]
+    first = next(a for a in cuts if a["reason"]["experiment"].get("started") == experiment.get("started"))
+    worst = first["reason"]["worst"]
+    assert (worst["cgroup"], worst["signal"], worst["target"]) == (ls, "app_p99_us", TARGET_MS * 1000), first
+    # a cut comes once the SLO's slack is under 5% (core/experiment.py's confirmation)
+    assert worst["value"] >= 0.95 * TARGET_MS * 1000 and experiment["lever"] == "be_cap", first
+    assert (e["lever"], e["cgroup"], e["signal"]) == ("be_cap", ls, "app_p99_us"), d
+    assert e["before"] - e["after"] > e["margin"] > 0, d          # bought more than the signal's noise
+    # Kept: between the cut and its verdict nothing undid it, and the verdict's round is no undo. (An earlier
+    # cut may have been judged "bought nothing" on a busy host: a 2-round median before it, the first
+    # rounds of a fresh koordd; that is the other test's half.)
+    undone = [a for a in ours() if first["time"] <= a["time"] <= d["time"]
+              and str(a["reason"].get("step", "")).startswith("undo")]
+    assert not undone, (undone, steps())
+    assert not str(d["reason"].get("step", "")).startswith("undo"), d
+    print(f"[kernel] cut on {worst['signal']} {worst['value'] / 1000:.2f} ms (target {worst['target'] / 1000:g} ms): "
+          f"BE cpu.max {first['old']} -> {first['new']}; verdict {e['verdict']}: {e['signal']} "
+          f"{e['before'] / 1000:.2f} -> {e['after'] / 1000:.2f} ms (noise {e['noise'] / 1000:.2f} ms, margin "
+          f"{e['margin'] / 1000:.2f} ms, {e['n_before']}/{e['n_after']} rounds) for {e['be_given_up_cores']} BE "
+          f"cores; then {d['reason'].get('step')} to {d['new']}")
+    print(f"[kernel] be_cap: {record['be_cap']}")
+    print("[kernel] decisions:", steps())
+    print(f"[kernel] at stop BE's cpu.max {capped} -> {restored} (original {original})")
+    credit = record["be_cap"]["by_signal"]["app_p99_us"]
+    assert credit["helped"] >= 1 and credit["mean_gain"] > 0, record
+    assert not capped.startswith("max "), f"BE grew back to no cap before the stop: {capped}; {steps()}"
+    assert restored == original, (restored, original)
+    last = koordd.decisions()[-1]
+    assert (last["outcome"], last["cgroup"], last["knob"], last["new"]) == ("restored", be, "cpu.max", original), last
+    assert koordd.held() == [], koordd.held()
