@@ -16,9 +16,10 @@ a real improvement is still judged "helped":
   confirmation covering half of that window, the median is a value of the state that prompted the cut
   (for a signal that just jumped, the new level, not its healthy past);
 - noise: the spread of the signal's values themselves, 1.4826 x their median absolute deviation (the
-  standard deviation, for normal noise; robust to a few wild samples and to a level shift in part of the
-  minute), over the quiet rounds of the last minute (after a round in which the loop moved nothing:
-  `moved()`), and how strongly successive values move together (an overlapping p99 window: a wandering
+  standard deviation, for normal noise; robust to a few wild samples), over the quiet rounds of the last
+  minute (after a round in which the loop moved nothing: `moved()`), each value taken from the median of
+  its own level (the quiet rounds between two moves: a minute that held BE at its floor and then let it
+  go holds two levels, and the gap between them is what a cut buys, not noise), and how strongly successive values move together (an overlapping p99 window: a wandering
   level, not independent samples), estimated from the same rounds' successive differences;
 - after: the median of its values from `settle` seconds after the lever last moved, judged `window`
   seconds after that move; earlier only in the safe direction (the signal back in health and better by
@@ -49,6 +50,7 @@ NOISE_K = 3.0                    # an improvement must exceed this many standard
 MIN_GAIN = 0.05                  # ... and this share of the level before the cut
 CONFIRM_ROUNDS = 2               # a cut needs the signal over its threshold in at least this many rounds
 MAX_CORRELATION = 0.9            # successive values never count as more alike than this
+LEVEL_ROUNDS = 4                 # a run of quiet values this long is a level of its own (pooled_spread)
 MAD_SIGMA = 1.4826               # the median absolute deviation of normal noise x this = its deviation
 LOAD_BANDS = 5                   # LS load in fifths of the node
 BUSY_CORES = 0.1                 # a BE cgroup using less is not "busy" in a condition
@@ -77,7 +79,7 @@ class History:
         pts = [(t, v) for t, v in self.points.get(key, ()) if until is None or t <= until]
         marks = self.quiet.get(key, set())
         steps = [abs(b - a) for (_, a), (t, b) in zip(pts, pts[1:]) if t in marks]
-        sigma = spread([v for t, v in pts if t in marks])
+        sigma = pooled_spread(levels(pts, marks))
         return sigma, correlation(sigma, steps)
 
     def forget_stale(self, now: float) -> None:
@@ -98,6 +100,31 @@ class History:
 
     def series(self, key: Any) -> dict[float, float]:
         return dict(self.points.get(key, ()))
+
+
+def levels(pts: Sequence[tuple[float, float]], marks: set) -> list[list[float]]:
+    """The quiet values cut where a lever moved (the round after a move is not quiet): each run of values
+    one level of the signal, as koordd's own steps set it (BE floored, then uncapped)."""
+    out, run = [], []
+    for t, v in pts:
+        if t in marks:
+            run.append(v)
+        elif run:
+            out.append(run)
+            run = []
+    return out + ([run] if run else [])
+
+
+def pooled_spread(runs: Sequence[Sequence[float]]) -> float:
+    """spread() of the values around their own run's median, pooled over the runs of at least LEVEL_ROUNDS:
+    the noise within each level, not the distance between levels (a minute that held BE at its floor and
+    then uncapped it is two levels, and their gap is what a cut buys, not noise). spread() of all the values
+    where no run is that long."""
+    long = [r for r in runs if len(r) >= LEVEL_ROUNDS]
+    if not long:
+        return spread([v for r in runs for v in r])
+    residuals = [v - statistics.median(r) for r in long for v in r]
+    return MAD_SIGMA * statistics.median(abs(x) for x in residuals)
 
 
 def spread(values: Sequence[float]) -> float:

@@ -108,6 +108,27 @@ def test_the_noise_leaves_out_rounds_after_the_loop_moved_a_lever():
     assert lab.history.spread(KEY) == (0.0, 0.0)
 
 
+def test_the_noise_is_measured_within_each_level_koordd_set_not_across_them():
+    """A minute that held BE at its floor (the service near 16 ms) and then let it go (near 27 ms) holds two
+    levels: the gap between them is what the next cut buys, not noise. Judged on the pooled spread across
+    both, the next cut back to 16 ms was "bought nothing" (the kernel test's 27.7 -> 16 ms against a 21.9 ms
+    margin); judged on the spread within each, it helped."""
+    import random as _random
+    rng = _random.Random(7)
+    lab = Lab(window=5, settle=2)
+    t = 0.0
+    for level, rounds in ((16000.0, 20), (27000.0, 20)):
+        for i in range(rounds):
+            lab.observe(t, {KEY: level + rng.gauss(0, 500)}, 2.0)
+            t += 1.0
+        lab.moved()                     # the undo that let BE go: the next round starts a new level
+    noise, _ = lab.history.spread(KEY)
+    assert noise < 1500, noise           # ~500, not the ~8000 of both levels' pooled spread
+    lab.start(t - 1.0, "be_cap", KEY, 2.0, COND)
+    verdicts = [v for v in (lab.observe(t + i, {KEY: 16000.0 + rng.gauss(0, 500)}, 1.0) for i in range(8)) if v]
+    assert verdicts and verdicts[0].helped, verdicts
+
+
 # --- regression to the mean: seeded simulations (no timing; each trial its own seed) -------------------------
 
 import math  # noqa: E402
