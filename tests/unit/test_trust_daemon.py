@@ -81,11 +81,9 @@ def test_a_second_daemon_refuses_naming_the_first_and_writes_nothing(tmp_path):
 
 def test_once_and_another_instance_beside_a_running_koordd_refuse_and_change_nothing(tmp_path):
     node = Node(tmp_path)
-    notify = NotifySocket(tmp_path / "notify.sock")
-    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path)}, wait=False)
+    proc, _ = node.start()
     other = other_config(node, tmp_path)
     try:
-        notify.expect("READY=1")
         wait_for(lambda: node.cpu_max() != MAX, what="BE capped")
         # The holder keeps moving BE's cap meanwhile (and what it wrote with it): what must not change is
         # whose the knob is and what it goes back to, and its value must be one the holder applied.
@@ -111,17 +109,13 @@ def test_a_state_dir_changed_then_a_kill_9_abandons_no_hold(tmp_path):
     # Defect 8: the config names a new state_dir (it takes effect at the next start), koordd is killed
     # before a clean stop; the next koordd, on the new state_dir, must still put BE's cpu.max back.
     node = Node(tmp_path)
-    notify = NotifySocket(tmp_path / "notify.sock")
-    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path)}, wait=False)
-    notify.expect("READY=1")
+    proc, _ = node.start()
     wait_for(lambda: node.cpu_max() != MAX, what="BE capped")
     node.state = tmp_path / "state-after"
     node.write_config()
     proc.kill()
     proc.wait(timeout=30)
-    again_ready = NotifySocket(tmp_path / "notify-again.sock")
-    again = node.run(env={"NOTIFY_SOCKET": str(again_ready.path)}, wait=False)
-    again_ready.expect("READY=1")           # its SIGTERM handler is in place: the stop restores
+    again, _ = node.start(sock="notify-again.sock")     # its SIGTERM handler is in place: the stop restores
     assert "carried over" in node.log(), node.log()[-3000:]
     terminate(again, node)
     assert node.cpu_max() == MAX, node.log()[-3000:]
@@ -134,9 +128,7 @@ def test_a_start_refused_after_a_state_dir_change_still_leaves_the_old_holds_to_
     # after it, on the fixed state_dir, must still carry them over and put BE's cpu.max back.
     monkeypatch.delenv(SKIP_ENV, raising=False)
     node = Node(tmp_path)
-    notify = NotifySocket(tmp_path / "notify.sock")
-    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path)}, wait=False)
-    notify.expect("READY=1")
+    proc, _ = node.start()
     wait_for(lambda: node.cpu_max() != MAX, what="BE capped")
     node.state = tmp_path / "state-after"
     node.write_config()
@@ -147,9 +139,7 @@ def test_a_start_refused_after_a_state_dir_change_still_leaves_the_old_holds_to_
     assert node.run("--once").returncode == 78, node.log()
     node.state.chmod(0o700)
     assert "carry_from" in owner.lock_path().read_text()
-    again_ready = NotifySocket(tmp_path / "notify-again.sock")
-    again = node.run(env={"NOTIFY_SOCKET": str(again_ready.path)}, wait=False)
-    again_ready.expect("READY=1")
+    again, _ = node.start(sock="notify-again.sock")
     assert "carried over" in node.log(), node.log()[-3000:]
     assert json.loads(owner.lock_path().read_text())["carry_from"] == []
     terminate(again, node)
@@ -184,9 +174,7 @@ def test_restores_at_start_are_guarded_by_the_classes_too(tmp_path):
 
 def test_a_killed_holder_leaves_no_lock(tmp_path):
     node = Node(tmp_path)
-    notify = NotifySocket(tmp_path / "notify.sock")
-    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path)}, wait=False)
-    notify.expect("READY=1")
+    proc, _ = node.start()
     proc.kill()
     proc.wait(timeout=30)
     assert current_holder() is None
@@ -325,11 +313,9 @@ def test_a_link_chain_through_a_directory_others_can_write_is_refused(tmp_path, 
 
 def test_one_sighup_is_one_reload(tmp_path):
     node = Node(tmp_path)
-    notify = NotifySocket(tmp_path / "notify.sock")
-    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path)}, wait=False)
+    proc, notify = node.start()
     reloads = lambda: sum("RELOADING=1" in m.split("\n") for m in notify.texts())
     try:
-        notify.expect("READY=1")
         wait_for(lambda: ticks(node) >= 1, what="a first tick")
         proc.send_signal(signal.SIGHUP)
         wait_for(lambda: reloads() == 1 and "reloaded" in node.log(), what="the reload")
@@ -461,9 +447,7 @@ def test_the_stop_extender_extends_while_restores_progress_and_not_after(tmp_pat
 
 def test_a_stop_under_systemd_asks_for_time_to_restore(tmp_path):
     node = Node(tmp_path)
-    notify = NotifySocket(tmp_path / "notify.sock")
-    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path)}, wait=False)
-    notify.expect("READY=1")
+    proc, notify = node.start()
     wait_for(lambda: node.cpu_max() != MAX, what="BE capped")
     terminate(proc, node)
     assert extensions(notify), notify.texts()
