@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 
@@ -355,7 +357,21 @@ def test_a_repointed_config_symlink_and_the_file_it_leads_to_are_followed(tmp_pa
 
 # --- 13: a tree that could not be listed is no empty tree ---------------------------------------------
 
-def test_a_round_that_cannot_list_the_tree_releases_nothing(tmp_path, monkeypatch):
+@contextmanager
+def unlistable(root) -> Iterator[None]:
+    """Within the block, os.scandir of anything below `root` fails as with no file descriptor left (EMFILE)."""
+    scandir, root = os.scandir, str(root)
+
+    def no_fds(path="."):
+        if str(path).startswith(root):
+            raise OSError(errno.EMFILE, "Too many open files", str(path))
+        return scandir(path)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(os, "scandir", no_fds)
+        yield
+
+
+def test_a_round_that_cannot_list_the_tree_releases_nothing(tmp_path):
     node = Node(tmp_path)
     daemon = Daemon(load_config(node.config, REGISTRY), REGISTRY)
     daemon.start()
@@ -363,23 +379,16 @@ def test_a_round_that_cannot_list_the_tree_releases_nothing(tmp_path, monkeypatc
     daemon.round(list(daemon.runner.runs.values()))
     capped, held = node.cpu_max(), node.held()
     assert capped != MAX and held
-    scandir, root = os.scandir, str(node.tree.root)
-
-    def no_fds(path="."):
-        if str(path).startswith(root):
-            raise OSError(errno.EMFILE, "Too many open files", str(path))
-        return scandir(path)
-    monkeypatch.setattr(os, "scandir", no_fds)
     try:
-        daemon.round(list(daemon.runner.runs.values()))
-        assert node.cpu_max() == capped and node.held() == held
+        with unlistable(node.tree.root):
+            daemon.round(list(daemon.runner.runs.values()))
+            assert node.cpu_max() == capped and node.held() == held
     finally:
-        monkeypatch.setattr(os, "scandir", scandir)
         daemon.stop()
     assert node.cpu_max() == MAX
 
 
-def test_a_start_that_cannot_list_the_tree_recovers_at_the_first_round_that_can(tmp_path, monkeypatch):
+def test_a_start_that_cannot_list_the_tree_recovers_at_the_first_round_that_can(tmp_path):
     """A hold of a loop not enabled now (it went back at the start's recovery) waits while the tree cannot
     be listed, and goes back at the first round that can list it, not only at the stop."""
     node = Node(tmp_path)
@@ -388,20 +397,11 @@ def test_a_start_that_cannot_list_the_tree_recovers_at_the_first_round_that_can(
     journal.add(Held("be.slice", "cpu.weight", "100", "avx_weight", 1.0))
     journal.close()
     daemon = Daemon(load_config(node.config, REGISTRY), REGISTRY)
-    scandir, root = os.scandir, str(node.tree.root)
-
-    def no_fds(path="."):
-        if str(path).startswith(root):
-            raise OSError(errno.EMFILE, "Too many open files", str(path))
-        return scandir(path)
-    monkeypatch.setattr(os, "scandir", no_fds)
-    try:
+    with unlistable(node.tree.root):
         daemon.start()
         assert daemon.recovery_pending and node.tree.read("be.slice", "cpu", "cpu.weight").strip() == "7"
         daemon.round([])
         assert daemon.recovery_pending                      # still cannot: still kept
-    finally:
-        monkeypatch.setattr(os, "scandir", scandir)
     try:
         daemon.round([])
         assert not daemon.recovery_pending
