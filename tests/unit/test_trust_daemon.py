@@ -107,16 +107,21 @@ def test_once_and_another_instance_beside_a_running_koordd_refuse_and_change_not
     assert node.cpu_max() == MAX and node.held() == []
 
 
+def kill_9_after_a_state_dir_change(node: Node) -> None:
+    """koordd started, BE capped, the config then naming a new state_dir (state-after), koordd killed."""
+    proc, _ = node.start()
+    wait_for(lambda: node.cpu_max() != MAX, what="BE capped")
+    node.state = node.tmp / "state-after"
+    node.write_config()
+    proc.kill()
+    proc.wait(timeout=30)
+
+
 def test_a_state_dir_changed_then_a_kill_9_abandons_no_hold(tmp_path):
     # Defect 8: the config names a new state_dir (it takes effect at the next start), koordd is killed
     # before a clean stop; the next koordd, on the new state_dir, must still put BE's cpu.max back.
     node = Node(tmp_path)
-    proc, _ = node.start()
-    wait_for(lambda: node.cpu_max() != MAX, what="BE capped")
-    node.state = tmp_path / "state-after"
-    node.write_config()
-    proc.kill()
-    proc.wait(timeout=30)
+    kill_9_after_a_state_dir_change(node)
     again, _ = node.start(sock="notify-again.sock")     # its SIGTERM handler is in place: the stop restores
     assert "carried over" in node.log(), node.log()[-3000:]
     terminate(again, node)
@@ -130,12 +135,7 @@ def test_a_start_refused_after_a_state_dir_change_still_leaves_the_old_holds_to_
     # after it, on the fixed state_dir, must still carry them over and put BE's cpu.max back.
     monkeypatch.delenv(SKIP_ENV, raising=False)
     node = Node(tmp_path)
-    proc, _ = node.start()
-    wait_for(lambda: node.cpu_max() != MAX, what="BE capped")
-    node.state = tmp_path / "state-after"
-    node.write_config()
-    proc.kill()
-    proc.wait(timeout=30)
+    kill_9_after_a_state_dir_change(node)
     node.state.mkdir(mode=0o700)
     node.state.chmod(0o770)
     assert node.run("--once").returncode == 78, node.log()
