@@ -152,6 +152,31 @@ class CgroupEnv(ScratchTree):
         return out
 
 
+@dataclass
+class FreezableEnv(CgroupEnv):
+    """A CgroupEnv on roles as the memory tests detect them (tests/kernel/test_memory_evict_kernel.py's
+    detect: the one root "v2" on a cgroup v2 host, a hierarchy per role on v1), whose children a test (or
+    koordd) may freeze: destroy() thaws them all first, since a frozen v1 task cannot die."""
+
+    def dir(self, role: str, child: str | None = None) -> Path:
+        root = self.roles["v2" if self.mode == "v2" else role]
+        return root / self.name / child if child else root / self.name
+
+    def thaw_all(self) -> None:
+        for child in self.children:
+            try:
+                if self.mode == "v2":
+                    (self.dir("v2", child) / "cgroup.freeze").write_text("0")
+                else:
+                    (self.dir("freezer", child) / "freezer.state").write_text("THAWED")
+            except OSError:
+                pass
+
+    def destroy(self) -> list[str]:
+        self.thaw_all()
+        return super().destroy()
+
+
 def calm_window(measure, limit: float, what: str, attempts: int = 10) -> dict:
     """The first window from `measure()` in which work outside the test's cgroups ("other", in CPUs,
     koordd and pytest included) stayed at most `limit`.

@@ -20,6 +20,15 @@ def normalize_cgroup(name: str) -> str:
     return "/".join(parts)
 
 
+def normalize_pattern(pattern: str, where: str = "") -> str:
+    """A cgroup path pattern as normalize_cgroup gives it; ValueError (after `where`) for one naming the
+    root cgroup, whose knobs koordd never writes."""
+    norm = normalize_cgroup(pattern)
+    if not norm:
+        raise ValueError(f"{where}pattern names the root cgroup: {pattern!r}")
+    return norm
+
+
 def parent_of(cgroup: str) -> str | None:
     return None if cgroup == "" else cgroup.rpartition("/")[0]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from koordd.core.cgroup_text import normalize_cgroup
+from koordd.core.cgroup_text import normalize_pattern
 from koordd.core.class_rules import ClassRule
 from koordd.core.classes import CLASS_NAMES
 from koordd.core.config_check import Checker, kind_of
@@ -64,10 +64,7 @@ def _patterns(c: Checker, entry: dict, kp: tuple) -> list[str]:
         try:
             if not isinstance(p, str):
                 raise ValueError(f"expected a string, got {kind_of(p)}")
-            norm = normalize_cgroup(p)
-            if not norm:  # knobs are never written on the root cgroup
-                raise ValueError(f"pattern names the root cgroup: {p!r}")
-            patterns.append(norm)
+            patterns.append(normalize_pattern(p))
         except ValueError as e:
             c.error(kp + ("cgroups", j), str(e))
     return patterns

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from koordd.core.cgroup_text import normalize_cgroup
+from koordd.core.cgroup_text import normalize_pattern
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(us|µs|ms|s|m|h)")
 _UNIT_SECONDS = {"us": 1e-6, "µs": 1e-6, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -145,10 +145,4 @@ class PatternList(Option):
     def convert(self, value):
         if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
             raise ValueError("expected an array of cgroup path patterns (strings)")
-        out = []
-        for p in value:
-            norm = normalize_cgroup(p)
-            if not norm:
-                raise ValueError(f"pattern names the root cgroup: {p!r}")
-            out.append(norm)
-        return tuple(out)
+        return tuple(normalize_pattern(p) for p in value)

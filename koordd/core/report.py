@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from koordd.core.classes import LATENCY_SENSITIVE
-from koordd.core.cgroup_text import normalize_cgroup, pattern_rank
+from koordd.core.cgroup_text import normalize_pattern, pattern_rank
 from koordd.core.options import Duration, Option
 from koordd.core.reclaimable import Reclaimable
 from koordd.core.slo import PEER_TIMEOUT_MAX, WINDOW as SLO_WINDOW, SloReading, SloWindow
@@ -83,13 +83,7 @@ class TenantMap(Option):
             if not isinstance(patterns, (list, tuple)) or not patterns \
                     or not all(isinstance(p, str) for p in patterns):
                 raise ValueError(f"tenant {name!r}: expected a non-empty array of cgroup path patterns")
-            norm = []
-            for p in patterns:
-                n = normalize_cgroup(p)
-                if not n:
-                    raise ValueError(f"tenant {name!r}: pattern names the root cgroup: {p!r}")
-                norm.append(n)
-            out.append((name, tuple(norm)))
+            out.append((name, tuple(normalize_pattern(p, f"tenant {name!r}: ") for p in patterns)))
         return tuple(out)
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from koordtest.kernel import CGROUP_ROOT, CgroupEnv, Koordd, created, stop_all, unique_name, wait_for
+from koordtest.kernel import CGROUP_ROOT, FreezableEnv, Koordd, created, stop_all, unique_name, wait_for
 from koordtest.notify import NotifySocket
 
 pytestmark = pytest.mark.kernel
@@ -80,7 +80,7 @@ def detect() -> tuple[str, dict[str, Path]]:
 
 
 @dataclass
-class Scope(CgroupEnv):
+class Scope(FreezableEnv):
     """The test's memory-limited scope `name` with children ls and be1..be3, in every hierarchy."""
     children: tuple[str, ...] = CHILDREN
     by_child: dict[str, list[subprocess.Popen]] = field(default_factory=dict)
@@ -88,10 +88,6 @@ class Scope(CgroupEnv):
     def path(self, child: str | None = None) -> str:
         """koordd's name: relative to the hierarchy root."""
         return f"{self.name}/{child}" if child else self.name
-
-    def dir(self, role: str, child: str | None = None) -> Path:
-        root = self.roles["v2" if self.mode == "v2" else role]
-        return root / self.path(child)
 
     # --- life cycle -------------------------------------------------------------------
 
@@ -126,20 +122,6 @@ class Scope(CgroupEnv):
 
     def start_be(self) -> list[subprocess.Popen]:
         return [self.spawn_code(c, BE_CODE) for c in BE]
-
-    def thaw_all(self) -> None:
-        for child in BE + ("ls",):
-            try:
-                if self.mode == "v2":
-                    (self.dir("v2", child) / "cgroup.freeze").write_text("0")
-                else:
-                    (self.dir("freezer", child) / "freezer.state").write_text("THAWED")
-            except OSError:
-                pass
-
-    def destroy(self) -> list[str]:
-        self.thaw_all()              # a frozen v1 task cannot die
-        return super().destroy()
 
     # --- readings -----------------------------------------------------------------------
 

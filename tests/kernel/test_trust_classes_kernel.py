@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from koordtest.kernel import HOG, CgroupEnv, Koordd, created, stop_all, unique_name, wait_for
+from koordtest.kernel import HOG, FreezableEnv, Koordd, created, stop_all, unique_name, wait_for
 from .test_memory_evict_kernel import detect
 
 pytestmark = pytest.mark.kernel
@@ -45,14 +45,10 @@ WATCH = 6.0         # seconds of rounds watched after koordd's first ones
 
 
 @dataclass
-class Tree(CgroupEnv):
+class Tree(FreezableEnv):
     """One of the test's top cgroups with its children, in every hierarchy of `roles`."""
     limit: int | None = None
     by_child: dict = field(default_factory=dict)
-
-    def dir(self, role: str, child: str | None = None) -> Path:
-        root = self.roles["v2" if self.mode == "v2" else role]
-        return root / self.name / child if child else root / self.name
 
     def create(self) -> None:
         for root in self.roots:
@@ -82,20 +78,6 @@ class Tree(CgroupEnv):
         if self.mode == "v2":
             return "frozen 1" in (self.dir("v2", child) / "cgroup.events").read_text()
         return (self.dir("freezer", child) / "freezer.state").read_text().strip() != "THAWED"
-
-    def thaw_all(self) -> None:
-        for child in self.children:
-            try:
-                if self.mode == "v2":
-                    (self.dir("v2", child) / "cgroup.freeze").write_text("0")
-                else:
-                    (self.dir("freezer", child) / "freezer.state").write_text("THAWED")
-            except OSError:
-                pass
-
-    def destroy(self) -> list[str]:
-        self.thaw_all()              # a frozen v1 task cannot die
-        return super().destroy()
 
 
 @pytest.fixture

@@ -142,17 +142,14 @@ def test_a_symlink_is_judged_by_what_it_leads_to(strict, etc, tmp_path):
 
 
 def test_koordd_refuses_to_start_and_refuses_a_reload_on_an_untrusted_file(strict, tmp_path):
-    from koordtest.notify import NotifySocket
     from unit.runtime.test_daemon import Node, wait_for
     node = Node(tmp_path)
     node.config.chmod(0o666)
     assert node.run("--once").returncode == 78
     assert f"{node.config}: refused: {node.config} is group- and world-writable" in node.log()
     node.config.chmod(0o644)
-    notify = NotifySocket(tmp_path / "notify.sock")
-    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path)}, wait=False)
+    proc, _ = node.start()
     try:
-        notify.expect("READY=1")
         wait_for(lambda: node.cpu_max() != "max 100000", what="BE capped")
         node.config.parent.chmod(0o777)
         proc.send_signal(signal.SIGHUP)

@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 
@@ -81,11 +83,9 @@ def test_a_second_daemon_refuses_naming_the_first_and_writes_nothing(tmp_path):
 
 def test_once_and_another_instance_beside_a_running_koordd_refuse_and_change_nothing(tmp_path):
     node = Node(tmp_path)
-    notify = NotifySocket(tmp_path / "notify.sock")
-    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path)}, wait=False)
+    proc, _ = node.start()
     other = other_config(node, tmp_path)
     try:
-        notify.expect("READY=1")
         wait_for(lambda: node.cpu_max() != MAX, what="BE capped")
         # The holder keeps moving BE's cap meanwhile (and what it wrote with it): what must not change is
         # whose the knob is and what it goes back to, and its value must be one the holder applied.
@@ -107,21 +107,22 @@ def test_once_and_another_instance_beside_a_running_koordd_refuse_and_change_not
     assert node.cpu_max() == MAX and node.held() == []
 
 
+def kill_9_after_a_state_dir_change(node: Node) -> None:
+    """koordd started, BE capped, the config then naming a new state_dir (state-after), koordd killed."""
+    proc, _ = node.start()
+    wait_for(lambda: node.cpu_max() != MAX, what="BE capped")
+    node.state = node.tmp / "state-after"
+    node.write_config()
+    proc.kill()
+    proc.wait(timeout=30)
+
+
 def test_a_state_dir_changed_then_a_kill_9_abandons_no_hold(tmp_path):
     # Defect 8: the config names a new state_dir (it takes effect at the next start), koordd is killed
     # before a clean stop; the next koordd, on the new state_dir, must still put BE's cpu.max back.
     node = Node(tmp_path)
-    notify = NotifySocket(tmp_path / "notify.sock")
-    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path)}, wait=False)
-    notify.expect("READY=1")
-    wait_for(lambda: node.cpu_max() != MAX, what="BE capped")
-    node.state = tmp_path / "state-after"
-    node.write_config()
-    proc.kill()
-    proc.wait(timeout=30)
-    again_ready = NotifySocket(tmp_path / "notify-again.sock")
-    again = node.run(env={"NOTIFY_SOCKET": str(again_ready.path)}, wait=False)
-    again_ready.expect("READY=1")           # its SIGTERM handler is in place: the stop restores
+    kill_9_after_a_state_dir_change(node)
+    again, _ = node.start(sock="notify-again.sock")     # its SIGTERM handler is in place: the stop restores
     assert "carried over" in node.log(), node.log()[-3000:]
     terminate(again, node)
     assert node.cpu_max() == MAX, node.log()[-3000:]
@@ -134,22 +135,13 @@ def test_a_start_refused_after_a_state_dir_change_still_leaves_the_old_holds_to_
     # after it, on the fixed state_dir, must still carry them over and put BE's cpu.max back.
     monkeypatch.delenv(SKIP_ENV, raising=False)
     node = Node(tmp_path)
-    notify = NotifySocket(tmp_path / "notify.sock")
-    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path)}, wait=False)
-    notify.expect("READY=1")
-    wait_for(lambda: node.cpu_max() != MAX, what="BE capped")
-    node.state = tmp_path / "state-after"
-    node.write_config()
-    proc.kill()
-    proc.wait(timeout=30)
+    kill_9_after_a_state_dir_change(node)
     node.state.mkdir(mode=0o700)
     node.state.chmod(0o770)
     assert node.run("--once").returncode == 78, node.log()
     node.state.chmod(0o700)
     assert "carry_from" in owner.lock_path().read_text()
-    again_ready = NotifySocket(tmp_path / "notify-again.sock")
-    again = node.run(env={"NOTIFY_SOCKET": str(again_ready.path)}, wait=False)
-    again_ready.expect("READY=1")
+    again, _ = node.start(sock="notify-again.sock")
     assert "carried over" in node.log(), node.log()[-3000:]
     assert json.loads(owner.lock_path().read_text())["carry_from"] == []
     terminate(again, node)
@@ -184,9 +176,7 @@ def test_restores_at_start_are_guarded_by_the_classes_too(tmp_path):
 
 def test_a_killed_holder_leaves_no_lock(tmp_path):
     node = Node(tmp_path)
-    notify = NotifySocket(tmp_path / "notify.sock")
-    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path)}, wait=False)
-    notify.expect("READY=1")
+    proc, _ = node.start()
     proc.kill()
     proc.wait(timeout=30)
     assert current_holder() is None
@@ -325,11 +315,9 @@ def test_a_link_chain_through_a_directory_others_can_write_is_refused(tmp_path, 
 
 def test_one_sighup_is_one_reload(tmp_path):
     node = Node(tmp_path)
-    notify = NotifySocket(tmp_path / "notify.sock")
-    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path)}, wait=False)
+    proc, notify = node.start()
     reloads = lambda: sum("RELOADING=1" in m.split("\n") for m in notify.texts())
     try:
-        notify.expect("READY=1")
         wait_for(lambda: ticks(node) >= 1, what="a first tick")
         proc.send_signal(signal.SIGHUP)
         wait_for(lambda: reloads() == 1 and "reloaded" in node.log(), what="the reload")
@@ -369,7 +357,21 @@ def test_a_repointed_config_symlink_and_the_file_it_leads_to_are_followed(tmp_pa
 
 # --- 13: a tree that could not be listed is no empty tree ---------------------------------------------
 
-def test_a_round_that_cannot_list_the_tree_releases_nothing(tmp_path, monkeypatch):
+@contextmanager
+def unlistable(root) -> Iterator[None]:
+    """Within the block, os.scandir of anything below `root` fails as with no file descriptor left (EMFILE)."""
+    scandir, root = os.scandir, str(root)
+
+    def no_fds(path="."):
+        if str(path).startswith(root):
+            raise OSError(errno.EMFILE, "Too many open files", str(path))
+        return scandir(path)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(os, "scandir", no_fds)
+        yield
+
+
+def test_a_round_that_cannot_list_the_tree_releases_nothing(tmp_path):
     node = Node(tmp_path)
     daemon = Daemon(load_config(node.config, REGISTRY), REGISTRY)
     daemon.start()
@@ -377,23 +379,16 @@ def test_a_round_that_cannot_list_the_tree_releases_nothing(tmp_path, monkeypatc
     daemon.round(list(daemon.runner.runs.values()))
     capped, held = node.cpu_max(), node.held()
     assert capped != MAX and held
-    scandir, root = os.scandir, str(node.tree.root)
-
-    def no_fds(path="."):
-        if str(path).startswith(root):
-            raise OSError(errno.EMFILE, "Too many open files", str(path))
-        return scandir(path)
-    monkeypatch.setattr(os, "scandir", no_fds)
     try:
-        daemon.round(list(daemon.runner.runs.values()))
-        assert node.cpu_max() == capped and node.held() == held
+        with unlistable(node.tree.root):
+            daemon.round(list(daemon.runner.runs.values()))
+            assert node.cpu_max() == capped and node.held() == held
     finally:
-        monkeypatch.setattr(os, "scandir", scandir)
         daemon.stop()
     assert node.cpu_max() == MAX
 
 
-def test_a_start_that_cannot_list_the_tree_recovers_at_the_first_round_that_can(tmp_path, monkeypatch):
+def test_a_start_that_cannot_list_the_tree_recovers_at_the_first_round_that_can(tmp_path):
     """A hold of a loop not enabled now (it went back at the start's recovery) waits while the tree cannot
     be listed, and goes back at the first round that can list it, not only at the stop."""
     node = Node(tmp_path)
@@ -402,20 +397,11 @@ def test_a_start_that_cannot_list_the_tree_recovers_at_the_first_round_that_can(
     journal.add(Held("be.slice", "cpu.weight", "100", "avx_weight", 1.0))
     journal.close()
     daemon = Daemon(load_config(node.config, REGISTRY), REGISTRY)
-    scandir, root = os.scandir, str(node.tree.root)
-
-    def no_fds(path="."):
-        if str(path).startswith(root):
-            raise OSError(errno.EMFILE, "Too many open files", str(path))
-        return scandir(path)
-    monkeypatch.setattr(os, "scandir", no_fds)
-    try:
+    with unlistable(node.tree.root):
         daemon.start()
         assert daemon.recovery_pending and node.tree.read("be.slice", "cpu", "cpu.weight").strip() == "7"
         daemon.round([])
         assert daemon.recovery_pending                      # still cannot: still kept
-    finally:
-        monkeypatch.setattr(os, "scandir", scandir)
     try:
         daemon.round([])
         assert not daemon.recovery_pending
@@ -461,9 +447,7 @@ def test_the_stop_extender_extends_while_restores_progress_and_not_after(tmp_pat
 
 def test_a_stop_under_systemd_asks_for_time_to_restore(tmp_path):
     node = Node(tmp_path)
-    notify = NotifySocket(tmp_path / "notify.sock")
-    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path)}, wait=False)
-    notify.expect("READY=1")
+    proc, notify = node.start()
     wait_for(lambda: node.cpu_max() != MAX, what="BE capped")
     terminate(proc, node)
     assert extensions(notify), notify.texts()

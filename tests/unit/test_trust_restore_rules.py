@@ -21,6 +21,7 @@ from koordd.core.backend import Backend, Backends, InvalidValue, KnobSpec, Unsaf
 from koordd.core.decisions import REFUSED, RESTORED
 from koordd.core.loop import restore
 from koordd.core.targets import SYSCTL_TARGET
+from koordtest.fakes.procfs import fake_proc
 
 MIN_FREE = "vm.min_free_kbytes"
 MEM_TOTAL_KIB = 8_000_000
@@ -29,13 +30,7 @@ FORGED = str(2**31 - 1)          # 2147483647 KiB: 268 x MemTotal of this node
 
 @pytest.fixture
 def proc(tmp_path) -> Path:
-    p = tmp_path / "proc"
-    (p / "sys" / "vm").mkdir(parents=True)
-    (p / "sys" / "vm" / "min_free_kbytes").write_text("67584\n")
-    (p / "sys" / "vm" / "watermark_scale_factor").write_text("10\n")
-    (p / "sys" / "vm" / "watermark_boost_factor").write_text("15000\n")
-    (p / "meminfo").write_text(f"MemTotal:        {MEM_TOTAL_KIB} kB\nMemFree:         1000 kB\n")
-    return p
+    return fake_proc(tmp_path, MEM_TOTAL_KIB)
 
 
 def forge(state: Path, *holds: dict) -> None:

@@ -17,19 +17,14 @@ from koordd.core.decisions import APPLIED, LEFT, REFUSED, RESTORED
 from koordd.core.loop import Action
 from koordd.core.targets import SYSCTL_TARGET
 from koordd.kernel.host_probe import Host
+from koordtest.fakes.procfs import fake_proc
 
 MIN_FREE, SCALE = "vm.min_free_kbytes", "vm.watermark_scale_factor"
 
 
 @pytest.fixture
 def proc(tmp_path) -> Path:
-    p = tmp_path / "proc"
-    (p / "sys" / "vm").mkdir(parents=True)
-    (p / "sys" / "vm" / "min_free_kbytes").write_text("67584\n")
-    (p / "sys" / "vm" / "watermark_scale_factor").write_text("10\n")
-    (p / "sys" / "vm" / "watermark_boost_factor").write_text("15000\n")
-    (p / "meminfo").write_text("MemTotal:        8000000 kB\nMemFree:         1000 kB\n")
-    return p
+    return fake_proc(tmp_path)
 
 
 def value(proc: Path, name: str) -> str:

@@ -42,6 +42,7 @@ class Node:
     """A fake tree, a config file next to it, and helpers to run koordd against them."""
 
     def __init__(self, tmp: Path):
+        self.tmp = tmp
         self.tree = FakeCgroups(tmp, "v2").add("be.slice").add("ls.slice")
         self.state = tmp / "state"
         self.config = tmp / "etc" / "koordd.toml"
@@ -69,6 +70,17 @@ class Node:
         if wait:
             proc.wait(timeout=60)
         return proc
+
+    def start(self, *args, env=None, sock="notify.sock") -> tuple[subprocess.Popen, NotifySocket]:
+        """koordd started as systemd starts it (NOTIFY_SOCKET at a NotifySocket `sock` beside the tree, more
+        of `env`), once it said READY=1; killed, and the test failed with its log, if it did not."""
+        notify = NotifySocket(self.tmp / sock)
+        proc = self.run(*args, env={"NOTIFY_SOCKET": str(notify.path), **(env or {})}, wait=False)
+        if not notify.wait("READY=1"):
+            proc.kill()
+            proc.wait(timeout=30)
+            raise AssertionError(f"koordd never said READY=1:\n{self.log()[-3000:]}")
+        return proc, notify
 
     def log(self) -> str:
         return self.stderr.read_text()
@@ -125,11 +137,9 @@ def test_invalid_config_refuses_to_start(node):
     assert node.cpu_max() == "max 100000"
 
 
-def test_lifecycle_notify_reload_and_stop(node, tmp_path):
-    notify = NotifySocket(tmp_path / "notify.sock")
-    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "1000000"}, wait=False)
+def test_lifecycle_notify_reload_and_stop(node):
+    proc, notify = node.start(env={"WATCHDOG_USEC": "1000000"})
     try:
-        notify.expect("READY=1")
         wait_for(lambda: node.cpu_max() != "max 100000", what="BE capped")
         notify.expect("WATCHDOG=1")
 
@@ -158,13 +168,11 @@ def test_lifecycle_notify_reload_and_stop(node, tmp_path):
     assert outcomes[0] == "applied" and outcomes[-1] == "restored" and outcomes.count("restored") == 2
 
 
-def test_a_signal_storm_neither_hangs_nor_loses_the_stop(node, tmp_path):
+def test_a_signal_storm_neither_hangs_nor_loses_the_stop(node):
     # Signal handlers run between two bytecodes of the main thread, wherever it is: one that takes
     # a lock the main thread holds (threading.Event's) deadlocks the daemon for good.
-    notify = NotifySocket(tmp_path / "notify.sock")
-    proc = node.run(env={"NOTIFY_SOCKET": str(notify.path)}, wait=False)
+    proc, _ = node.start()
     try:
-        notify.expect("READY=1")
         for _ in range(2000):
             os.kill(proc.pid, signal.SIGHUP)
             time.sleep(0.0005)
