@@ -88,7 +88,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from koordd.core.cgroup_text import CFS_QUOTA_MIN, MAX_CPUS, format_cpu_max, format_cpulist, parse_cpu_max, parse_cpulist
 from koordd.core.classes import NON_BE
@@ -299,9 +299,15 @@ def _sized_actions(snapshot: Snapshot, settings, state: State, be, non_be: float
         if sized is None:
             return []       # no LS signal yet: hold the current limits
         allowance, reason, why, extra = sized
-        # The allowance moved at the rule's own pace already: the knob follows it in one step.
-        return extra + _limit_actions(snapshot, settings, be,
-                                      Sizing(capacity, allowance, False, reason, why, grow=1.0))
+        # The allowance moved at the rule's own pace already: the knob follows it in one step. A cut judged
+        # to have helped stays as it is: said on record (KEPT) with its verdict, though nothing is written.
+        kept = (reason.get("experiment") or {}).get("verdict") == "helped"
+        limits = _limit_actions(snapshot, settings, be, Sizing(capacity, allowance, False, reason, why, grow=1.0,
+                                                               say=kept))
+        if kept:
+            extra = [replace(a, say=True, reason={**a.reason, "experiment": reason["experiment"]})
+                     if a.value is not None else a for a in extra]
+        return extra + limits
     demand = _windowed_peak(state.demand, snapshot.time, non_be + system, settings.usage_window)
     allowance = max(capacity * settings.threshold_percent / 100 - demand, 0.0)
     pressure = _peak_pressure(snapshot.of_class(*LATENCY_SENSITIVE))
@@ -871,6 +877,7 @@ class Sizing:
     reason: dict
     why: str
     grow: float = GROW_FRACTION
+    say: bool = False            # on record even where nothing changes (a cut judged to have helped)
 
 
 def _limit_actions(snapshot: Snapshot, settings, be, sizing: Sizing) -> list[Action]:
@@ -896,14 +903,18 @@ def _quota_actions(be, s: Sizing, shrink_percent: float) -> list[Action]:
         actions.append(restore(cg.path, "cpuset.cpus", "policy is cfs_quota"))
         if s.allowance >= s.capacity and not s.guard:
             # The whole node: no cap at all, so one BE cgroup may use what another leaves.
-            if quota is not None:
+            if quota is not None or s.say:
                 actions.append(Action(cg.path, "cpu.max", format_cpu_max(None, period),
-                                      {**s.reason, "quota_us": None, "period_us": period, "be_cgroups": len(be)}, s.why))
+                                      {**s.reason, "quota_us": None, "period_us": period, "be_cgroups": len(be)}, s.why,
+                                      say=s.say))
             continue
         if quota is not None and abs(target - current) < SKIP_FRACTION * node_us:
-            continue
+            if not s.say:
+                continue
+            target = current        # nothing to move: the cut stays, on record
         actions.append(Action(cg.path, "cpu.max", format_cpu_max(target, period),
-                              {**s.reason, "quota_us": target, "period_us": period, "be_cgroups": len(be)}, s.why))
+                              {**s.reason, "quota_us": target, "period_us": period, "be_cgroups": len(be)}, s.why,
+                              say=s.say))
     return actions
 
 
@@ -922,7 +933,8 @@ def _cpuset_actions(snapshot: Snapshot, be, s: Sizing, shrink_percent: float) ->
     actions = []
     for cg in be:
         actions.append(restore(cg.path, "cpu.max", "policy is cpuset"))
-        actions.append(Action(cg.path, "cpuset.cpus", cpus, {**s.reason, "cpus": want, "lse_cpus": len(lse)}, s.why))
+        actions.append(Action(cg.path, "cpuset.cpus", cpus, {**s.reason, "cpus": want, "lse_cpus": len(lse)}, s.why,
+                              say=s.say))
     return actions
 
 

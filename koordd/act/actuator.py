@@ -32,7 +32,7 @@ from koordd.act.protect import Guard
 from koordd.act.writeahead import WriteAhead, unknown_after
 from koordd.backends.host_backends import builtin_backends
 from koordd.core.backend import Backend, Backends, InvalidValue, Job, PartialWrite, TargetGone, Unsupported, UnsafeValue
-from koordd.core.decisions import APPLIED, DEFERRED, DRY_RUN, Decision, LEFT, REFUSED, RESTORED
+from koordd.core.decisions import APPLIED, DEFERRED, DRY_RUN, KEPT, Decision, LEFT, REFUSED, RESTORED
 from koordd.core.kubelet import KubeletRule
 from koordd.core.loop import Action
 from koordd.kernel.cgroupfs import CgroupFS, OutsideRoot
@@ -302,7 +302,7 @@ class Actuator:
                 return self._pretend(loop, a, backend, old, new)
             if backend.same(old, new):
                 self._refused.pop(key, None)
-                return None
+                return self._made(loop, a, kind, old, new, KEPT) if a.say else None
             self._write(loop, a, backend, held, old, new)
         except TargetGone:
             return None
@@ -344,7 +344,7 @@ class Actuator:
         """Dry-run: say once what would be written, as if it had been."""
         key = (backend.kind, a.target, a.knob)
         if backend.same(self._would_be.get(key, (loop, old))[1], new):
-            return None
+            return self._made(loop, a, backend.kind, old, new, KEPT) if a.say else None
         self._would_be[key] = (loop, new)
         return self._made(loop, a, backend.kind, old, new, DRY_RUN)
 

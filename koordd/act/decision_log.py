@@ -11,12 +11,12 @@ import os
 from pathlib import Path
 from typing import Callable, Iterator
 
-from koordd.core.decisions import APPLIED, DEFERRED, DRY_RUN, Decision, LEFT, REFUSED, RESTORED
+from koordd.core.decisions import APPLIED, DEFERRED, DRY_RUN, KEPT, Decision, LEFT, REFUSED, RESTORED
 
 log = logging.getLogger("koordd.decision")
 
 
-_PRIORITY = {APPLIED: 5, DRY_RUN: 6, RESTORED: 5, REFUSED: 4, LEFT: 4, DEFERRED: 5}   # notice, info, notice, warning
+_PRIORITY = {APPLIED: 5, DRY_RUN: 6, RESTORED: 5, REFUSED: 4, LEFT: 4, DEFERRED: 5, KEPT: 6}   # notice, info, notice, warning
 
 
 def _sendable(value: str) -> str | bytes:

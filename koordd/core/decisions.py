@@ -15,6 +15,9 @@ LEFT = "left"           # a held knob not restored: someone else's value now, or
 # Not tried this round: a write that may block (KnobSpec.slow, memory.reclaim) after the round's budget for
 # such writes was spent (koordd/act/actuator.py). Not a failure: the loop asks it again next round.
 DEFERRED = "deferred"
+# Nothing written, the knob already holding the value: said because the loop asked it on record (Action.say),
+# a verdict such as "this cut helped: it stays".
+KEPT = "kept"
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class Decision:
         """The journal's MESSAGE: what changed, and why in words; one line whatever the target's name
         (printable()), the exact name being in the fields."""
         what = {APPLIED: "set", DRY_RUN: "would set", RESTORED: "restored", REFUSED: "refused",
-                LEFT: "left", DEFERRED: "deferred"}[self.outcome]
+                LEFT: "left", DEFERRED: "deferred", KEPT: "kept"}[self.outcome]
         where = (self.target or "/") if self.kind == "cgroup" else f"{self.kind} {self.target}"
         s = f"{self.loop}: {what} {where} {self.knob} {self.old!r} -> {self.new!r}"
         if self.message:

@@ -66,6 +66,9 @@ class Action:
     value: str | None
     reason: Mapping[str, Any] = field(default_factory=dict)   # the numbers behind the decision
     message: str = ""                                          # one short sentence for the journal
+    # On record even where the knob already holds `value` (a KEPT decision): a verdict the loop must put in
+    # the journal although nothing changes (be_suppress: a cut judged to have helped stays as it is).
+    say: bool = False
 
 
 def restore(target: str, knob: str, message: str, **reason: Any) -> Action:

@@ -81,7 +81,7 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "koordd_loop_lever_mean_be_cores_given_up": (GAUGE, ("loop", "lever", "signal"), "mean BE cores given up per "
                                                  "cut that helped"),
     "koordd_decisions_total": (COUNTER, ("loop", "outcome", "knob"), "decision records: applied, dry-run, "
-                               "refused, restored, left, deferred"),
+                               "refused, restored, left, deferred, kept"),
     # knobs koordd holds changed
     "koordd_held_knobs": (GAUGE, ("owner", "knob"), "knobs koordd holds changed, by owning loop"),
     "koordd_held_knob_value": (GAUGE, ("kind", "target", "knob", "owner"), "the value koordd set (cpu.max in cores, "

@@ -460,7 +460,7 @@ LOOSE_HEALTH = '[classes.health]\nrunq_p99 = "10s"\nrunq_mean = "10s"\ncpu_press
 def test_rule_slack_keeps_a_cut_that_bought_a_missed_slo_its_latency_and_the_lever_is_credited(koordd, cgroups):
     """Every cut is an experiment, the other half, on the real kernel: a real service in LS (a 6 ms CPU burst
     every 10 ms, its response times in its own Prometheus histogram, the SLO's source) and more BE busy loops
-    than CPUs at LS's own cpu weight (no cpu.idle: qos_baseline is off), so BE truly takes CPU from it. With BE
+    than CPUs at 4 times LS's cpu weight (no cpu.idle: qos_baseline is off), so BE truly takes CPU from it. With BE
     uncapped the responses' p90 is far over the SLO's 15 ms; koordd cuts BE on the SLO (app_p99_us) with its
     be_cap lever, the cut brings the p90 down by more than the signal's noise, and it is judged "helped": kept
     (never undone as "bought nothing"), the lever credited in status.json. Stop, while BE is still capped,
@@ -470,6 +470,11 @@ def test_rule_slack_keeps_a_cut_that_bought_a_missed_slo_its_latency_and_the_lev
     if NCPU < 2:
         pytest.skip("needs at least 2 CPUs")
     original = cgroups.cpu_max("be")
+    # BE weighs 4 times LS: on LS's CPU the burst gets a fifth of it while BE runs (a third at equal weight:
+    # on a quiet host the p90 then sat near the SLO and gave koordd nothing to cut), nearly all once BE is cut.
+    cpu = cgroups.dir("cpu", "be")
+    weight = cpu / ("cpu.shares" if (cpu / "cpu.shares").exists() else "cpu.weight")
+    weight.write_text("4096" if weight.name == "cpu.shares" else "400")
     service = BurstService(cgroups)
     for _ in range(2 * NCPU):
         cgroups.spawn_hog("be")

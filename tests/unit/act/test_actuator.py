@@ -12,7 +12,7 @@ from koordd.act.actuator import Actuator
 from koordd.act.decision_log import DecisionLog, read_decisions
 from koordd.act.journal import JournalUnreadable, RestoreJournal, read_held
 from koordd.backends.cgroup_knobs import KNOBS, Knob
-from koordd.core.decisions import APPLIED, DEFERRED, DRY_RUN, Decision, REFUSED, RESTORED
+from koordd.core.decisions import APPLIED, DEFERRED, DRY_RUN, Decision, KEPT, REFUSED, RESTORED
 from koordd.core.loop import Action, restore
 
 JOB = "be.slice/job"
@@ -67,6 +67,20 @@ def test_equal_value_is_skipped(rig):
     assert rig.act.apply("be_suppress", [quota("max 100000")]) == []
     assert rig.sent == [] and records(rig) == [] and rig.journal.entries() == []
     assert not (rig.state / RestoreJournal.FILE).exists()
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_an_equal_value_asked_on_record_is_a_kept_decision_and_nothing_is_written(tmp_path, dry_run):
+    """Action.say: a loop's verdict with nothing to change (be_suppress: a cut judged to have helped stays)
+    is one KEPT decision, in the journal and decisions.jsonl; no write, no journal entry, no refusal."""
+    rig = make_rig(tmp_path, FakeCgroups(tmp_path, "v2").add(JOB), dry_run=dry_run)
+    said = Action(JOB, "cpu.max", "max 100000", {"experiment": {"verdict": "helped"}}, "the cut helped", say=True)
+    [d] = rig.act.apply("be_suppress", [said])
+    assert (d.outcome, d.old, d.new, d.reason["experiment"]["verdict"]) == (KEPT, "max 100000", "max 100000", "helped")
+    assert "kept" in d.text() and "the cut helped" in d.text()
+    assert [r["outcome"] for r in records(rig)] == [KEPT] and rig.journal.entries() == []
+    assert rig.tree.read(JOB, "cpu", "cpu.max").strip() == "max 100000"
+    assert rig.act.apply("be_suppress", [quota("max 100000")]) == []      # not asked on record: nothing
 
 
 def test_second_change_keeps_the_first_original(rig):

@@ -40,7 +40,7 @@ def test_a_cut_within_the_noise_bought_nothing_and_one_beyond_it_helped():
     lab = Lab(window=5, settle=2)
     [(t, v)] = run(lab, [10000, 11000] * 5 + [9500, 10500] * 4, start_at=9)
     assert t == 14 and not v.helped and v.before == 11000 and v.noise == pytest.approx(741.3)
-    assert (v.n_before, v.n_after) == (5, 4)
+    assert (v.n_before, v.n_after) == (3, 4)          # the confirmation span: t = 7, 8, 9
     assert "cut bought nothing: app_p99_us 11.00 ms -> 10.00 ms (noise 0.74 ms, margin" in v.text()
     lab = Lab(window=5, settle=2)
     [(t, v)] = run(lab, [10000, 11000] * 5 + [5000, 5500] * 4, start_at=9)

@@ -126,4 +126,6 @@ def test_a_lever_that_helps_is_kept_and_tried_first_next_time(node):
     report = d.runner.status()["be_suppress"]["report"]["levers"]
     helped = report["be_cap"]["by_signal"]["cpu_pressure_avg10"]
     assert helped["helped"] >= 2 and helped["mean_gain"] == pytest.approx(48.0)
+    # every verdict is on record: one that changed nothing is a KEPT decision (Action.say)
+    assert order.count(("be_cap", "helped")) == helped["helped"], (order, helped)
     assert report["hot_cap"]["chosen"] == 1
