@@ -291,7 +291,10 @@ def forged(draw, base: Any) -> Any:
 
 
 def as_text(doc: Any) -> str:
-    return doc if isinstance(doc, str) else json.dumps(doc)      # NaN and Infinity as Python writes them
+    """A forged document as a file holds it: a string as it is (a lone surrogate written as its bytes, which
+    are no UTF-8: errors="surrogatepass" where it is written), anything else as JSON (NaN and Infinity as
+    Python writes them)."""
+    return doc if isinstance(doc, str) else json.dumps(doc)
 
 
 CASES = [(name, f) for name, (_, files) in COMMANDS.items() for f in files]
@@ -309,9 +312,9 @@ def test_forged_files_give_an_exit_code_and_nothing_for_the_terminal(tmp_path_fa
     def test_ctl_forged_file(doc):
         write_state(sd)
         if file == "decisions.jsonl":
-            (sd / file).write_text(json.dumps(decision_doc()) + "\n" + as_text(doc) + "\n")
+            (sd / file).write_text(json.dumps(decision_doc()) + "\n" + as_text(doc) + "\n", errors="surrogatepass")
         else:
-            (sd / file).write_text(as_text(doc))
+            (sd / file).write_text(as_text(doc), errors="surrogatepass")
         code, out, err = run(COMMANDS[name][0], sd)
         check_output(code, out, err, sd)
 
