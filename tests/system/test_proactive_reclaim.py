@@ -16,6 +16,13 @@ while it reclaims, with 25% of room: scripts/bench-reclaim (issue 29, 27 runs in
 found single seconds of the same workload anywhere from 61 to 117 passes/s without koordd, but the
 medians of runs within ±5% of each other, and koordd's at off's. A median that falls by a quarter is
 reclaim hurting the workload; one slow second is TCG.
+
+Each second is taken relative to a reference in the same VM (reclaimref.service: a CPU loop counting its
+own passes, in a slice koordd leaves alone): the emulator's speed is not the service's. CI runs two VMs
+side by side on two cores; in one run the service did 36-49 passes/s before koordd started (a third of
+the figures above) and 20-42 while it reclaimed, with 7 MiB refaulted and no memory pressure, while the
+other VM was filling its memory to the OOM killer: the host had slowed, not the service. koordd's own CPU
+(its startup, under TCG) slows both alike; its cost is scripts/bench-overhead's to measure.
 """
 from __future__ import annotations
 
@@ -37,6 +44,8 @@ BE_SLICE = "reclaimbe.slice"
 BE_UNIT = "reclaimbe.service"
 CG = f"{BE_SLICE}/{BE_UNIT}"
 RATE = Path("/run/reclaim-be.rate")
+REF_UNIT = "reclaimref.service"
+REF_RATE = Path("/run/reclaim-ref.rate")
 PSI_TARGET = 0.5
 SECONDS = 15            # per-second rates measured before and during: their medians are compared
 KEPT = 0.75             # the share of the median before that the median during must keep
@@ -68,6 +77,21 @@ with open(path, "rb") as f:
 """
 
 
+REF_CODE = f"""
+import os, time
+passes, t0 = 0, time.monotonic()
+while True:
+    sum(range(2000))
+    passes += 1
+    now = time.monotonic()
+    if now - t0 >= 1:
+        with open("{REF_RATE}.tmp", "w") as out:
+            out.write(str(passes / (now - t0)))
+        os.replace("{REF_RATE}.tmp", "{REF_RATE}")
+        passes, t0 = 0, now
+"""
+
+
 def read(cgroup: str, name: str) -> str | None:
     try:
         return (vm.CGROUP / cgroup / name).read_text().strip()
@@ -85,34 +109,39 @@ def refaults() -> int:
     return sum(int(stat.get(k, 0)) for k in ("workingset_refault_file", "workingset_refault_anon"))
 
 
-def rate() -> float:
+def rate(path: Path = RATE) -> float:
     try:
-        return float(RATE.read_text())
+        return float(path.read_text())
     except (OSError, ValueError):
         return 0.0
 
 
-def rates(seconds: float) -> list[float]:
-    out = []
+def rates(seconds: float) -> tuple[list[float], list[float]]:
+    """Each second: the service's passes/s, and the same over the reference's (the VM's speed that second)."""
+    raw, relative = [], []
     for _ in range(int(seconds)):
         time.sleep(1)
-        out.append(rate())
-    return out
+        raw.append(rate())
+        relative.append(rate() / max(rate(REF_RATE), 1e-9))
+    return raw, relative
 
 
 @pytest.fixture
 def be_service(koordd_stopped):
-    vm.stop_units(BE_UNIT)
+    vm.stop_units(BE_UNIT, REF_UNIT)
     RATE.unlink(missing_ok=True)
+    REF_RATE.unlink(missing_ok=True)
     vm.sh("systemd-run", f"--unit={BE_UNIT}", f"--slice={BE_SLICE}", "-p", "MemoryAccounting=yes",
           "/usr/bin/python3", "-c", BE_CODE)
-    assert vm.wait_for(lambda: rate() > 0 and current() >= 300 * MiB, 120), \
+    vm.sh("systemd-run", f"--unit={REF_UNIT}", "/usr/bin/python3", "-c", REF_CODE)
+    assert vm.wait_for(lambda: rate() > 0 and rate(REF_RATE) > 0 and current() >= 300 * MiB, 120), \
         f"the BE service did not settle: memory.current {current() // MiB} MiB, rate {rate()}"
     yield
     vm.systemctl("stop", vm.UNIT, check=False)
-    vm.stop_units(BE_UNIT)
+    vm.stop_units(BE_UNIT, REF_UNIT)
     Path("/var/tmp/reclaim-be.data").unlink(missing_ok=True)
     RATE.unlink(missing_ok=True)
+    REF_RATE.unlink(missing_ok=True)
 
 
 def config() -> str:
@@ -149,13 +178,13 @@ def test_cold_memory_is_reclaimed_under_the_psi_target_throughput_kept_and_swap_
     swap_before = read(BE_SLICE, "memory.swap.max")
     before_mib = current() // MiB
     refaults_before = refaults()
-    base = rates(SECONDS)                                 # koordd off: the workload's own median
+    base, base_rel = rates(SECONDS)                       # koordd off: the workload's own median
     since = time.time()
     vm.write_config(config())
     vm.systemctl("start", vm.UNIT)
     assert vm.is_active() == "active"
     vm.wait_ticks("proactive_reclaim", 20)
-    during = rates(SECONDS)
+    during, during_rel = rates(SECONDS)
     # The cold part goes: at least 100 MiB of the 240 MiB of cold cache. Waited for, not sampled at a fixed
     # time: how many steps fit in the time above depends on the emulator's speed and on the refault back-off
     # (one CI run read 98 MiB there); a loop that stopped reclaiming still fails here, after 120 s.
@@ -166,7 +195,8 @@ def test_cold_memory_is_reclaimed_under_the_psi_target_throughput_kept_and_swap_
     saved = max((d["reason"]["saved_total_bytes"] + d["reason"]["reclaim_bytes"] for d in applied), default=0)
     print(f"memory.current {before_mib} -> {after_mib} MiB; reclaimed {saved // MiB} MiB in {len(applied)} steps; "
           f"passes/s without {min(base):.1f}..{max(base):.1f} (median {statistics.median(base):.1f}), "
-          f"with {min(during):.1f}..{max(during):.1f} (median {statistics.median(during):.1f}); "
+          f"with {min(during):.1f}..{max(during):.1f} (median {statistics.median(during):.1f}); relative to the "
+          f"reference {statistics.median(base_rel):.3g} -> {statistics.median(during_rel):.3g}; "
           f"refaulted {refaulted_mib:.1f} MiB; memory.pressure {read(CG, 'memory.pressure')}")
     assert applied, records(since, "memory.reclaim")
     # The service, one by one under its slice; anything else reclaimed is BE too (the shipped be.slice)
@@ -177,8 +207,9 @@ def test_cold_memory_is_reclaimed_under_the_psi_target_throughput_kept_and_swap_
     assert before_mib - after_mib >= 100, (before_mib, after_mib)
     # The refault signal saw the kernel's memory.stat: each step after the first carries its figures.
     assert any(d["reason"].get("refault_bytes") is not None for d in applied), applied
-    # Throughput kept: the median second while reclaiming against the median second before (see the docstring).
-    assert statistics.median(during) >= KEPT * statistics.median(base), (base, during)
+    # Throughput kept: the median second while reclaiming against the median second before, each relative to
+    # the reference's that second (see the docstring).
+    assert statistics.median(during_rel) >= KEPT * statistics.median(base_rel), (base, during, base_rel, during_rel)
     assert read(BE_SLICE, "memory.swap.max") == "0"
 
     vm.systemctl("stop", vm.UNIT)

@@ -198,3 +198,48 @@ def test_a_cut_on_a_signal_no_cut_moves_bought_nothing_and_a_30_percent_drop_hel
     helped = sum(v is not None and v.helped for v in verdicts)
     assert helped >= 190, (helped, [(round(v.before), round(v.after), round(v.margin)) for v in verdicts
                                     if v is not None and not v.helped][:10])
+
+
+def _jump_then_fall(monkeypatch=None, halve_after_cut=False):
+    """20 flat rounds at 10 ms, a lever moved, then the signal at 35 ms falling 0.6 ms a round (CI's VM run: a
+    windowed p99 whose window still held the service's slow start); a cut at t=29, judged at t=34."""
+    lab = Lab(window=5, settle=2)
+    flat = [10000 + (50 if i % 2 else -50) for i in range(20)]
+    falling = [35000 - 600 * i + (50 if i % 2 else -50) for i in range(20)]
+    verdicts = []
+    for i, v in enumerate(flat + falling):
+        v = v * 0.5 if halve_after_cut and i > 29 else v
+        got = lab.observe(float(i), {KEY: v}, 2.0)
+        if got:
+            verdicts.append(got)
+        if i == 19:
+            lab.moved()
+        if i == 29:
+            lab.start(float(i), "be_cap", KEY, 2.0, COND)
+    return lab, verdicts
+
+
+def test_a_signal_falling_on_its_own_is_judged_against_where_it_was_going_not_where_it_was(monkeypatch):
+    # In CI's VM run such a fall read 30.2 -> 27.3 ms against a 1.7 ms margin: the floor cut was kept, BE at its
+    # floor for nothing. Judged against where the fall was going (27.45 ms), it bought nothing.
+    _, [v] = _jump_then_fall()
+    assert not v.helped and v.expected == pytest.approx(27450) and v.before - v.after > v.margin, v
+    assert "falling on its own to 27.45 ms" in v.text() and v.fields()["expected"] == 27450
+    # a fall that halves the signal beyond the drift: helped, credited only with the gain beyond the drift
+    lab, [v] = _jump_then_fall(halve_after_cut=True)
+    assert v.helped and v.gain == pytest.approx(v.expected - v.after)
+    assert lab.totals["be_cap"]["app_p99_us"].gain == pytest.approx(v.gain)
+    # without the drift the first case is the old verdict: "helped"
+    monkeypatch.setattr("koordd.core.experiment.DRIFT_TAU", 2.0)
+    _, [v] = _jump_then_fall()
+    assert v.helped and v.expected is None
+
+
+def test_a_rising_or_merely_noisy_signal_has_no_drift_of_its_own():
+    from koordd.core.experiment import drift
+    assert drift([(t, 1000 + 300 * t) for t in range(5)]) == 0.0             # rising: no credit, no debit
+    assert drift([(t, 1000 - 300 * t + 20 * (-1) ** t) for t in range(5)]) == pytest.approx(-300, abs=20)
+    assert drift([(t, 1000 - 50 * t + 300 * (-1) ** t) for t in [0, 1, 2, 4, 6]]) == 0.0   # within its scatter
+    assert drift([(t, 1000 - 300 * t) for t in range(5)], 500.0) == 0.0      # within 3 x the signal's noise
+    assert drift([(0, 1000), (1, 900), (2, 1100), (3, 800), (4, 1000)]) == 0.0   # no consistent fall
+    assert drift([(t, 1000 - 300 * t) for t in range(3)]) == 0.0             # too few values to tell
