@@ -216,6 +216,11 @@ class TcBackend(Backend):
                 v = current.split()[1]
             elif int(v) > (link := int(current.split()[1])):
                 raise InvalidValue(f"BE's ceil {v} bit/s is above {target}'s link rate {link} bit/s")
+            if v != "none":
+                # HTB and the pacer hold bytes per second: 16418394 bit/s reads back 16418392. Written as
+                # it reads, or the next write is not skipped as equal and the restore at stop takes
+                # koordd's own value for someone else's ("changed by someone else ... it reads '16418392'").
+                v = str(max(int(v) // 8 * 8, 8))
         return v
 
     # --- writing ------------------------------------------------------------------------------

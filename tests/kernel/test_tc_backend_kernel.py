@@ -46,6 +46,9 @@ def test_the_tree_is_made_re_rated_and_removed(veth):
     assert b.validate(DEV, "tc.shaping", "htb 1gbit") == "htb 1000000000"
     b.write(DEV, "tc.shaping", "htb 1000000000")
     assert b.read(DEV, "tc.shaping") == "htb 1000000000" and b.read(DEV, "tc.be_ceil") == "1000000000"
+    odd = b.validate(DEV, "tc.be_ceil", "16418394")          # the kernel holds bytes/s: written as it reads back
+    b.write(DEV, "tc.be_ceil", odd)
+    assert b.read(DEV, "tc.be_ceil") == odd == "16418392"
     b.write(DEV, "tc.be_ceil", b.validate(DEV, "tc.be_ceil", "50mbit"))
     assert b.read(DEV, "tc.be_ceil") == "50000000"
     assert b.validate(DEV, "tc.be_ceil", "none") == "1000000000"           # no ceiling: the link rate

@@ -129,6 +129,8 @@ def test_edt_is_an_fq_root_and_be_s_pace_in_the_classifier(no_fq_check):
     assert b.read("eth0", "tc.be_ceil") == "none"                              # not paced yet
     b.write("eth0", "tc.be_ceil", b.validate("eth0", "tc.be_ceil", "300mbit"))
     assert pacer.pace == {(1, BE_CLASS): 300_000_000} and b.read("eth0", "tc.be_ceil") == "300000000"
+    # the kernel holds bytes/s: a ceiling is written as it will read back, so a restore knows its own value
+    assert b.validate("eth0", "tc.be_ceil", "16418394") == "16418392"
     b.write("eth0", "tc.shaping", "none")                                     # restore: root and pace go
     assert ipr.root is None and pacer.pace == {}
 
