@@ -27,8 +27,8 @@ Two rules decide how much CPU BE may use (`rule`):
   "below zero" from the SLO's last value; an SLO silent for longer leaves the class to its health
   targets, as guards.
   Every cut is an experiment (core/experiment.py, docs/be-control.md): `experiment_window` after a
-  cut (or after the floor) the signal it acted on is compared with its median over the window
-  before the cut; a cut that bought no more than the signal's noise allows (its spread, the rounds
+  cut (or after the floor; later by as far back as the signal's quantile reaches, _lags) the signal it
+  acted on is compared with its median over the confirmation span before the cut; a cut that bought no more than the signal's noise allows (its spread, the rounds
   on each side) is undone ("cut bought nothing: runq_p99_us 4.10 ms -> 4.10 ms") and that
   lever rests for that signal `lever_rest`, doubling each time in a row. The levers: a cap on the
   busiest BE pods or jobs alone (`hot_cap_percent`, where BE has two or more busy ones: those whose
@@ -389,7 +389,7 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         state.allowance = _allowance_held(settings, be, capacity)
     allowance, running = state.allowance, lab.running          # as the round found them
     values, healthy = _readings(signals, raised)
-    verdict = lab.observe(now, values, be_used, healthy)
+    verdict = lab.observe(now, values, be_used, healthy, _lags(state, values))
     below = state.below_zero             # the last round's: this round's is noted next
     between = _note_slo_rounds(snapshot, state, signals, steer)
     guarding = _guard_clock(settings, state, steer, guard, now)
@@ -518,6 +518,14 @@ def _readings(signals: list, raised: dict) -> tuple[dict, list]:
     targets = {(cg, name): max(t, raised.get((cg, name), 0.0)) for cg, name, _, t in signals}
     values = {(cg, name): v for cg, name, v, _ in signals}
     return values, [k for k, v in values.items() if 1 - v / targets[k] >= GROW_AT]
+
+
+def _lags(state: State, values: dict) -> dict:
+    """How many seconds back each signal's value reaches: an SLO's quantile and the run queue's p99 are
+    taken over enough recent rounds (HistogramWindow.span()); an experiment on them waits that long for a
+    cut to show in full (core/experiment.py)."""
+    windows = {"app_p99_us": state.slo, "app_p999_us": state.slo, "runq_p99_us": state.runq}
+    return {(cg, name): windows[name].span(cg) for cg, name in values if name in windows}
 
 
 def _note_slo_rounds(snapshot: Snapshot, state: State, signals: list, steer: tuple | None) -> list[str]:

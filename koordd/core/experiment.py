@@ -24,6 +24,12 @@ a real improvement is still judged "helped":
 - after: the median of its values from `settle` seconds after the lever last moved, judged `window`
   seconds after that move; earlier only in the safe direction (the signal back in health and better by
   more than the margin: the cut helped);
+- lag: a quantile taken over several rounds (an SLO's p99 over its last 1000 responses, up to 10 s of
+  them) shows a move in full only once its rounds all come after it. The loop says how far back each
+  signal's value reaches (`observe(lags=)`: HistogramWindow.span()); an experiment on a signal that lags
+  takes its after values only from rounds past that lag and is judged as many rounds later as one without.
+  In CI's VM a 5 s window judged a slow service's p99 (10 s of responses) half-way: the wake lever got
+  half its effect, the floor cut taken next the other half, and "helped" kept BE at its floor;
 - drift: a signal that was already falling on its own before the cut (its values over the window up to the
   cut falling consistently, Kendall's tau at most -DRIFT_TAU, by more than NOISE_K x its noise and its scatter about the slope) is
   expected to go on falling: the level the cut is judged against is before + that slope (Theil-Sen, per
@@ -220,6 +226,7 @@ class Experiment:
     correlation: float = 0.0     # how much successive values move together (History.spread)
     seen: int = 0                # the signal's values since the cut (their places after it)
     drift: float = 0.0           # the signal's own fall per second before the cut (drift(); <= 0)
+    lag: float = 0.0             # seconds the signal's value reaches back when the cut was taken
     before_at: float = 0.0       # the middle of the span `before` was taken over
     after: list = field(default_factory=list)      # (time, value, place)
     be_after: list = field(default_factory=list)   # BE cores after the cut
@@ -227,7 +234,7 @@ class Experiment:
     def fields(self) -> dict:
         return {"lever": self.lever, "cgroup": self.key[0], "signal": self.key[1], "before": round(self.before, 3),
                 "noise": round(self.noise, 3), "n_before": self.n_before, "correlation": round(self.correlation, 3),
-                "drift_per_s": round(self.drift, 3), "started": self.started, "bound": self.bound}
+                "drift_per_s": round(self.drift, 3), "lag_s": round(self.lag, 3), "started": self.started, "bound": self.bound}
 
 
 @dataclass(frozen=True)
@@ -321,14 +328,17 @@ class Lab:
     totals: dict[str, dict[str, Record]] = field(default_factory=dict)        # lever -> signal -> record
     chosen: dict[str, int] = field(default_factory=dict)                      # lever -> times chosen
     last: dict[str, dict] = field(default_factory=dict)                       # lever -> its last verdict
+    lags: dict[Key, float] = field(default_factory=dict)                      # key -> its value's reach back
     now: float = 0.0                                                          # the latest round's time
     _moved: bool = False                                                      # a lever moved this round
 
     def observe(self, now: float, values: Mapping[Key, float], be_cores: float | None,
-                healthy: Iterable[Key] = ()) -> Verdict | None:
-        """One round: every signal's value, BE's CPU use and the keys back in health. Returns the running
-        experiment's verdict when it is due (the experiment then ends), else None."""
+                healthy: Iterable[Key] = (), lags: Mapping[Key, float] | None = None) -> Verdict | None:
+        """One round: every signal's value, BE's CPU use, the keys back in health and how many seconds back
+        each key's value reaches (a quantile over several rounds; absent: this round only). Returns the
+        running experiment's verdict when it is due (the experiment then ends), else None."""
         self.now, quiet, self._moved = now, not self._moved, False
+        self.lags = dict(lags or {})
         self.history.forget_stale(now)
         for k, v in values.items():
             self.history.add(now, k, v, quiet)
@@ -342,12 +352,12 @@ class Lab:
             e.after.append((now, value, e.seen))
             if be_cores is not None:
                 e.be_after.append(be_cores)
-        settled = [a for a in e.after if a[0] >= e.changed + self.settle] or e.after
+        settled = [a for a in e.after if a[0] >= e.changed + self.settle and a[0] > e.changed + e.lag] or e.after
         if e.key in set(healthy) and e.after:
             v = self._verdict(e, e.after, early=True)
             if v.helped:
                 return self._end(now, v)
-        if now >= e.changed + self.window and settled:
+        if now >= e.changed + max(self.window, e.lag + self.window - self.settle) and settled:
             return self._end(now, self._verdict(e, settled))
         return None
 
@@ -398,7 +408,7 @@ class Lab:
         fall = drift([(t, v) for t, v in points if now - self.window - 1e-9 < t <= now], sigma)
         self.running = Experiment(lever, key, now, now, before, sigma, be_cores, cond, undo, bound,
                                   n_before=max(len(past), 1), correlation=r, drift=fall,
-                                  before_at=statistics.median(t for t, _ in past) if past else now)
+                                  lag=self.lags.get(key, 0.0), before_at=statistics.median(t for t, _ in past) if past else now)
         self._moved = True
         self.chosen[lever] = self.chosen.get(lever, 0) + 1
         return self.running

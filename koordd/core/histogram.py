@@ -73,6 +73,7 @@ class HistogramWindow:
     def __init__(self, min_count: int, window: float):
         self.min_count, self.window = min_count, window
         self.rounds: dict[Hashable, deque[tuple[float, tuple[int, ...]]]] = {}
+        self.spans: dict[Hashable, float] = {}    # key -> seconds its latest quantile reaches back (span())
 
     def add(self, key: Hashable, now: float, slots: Sequence[int]) -> list[int]:
         """Add this round's histogram of `key` and return the sum of its latest rounds that hold at least
@@ -81,15 +82,24 @@ class HistogramWindow:
         rounds.append((now, tuple(slots)))
         while now - rounds[0][0] > self.window:
             rounds.popleft()
-        taken, count = [], 0
-        for _, h in reversed(rounds):
+        taken, count, oldest = [], 0, now
+        for t, h in reversed(rounds):
             taken.append(h)
             count += sum(h)
+            oldest = t
             if count >= self.min_count:
                 break
+        self.spans[key] = now - oldest
         return merged(taken)
+
+    def span(self, key: Hashable) -> float:
+        """Seconds between the oldest and the newest round the key's latest quantile was taken over (0: one
+        round, or none yet): how long a change takes to show in full in that quantile, the lag a verdict
+        on it waits out (core/experiment.py)."""
+        return self.spans.get(key, 0.0)
 
     def forget_except(self, keys: Iterable[Hashable]) -> None:
         keep = set(keys)
         for key in [k for k in self.rounds if k not in keep]:
             del self.rounds[key]
+            self.spans.pop(key, None)

@@ -42,6 +42,10 @@ def test_a_quiet_cgroup_is_judged_over_its_recent_rounds():
     assert quantile_us(hist(s5=49, s13=1), 0.99) > 4096
     # A harm that lasts shows: 20 of ~200 waits at 4-8 ms are 10% of them.
     assert w.p99("ls", 10.0, hist(s5=30, s13=20)) > 4096
+    # Its p99 reaches back over the rounds it was taken from (4 rounds of 50 hold 200): a cut's lag
+    assert w.span("ls") == 3.0 and w.span("other") == 0.0
+    w.p99("ls", 11.0, hist(s5=300))
+    assert w.span("ls") == 0.0                               # a busy round alone
 
 
 def test_rounds_older_than_the_window_do_not_count():

@@ -112,3 +112,13 @@ def test_with_the_slo_met_a_run_queue_over_its_target_cuts_be_once_for_a_bounded
         assert back_at - cut_at <= 20.0, (cut_at, back_at)           # undone within guard_cut_max
     grown_at = next(t for t, q, _ in got if q is None)               # then BE grew to the whole node
     assert grown_at <= 25.0 and quotas[-1] is None, got
+
+
+def test_the_experiments_are_told_how_far_back_the_slo_and_run_queue_quantiles_reach():
+    from koordd_plugins.be_suppress import State, _lags
+    state = State()
+    for t in range(5):                                      # 300 responses a second: 1000 take 4 rounds
+        state.slo.add("ls", float(t), (300,))
+    state.runq.add("ls", 4.0, (5000,))                      # a busy run queue: one round
+    values = {("ls", "app_p99_us"): 1.0, ("ls", "runq_p99_us"): 1.0, ("ls", "cpu_pressure_avg10"): 1.0}
+    assert _lags(state, values) == {("ls", "app_p99_us"): 3.0, ("ls", "runq_p99_us"): 0.0}
