@@ -141,3 +141,7 @@ def test_be_follows_a_ceiling_set_by_ls_traffic_and_stop_removes_the_shaping(lin
     assert root not in shown and "clsact" not in shown and "qdisc fq " not in shown, shown
     assert not classifier_on_egress()               # the link went with koordd's fds
     assert vm.held() == []
+    # every knob put back as koordd's own: none "left" as changed by someone else (a ceiling written
+    # in bit/s reads back in whole bytes/s: one CI run left koordd's own 16418394 as someone else's 16418392)
+    outcomes = [d.get("KOORDD_OUTCOME") for d in vm.journal(cursor, "KOORDD_LOOP=net_shaping")]
+    assert "left" not in outcomes and "restored" in outcomes, vm.journal_text(cursor)
