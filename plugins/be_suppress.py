@@ -397,8 +397,12 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
                     guard, units, below, between, guarding)
 
     experiment = verdict.fields() if verdict is not None else None
+    lapsed = lab.lapsed(now) if verdict is None else None
     if verdict is not None:
         step, undone = _verdict_step(settings, state, verdict, running, experiment)
+        extra += undone
+    elif lapsed is not None:
+        step, undone = _lapsed_step(state, lapsed)
         extra += undone
     else:
         step = _guard_cut_over(settings, state, now)
@@ -573,6 +577,18 @@ def _verdict_step(settings, state: State, verdict: Verdict, running, experiment:
     step = f"undo: {verdict.text()}; {verdict.lever} rests {rest:g}s for {verdict.key[1]}"
     return step, [Action(a.target, a.knob, a.value, {**a.reason, "step": step, "experiment": experiment},
                          f"{a.message}: {step}") for a in _undo(state, running)]
+
+
+def _lapsed_step(state: State, e) -> tuple[str, list]:
+    """The running cut's signal gave no value from the cut to its due time (its LS work gone or idle): there
+    is nothing to judge it by, so what it moved goes back, and the lever does not rest. Without this a
+    floor taken as LS's last waits ended held BE there for good ("hold: judging the cut")."""
+    if e.bound is not None:
+        state.guard_cut = None
+    step = (f"undo: {e.key[1]} of {e.key[0]} gave no value since the {e.lever} cut (its work gone or idle): "
+            f"nothing to judge the cut by")
+    return step, [Action(a.target, a.knob, a.value, {**a.reason, "step": step, "experiment": e.fields()},
+                         f"{a.message}: {step}") for a in _undo(state, e)]
 
 
 def _guard_cut_over(settings, state: State, now: float) -> str | None:

@@ -357,9 +357,23 @@ class Lab:
             v = self._verdict(e, e.after, early=True)
             if v.helped:
                 return self._end(now, v)
-        if now >= e.changed + max(self.window, e.lag + self.window - self.settle) and settled:
+        if now >= self.due(e) and settled:
             return self._end(now, self._verdict(e, settled))
         return None
+
+    def due(self, e: Experiment) -> float:
+        """When `e` is judged: `window` after its lever last moved, later by the signal's lag (module
+        docstring)."""
+        return e.changed + max(self.window, e.lag + self.window - self.settle)
+
+    def lapsed(self, now: float) -> Experiment | None:
+        """The running experiment, ended without a verdict, where its signal gave no value from the cut to
+        its due time (the LS work whose wait or latency it was went away or went idle: a run queue with no
+        wait has no p99); else None. Nothing to judge it by, and no rest: the loop puts back what it moved."""
+        e = self.running
+        if e is None or e.after or now < self.due(e):
+            return None
+        return self.abandon()
 
     def _verdict(self, e: Experiment, after: list[tuple], early: bool = False) -> Verdict:
         level = statistics.median(v for _, v, _ in after)

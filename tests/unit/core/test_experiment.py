@@ -265,3 +265,20 @@ def test_a_signal_that_reaches_back_is_judged_once_the_cut_shows_in_full():
     assert t == 22 and v.after == 20000 and v.n_after == 3     # after its lag, as many rounds as without one
     [(t, v)] = judged(None)
     assert t == 14 and v.after == 26500                        # half-way: what the old window saw
+
+
+def test_a_cut_whose_signal_went_silent_lapses_at_its_due_time_without_a_verdict_or_a_rest():
+    lab = Lab(window=5, settle=2)
+    for t in range(10):
+        lab.observe(float(t), {KEY: 10000}, 2.0)
+    lab.start(9.0, "be_cap", KEY, 2.0, COND)
+    for t in range(10, 14):                                  # no value since the cut (LS gone or idle)
+        assert lab.observe(float(t), {}, 2.0) is None and lab.lapsed(float(t)) is None
+    assert lab.observe(14.0, {}, 2.0) is None
+    e = lab.lapsed(14.0)
+    assert e is not None and e.lever == "be_cap" and lab.running is None
+    assert lab.resting("be_cap", KEY[1], 14.0) == 0 and "be_cap" not in lab.totals
+    # one value after the cut is something to judge by: a verdict, not a lapse
+    lab.start(20.0, "be_cap", KEY, 2.0, COND)
+    lab.observe(21.0, {KEY: 10000}, 2.0)
+    assert lab.lapsed(25.0) is None and lab.observe(25.0, {}, 2.0) is not None

@@ -122,3 +122,17 @@ def test_the_experiments_are_told_how_far_back_the_slo_and_run_queue_quantiles_r
     state.runq.add("ls", 4.0, (5000,))                      # a busy run queue: one round
     values = {("ls", "app_p99_us"): 1.0, ("ls", "runq_p99_us"): 1.0, ("ls", "cpu_pressure_avg10"): 1.0}
     assert _lags(state, values) == {("ls", "app_p99_us"): 3.0, ("ls", "runq_p99_us"): 0.0}
+
+
+def test_a_cut_whose_signal_goes_silent_is_undone_at_its_due_time_without_a_rest():
+    # The SLO is missed (8 ms of 5 ms) in the first rounds; from the round after the floor its service answers
+    # nothing more (gone, or idle): the floor has nothing to be judged by. The old loop held BE at its floor for good ("hold: judging the
+    # be_cap cut"): a kernel test saw it when LS's last waits ended in the round of the cut.
+    got, state = drive([(t, 500.0, 8000.0 if t < 1 else None) for t in halves(30)], start_quota=100_000)
+    floored = [t for t, q, _ in got if q == FLOOR]
+    lapsed = [(t, q) for t, q, steps in got
+              if any(s.startswith("undo: app_p99_us of ls gave no value") for s in steps)]
+    assert floored and lapsed and lapsed[0][0] > floored[0], got
+    assert lapsed[0][1] is None or lapsed[0][1] > FLOOR, got       # BE gets back what it had before the cut
+    assert state.lab.running is None and state.lab.resting("be_cap", "app_p99_us", lapsed[0][0]) == 0
+    assert got[-1][1] is None or got[-1][1] > FLOOR, got
