@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 
 import pytest
 
@@ -163,6 +164,10 @@ def test_with_the_slo_met_the_run_queue_only_guards_one_bounded_cut_never_the_fl
     finally:
         stop.set()
         client.join(timeout=10)
+    # BE grows back: no cap once the guard's cut ends (waited for before the journal is read, so that a cut
+    # taken near the end of the rounds above, held as long as guard_cut_max allows, shows its end too)
+    grew_back = vm.wait_for(lambda: vm.cpu_max() == vm.MAX, GUARD_CUT_MAX + 10)
+    uncapped_at = time.time()
     entries = vm.decisions(cursor, "applied")
     steps = [(int(e["__REALTIME_TIMESTAMP"]) / 1e6, e["KOORDD_NEW"], json.loads(e["KOORDD_REASON"])) for e in entries]
     brief = [(round(t - steps[0][0], 1), new, r.get("step")) for t, new, r in steps] if steps else []
@@ -175,10 +180,9 @@ def test_with_the_slo_met_the_run_queue_only_guards_one_bounded_cut_never_the_fl
     assert cuts, (f"no guard cut: was the run queue over its 20 µs target? {brief}\n"
                   f"{vm.journal_text(cursor)[-4000:]}")
     assert all(b - a >= 2 * GUARD_CUT_MAX - 3 for a, b in zip(cuts, cuts[1:])), brief
-    for cut in cuts:
+    for cut in (c for c in cuts if c < uncapped_at):    # one taken after BE was seen uncapped ends later
         back = [t for t, new, _ in steps if t > cut and new == vm.MAX]
         assert back and back[0] - cut <= GUARD_CUT_MAX + 3, (cut, brief)      # undone within guard_cut_max
-    # BE grew back: no cap once the guard's cut ended.
-    assert vm.wait_for(lambda: vm.cpu_max() == vm.MAX, GUARD_CUT_MAX + 10), (vm.cpu_max(), brief)
+    assert grew_back, (vm.cpu_max(), brief)
     vm.systemctl("stop", vm.UNIT)
     assert vm.cpu_max() == vm.MAX, vm.cpu_max()
