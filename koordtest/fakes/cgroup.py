@@ -242,6 +242,25 @@ def _write_all(d: Path, files: dict[str, str]) -> None:
         (d / name).write_text(text + "\n")
 
 
+# The daemon on a fake tree (FakeCgroups): LS in ls.slice, BE in be.slice, be_suppress's rule slack each second.
+# Formatted with the tree's root and a state_dir; a test adds its own be_suppress options below it.
+SLACK_TREE_CONFIG = """
+[daemon]
+cgroup_root = "{root}"
+state_dir = "{state}"
+[[classes]]
+name = "LS"
+cgroups = ["ls.slice"]
+[[classes]]
+name = "BE"
+cgroups = ["be.slice"]
+[loops.be_suppress]
+enabled = true
+interval = "1s"
+rule = "slack"
+"""
+
+
 def steady_node(monkeypatch, cores: float) -> None:
     """The node's CPU in use reads as `cores` every round. A daemon on a fake tree still reads the host's
     /proc/stat, whose counters move once a jiffy: two rounds a few milliseconds apart (a test's clock moves

@@ -6,26 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from koordtest.fakes.cgroup import FakeCgroups, psi, steady_node
+from koordtest.fakes.cgroup import SLACK_TREE_CONFIG, FakeCgroups, psi, steady_node
 from koordd.core.config import parse_config
 from koordd.act.decision_log import read_decisions
 from koordd.core.catalogue import load_registry
 from koordd.runtime.daemon import Daemon
 
-CONFIG = """
-[daemon]
-cgroup_root = "{root}"
-state_dir = "{state}"
-[[classes]]
-name = "LS"
-cgroups = ["ls.slice"]
-[[classes]]
-name = "BE"
-cgroups = ["be.slice"]
-[loops.be_suppress]
-enabled = true
-interval = "1s"
-rule = "slack"
+CONFIG = SLACK_TREE_CONFIG + """\
 experiment_window = "5s"
 lever_rest = "30s"
 """

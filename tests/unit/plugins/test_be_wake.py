@@ -21,7 +21,7 @@ from koordd.core.catalogue import load_registry
 from koordd.kernel.pm_qos import NO_CONSTRAINT, TEST_ENV
 from koordd.runtime.daemon import Daemon
 from koordd_plugins.be_suppress import LEVERS, WAKE_CALM_WINDOWS, WAKE_KNOB, BeSuppress
-from koordtest.fakes.cgroup import FakeCgroups, psi, steady_node
+from koordtest.fakes.cgroup import SLACK_TREE_CONFIG, FakeCgroups, psi, steady_node
 from unit.backends.test_pm_qos import fds_on
 from unit.plugins.test_be_suppress import PERIOD, health, quota_of, settings
 
@@ -118,21 +118,7 @@ def test_a_request_held_from_before_a_restart_or_reload_is_released(how):
 
 # --- the daemon on a fake tree, with a stand-in device ------------------------------------------------
 
-CONFIG = """
-[daemon]
-cgroup_root = "{root}"
-state_dir = "{state}"
-[[classes]]
-name = "LS"
-cgroups = ["ls.slice"]
-[[classes]]
-name = "BE"
-cgroups = ["be.slice"]
-[loops.be_suppress]
-enabled = true
-interval = "1s"
-rule = "slack"
-"""
+CONFIG = SLACK_TREE_CONFIG
 
 
 def test_the_daemon_holds_it_by_an_fd_and_releases_it_at_stop(tmp_path, monkeypatch):
