@@ -258,12 +258,14 @@ class Koordd:
         return self.tmp / "state"
 
     def write_config(self, enabled: bool = True, interval: str = "500ms", name: str = "koordd.toml",
-                     extra: str = "") -> Path:
+                     extra: str = "", ls_extra: str = "") -> Path:
+        """A config with LS and BE and be_suppress: `extra` goes into [loops.be_suppress], `ls_extra` into LS's
+        class rule (its [classes.health] or [classes.slo] tables)."""
         return self.config_file(f"""
 [[classes]]
 name = "LS"
 cgroups = [{json.dumps(self.env.cgroup("ls"))}]
-
+{ls_extra}
 [[classes]]
 name = "BE"
 cgroups = [{json.dumps(self.env.cgroup("be"))}]

@@ -46,16 +46,9 @@ def device():
     return read_target()
 
 
-def config_with_late_slo(koordd, cgroups, service, extra: str = "") -> Path:
-    config = koordd.write_config(extra='rule = "slack"\nexperiment_window = "60s"\n' + extra)
-    ls = cgroups.cgroup("ls")
-    text = config.read_text().replace(
-        f'cgroups = ["{ls}"]\n',
-        f'cgroups = ["{ls}"]\n[classes.slo]\nlatency_p99 = "5ms"\nsource = "prometheus"\n'
-        f'url = "{service.url}"\nmetric = "{LateService.METRIC}"\n', 1)
-    assert "[classes.slo]" in text, text
-    config.write_text(text)
-    return config
+def config_with_late_slo(koordd, service, extra: str = "") -> Path:
+    return koordd.write_config(extra='rule = "slack"\nexperiment_window = "60s"\n' + extra,
+                               ls_extra=service.slo_toml())
 
 
 def test_koordd_holds_it_while_the_slo_is_at_risk_releases_it_at_stop_and_the_kernel_at_kill(koordd, cgroups, device):
@@ -63,7 +56,7 @@ def test_koordd_holds_it_while_the_slo_is_at_risk_releases_it_at_stop_and_the_ke
     cgroups.spawn_hog("be")
     service = LateService()
     try:
-        config = config_with_late_slo(koordd, cgroups, service)
+        config = config_with_late_slo(koordd, service)
         p = koordd.start(config)
         held = wait_for(lambda: [d for d in wake_decisions(koordd) if d["outcome"] == "applied"], 30)
         assert held, f"no wake-up latency request: {koordd.decisions()}\n{koordd.log_text()}"
@@ -96,7 +89,7 @@ def test_koordd_holds_it_while_the_slo_is_at_risk_releases_it_at_stop_and_the_ke
         print(f"[kernel] after kill -9: target {read_target()} µs, the journal still holds {KNOB}")
 
         # The next koordd (the lever off now) finds "none", the journal's original: the entry goes, nothing written.
-        p = koordd.start(config_with_late_slo(koordd, cgroups, service, "wake_lever = false\n"))
+        p = koordd.start(config_with_late_slo(koordd, service, "wake_lever = false\n"))
         assert wait_for(lambda: not [h for h in koordd.held() or [] if h["knob"] == KNOB], 30), koordd.held()
         assert not holds_device(p.pid) and read_target() == original
         assert koordd.stop(p) == 0
