@@ -50,8 +50,23 @@ PSI_TARGET = 0.5
 SECONDS = 15            # per-second rates measured before and during: their medians are compared
 KEPT = 0.75             # the share of the median before that the median during must keep
 
-BE_CODE = f"""
-import os, time
+def counting(rate: Path, one_pass: str, setup: str = "") -> str:
+    """Python that runs `one_pass` (lines at the loop's depth) forever after `setup`, writing its passes per
+    second to `rate` each second."""
+    return f"""import os, time
+{setup}passes, t0 = 0, time.monotonic()
+while True:
+{one_pass}    passes += 1
+    now = time.monotonic()
+    if now - t0 >= 1:
+        with open("{rate}.tmp", "w") as out:
+            out.write(str(passes / (now - t0)))
+        os.replace("{rate}.tmp", "{rate}")
+        passes, t0 = 0, now
+"""
+
+
+BE_CODE = counting(RATE, setup="""\
 path = "/var/tmp/reclaim-be.data"
 with open(path, "wb") as f:
     for _ in range(256):
@@ -59,37 +74,15 @@ with open(path, "wb") as f:
 anon = bytearray(96 << 20)
 for i in range(0, len(anon), 4096):
     anon[i] = 1
-passes, t0 = 0, time.monotonic()
-with open(path, "rb") as f:
-    while True:
-        f.seek(0)
-        for _ in range(16):
-            f.read(1 << 20)
-        for i in range(0, 8 << 20, 4096):
-            anon[i] = (anon[i] + 1) & 255
-        passes += 1
-        now = time.monotonic()
-        if now - t0 >= 1:
-            with open("{RATE}.tmp", "w") as out:
-                out.write(str(passes / (now - t0)))
-            os.replace("{RATE}.tmp", "{RATE}")
-            passes, t0 = 0, now
-"""
-
-
-REF_CODE = f"""
-import os, time
-passes, t0 = 0, time.monotonic()
-while True:
-    sum(range(2000))
-    passes += 1
-    now = time.monotonic()
-    if now - t0 >= 1:
-        with open("{REF_RATE}.tmp", "w") as out:
-            out.write(str(passes / (now - t0)))
-        os.replace("{REF_RATE}.tmp", "{REF_RATE}")
-        passes, t0 = 0, now
-"""
+f = open(path, "rb")
+""", one_pass="""\
+    f.seek(0)
+    for _ in range(16):
+        f.read(1 << 20)
+    for i in range(0, 8 << 20, 4096):
+        anon[i] = (anon[i] + 1) & 255
+""")
+REF_CODE = counting(REF_RATE, one_pass="    sum(range(2000))\n")
 
 
 def read(cgroup: str, name: str) -> str | None:
