@@ -528,8 +528,9 @@ def _lags(state: State, values: dict) -> dict:
     """How many seconds back each signal's value reaches: an SLO's quantile and the run queue's p99 are
     taken over enough recent rounds (HistogramWindow.span()); an experiment on them waits that long for a
     cut to show in full (core/experiment.py)."""
-    windows = {"app_p99_us": state.slo, "app_p999_us": state.slo, "runq_p99_us": state.runq}
-    return {(cg, name): windows[name].span(cg) for cg, name in values if name in windows}
+    def window(name: str):
+        return state.slo if name in SLO_SIGNALS else state.runq if name == "runq_p99_us" else None
+    return {(cg, name): w.span(cg) for cg, name in values if (w := window(name)) is not None}
 
 
 def _note_slo_rounds(snapshot: Snapshot, state: State, signals: list, steer: tuple | None) -> list[str]:
@@ -575,8 +576,7 @@ def _verdict_step(settings, state: State, verdict: Verdict, running, experiment:
         lab.rest_for(BE_CAP, verdict.key[1], now + float(settings.guard_cut_max))
     rest = lab.resting(verdict.lever, verdict.key[1], now)
     step = f"undo: {verdict.text()}; {verdict.lever} rests {rest:g}s for {verdict.key[1]}"
-    return step, [Action(a.target, a.knob, a.value, {**a.reason, "step": step, "experiment": experiment},
-                         f"{a.message}: {step}") for a in _undo(state, running)]
+    return step, _undo_actions(state, running, step, experiment)
 
 
 def _lapsed_step(state: State, e) -> tuple[str, list]:
@@ -587,8 +587,13 @@ def _lapsed_step(state: State, e) -> tuple[str, list]:
         state.guard_cut = None
     step = (f"undo: {e.key[1]} of {e.key[0]} gave no value since the {e.lever} cut (its work gone or idle): "
             f"nothing to judge the cut by")
-    return step, [Action(a.target, a.knob, a.value, {**a.reason, "step": step, "experiment": e.fields()},
-                         f"{a.message}: {step}") for a in _undo(state, e)]
+    return step, _undo_actions(state, e, step, e.fields())
+
+
+def _undo_actions(state: State, e, step: str, experiment: dict) -> list[Action]:
+    """What puts back experiment `e`'s moves (_undo), each saying the round's step and the experiment."""
+    return [Action(a.target, a.knob, a.value, {**a.reason, "step": step, "experiment": experiment},
+                   f"{a.message}: {step}") for a in _undo(state, e)]
 
 
 def _guard_cut_over(settings, state: State, now: float) -> str | None:
