@@ -31,18 +31,19 @@ a real improvement is still judged "helped":
   In CI's VM a 5 s window judged a slow service's p99 (10 s of responses) half-way: the wake lever got
   half its effect, the floor cut taken next the other half, and "helped" kept BE at its floor;
 - drift: a signal that was already falling on its own before the cut (its values over the window up to the
-  cut falling consistently, Kendall's tau at most -DRIFT_TAU, by more than NOISE_K x its noise and its scatter about the slope) is
-  expected to go on falling: the level the cut is judged against is before + that slope (Theil-Sen, per
-  second) x the time from the before span to the after span, never extrapolated past one window. A
-  windowed p99 whose window still held a service's slow start fell 32 -> 16 ms over a minute under TCG;
-  a floor cut in the middle of it was judged "helped" (30.2 -> 27.3 ms against a 1.7 ms margin) and kept
-  BE at its floor for nothing. A signal that was rising is judged against its level, not its rise: a cut
-  gets no credit for a climb it may or may not have stopped;
-- the cut helped when before (or the level expected, where it was falling) - after >
-  max(NOISE_K x noise x sqrt(1/n_before + 1/n_after), MIN_GAIN x before), where n_before and n_after are the rounds on each side, each counted as fewer where
-  successive values move together (n x (1 - r) / (1 + r), for lag-one correlation r): a median of five
-  rounds of a slowly wandering p99 is hardly better than one round. Successive differences alone (the
-  old measure) see almost no noise in such a signal and call its wandering a gain.
+  cut falling consistently, Kendall's tau at most -DRIFT_TAU, by more than NOISE_K x its noise and its
+  scatter about the slope) is expected to go on falling: the level the cut is judged against is before +
+  that slope (Theil-Sen, per second) x the time from the before span to the after span, never extrapolated
+  past one window. A windowed p99 whose window still held a service's slow start fell 32 -> 16 ms over a
+  minute under TCG; a floor cut in the middle of it was judged "helped" (30.2 -> 27.3 ms against a 1.7 ms
+  margin) and kept BE at its floor for nothing. A signal that was rising is judged against its level, not
+  its rise: a cut gets no credit for a climb it may or may not have stopped;
+- the cut helped when before (or the level expected, where it was falling) - after > max(NOISE_K x noise x
+  sqrt(1/n_before + 1/n_after), MIN_GAIN x before), where n_before and n_after are the rounds on each
+  side, each counted as fewer where successive values move together (n x (1 - r) / (1 + r), for lag-one
+  correlation r): a median of five rounds of a slowly wandering p99 is hardly better than one round.
+  Successive differences alone (the old measure) see almost no noise in such a signal and call its
+  wandering a gain.
 
 A cut that bought nothing is the loop's to undo; the lever then rests for that signal, `rest` seconds
 the first time, doubling each time in a row up to `rest_max` (as a failing loop backs off), and a cut
@@ -234,7 +235,8 @@ class Experiment:
     def fields(self) -> dict:
         return {"lever": self.lever, "cgroup": self.key[0], "signal": self.key[1], "before": round(self.before, 3),
                 "noise": round(self.noise, 3), "n_before": self.n_before, "correlation": round(self.correlation, 3),
-                "drift_per_s": round(self.drift, 3), "lag_s": round(self.lag, 3), "started": self.started, "bound": self.bound}
+                "drift_per_s": round(self.drift, 3), "lag_s": round(self.lag, 3), "started": self.started,
+                "bound": self.bound}
 
 
 @dataclass(frozen=True)
@@ -422,7 +424,8 @@ class Lab:
         fall = drift([(t, v) for t, v in points if now - self.window - 1e-9 < t <= now], sigma)
         self.running = Experiment(lever, key, now, now, before, sigma, be_cores, cond, undo, bound,
                                   n_before=max(len(past), 1), correlation=r, drift=fall,
-                                  lag=self.lags.get(key, 0.0), before_at=statistics.median(t for t, _ in past) if past else now)
+                                  lag=self.lags.get(key, 0.0),
+                                  before_at=statistics.median(t for t, _ in past) if past else now)
         self._moved = True
         self.chosen[lever] = self.chosen.get(lever, 0) + 1
         return self.running
