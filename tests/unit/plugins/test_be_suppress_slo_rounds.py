@@ -126,8 +126,8 @@ def test_the_experiments_are_told_how_far_back_the_slo_and_run_queue_quantiles_r
 
 def test_a_cut_whose_signal_goes_silent_is_undone_at_its_due_time_without_a_rest():
     # The SLO is missed (8 ms of 5 ms) in the first rounds; from the round after the floor its service answers
-    # nothing more (gone, or idle): the floor has nothing to be judged by. The old loop held BE at its floor for good ("hold: judging the
-    # be_cap cut"): a kernel test saw it when LS's last waits ended in the round of the cut.
+    # nothing more (gone, or idle): the floor has nothing to be judged by. The old loop held BE at its floor for
+    # good ("hold: judging the be_cap cut"): a kernel test saw it when LS's last waits ended in the round of the cut.
     got, state = drive([(t, 500.0, 8000.0 if t < 1 else None) for t in halves(30)], start_quota=100_000)
     floored = [t for t, q, _ in got if q == FLOOR]
     lapsed = [(t, q) for t, q, steps in got
