@@ -26,15 +26,15 @@ Two rules decide how much CPU BE may use (`rule`):
   class's SLO has no value within 2 s of its last one (neither late nor healthy) holds too, and keeps
   "below zero" from the SLO's last value; an SLO silent for longer leaves the class to its health
   targets, as guards.
-  Every cut is an experiment (core/experiment.py, docs/be-control.md): `experiment_window` after a
-  cut (or after the floor; later by as far back as the signal's quantile reaches, _lags) the signal it
-  acted on is compared with its median over the confirmation span before the cut; a cut that bought
-  no more than the signal's noise allows (its spread, the rounds on each side) is undone ("cut bought
-  nothing: runq_p99_us 4.10 ms -> 4.10 ms") and that lever rests for that signal `lever_rest`,
-  doubling each time in a row. The levers: a cap on the busiest BE pods or jobs alone (`hot_cap_percent`, where BE has two or more busy ones: those whose
-  CPU use follows the signal, else the busiest, half of them at most), the whole-BE cap (`policy`'s
-  knob), and leaving BE alone (cpu.idle decides who runs) when every cut rests. What each bought is
-  remembered per LS load band, busy BE cgroups and signal; the one that helped there goes first.
+  Every cut is an experiment (core/experiment.py, docs/be-control.md): `experiment_window` after a cut (or
+  after the floor; later by as far back as the signal's quantile reaches, _lags) the signal it acted on is
+  compared with its median over the confirmation span before the cut; a cut that bought no more than the
+  signal's noise allows (its spread, the rounds on each side) is undone ("cut bought nothing: runq_p99_us 4.10
+  ms -> 4.10 ms") and that lever rests for that signal `lever_rest`, doubling each time in a row. The levers:
+  a cap on the busiest BE pods or jobs alone (`hot_cap_percent`, where BE has two or more busy ones: those
+  whose CPU use follows the signal, else the busiest, half of them at most), the whole-BE cap (`policy`'s
+  knob), and leaving BE alone (cpu.idle decides who runs) when every cut rests. What each bought is remembered
+  per LS load band, busy BE cgroups and signal; the one that helped there goes first.
   Before any of them, faster wake-ups (`wake_lever`): koordd holds 0 µs CPU wake-up latency on
   /dev/cpu_dma_latency (the pm_qos backend's `cpu_dma_latency`), so CPUs stay out of deep idle (a VM's vCPU
   does not halt). It takes no CPU from BE, so where the host has the device it is tried first, judged
