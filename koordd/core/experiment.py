@@ -66,6 +66,7 @@ MIN_GAIN = 0.05                  # ... and this share of the level before the cu
 CONFIRM_ROUNDS = 2               # a cut needs the signal over its threshold in at least this many rounds
 MAX_CORRELATION = 0.9            # successive values never count as more alike than this
 LEVEL_ROUNDS = 4                 # a run of quiet values this long is a level of its own (pooled_spread)
+POOLED_VALUES = 2 * LEVEL_ROUNDS  # ... and levels pool their noise only over this many values together
 MAD_SIGMA = 1.4826               # the median absolute deviation of normal noise x this = its deviation
 DRIFT_TAU = 0.8                  # values before a cut falling this consistently (Kendall's tau) fall on their own
 DRIFT_ROUNDS = 4                 # ... judged over at least this many values
@@ -156,9 +157,11 @@ def pooled_spread(runs: Sequence[Sequence[float]]) -> float:
     """spread() of the values around their own run's median, pooled over the runs of at least LEVEL_ROUNDS:
     the noise within each level, not the distance between levels (a minute that held BE at its floor and
     then uncapped it is two levels, and their gap is what a cut buys, not noise). spread() of all the values
-    where no run is that long."""
+    where those runs hold fewer than POOLED_VALUES values together: deviations from a median of four values
+    are half of them near zero by construction, and one such level seen in CI's VM put the noise of a p99
+    wandering 21-28 ms under 0.5 ms, so a 2 ms wander was a floor that "helped"."""
     long = [r for r in runs if len(r) >= LEVEL_ROUNDS]
-    if not long:
+    if sum(len(r) for r in long) < POOLED_VALUES:
         return spread([v for r in runs for v in r])
     residuals = [v - statistics.median(r) for r in long for v in r]
     return MAD_SIGMA * statistics.median(abs(x) for x in residuals)

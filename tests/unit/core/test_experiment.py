@@ -282,3 +282,13 @@ def test_a_cut_whose_signal_went_silent_lapses_at_its_due_time_without_a_verdict
     lab.start(20.0, "be_cap", KEY, 2.0, COND)
     lab.observe(21.0, {KEY: 10000}, 2.0)
     assert lab.lapsed(25.0) is None and lab.observe(25.0, {}, 2.0) is not None
+
+
+def test_levels_pool_their_noise_only_over_enough_values():
+    from koordd.core.experiment import pooled_spread
+    # CI's VM: one level of 4 close values inside a p99 wandering 21-28 ms put the noise under 0.5 ms
+    wander = [[26900, 21600], [28100, 28150, 28200, 28160], [25400]]
+    assert pooled_spread(wander) == pytest.approx(spread([v for r in wander for v in r]))
+    # two such levels (8 values) are enough to pool: the gap between them is not noise
+    two = [[10000, 10100, 9900, 10050], [20000, 20100, 19900, 20050]]
+    assert pooled_spread(two) < 200 < spread([v for r in two for v in r])
