@@ -161,13 +161,14 @@ def test_with_the_slo_met_the_run_queue_only_guards_one_bounded_cut_never_the_fl
         for _ in range(2 * GUARD_CUT_MAX + 10):
             vm.wait_ticks("be_suppress", 1)
             quotas.append(vm.quota())
+        # BE grows back: no cap once the guard's cut ends. Waited for with the client still sending (the SLO
+        # keeps its values) and before the journal is read, so that a cut taken near the end of the rounds
+        # above, held as long as guard_cut_max allows, shows its end too.
+        grew_back = vm.wait_for(lambda: vm.cpu_max() == vm.MAX, GUARD_CUT_MAX + 10)
+        uncapped_at = time.time()
     finally:
         stop.set()
         client.join(timeout=10)
-    # BE grows back: no cap once the guard's cut ends (waited for before the journal is read, so that a cut
-    # taken near the end of the rounds above, held as long as guard_cut_max allows, shows its end too)
-    grew_back = vm.wait_for(lambda: vm.cpu_max() == vm.MAX, GUARD_CUT_MAX + 10)
-    uncapped_at = time.time()
     entries = vm.decisions(cursor, "applied")
     steps = [(int(e["__REALTIME_TIMESTAMP"]) / 1e6, e["KOORDD_NEW"], json.loads(e["KOORDD_REASON"])) for e in entries]
     brief = [(round(t - steps[0][0], 1), new, r.get("step")) for t, new, r in steps] if steps else []
