@@ -23,6 +23,11 @@ from . import vm
 pytestmark = vm.only_in_vm
 
 PORT = 17878
+# Under TCG the service's windowed p99 wanders by a quarter (21-31 ms) over tens of seconds with nothing
+# changed: a useless cut is judged "helped" by chance in about one try of four (4 of 13 VM runs, across this
+# session's fixes). Such a try
+# is started again, up to ATTEMPTS in all; a koordd that never undoes a useless cut still fails.
+ATTEMPTS = 3
 FAST_PORT = 17879
 SERVER = f"""
 import socket, threading, time
@@ -115,23 +120,40 @@ def _drive(stop: threading.Event, port: int = PORT) -> None:
 # two SLO values; a cut judged against the one high sample that prompted it looked helpful).
 def test_a_late_service_gets_a_cut_on_its_slo_which_is_undone_when_it_buys_nothing(slow_service):
     vm.write_config(CONFIG)
-    cursor = vm.journal_cursor()
-    vm.systemctl("start", vm.UNIT)
-    stop = threading.Event()
-    client = threading.Thread(target=_drive, args=(stop,), daemon=True)
-    client.start()
 
-    def undone():
+    def undone(cursor):
         # the undo of a cut on the SLO (a run-queue guard's own bounded cut may come and go before it)
         return [e for e in vm.decisions(cursor, "applied")
                 if json.loads(e["KOORDD_REASON"]).get("step", "").startswith("undo: cut bought nothing")
                 and (json.loads(e["KOORDD_REASON"]).get("experiment") or {}).get("signal") == "app_p99_us"]
-    try:
-        found = vm.wait_for(undone, 120)
-        assert found, f"no cut undone: cpu.max={vm.cpu_max()}\n{vm.journal_text(cursor)}"
-    finally:
-        stop.set()
-        client.join(timeout=10)
+
+    def kept(cursor):
+        # the cut on the SLO judged "helped": a p99 that wanders by a quarter under TCG, by chance
+        return [e for e in vm.decisions(cursor, "kept")
+                if (json.loads(e["KOORDD_REASON"]).get("experiment") or {}).get("verdict") == "helped"
+                and json.loads(e["KOORDD_REASON"])["experiment"].get("signal") == "app_p99_us"
+                and json.loads(e["KOORDD_REASON"])["experiment"].get("lever") == "be_cap"]
+
+    for attempt in range(1, ATTEMPTS + 1):
+        cursor = vm.journal_cursor()
+        vm.systemctl("start", vm.UNIT)
+        stop = threading.Event()
+        client = threading.Thread(target=_drive, args=(stop,), daemon=True)
+        client.start()
+        try:
+            vm.wait_for(lambda: undone(cursor) or kept(cursor), 120)
+        finally:
+            stop.set()
+            client.join(timeout=10)
+        found = undone(cursor)
+        if found:
+            break
+        chance = kept(cursor)
+        assert chance and attempt < ATTEMPTS, f"no cut undone: cpu.max={vm.cpu_max()}\n{vm.journal_text(cursor)}"
+        print(f"[system] attempt {attempt}: the cut judged helped by chance: "
+              f"{json.loads(chance[0]['KOORDD_REASON'])['experiment']}")
+        vm.systemctl("stop", vm.UNIT)
+        assert vm.cpu_max() == vm.MAX, vm.cpu_max()
     steps = [json.loads(e["KOORDD_REASON"]) for e in vm.decisions(cursor, "applied")]
     cuts = [r for r in steps if r.get("step") in ("shrink", "shrink (below zero)", "floor")]
     # The SLO is the signal acted on: the service's own p99 against its 1 ms.
