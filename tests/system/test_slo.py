@@ -25,8 +25,8 @@ pytestmark = vm.only_in_vm
 PORT = 17878
 # Under TCG the service's windowed p99 wanders by a quarter (21-31 ms) over tens of seconds with nothing
 # changed: a useless cut is judged "helped" by chance in about one try of four (4 of 13 VM runs, across this
-# session's fixes). Such a try
-# is started again, up to ATTEMPTS in all; a koordd that never undoes a useless cut still fails.
+# session's fixes). Such a try is started again, up to ATTEMPTS in all; a koordd that never undoes a useless
+# cut still fails.
 ATTEMPTS = 3
 FAST_PORT = 17879
 SERVER = f"""
