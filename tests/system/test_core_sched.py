@@ -222,7 +222,7 @@ def test_the_emulated_siblings_never_run_ls_and_be_at_once(busy):
     before = busy_cpus()
 
     vm.write_config(CONFIG)
-    vm.systemctl("start", vm.UNIT)
+    vm.start_koordd_beside(*(unit_cgroup(u, BUSY_UNITS) for u in BUSY_UNITS))
     busy_threads = [t for u in BUSY_UNITS for t in threads(unit_cgroup(u, BUSY_UNITS))]
     assert vm.wait_for(lambda: 0 not in {cookie(t) for t in busy_threads}, 90), vm.journal_text()[-4000:]
     assert len({cookie(t) for t in busy_threads}) == 2, {t: cookie(t) for t in busy_threads}    # LS's, BE's
