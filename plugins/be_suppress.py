@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from koordd.core.cgroup_text import CFS_QUOTA_MIN, MAX_CPUS, format_cpu_max, format_cpulist, parse_cpu_max, parse_cpulist
@@ -299,12 +300,14 @@ def _sized_actions(snapshot: Snapshot, settings, state: State, be, non_be: float
         if sized is None:
             return []       # no LS signal yet: hold the current limits
         allowance, reason, why, extra = sized
-        # The allowance moved at the rule's own pace already: the knob follows it in one step. A cut judged
-        # to have helped stays as it is: said on record (KEPT) with its verdict, though nothing is written.
-        kept = (reason.get("experiment") or {}).get("verdict") == "helped"
+        # The allowance moved at the rule's own pace already: the knob follows it in one step. Every verdict
+        # is on record, also where it leaves the knobs as they are (a cut that helped stays, a release that
+        # cost nothing stays released): said (KEPT) with its verdict, though nothing is written.
+        judged = "verdict" in (reason.get("experiment") or {}) and not any(
+            "verdict" in (a.reason.get("experiment") or {}) for a in extra)
         limits = _limit_actions(snapshot, settings, be, Sizing(capacity, allowance, False, reason, why, grow=1.0,
-                                                               say=kept))
-        if kept:
+                                                               say=judged))
+        if judged:
             extra = [replace(a, say=True, reason={**a.reason, "experiment": reason["experiment"]})
                      if a.value is not None else a for a in extra]
         return extra + limits
@@ -399,7 +402,7 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     experiment = verdict.fields() if verdict is not None else None
     lapsed = lab.lapsed(now) if verdict is None else None
     if verdict is not None:
-        step, undone = _verdict_step(settings, state, verdict, running, experiment)
+        step, undone = _verdict_step(settings, state, verdict, running, experiment, healthy)
         extra += undone
     elif lapsed is not None:
         step, undone = _lapsed_step(state, lapsed)
@@ -442,7 +445,7 @@ def _choose_step(snapshot: Snapshot, settings, state: State, rd: SlackRound) -> 
             _end_guard_cut(settings, state, rd.now)
         return _steer_cut(snapshot, settings, state, rd)
     if running is not None and running.bound is None:
-        return ("floor (LS recovering)" if state.at_floor else f"hold: judging the {running.lever} cut"), []
+        return ("floor (LS recovering)" if state.at_floor else f"hold: judging {_what(running)}"), []
     if rd.between and (s is None or s < GROW_AT):
         return f"hold: no SLO value this round for {', '.join(rd.between)} (neither late nor healthy)", []
     if rd.guarding and g < 0:
@@ -564,11 +567,19 @@ def _guard_clock(settings, state: State, steer: tuple | None, guard: tuple | Non
     return g is not None and now >= state.guard_off_until
 
 
-def _verdict_step(settings, state: State, verdict: Verdict, running, experiment: dict) -> tuple[str | None, list]:
+def _verdict_step(settings, state: State, verdict: Verdict, running, experiment: dict,
+                  healthy: Iterable) -> tuple[str | None, list]:
     """The running cut's verdict came due (its experiment ended): one that bought nothing is undone and its
-    lever rests (a guard's bounded cut also stops the guard cutting for guard_cut_max). Returns the round's
-    step (None where the cut helped: it stays, and the round goes on) and the undoing actions."""
+    lever rests (a guard's bounded cut also stops the guard cutting for guard_cut_max); one that helped while
+    its signal is still not healthy is released once to test it (_release); a release is judged the other
+    way round (_release_verdict). Returns the round's step (None where the cut helped and stays: the round
+    goes on) and the actions."""
+    if running.release is not None:
+        return _release_verdict(state, verdict, running, experiment)
     if verdict.helped:
+        if (running.lever in (BE_CAP, HOT_CAP) and running.bound is None and verdict.key not in set(healthy)
+                and state.lab.retest(running.lever, running.conditions, state.lab.now)):
+            return _release(state, verdict, running)
         return None, []
     lab, now = state.lab, state.lab.now
     if running.bound is not None:
@@ -579,10 +590,57 @@ def _verdict_step(settings, state: State, verdict: Verdict, running, experiment:
     return step, _undo_actions(state, running, step, experiment)
 
 
+def _release(state: State, verdict: Verdict, e) -> tuple[str, list]:
+    """A/B/A (core/experiment.py): cut `e` was judged helped, yet its signal is still not healthy, and one
+    comparison of a wandering signal can call a useless cut "helped" (4 floors of 13 in CI's VM, each then
+    holding BE down). Release it for one window, judged as a cut is: what puts it back is kept with it."""
+    lab = state.lab
+    if e.lever == BE_CAP:
+        back = (state.allowance, state.at_floor)
+    else:
+        back = {cg: state.hot[cg] for cg in e.undo if cg in state.hot}
+    step = f"release to test: {verdict.text()}, yet {verdict.key[1]} is not healthy"
+    actions = _undo_actions(state, e, step, verdict.fields())
+    lab.start(lab.now, e.lever, e.key, e.be_before - verdict.be_given_up, e.conditions, undo=back, release=verdict)
+    return step, actions
+
+
+def _release_verdict(state: State, verdict: Verdict, e, experiment: dict) -> tuple[str, list]:
+    """A released cut's verdict: where releasing it cost latency the cut helps, and goes back (_recut);
+    where it cost nothing the cut bought nothing after all: it stays released and its lever rests."""
+    if verdict.helped:
+        step = f"cut again: {verdict.text()}"
+        return step, _recut(state, e, step, experiment)
+    rest = state.lab.resting(verdict.lever, verdict.key[1], state.lab.now)
+    return f"stay released: {verdict.text()}; {verdict.lever} rests {rest:g}s for {verdict.key[1]}", []
+
+
+def _recut(state: State, e, step: str, experiment: dict) -> list[Action]:
+    """Put back the cut that release `e` took away: BE's allowance (and its floor, whose hold starts
+    again: what LS shows at the floor decides any raised target), or the hot caps."""
+    if e.lever == BE_CAP:
+        allowance, floor = e.undo
+        state.allowance = min(state.allowance, allowance)
+        if floor:
+            state.at_floor, state.floor_since = True, state.lab.now
+        return []
+    caps = {cg: v for cg, v in e.undo.items() if cg not in state.hot}
+    state.hot.update(caps)
+    return [Action(cg, "cpu.max", value, {"rule": "slack", "lever": HOT_CAP, "step": step, "experiment": experiment},
+                   f"hot cap on {cg} again: {step}") for cg, value in sorted(caps.items())]
+
+
+def _what(e) -> str:
+    return f"the release of the {e.lever} cut" if e.release is not None else f"the {e.lever} cut"
+
+
 def _lapsed_step(state: State, e) -> tuple[str, list]:
     """The running cut's signal gave no value from the cut to its due time (its LS work gone or idle): there
     is nothing to judge it by, so what it moved goes back, and the lever does not rest. Without this a
-    floor taken as LS's last waits ended held BE there for good ("hold: judging the cut")."""
+    floor taken as LS's last waits ended held BE there for good ("hold: judging the cut"). A release stays
+    released: it gave BE back its CPU, and nothing says the cut is needed."""
+    if e.release is not None:
+        return f"stay released: {e.key[1]} of {e.key[0]} gave no value since the release of the {e.lever} cut", []
     if e.bound is not None:
         state.guard_cut = None
     step = (f"undo: {e.key[1]} of {e.key[0]} gave no value since the {e.lever} cut (its work gone or idle): "
@@ -631,11 +689,12 @@ def _steer_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, l
     if state.at_floor and now - state.floor_since >= float(settings.slack_floor_hold) and running is None:
         return _raise_targets(snapshot, state, rd), []
     if running is not None:
-        if running.lever == BE_CAP and rd.s < 0 and rd.below and not state.at_floor:
+        if running.lever == BE_CAP and running.release is None and rd.s < 0 and rd.below and not state.at_floor:
             _to_floor(state, rd)
             lab.deepen(now)
             return "floor", []
-        return ("floor" if state.at_floor else f"hold: judging the {running.lever} cut"), []
+        # A release under test is not cut deeper: its verdict, one window on, puts the cut back if it hurt.
+        return ("floor" if state.at_floor else f"hold: judging {_what(running)}"), []
     if state.at_floor:
         return "floor", []
     if not lab.confirmed((worst["cgroup"], worst["signal"]), now, worst["target"] * (1 - HOLD_AT)):

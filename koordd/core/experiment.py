@@ -45,6 +45,15 @@ a real improvement is still judged "helped":
   Successive differences alone (the old measure) see almost no noise in such a signal and call its
   wandering a gain.
 
+A cut judged "helped" whose signal is still not healthy is tested once more the other way (A/B/A:
+`start(release=)`): the loop releases it for one window, and the release is judged as a cut is, with the
+sign turned: where the signal got worse by more than the margin the cut helps, and the loop puts it back;
+where it did not, the cut bought nothing after all (its "helped" is retracted from the lever's record) and
+stays released. One before/after comparison of a signal that wanders (a p99 under TCG: 21-31 ms over tens
+of seconds with nothing changed) called 4 useless floors of 13 "helped" in CI's VM, and a kept floor held BE
+there until the targets were raised; the release costs LS one window where the cut was real, so a lever
+the release confirmed under the same conditions is not released again for `rest_max` seconds.
+
 A cut that bought nothing is the loop's to undo; the lever then rests for that signal, `rest` seconds
 the first time, doubling each time in a row up to `rest_max` (as a failing loop backs off), and a cut
 that helped ends the doubling. What a lever bought is remembered for the conditions it was tried in
@@ -232,6 +241,7 @@ class Experiment:
     drift: float = 0.0           # the signal's own fall per second before the cut (drift(); <= 0)
     lag: float = 0.0             # seconds the signal's value reaches back when the cut was taken
     before_at: float = 0.0       # the middle of the span `before` was taken over
+    release: Verdict | None = None     # a release of a kept cut (A/B/A): the verdict that kept it
     after: list = field(default_factory=list)      # (time, value, place)
     be_after: list = field(default_factory=list)   # BE cores after the cut
 
@@ -239,7 +249,7 @@ class Experiment:
         return {"lever": self.lever, "cgroup": self.key[0], "signal": self.key[1], "before": round(self.before, 3),
                 "noise": round(self.noise, 3), "n_before": self.n_before, "correlation": round(self.correlation, 3),
                 "drift_per_s": round(self.drift, 3), "lag_s": round(self.lag, 3), "started": self.started,
-                "bound": self.bound}
+                "bound": self.bound, "test": "release" if self.release is not None else "cut"}
 
 
 @dataclass(frozen=True)
@@ -256,26 +266,34 @@ class Verdict:
     n_before: int = 1            # rounds the level before was taken over
     n_after: int = 1             # rounds the level after was taken over
     expected: float | None = None    # where the signal was falling on its own: the level it would have reached
+    release: bool = False        # the test of a kept cut by its release: `helped` says the cut helps
 
     @property
     def gain(self) -> float:
         """What the cut bought: the level it is judged against (before, or where a falling signal would have
-        got to without it) minus the level after."""
-        return (self.before if self.expected is None else self.expected) - self.after
+        got to without it) minus the level after; for a release, the level after minus that level (what
+        releasing the cut cost)."""
+        level = self.before if self.expected is None else self.expected
+        return self.after - level if self.release else level - self.after
 
     def fields(self) -> dict:
         return {"lever": self.lever, "cgroup": self.key[0], "signal": self.key[1], "before": round(self.before, 3),
                 "after": round(self.after, 3), "noise": round(self.noise, 3), "margin": round(self.margin, 3),
                 "expected": None if self.expected is None else round(self.expected, 3),
-                "n_before": self.n_before, "n_after": self.n_after,
+                "n_before": self.n_before, "n_after": self.n_after, "test": "release" if self.release else "cut",
                 "verdict": "helped" if self.helped else "bought nothing", "be_given_up_cores": round(self.be_given_up, 3)}
 
     def text(self) -> str:
+        sig = self.key[1]
+        falling = "" if self.expected is None else f"falling on its own to {_show(sig, self.expected)}, "
+        figures = (f"{sig} {_show(sig, self.before)} -> {_show(sig, self.after)} ({falling}noise "
+                   f"{_show(sig, self.noise)}, margin {_show(sig, self.margin)}, {self.n_before}/{self.n_after} rounds)")
+        if self.release:
+            if self.helped:
+                return f"release cost latency: {figures}: the {self.lever} cut helps"
+            return f"release cost nothing: {figures}: the {self.lever} cut bought nothing after all"
         what = "cut helped" if self.helped else "cut bought nothing"
-        falling = "" if self.expected is None else f"falling on its own to {_show(self.key[1], self.expected)}, "
-        return (f"{what}: {self.key[1]} {_show(self.key[1], self.before)} -> {_show(self.key[1], self.after)} "
-                f"({falling}noise {_show(self.key[1], self.noise)}, margin {_show(self.key[1], self.margin)}, "
-                f"{self.n_before}/{self.n_after} rounds) for {self.be_given_up:.2f} BE cores")
+        return f"{what}: {figures} for {self.be_given_up:.2f} BE cores"
 
 
 def _show(signal: str, value: float) -> str:
@@ -288,8 +306,9 @@ class Record:
     """What a lever bought under one condition (or in total): verdicts, latency gained, BE cores given."""
     helped: int = 0
     nothing: int = 0
-    gain: float = 0.0            # sum of before - after over helped cuts, in the signal's unit
-    be_given_up: float = 0.0     # sum of BE cores given up over helped cuts
+    retracted: int = 0           # of the helped: cuts whose release then cost nothing (A/B/A)
+    gain: float = 0.0            # sum of before - after over helped cuts not retracted, in the signal's unit
+    be_given_up: float = 0.0     # sum of BE cores given up over the same cuts
 
     def add(self, v: Verdict) -> None:
         if v.helped:
@@ -299,16 +318,24 @@ class Record:
         else:
             self.nothing += 1
 
+    def retract(self, v: Verdict) -> None:
+        """A cut judged helped (`v`) whose release cost nothing: it counts as helped no more. The counts only
+        grow (they are counters: koordd_loop_lever_verdicts_total)."""
+        self.retracted += 1
+        self.gain -= v.gain
+        self.be_given_up -= v.be_given_up
+
     @property
     def score(self) -> float:
-        """The share of cuts that helped; 0.5 for a lever never judged (between helped and not)."""
+        """The share of cuts that helped (those retracted not counted); 0.5 for a lever never judged."""
         n = self.helped + self.nothing
-        return self.helped / n if n else 0.5
+        return (self.helped - self.retracted) / n if n else 0.5
 
     def summary(self) -> dict:
-        return {"helped": self.helped, "bought_nothing": self.nothing,
-                "mean_gain": round(self.gain / self.helped, 3) if self.helped else None,
-                "mean_be_cores_given_up": round(self.be_given_up / self.helped, 3) if self.helped else None}
+        kept = self.helped - self.retracted
+        return {"helped": self.helped, "bought_nothing": self.nothing, "retracted": self.retracted,
+                "mean_gain": round(self.gain / kept, 3) if kept else None,
+                "mean_be_cores_given_up": round(self.be_given_up / kept, 3) if kept else None}
 
 
 @dataclass
@@ -334,6 +361,7 @@ class Lab:
     chosen: dict[str, int] = field(default_factory=dict)                      # lever -> times chosen
     last: dict[str, dict] = field(default_factory=dict)                       # lever -> its last verdict
     lags: dict[Key, float] = field(default_factory=dict)                      # key -> its value's reach back
+    confirmed_at: dict[tuple, float] = field(default_factory=dict)   # (lever, conditions) -> when a release confirmed it
     now: float = 0.0                                                          # the latest round's time
     _moved: bool = False                                                      # a lever moved this round
 
@@ -358,7 +386,7 @@ class Lab:
             if be_cores is not None:
                 e.be_after.append(be_cores)
         settled = [a for a in e.after if a[0] >= e.changed + self.settle and a[0] > e.changed + e.lag] or e.after
-        if e.key in set(healthy) and e.after:
+        if e.key in set(healthy) and e.after and e.release is None:
             v = self._verdict(e, e.after, early=True)
             if v.helped:
                 return self._end(now, v)
@@ -389,7 +417,7 @@ class Lab:
             elapsed = min(statistics.median(t for t, _, _ in after) - e.before_at, self.window)
             expected = max(e.before + e.drift * max(elapsed, 0.0), 0.0)
         v = Verdict(e.lever, e.key, False, e.before, level, e.noise, need, given, early, e.n_before, len(after),
-                    expected)
+                    expected, release=e.release is not None)
         return replace(v, helped=v.gain > need)
 
     def confirmed(self, key: Key, now: float, over: float) -> bool:
@@ -401,8 +429,15 @@ class Lab:
 
     def _end(self, now: float, v: Verdict) -> Verdict:
         e, self.running = self.running, None
-        self.memory.setdefault(e.conditions, {}).setdefault(v.lever, Record()).add(v)
-        self.totals.setdefault(v.lever, {}).setdefault(v.key[1], Record()).add(v)
+        records = (self.memory.setdefault(e.conditions, {}).setdefault(v.lever, Record()),
+                   self.totals.setdefault(v.lever, {}).setdefault(v.key[1], Record()))
+        for record in records:
+            if e.release is None:
+                record.add(v)
+            elif not v.helped:               # the release cost nothing: the cut's "helped" was not
+                record.retract(e.release)
+        if e.release is not None and v.helped:
+            self.confirmed_at[(v.lever, e.conditions)] = now
         self.last[v.lever] = {**v.fields(), "time": now}
         rest = self.rests.setdefault((v.lever, v.key[1]), Rest())
         if v.helped:
@@ -413,7 +448,7 @@ class Lab:
         return v
 
     def start(self, now: float, lever: str, key: Key, be_cores: float, cond: tuple, undo: Any = None,
-              bound: float | None = None) -> Experiment:
+              bound: float | None = None, release: Verdict | None = None) -> Experiment:
         """The loop moved `lever` for signal `key` this round: judge it from here, against the median of the
         signal over the confirmation span up to now (half the window: the rounds that showed the state that
         prompted the cut; over the whole window a windowed p99 that was still climbing towards the level
@@ -428,10 +463,17 @@ class Lab:
         self.running = Experiment(lever, key, now, now, before, sigma, be_cores, cond, undo, bound,
                                   n_before=max(len(past), 1), correlation=r, drift=fall,
                                   lag=self.lags.get(key, 0.0),
-                                  before_at=statistics.median(t for t, _ in past) if past else now)
+                                  before_at=statistics.median(t for t, _ in past) if past else now, release=release)
         self._moved = True
-        self.chosen[lever] = self.chosen.get(lever, 0) + 1
+        if release is None:
+            self.chosen[lever] = self.chosen.get(lever, 0) + 1
         return self.running
+
+    def retest(self, lever: str, cond: tuple, now: float) -> bool:
+        """Whether a cut of `lever` judged helped under `cond` should be released once to test it (module
+        docstring: A/B/A): not where a release confirmed it under the same conditions within `rest_max`."""
+        at = self.confirmed_at.get((lever, cond))
+        return at is None or now - at > self.rest_max
 
     def moved(self) -> None:
         """The loop moved a lever this round (any step, not only a cut): the next round's values are no

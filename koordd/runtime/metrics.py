@@ -75,7 +75,8 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "koordd_loop_last_success_timestamp_seconds": (GAUGE, ("loop",), "the loop's last tick without error (Unix time)"),
     "koordd_loop_last_changes": (GAUGE, ("loop",), "knobs the loop's last tick changed"),
     "koordd_loop_lever_verdicts_total": (COUNTER, ("loop", "lever", "signal", "verdict"), "cuts judged: helped or "
-                                         "bought_nothing, by lever and the LS signal it acted on (be_suppress)"),
+                                         "bought_nothing, by lever and the LS signal it acted on (be_suppress); "
+                                         "retracted: helped cuts whose release then cost nothing"),
     "koordd_loop_lever_mean_gain": (GAUGE, ("loop", "lever", "signal"), "mean improvement of the signal per cut "
                                     "that helped (µs for latencies, percent for pressure)"),
     "koordd_loop_lever_mean_be_cores_given_up": (GAUGE, ("loop", "lever", "signal"), "mean BE cores given up per "
@@ -245,6 +246,7 @@ def _loops(out: _Series, p: Published) -> None:
                 out.add("koordd_loop_lever_verdicts_total", [name, lever, signal, "helped"], rec.get("helped"))
                 out.add("koordd_loop_lever_verdicts_total", [name, lever, signal, "bought_nothing"],
                         rec.get("bought_nothing"))
+                out.add("koordd_loop_lever_verdicts_total", [name, lever, signal, "retracted"], rec.get("retracted"))
                 out.add("koordd_loop_lever_mean_gain", [name, lever, signal], rec.get("mean_gain"))
                 out.add("koordd_loop_lever_mean_be_cores_given_up", [name, lever, signal],
                         rec.get("mean_be_cores_given_up"))

@@ -5,7 +5,8 @@ STATUS = {"loops": {"be_suppress": {"ticks": 9, "report": {"running": None, "lev
     "be_cap": {"chosen": 3, "by_signal": {"app_p99_us": {"helped": 2, "bought_nothing": 1, "mean_gain": 1500.0,
                                                          "mean_be_cores_given_up": 0.75}},
                "resting_s": {}, "last": None},
-    "hot_cap": {"chosen": 1, "by_signal": {"app_p99_us": {"helped": 0, "bought_nothing": 1, "mean_gain": None,
+    "hot_cap": {"chosen": 1, "by_signal": {"app_p99_us": {"helped": 1, "bought_nothing": 1, "retracted": 1,
+                                                          "mean_gain": None,
                                                           "mean_be_cores_given_up": None}},
                 "resting_s": {"app_p99_us": 12.0}, "last": None},
     "leave": {"chosen": 4, "by_signal": {}, "resting_s": {}, "last": None}}}}}}
@@ -15,7 +16,9 @@ def test_each_lever_says_what_it_bought_for_how_much_be_work():
     lines = lever_lines(STATUS)
     assert lines[0].startswith("be_suppress's levers")
     assert lines[1] == "  be_cap: chosen 3: app_p99_us 2 helped, 1 bought nothing, 1.50ms bought for 0.75 BE cores"
-    assert lines[2] == "  hot_cap: chosen 1: app_p99_us 0 helped, 1 bought nothing; rests 12s for app_p99_us"
+    # a helped whose release then cost nothing (A/B/A) is said so
+    assert lines[2] == ("  hot_cap: chosen 1: app_p99_us 1 helped (1 of them not, their release cost nothing), "
+                        "1 bought nothing; rests 12s for app_p99_us")
     assert lines[3] == "  leave: chosen 4"
 
 

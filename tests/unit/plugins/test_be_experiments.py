@@ -116,3 +116,54 @@ def test_a_lever_that_helps_is_kept_and_tried_first_next_time(node):
     # every verdict is on record: one that changed nothing is a KEPT decision (Action.say)
     assert order.count(("be_cap", "helped")) == helped["helped"], (order, helped)
     assert report["hot_cap"]["chosen"] == 1
+
+
+def experiment_steps(got) -> list[tuple[str, str, str]]:
+    """(lever, test, step's first words) of each round's judged experiments, in order, once each."""
+    out = []
+    for rs in got:
+        for r in rs:
+            e, step = r["reason"].get("experiment") or {}, r["reason"].get("step", "")
+            if e.get("verdict") and (e["lever"], e.get("test"), step.split(":")[0]) not in out[-1:]:
+                out.append((e["lever"], e.get("test"), step.split(":")[0]))
+    return out
+
+
+def test_a_cut_that_helps_but_leaves_ls_unhealthy_is_released_once_to_test_it_and_put_back(node):
+    d, tree, round_, clock = node
+    # Capping be.slice halves LS's pressure, 50% -> 25%, still over its 20% target: the cut helps, but not
+    # enough. One comparison could have been chance, so it is released for a window (A/B/A): 50% again, the
+    # cut goes back, and it is not released again while the same conditions hold (LS then stays at the floor
+    # for slack_floor_hold, its target is raised to what it shows there, and BE grows: as before).
+    relief = lambda tree: 25.0 if capped(tree, "be.slice") else 50.0
+    round_(relief)
+    got = [round_(relief) for _ in range(40)]
+    seen = experiment_steps(got)
+    assert ("be_cap", "cut", "release to test") in seen, seen
+    at = seen.index(("be_cap", "cut", "release to test"))
+    assert seen[at + 1] == ("be_cap", "release", "cut again"), seen
+    assert [s for s in seen[at + 2:] if s[2] == "release to test"] == [], seen    # confirmed: kept from here
+    record = d.runner.status()["be_suppress"]["report"]["levers"]["be_cap"]["by_signal"]["cpu_pressure_avg10"]
+    assert record["helped"] >= 1 and record["retracted"] == 0
+
+
+def test_a_cut_judged_helped_by_chance_is_released_and_stays_released(node):
+    d, tree, round_, clock = node
+    # LS's pressure falls from 50% to 25% in the very round the first cut (a hot cap on BE's pods) takes hold,
+    # and stays there whatever koordd does: the cut is judged helped, released to test it, the release costs
+    # nothing, so the pods stay uncapped, the helped is retracted and the hot cap rests.
+    fell = []
+    def wander(tree):
+        if not fell and any(capped(tree, p) for p in PODS):
+            fell.append(True)
+        return 25.0 if fell else 50.0
+    round_(wander)
+    got = [round_(wander) for _ in range(20)]
+    seen = experiment_steps(got)
+    assert seen[:3] == [("hot_cap", "cut", "release to test"), ("hot_cap", "release", "stay released"),
+                        ("be_cap", "cut", "undo")], seen
+    assert not any(capped(tree, p) for p in PODS)
+    levers = d.runner.status()["be_suppress"]["report"]["levers"]
+    hot = levers["hot_cap"]["by_signal"]["cpu_pressure_avg10"]
+    assert (hot["helped"], hot["retracted"], hot["mean_gain"]) == (1, 1, None)
+    assert levers["hot_cap"]["resting_s"]["cpu_pressure_avg10"] > 0

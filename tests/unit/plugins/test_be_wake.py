@@ -180,17 +180,23 @@ def test_be_pods_cpu_is_read_only_while_ls_is_near_its_target_or_a_hot_cap_is_he
 
 def test_a_cut_judged_helped_in_a_round_that_changes_nothing_is_put_on_record():
     """The floor brings LS's run-queue p99 from 3 ms to 1.9 ms against its 2 ms target: helped, but with 5%
-    slack BE stays at its floor, so the verdict's round writes nothing. Its BE knob action is asked on
-    record (Action.say): the actuator makes it a KEPT decision carrying the verdict, so the journal says the
-    cut helped and stays (before, the verdict showed only in status.json)."""
+    slack LS is not healthy, so the first time the floor is released for a window to test it (A/B/A); the
+    release costs latency (3 ms again), so the floor goes back, confirmed. LS then recovers, BE grows, and
+    the next floor under the same conditions is not released again: BE stays at its floor, so that
+    verdict's round writes nothing. Its BE knob action is asked on record (Action.say): the actuator makes
+    it a KEPT decision carrying the verdict, so the journal says the cut helped and stays (before, the
+    verdict showed only in status.json)."""
     s = settings(rule="slack", wake_lever=False)
     state = BeSuppress.initial_state(s)
-    said = []
-    for t in range(12):
+    said, steps = [], []
+    for t in range(40):
         quota = 200_000 if state.allowance is None else round(state.allowance * PERIOD)
-        p99 = 1900 if quota <= 2000 else AT_RISK_US
+        p99 = 1000 if 14 <= t < 18 else 1900 if quota <= 2000 else AT_RISK_US
         actions = BeSuppress.decide(health(float(t), 1.0, quota, p99_us=p99), s, state)
-        said += [(t, a.value, a.reason["experiment"]["verdict"]) for a in actions if a.say]
+        steps += [a.reason["step"].split(":")[0] for a in actions if a.value and a.reason.get("experiment")]
+        said += [(t, a.value, a.reason["experiment"]["verdict"]) for a in actions
+                 if a.say and a.value == f"{quota} 100000"]
         assert all(a.knob == "cpu.max" for a in actions if a.say)
+    assert steps[:3] == ["floor", "release to test", "cut again"], steps
     assert said and all(v == "helped" for _, _, v in said), said
-    assert said[0][1] == "2000 100000"          # the floor, as it is: nothing to write, on record
+    assert said[0][1] == "2000 100000" and said[0][0] > 18, said    # the second floor, as it is: on record

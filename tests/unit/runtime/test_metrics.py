@@ -136,7 +136,7 @@ def test_every_series_made_is_declared_with_its_labels():
                   loops={"be_suppress": {"interval": 1.0, "ticks": 5, "errors": 1, "failures": 0, "last_seconds": 0.001,
                                          "seconds_total": 0.01, "cpu_seconds_total": 0.009, "last_ok": 1.7e9,
                                          "last_changes": 1, "report": {"levers": {"be_cap": {"by_signal": {
-                                             "app_p99_us": {"helped": 2, "bought_nothing": 1, "mean_gain": 900.0,
+                                             "app_p99_us": {"helped": 2, "bought_nothing": 1, "retracted": 1, "mean_gain": 900.0,
                                                             "mean_be_cores_given_up": 0.5}}}}}}},
                   decisions={("be_suppress", "applied", "cpu.max"): 3},
                   held=(Held("be.slice", "cpu.max", "max 100000", "be_suppress", 1.0),),
