@@ -30,7 +30,9 @@ Two rules decide how much CPU BE may use (`rule`):
   after the floor; later by as far back as the signal's quantile reaches, _lags) the signal it acted on is
   compared with its median over the confirmation span before the cut; a cut that bought no more than the
   signal's noise allows (its spread, the rounds on each side) is undone ("cut bought nothing: runq_p99_us 4.10
-  ms -> 4.10 ms") and that lever rests for that signal `lever_rest`, doubling each time in a row. The levers:
+  ms -> 4.10 ms") and that lever rests for that signal `lever_rest`, doubling each time in a row. A cut judged
+  helped while its signal is still not healthy is released for one window to test it (A/B/A, _release): put
+  back where the release cost latency, else left released, its "helped" retracted, its lever resting. The levers:
   a cap on the busiest BE pods or jobs alone (`hot_cap_percent`, where BE has two or more busy ones: those
   whose CPU use follows the signal, else the busiest, half of them at most), the whole-BE cap (`policy`'s
   knob), and leaving BE alone (cpu.idle decides who runs) when every cut rests. What each bought is remembered
