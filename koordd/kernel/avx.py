@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from koordd.kernel.kfiles import read_small
 from koordd.kernel.perf import CYCLES, raw_event
 
 NEVER = -1                  # AVX512_elapsed_ms of a thread never seen using AVX-512
@@ -55,17 +56,11 @@ def stat_fields(text: str) -> list[str] | None:
 
 
 def _read_small(path: str) -> str | None:
-    """One read of a small proc file; None once the thread has exited (or the file is not there)."""
+    """A small proc file; None once the thread has exited (or the file is not there)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        return read_small(path)
     except OSError:
         return None
-    try:
-        return os.read(fd, 1024).decode("ascii", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)

@@ -314,6 +314,11 @@ def report(proc: Path = Path("/proc")) -> dict:
             "objects": sorted((o.describe() for o in list(_LOADED) if o.obj), key=lambda d: d["object"])}
 
 
+def loaded() -> frozenset[str]:
+    """The objects this process has loaded now, by path: what report() would list (a cheap look)."""
+    return frozenset(str(o.path) for o in list(_LOADED) if o.obj)
+
+
 class BpfObject:
     """One CO-RE object: opened, prepared (`prepare(self)` before the load: flags, read-only data),
     loaded; its programs attached through links; everything freed by `close` (or by the kernel when

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from koordd.core.cgroup_text import parse_cpulist
 from koordd.core.snapshot import CpuTopology, NodeSample, PressureStat
+from koordd.kernel.kfiles import read_small
 from koordd.sensors.psi import parse_psi, with_growth
 
 
@@ -37,11 +38,14 @@ class NodeSensor:
         self.proc, self.sys = Path(proc_root), Path(sys_root)
         self._cpu_prev: tuple[int, int] | None = None
         self._psi_prev: dict[str, tuple[float, PressureStat]] = {}
+        # The files read every round, their paths joined once.
+        self._meminfo, self._stat = str(self.proc / "meminfo"), str(self.proc / "stat")
+        self._pressure = {r: str(self.proc / "pressure" / r) for r in ("cpu", "memory", "io")}
         self.cpu_count = self._online_cpus()
         self.topology = self._topology()
 
     def sample(self, now: float) -> NodeSample:
-        mem = self._read(lambda: parse_meminfo((self.proc / "meminfo").read_text()))
+        mem = self._read(lambda: parse_meminfo(read_small(self._meminfo)))
         return NodeSample(
             cpu_count=self.cpu_count,
             cpu_used=self._cpu_used(),
@@ -55,14 +59,14 @@ class NodeSensor:
         )
 
     def _cpu_used(self) -> float | None:
-        cur = self._read(lambda: parse_proc_stat_cpu((self.proc / "stat").read_text()))
+        cur = self._read(lambda: parse_proc_stat_cpu(read_small(self._stat)))
         prev, self._cpu_prev = self._cpu_prev, cur
         if cur is None or prev is None or cur[1] <= prev[1]:
             return None
         return self.cpu_count * (cur[0] - prev[0]) / (cur[1] - prev[1])
 
     def _psi(self, resource: str, now: float) -> PressureStat | None:
-        stat = self._read(lambda: parse_psi((self.proc / "pressure" / resource).read_text()))
+        stat = self._read(lambda: parse_psi(read_small(self._pressure[resource])))
         if stat is None:
             return None
         prev = self._psi_prev.get(resource)

@@ -26,6 +26,7 @@ from koordd.kernel import bpf_objects
 from koordd.kernel.bpf_shared import RUNQ_SLOTS
 from koordd.kernel.cgroupfs import DEFAULT_ROOT, Layout, LayoutError, detect_layout, thread_ids
 from koordd.kernel.host_probe import Host, yes
+from koordd.kernel.kfiles import read_small
 from koordd.kernel.libbpf import BpfError, BpfObject, libbpf
 from koordd.sensors.cgroup_hist import KERNEL_BTF, CgroupHistograms, below, enclosing  # enclosing: still runq's too
 from koordd.sensors.contract import OptionalSensor, SensorContext, SensorUnavailable
@@ -69,18 +70,6 @@ class EbpfSource(CgroupHistograms):
 
 
 # --- the schedstat source ----------------------------------------------------------------------
-
-def read_small(path: str) -> str:
-    """A kernel file of any length, read whole through its descriptor (no buffered file object)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-        return b"".join(chunks).decode("ascii", "replace")
-    finally:
-        os.close(fd)
-
 
 def descendants(cgroup_dir: str) -> int | None:
     """nr_descendants of a v2 cgroup (its live cgroups below, at any depth); None where there is no
