@@ -22,7 +22,8 @@ Two rules decide how much CPU BE may use (`rule`):
   has not recovered by then, BE is not what it is short of (its own threads contend), and each
   target LS misses is raised to what LS shows at BE's floor plus 25% (so LS at that level has 20%
   slack and BE grows) for 5 minutes, after which it is judged by its declared targets again.
-  With no LS signal at all (no sensor, nothing ran yet) it holds what it has; a round in which a
+  With no LS signal at all (no sensor, nothing ran yet) it holds what it has, unless the node has no LS
+  cgroup at all: then there is nothing to protect, and BE grows as in a healthy round (_without_ls); a round in which a
   class's SLO has no value within 2 s of its last one (neither late nor healthy) holds too, and keeps
   "below zero" from the SLO's last value; an SLO silent for longer leaves the class to its health
   targets, as guards.
@@ -389,7 +390,7 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     units, extra = _hot_units(snapshot, settings, state)
     state.members_read = _members_matter(state, steer, guard)
     if steer is None and guard is None:
-        return None
+        return _without_ls(snapshot, settings, state, capacity)
     if state.allowance is None:
         state.allowance = _allowance_held(settings, be, capacity)
     allowance, running = state.allowance, lab.running          # as the round found them
@@ -425,6 +426,28 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     extra += _holds(state, extra)
     state.members_read = _members_matter(state, steer, guard)
     return state.allowance, reason, why, extra
+
+
+def _without_ls(snapshot: Snapshot, settings, state: State, capacity: int):
+    """No LS signal this round. Where the node has LS cgroups the sensors are blind (nothing measured yet, a
+    sensor gone): hold what BE has (None). Where it has none, there is nothing to protect: a running cut ends
+    without a verdict and goes back, hot caps are lifted, the wake lever's request is released, and BE grows
+    as in a healthy round. Before, BE kept the cap of the last LS service's last round for as long as no LS
+    cgroup came back, and the CPUs stayed out of deep idle."""
+    if state.allowance is None or snapshot.of_class(*LATENCY_SENSITIVE):
+        return None
+    step = "grow: no LS cgroup on the node, nothing to protect"
+    extra = []
+    running = state.lab.abandon()
+    if running is not None and running.release is None:
+        extra += _undo_actions(state, running, step, running.fields())
+    extra += _lift_hot(state, "no LS cgroup on the node") + (
+        _wake_release(state, "no LS cgroup on the node") if state.wake else [])
+    state.guard_cut, state.below_zero = None, False
+    _grow(settings, state, capacity)
+    state.lab.moved()
+    reason = {"rule": "slack", "step": step, "capacity": capacity, "allowance": round(state.allowance, 3)}
+    return state.allowance, reason, f"{step}: BE may use {state.allowance:.2f} of {capacity} CPUs", extra
 
 
 def _members_matter(state: State, steer, guard) -> bool:

@@ -279,6 +279,27 @@ def test_without_any_ls_signal_slack_holds_what_be_has():
     assert RUNQ_LATENCY not in BeSuppress.needs(settings())
 
 
+def test_when_the_ls_cgroups_go_be_grows_back_its_cut_undone_and_blind_sensors_still_hold():
+    s = settings(rule="slack")
+    state = BeSuppress.initial_state(s)
+    for t in (0.0, 1.0):
+        BeSuppress.decide(health(t, 1.0, 200_000, p99_us=4096), s, state)
+    assert state.at_floor and state.lab.running is not None and state.allowance == pytest.approx(0.02)
+    gone = dataclasses.replace(health(2.0, 1.0, 200_000, p99_us=4096), sections={RUNQ_LATENCY: {}})
+    gone = dataclasses.replace(gone, cgroups={"be": gone.cgroups["be"]})        # the LS service and its cgroup gone
+    [act] = [a for a in BeSuppress.decide(gone, s, state) if a.knob == "cpu.max"]
+    assert act.reason["step"] == "grow: no LS cgroup on the node, nothing to protect", act.reason
+    assert state.lab.running is None and not state.at_floor
+    assert state.allowance == pytest.approx(3.0)      # the cut put back (2 CPUs), then a healthy round's growth
+    later = dataclasses.replace(gone, time=3.0)
+    [act] = [a for a in BeSuppress.decide(later, s, state) if a.knob == "cpu.max"]
+    assert act.value == "max 100000"                  # the whole node: no cap
+    # the LS cgroup there but nothing measured (a sensor gone blind): BE holds what it has
+    blind = dataclasses.replace(health(4.0, 1.0, 50_000), sections={RUNQ_LATENCY: {}})
+    state.allowance = 0.5
+    assert [a for a in BeSuppress.decide(blind, s, state) if a.knob == "cpu.max"] == []
+
+
 def test_when_the_floor_helps_but_not_enough_the_targets_rise_to_what_ls_shows_without_be():
     # LS's p99 goes from 4 ms to 3 ms with BE at its floor (the cut helped) but stays over 2 ms (its own
     # threads contend). Not healthy, so the floor is released for a window to test it (A/B/A): LS is back at
