@@ -121,6 +121,10 @@ WAKE, WAKE_KNOB = "wake", "cpu_dma_latency"
 WAKE_CALM_WINDOWS = 6        # released once LS's slack was 10% or more for this many experiment windows
 LEVERS = (WAKE, HOT_CAP, BE_CAP, LEAVE)
 SLO_SIGNALS = frozenset({"app_p99_us", "app_p999_us"})     # core/health.py's SLO signals; the rest are proxies
+# cpu.pressure's avg10 is an exponential average the kernel updates every 2 s with a 10 s time constant: a
+# step shows 39% of its size 5 s on and 63% after 10 s. Judged 5 s after a cut (the window), a cut that
+# halved LS's stalls read as a third of that; from 10 s on it shows enough to be judged.
+PSI_AVG10_LAG = 10.0
 
 
 @dataclass
@@ -554,11 +558,13 @@ def _readings(signals: list, raised: dict) -> tuple[dict, list]:
 
 def _lags(state: State, values: dict) -> dict:
     """How many seconds back each signal's value reaches: an SLO's quantile and the run queue's p99 are
-    taken over enough recent rounds (HistogramWindow.span()); an experiment on them waits that long for a
-    cut to show in full (core/experiment.py)."""
+    taken over enough recent rounds (HistogramWindow.span()), and cpu.pressure's avg10 is the kernel's
+    average with a 10 s time constant (PSI_AVG10_LAG); an experiment on them waits that long for a cut to
+    show (core/experiment.py)."""
     def window(name: str):
         return state.slo if name in SLO_SIGNALS else state.runq if name == "runq_p99_us" else None
-    return {(cg, name): w.span(cg) for cg, name in values if (w := window(name)) is not None}
+    lags = {(cg, name): w.span(cg) for cg, name in values if (w := window(name)) is not None}
+    return lags | {key: PSI_AVG10_LAG for key in values if key[1] == "cpu_pressure_avg10"}
 
 
 def _note_slo_rounds(snapshot: Snapshot, state: State, signals: list, steer: tuple | None) -> list[str]:

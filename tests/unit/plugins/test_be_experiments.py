@@ -74,8 +74,9 @@ def test_a_cut_that_buys_nothing_is_undone_and_its_lever_rests(node):
     d, tree, round_, clock = node
     always = lambda tree: 50.0            # LS waits whatever BE is allowed: BE is not what it is short of
     round_(always)                        # the first round has no CPU rates yet
-    got = [round_(always) for _ in range(8)]
-    # Two rounds below zero: BE's pods are capped first (the hot cap), it buys nothing within 5 s, and is lifted
+    got = [round_(always) for _ in range(16)]
+    # Two rounds below zero: BE's pods are capped first (the hot cap), it buys nothing by its verdict (13 s on:
+    # avg10 is the kernel's 10 s average, so the experiment waits that long, then 3 s more), and is lifted
     assert any(capped(tree, p) for p in PODS) or any("hot cap" in s for r in got for s in steps(r)), got
     undone = [r for rs in got for r in rs if r["reason"].get("step", "").startswith("undo: cut bought nothing")]
     assert undone, [steps(r) for r in got]
@@ -83,7 +84,7 @@ def test_a_cut_that_buys_nothing_is_undone_and_its_lever_rests(node):
     assert first["experiment"]["verdict"] == "bought nothing" and first["experiment"]["lever"] == "hot_cap"
     assert "cpu_pressure_avg10 50 -> 50" in first["step"] and "hot_cap rests 30s" in first["step"]
     # then the whole-BE cap is tried, buys nothing either, and is undone: BE is back to no cap at all
-    for _ in range(8):
+    for _ in range(16):
         got.append(round_(always))
     verdicts = [r["reason"]["experiment"]["lever"] for rs in got for r in rs
                 if r["reason"].get("step", "").startswith("undo:")]
@@ -103,7 +104,7 @@ def test_a_lever_that_helps_is_kept_and_tried_first_next_time(node):
     relief = lambda tree: 2.0 if capped(tree, "be.slice") else 50.0
     round_(relief)
     order = []
-    for _ in range(40):
+    for _ in range(80):
         order += sorted({(e["lever"], e["verdict"]) for r in round_(relief)
                          if (e := r["reason"].get("experiment") or {}).get("verdict")})
     # hot cap first (nothing known), bought nothing; the whole-BE cap helped and was kept until LS was
@@ -137,7 +138,7 @@ def test_a_cut_that_helps_but_leaves_ls_unhealthy_is_released_once_to_test_it_an
     # for slack_floor_hold, its target is raised to what it shows there, and BE grows: as before).
     relief = lambda tree: 25.0 if capped(tree, "be.slice") else 50.0
     round_(relief)
-    got = [round_(relief) for _ in range(40)]
+    got = [round_(relief) for _ in range(80)]
     seen = experiment_steps(got)
     assert ("be_cap", "cut", "release to test") in seen, seen
     at = seen.index(("be_cap", "cut", "release to test"))
@@ -158,7 +159,7 @@ def test_a_cut_judged_helped_by_chance_is_released_and_stays_released(node):
             fell.append(True)
         return 25.0 if fell else 50.0
     round_(wander)
-    got = [round_(wander) for _ in range(20)]
+    got = [round_(wander) for _ in range(45)]
     seen = experiment_steps(got)
     assert seen[:3] == [("hot_cap", "cut", "release to test"), ("hot_cap", "release", "stay released"),
                         ("be_cap", "cut", "undo")], seen

@@ -114,14 +114,16 @@ def test_with_the_slo_met_a_run_queue_over_its_target_cuts_be_once_for_a_bounded
     assert grown_at <= 25.0 and quotas[-1] is None, got
 
 
-def test_the_experiments_are_told_how_far_back_the_slo_and_run_queue_quantiles_reach():
+def test_the_experiments_are_told_how_far_back_the_slo_and_run_queue_quantiles_and_pressure_reach():
     from koordd_plugins.be_suppress import State, _lags
     state = State()
     for t in range(5):                                      # 300 responses a second: 1000 take 4 rounds
         state.slo.add("ls", float(t), (300,))
     state.runq.add("ls", 4.0, (5000,))                      # a busy run queue: one round
     values = {("ls", "app_p99_us"): 1.0, ("ls", "runq_p99_us"): 1.0, ("ls", "cpu_pressure_avg10"): 1.0}
-    assert _lags(state, values) == {("ls", "app_p99_us"): 3.0, ("ls", "runq_p99_us"): 0.0}
+    # cpu.pressure's avg10: the kernel's 10 s average (a cut shows 63% of its effect 10 s on)
+    assert _lags(state, values) == {("ls", "app_p99_us"): 3.0, ("ls", "runq_p99_us"): 0.0,
+                                    ("ls", "cpu_pressure_avg10"): 10.0}
 
 
 def test_a_cut_whose_signal_goes_silent_is_undone_at_its_due_time_without_a_rest():
