@@ -409,7 +409,7 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     experiment = verdict.fields() if verdict is not None else None
     lapsed = lab.lapsed(now) if verdict is None else None
     if verdict is not None:
-        step, undone = _verdict_step(settings, state, verdict, running, experiment, healthy)
+        step, undone = _verdict_step(settings, state, verdict, running, experiment, healthy, units)
         extra += undone
     elif lapsed is not None:
         step, undone = _lapsed_step(state, lapsed)
@@ -443,7 +443,7 @@ def _without_ls(snapshot: Snapshot, settings, state: State, capacity: int):
     step = "grow: no LS cgroup on the node, nothing to protect"
     extra = []
     running = state.lab.abandon()
-    if running is not None and running.release is None:
+    if running is not None:
         extra += _undo_actions(state, running, step, running.fields())
     extra += _lift_hot(state, "no LS cgroup on the node") + (
         _wake_release(state, "no LS cgroup on the node") if state.wake else [])
@@ -599,14 +599,14 @@ def _guard_clock(settings, state: State, steer: tuple | None, guard: tuple | Non
 
 
 def _verdict_step(settings, state: State, verdict: Verdict, running, experiment: dict,
-                  healthy: Iterable) -> tuple[str | None, list]:
+                  healthy: Iterable, units: dict[str, float]) -> tuple[str | None, list]:
     """The running cut's verdict came due (its experiment ended): one that bought nothing is undone and its
     lever rests (a guard's bounded cut also stops the guard cutting for guard_cut_max); one that helped while
     its signal is still not healthy is released once to test it (_release); a release is judged the other
     way round (_release_verdict). Returns the round's step (None where the cut helped and stays: the round
-    goes on) and the actions."""
+    goes on) and the actions. `units`: the BE pods a hot cap may take this round (_hot_units)."""
     if running.release is not None:
-        return _release_verdict(state, verdict, running, experiment)
+        return _release_verdict(state, verdict, running, experiment, units)
     if verdict.helped:
         if (running.lever in (BE_CAP, HOT_CAP) and running.bound is None and verdict.key not in set(healthy)
                 and state.lab.retest(running.lever, running.conditions, state.lab.now)):
@@ -636,26 +636,28 @@ def _release(state: State, verdict: Verdict, e) -> tuple[str, list]:
     return step, actions
 
 
-def _release_verdict(state: State, verdict: Verdict, e, experiment: dict) -> tuple[str, list]:
+def _release_verdict(state: State, verdict: Verdict, e, experiment: dict, units: dict[str, float]) -> tuple[str, list]:
     """A released cut's verdict: where releasing it cost latency the cut helps, and goes back (_recut);
     where it cost nothing the cut bought nothing after all: it stays released and its lever rests."""
     if verdict.helped:
         step = f"cut again: {verdict.text()}"
-        return step, _recut(state, e, step, experiment)
+        return step, _recut(state, e, step, experiment, units)
     rest = state.lab.resting(verdict.lever, verdict.key[1], state.lab.now)
     return f"stay released: {verdict.text()}; {verdict.lever} rests {rest:g}s for {verdict.key[1]}", []
 
 
-def _recut(state: State, e, step: str, experiment: dict) -> list[Action]:
+def _recut(state: State, e, step: str, experiment: dict, units: dict[str, float]) -> list[Action]:
     """Put back the cut that release `e` took away: BE's allowance (and its floor, whose hold starts
-    again: what LS shows at the floor decides any raised target), or the hot caps."""
+    again: what LS shows at the floor decides any raised target), or the hot caps on the pods that a hot
+    cap may still take (`units`: one that left BE, became protected or went idle during the release is
+    left alone)."""
     if e.lever == BE_CAP:
         allowance, floor = e.undo
         state.allowance = min(state.allowance, allowance)
         if floor:
             state.at_floor, state.floor_since = True, state.lab.now
         return []
-    caps = {cg: v for cg, v in e.undo.items() if cg not in state.hot}
+    caps = {cg: v for cg, v in e.undo.items() if cg not in state.hot and cg in units}
     state.hot.update(caps)
     return [Action(cg, "cpu.max", value, {"rule": "slack", "lever": HOT_CAP, "step": step, "experiment": experiment},
                    f"hot cap on {cg} again: {step}") for cg, value in sorted(caps.items())]
@@ -803,8 +805,8 @@ def _guard_cut(settings, state: State, rd: SlackRound) -> str:
 
 
 def _undo(state: State, e) -> list[Action]:
-    """Put back what experiment `e` moved."""
-    if e is None:
+    """Put back what experiment `e` moved (a release moved nothing back to put: it gave BE its CPU)."""
+    if e is None or e.release is not None:
         return []
     if e.lever == WAKE:
         return _wake_release(state, "its cut is undone")

@@ -81,6 +81,7 @@ DRIFT_TAU = 0.8                  # values before a cut falling this consistently
 DRIFT_ROUNDS = 4                 # ... judged over at least this many values
 LOAD_BANDS = 5                   # LS load in fifths of the node
 BUSY_CORES = 0.1                 # a BE cgroup using less is not "busy" in a condition
+MAX_CONDITIONS = 256             # conditions remembered (they name BE cgroups: pods come and go), oldest dropped
 
 
 @dataclass
@@ -429,7 +430,10 @@ class Lab:
 
     def _end(self, now: float, v: Verdict) -> Verdict:
         e, self.running = self.running, None
-        records = (self.memory.setdefault(e.conditions, {}).setdefault(v.lever, Record()),
+        self.memory[e.conditions] = self.memory.pop(e.conditions, {})       # the newest goes last
+        while len(self.memory) > MAX_CONDITIONS:
+            del self.memory[next(iter(self.memory))]
+        records = (self.memory[e.conditions].setdefault(v.lever, Record()),
                    self.totals.setdefault(v.lever, {}).setdefault(v.key[1], Record()))
         for record in records:
             if e.release is None:
@@ -437,6 +441,7 @@ class Lab:
             elif not v.helped:               # the release cost nothing: the cut's "helped" was not
                 record.retract(e.release)
         if e.release is not None and v.helped:
+            self.confirmed_at = {k: t for k, t in self.confirmed_at.items() if now - t <= self.rest_max}
             self.confirmed_at[(v.lever, e.conditions)] = now
         self.last[v.lever] = {**v.fields(), "time": now}
         rest = self.rests.setdefault((v.lever, v.key[1]), Rest())

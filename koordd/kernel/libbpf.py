@@ -314,9 +314,10 @@ def report(proc: Path = Path("/proc")) -> dict:
             "objects": sorted((o.describe() for o in list(_LOADED) if o.obj), key=lambda d: d["object"])}
 
 
-def loaded() -> frozenset[str]:
-    """The objects this process has loaded now, by path: what report() would list (a cheap look)."""
-    return frozenset(str(o.path) for o in list(_LOADED) if o.obj)
+def loaded() -> frozenset[tuple[str, int]]:
+    """The objects this process has loaded now, by path and identity (a sensor restarted loads its object
+    anew): what report() would list, at a cheap look."""
+    return frozenset((str(o.path), id(o)) for o in list(_LOADED) if o.obj)
 
 
 class BpfObject:

@@ -34,7 +34,7 @@ class StatusFile(Subscriber):
         self.path = Path(state_dir) / STATUS_FILE
         self.started, self.config, self.dry_run, self.cgroups = started, config, dry_run, cgroups
         self.metrics_listen = metrics_listen
-        self._bpf: tuple[float, frozenset[str], dict] | None = None     # (taken at, objects, report)
+        self._bpf: tuple[float, frozenset, dict] | None = None     # (taken at, objects, report)
 
     def published(self, result: RoundResult) -> None:
         self.write(result)

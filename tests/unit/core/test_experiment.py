@@ -380,3 +380,16 @@ def test_a_useless_cut_judged_helped_by_chance_is_rarely_kept_past_its_release_a
         assert kept == 0, (helped, kept)
     real = [trial_aba(kind, 10_000 + seed, t, 0.3) for seed in range(200)]
     assert sum(r is not None and r.helped for _, r in real) >= 175
+
+
+def test_what_is_remembered_per_condition_is_bounded_the_oldest_going_first():
+    # conditions name BE cgroups, and pods come and go: a month of verdicts must not grow the memory for good
+    from koordd.core.experiment import MAX_CONDITIONS
+    lab = Lab(window=5, settle=2)
+    for n in range(MAX_CONDITIONS + 10):
+        cond = conditions(1.0, 4, [f"be/pod-{n}"], "app_p99_us")
+        run(lab, [10000, 11000] * 5 + [9500, 10500] * 4, start_at=100.0 * n + 9, t0=100.0 * n, cond=cond)
+    assert len(lab.memory) == MAX_CONDITIONS
+    assert conditions(1.0, 4, ["be/pod-0"], "app_p99_us") not in lab.memory
+    assert conditions(1.0, 4, [f"be/pod-{MAX_CONDITIONS + 9}"], "app_p99_us") in lab.memory
+    assert lab.totals["be_cap"]["app_p99_us"].nothing == MAX_CONDITIONS + 10      # the totals keep counting

@@ -138,3 +138,13 @@ def test_a_cut_whose_signal_goes_silent_is_undone_at_its_due_time_without_a_rest
     assert lapsed[0][1] is None or lapsed[0][1] > FLOOR, got       # BE gets back what it had before the cut
     assert state.lab.running is None and state.lab.resting("be_cap", "app_p99_us", lapsed[0][0]) == 0
     assert got[-1][1] is None or got[-1][1] > FLOOR, got
+
+
+def test_a_hot_cap_put_back_after_its_release_skips_a_pod_that_left_be_meanwhile():
+    from types import SimpleNamespace
+    from koordd_plugins.be_suppress import HOT_CAP, State, _recut
+    state = State()
+    release = SimpleNamespace(lever=HOT_CAP, undo={"be/pod-a": "50000 100000", "be/pod-b": "40000 100000"})
+    acts = _recut(state, release, "cut again", {}, units={"be/pod-a": 1.0})     # pod-b gone or protected
+    assert [(a.target, a.value) for a in acts] == [("be/pod-a", "50000 100000")]
+    assert state.hot == {"be/pod-a": "50000 100000"}
