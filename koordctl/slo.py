@@ -256,7 +256,7 @@ def lever_lines(status: dict) -> list[str]:
             bought = (f", {_gain(signal, r.get('mean_gain'))} bought for {r.get('mean_be_cores_given_up'):.2f} BE cores"
                       if _number(r.get("mean_gain")) is not None and _number(r.get("mean_be_cores_given_up")) is not None
                       else "")
-            retracted = (f" ({r['retracted']} of them not, their release cost nothing)"
+            retracted = (f" ({r['retracted']} of them not: their release did not confirm them)"
                          if isinstance(r.get("retracted"), int) and r["retracted"] > 0 else "")
             parts.append(f"{printable(signal)} {r.get('helped', 0)} helped{retracted}, {r.get('bought_nothing', 0)} "
                          f"bought nothing{bought}")

@@ -49,10 +49,15 @@ A cut judged "helped" whose signal is still not healthy is tested once more the 
 `start(release=)`): the loop releases it for one window, and the release is judged as a cut is, with the
 sign turned: where the signal got worse by more than the margin the cut helps, and the loop puts it back;
 where it did not, the cut bought nothing after all (its "helped" is retracted from the lever's record) and
-stays released. One before/after comparison of a signal that wanders (a p99 under TCG: 21-31 ms over tens
-of seconds with nothing changed) called 4 useless floors of 13 "helped" in CI's VM, and a kept floor held BE
-there until the targets were raised; the release costs LS one window where the cut was real, so a lever
-the release confirmed under the same conditions is not released again for `rest_max` seconds.
+stays released. The release is judged against the low the cut's verdict picked, so a signal that wanders
+back from that low reads as a cost: the release must also give back at least GIVE_BACK of what the cut
+bought (its level at least halfway back from the cut's after to the cut's before). A real cut's release
+brings the signal back to where it was; a chance low's does not, because the cut was taken when the
+signal was over its threshold, above its own median, and a wandering signal comes back to the median. One
+before/after comparison of a signal that wanders (a p99 under TCG: 21-31 ms over tens of seconds with
+nothing changed) called 4 useless floors of 13 "helped" in CI's VM, and a kept floor held BE there until
+the targets were raised; the release costs LS one window where the cut was real, so a lever the release
+confirmed under the same conditions is not released again for `rest_max` seconds.
 
 A cut that bought nothing is the loop's to undo; the lever then rests for that signal, `rest` seconds
 the first time, doubling each time in a row up to `rest_max` (as a failing loop backs off), and a cut
@@ -82,6 +87,7 @@ DRIFT_ROUNDS = 4                 # ... judged over at least this many values
 LOAD_BANDS = 5                   # LS load in fifths of the node
 BUSY_CORES = 0.1                 # a BE cgroup using less is not "busy" in a condition
 MAX_CONDITIONS = 256             # conditions remembered (they name BE cgroups: pods come and go), oldest dropped
+GIVE_BACK = 0.5                  # a release confirms a cut only where it gives back this share of what the cut bought
 
 
 @dataclass
@@ -268,6 +274,7 @@ class Verdict:
     n_after: int = 1             # rounds the level after was taken over
     expected: float | None = None    # where the signal was falling on its own: the level it would have reached
     release: bool = False        # the test of a kept cut by its release: `helped` says the cut helps
+    back: float | None = None    # a release: the share of what the cut bought that it gave back (given_back)
 
     @property
     def gain(self) -> float:
@@ -282,6 +289,7 @@ class Verdict:
                 "after": round(self.after, 3), "noise": round(self.noise, 3), "margin": round(self.margin, 3),
                 "expected": None if self.expected is None else round(self.expected, 3),
                 "n_before": self.n_before, "n_after": self.n_after, "test": "release" if self.release else "cut",
+                "given_back": None if self.back is None else round(self.back, 3),
                 "verdict": "helped" if self.helped else "bought nothing", "be_given_up_cores": round(self.be_given_up, 3)}
 
     def text(self) -> str:
@@ -290,11 +298,23 @@ class Verdict:
         figures = (f"{sig} {_show(sig, self.before)} -> {_show(sig, self.after)} ({falling}noise "
                    f"{_show(sig, self.noise)}, margin {_show(sig, self.margin)}, {self.n_before}/{self.n_after} rounds)")
         if self.release:
+            back = "" if self.back is None else f", {self.back:.0%} of what the cut bought"
             if self.helped:
-                return f"release cost latency: {figures}: the {self.lever} cut helps"
+                return f"release cost latency: {figures}{back}: the {self.lever} cut helps"
+            if self.gain > self.margin:      # worse by more than the margin, but not back to the level before the cut
+                return (f"release cost little: {figures}{back}, under {GIVE_BACK:.0%}: the {self.lever} cut "
+                        "bought nothing after all")
             return f"release cost nothing: {figures}: the {self.lever} cut bought nothing after all"
         what = "cut helped" if self.helped else "cut bought nothing"
         return f"{what}: {figures} for {self.be_given_up:.2f} BE cores"
+
+
+def given_back(cut: Verdict, level: float) -> float:
+    """The share of what `cut` bought (the level it was judged against minus its after) that a release whose
+    signal came to `level` gave back: 1 where the signal is back where it was before the cut, 0 where it
+    stayed at the cut's after (module docstring: A/B/A)."""
+    bought = cut.gain
+    return (level - cut.after) / bought if bought > 0 else 0.0
 
 
 def _show(signal: str, value: float) -> str:
@@ -307,7 +327,7 @@ class Record:
     """What a lever bought under one condition (or in total): verdicts, latency gained, BE cores given."""
     helped: int = 0
     nothing: int = 0
-    retracted: int = 0           # of the helped: cuts whose release then cost nothing (A/B/A)
+    retracted: int = 0           # of the helped: cuts whose release then did not confirm them (A/B/A)
     gain: float = 0.0            # sum of before - after over helped cuts not retracted, in the signal's unit
     be_given_up: float = 0.0     # sum of BE cores given up over the same cuts
 
@@ -320,7 +340,7 @@ class Record:
             self.nothing += 1
 
     def retract(self, v: Verdict) -> None:
-        """A cut judged helped (`v`) whose release cost nothing: it counts as helped no more. The counts only
+        """A cut judged helped (`v`) whose release did not confirm it: it counts as helped no more. The counts only
         grow (they are counters: koordd_loop_lever_verdicts_total)."""
         self.retracted += 1
         self.gain -= v.gain
@@ -419,7 +439,10 @@ class Lab:
             expected = max(e.before + e.drift * max(elapsed, 0.0), 0.0)
         v = Verdict(e.lever, e.key, False, e.before, level, e.noise, need, given, early, e.n_before, len(after),
                     expected, release=e.release is not None)
-        return replace(v, helped=v.gain > need)
+        if e.release is None:
+            return replace(v, helped=v.gain > need)
+        back = given_back(e.release, level)
+        return replace(v, helped=v.gain > need and back >= GIVE_BACK, back=back)
 
     def confirmed(self, key: Key, now: float, over: float) -> bool:
         """The signal has been at or over `over` in every round of the last `confirm` seconds (half the
@@ -438,7 +461,7 @@ class Lab:
         for record in records:
             if e.release is None:
                 record.add(v)
-            elif not v.helped:               # the release cost nothing: the cut's "helped" was not
+            elif not v.helped:               # the release did not confirm it: the cut's "helped" was not
                 record.retract(e.release)
         if e.release is not None and v.helped:
             self.confirmed_at = {k: t for k, t in self.confirmed_at.items() if now - t <= self.rest_max}

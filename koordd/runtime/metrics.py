@@ -76,7 +76,7 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "koordd_loop_last_changes": (GAUGE, ("loop",), "knobs the loop's last tick changed"),
     "koordd_loop_lever_verdicts_total": (COUNTER, ("loop", "lever", "signal", "verdict"), "cuts judged: helped or "
                                          "bought_nothing, by lever and the LS signal it acted on (be_suppress); "
-                                         "retracted: helped cuts whose release then cost nothing"),
+                                         "retracted: helped cuts whose release then did not confirm them"),
     "koordd_loop_lever_mean_gain": (GAUGE, ("loop", "lever", "signal"), "mean improvement of the signal per cut "
                                     "that helped (µs for latencies, percent for pressure)"),
     "koordd_loop_lever_mean_be_cores_given_up": (GAUGE, ("loop", "lever", "signal"), "mean BE cores given up per "

@@ -17,7 +17,7 @@ def test_each_lever_says_what_it_bought_for_how_much_be_work():
     assert lines[0].startswith("be_suppress's levers")
     assert lines[1] == "  be_cap: chosen 3: app_p99_us 2 helped, 1 bought nothing, 1.50ms bought for 0.75 BE cores"
     # a helped whose release then cost nothing (A/B/A) is said so
-    assert lines[2] == ("  hot_cap: chosen 1: app_p99_us 1 helped (1 of them not, their release cost nothing), "
+    assert lines[2] == ("  hot_cap: chosen 1: app_p99_us 1 helped (1 of them not: their release did not confirm them), "
                         "1 bought nothing; rests 12s for app_p99_us")
     assert lines[3] == "  leave: chosen 4"
 
