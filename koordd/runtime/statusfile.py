@@ -47,13 +47,14 @@ class StatusFile(Subscriber):
 
     def published(self, result: RoundResult) -> None:
         """After a round: rewritten if what an operator acts on changed, or STATUS_EVERY has passed."""
+        acts = what_acts_on(result)
         if self._written is None or time.monotonic() - self._written[0] >= STATUS_EVERY or \
-                any(r.get("last_changes") for r in result.loops.values()) or what_acts_on(result) != self._written[1]:
-            self.write(result)
+                any(r.get("last_changes") for r in result.loops.values()) or acts != self._written[1]:
+            self.write(result, acts)
 
-    def write(self, result: RoundResult) -> None:
-        """Now, whatever changed (at stop, after --once, and from published)."""
-        self._written = (time.monotonic(), what_acts_on(result))
+    def write(self, result: RoundResult, acts: tuple | None = None) -> None:
+        """Now, whatever changed (at stop, after --once, and from published, which has `acts` at hand)."""
+        self._written = (time.monotonic(), what_acts_on(result) if acts is None else acts)
         status = {"pid": os.getpid(), "started": self.started, "updated": time.time(), "config": self.config,
                   "dry_run": self.dry_run, "cgroups": self.cgroups, "loops": result.loops, "sensors": result.sensors,
                   "held": [h.__dict__ for h in result.held],
