@@ -209,9 +209,36 @@ def redundant_libraries(private: list[str], system_dirs: list[Path]) -> list[str
     return [name for name in private if any((d / name).exists() for d in system_dirs)]
 
 
+def checkout_as_installed(site: Path, repo: Path = REPO) -> Path:
+    """Make `site` hold what installing the checkout would add beside its own koordd/ and koordctl/: the package
+    koordd_plugins (plugins/, a package under another name: a link to it) and koordd's metadata, its entry
+    points read from pyproject.toml. koordd finds its own loops only there (koordd/core/catalogue.py): with
+    the checkout on PYTHONPATH alone it refuses to start. Returns the metadata folder."""
+    from koordd.core.toml_lines import tomllib
+    pyproject = tomllib.loads((repo / "pyproject.toml").read_text())
+    project, package_dir = pyproject["project"], pyproject["tool"]["setuptools"]["package-dir"]
+    site.mkdir(parents=True, exist_ok=True)
+    for package, folder in package_dir.items():
+        link = site / package
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(repo / folder, target_is_directory=True)
+    info = site / f"koordd-{project['version']}.dist-info"
+    shutil.rmtree(info, ignore_errors=True)
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    groups = {"console_scripts": project.get("scripts", {}), **project.get("entry-points", {})}
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{name} = {target}\n" for name, target in points.items()) + "\n"
+        for group, points in groups.items() if points))
+    return info
+
+
 def install(folder: Path, dest: Path) -> dict[str, str]:
-    """Wheels and .debs of `folder` into `dest` (site/, root/); the environment variables that use them."""
+    """Wheels and .debs of `folder` into `dest` (site/, root/), the checkout made an install there; the
+    environment variables that use them (the site folder first, so that its koordd metadata is the one read)."""
     site, root = dest / "site", dest / "root"
+    checkout_as_installed(site)
     for wheel in sorted((folder / "wheels").glob("*.whl")):
         if wheel_fits(wheel.name, sys.version_info[:2]):
             with zipfile.ZipFile(wheel) as z:
@@ -225,7 +252,7 @@ def install(folder: Path, dest: Path) -> dict[str, str]:
             (libdir / name).unlink()
     env = os.environ
     join = lambda *parts: os.pathsep.join(p for p in parts if p)     # noqa: E731
-    return {"PYTHONPATH": join(str(REPO), str(site), env.get("PYTHONPATH", "")),
+    return {"PYTHONPATH": join(str(site), str(REPO), env.get("PYTHONPATH", "")),
             "PATH": join(str(root / "usr" / "bin"), str(root / "usr" / "sbin"), env.get("PATH", "")),
             "LD_LIBRARY_PATH": join(str(libdir), env.get("LD_LIBRARY_PATH", ""))}
 

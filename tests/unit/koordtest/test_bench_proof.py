@@ -112,5 +112,32 @@ def test_install_puts_the_checkout_the_wheels_and_the_debs_on_the_paths(tmp_path
     monkeypatch.setattr(proof, "SYSTEM_LIB_DIRS", ())
     env = proof.install(folder, tmp_path / "inst")
     assert (tmp_path / "inst/site/pkg/__init__.py").exists() and (tmp_path / "inst/root/usr/bin/tool").exists()
-    assert env["PYTHONPATH"].split(":")[:2] == [str(proof.REPO), str(tmp_path / "inst/site")]
+    assert env["PYTHONPATH"].split(":")[:2] == [str(tmp_path / "inst/site"), str(proof.REPO)]
     assert env["PATH"].startswith(str(tmp_path / "inst/root/usr/bin"))
+    assert (tmp_path / "inst/site/koordd_plugins").resolve() == proof.REPO / "plugins"
+
+
+def test_the_checkout_made_an_install_finds_koordds_own_loops_with_nothing_installed(tmp_path):
+    # The machine the proof runs on has nothing of ours: with the checkout on PYTHONPATH alone koordd refuses
+    # to start (its loops are entry points of its installed metadata, koordd_plugins is plugins/). Python runs
+    # without site (-S: not this venv's editable install) and from a copy without the checkout's own
+    # koordd.egg-info, which a development install leaves there.
+    import shutil
+    import subprocess
+    import sys
+    tree = tmp_path / "tree"
+    for part in ("koordd", "plugins", "pyproject.toml"):
+        (shutil.copytree if (proof.REPO / part).is_dir() else shutil.copy)(proof.REPO / part, tree / part)
+    check = ("from koordd.core.catalogue import load_registry; from importlib.metadata import version; "
+             "print(len(load_registry()), version('koordd'))")
+    bare = subprocess.run([sys.executable, "-S", "-c", check], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(tree)})
+    assert "BrokenInstall" in bare.stderr                      # what the proof met there
+    site = tmp_path / "site"
+    info = proof.checkout_as_installed(site, tree)
+    assert info.name.startswith("koordd-") and info.name.endswith(".dist-info")
+    made = subprocess.run([sys.executable, "-S", "-c", check], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PYTHONPATH": f"{site}:{tree}"})
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.split()[0] == "12"
+    proof.checkout_as_installed(site, tree)                   # again over the first: replaced, not refused
