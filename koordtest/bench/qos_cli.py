@@ -90,7 +90,10 @@ from koordd.sensors.node import parse_meminfo
 
 CALIBRATION_SECONDS = 3.0
 MAX_CLIENT_RATE = 8000          # requests/s beyond which this Python client would itself be the bottleneck
-ENGINE_RATE = 40000             # requests/s one compiled engine process is given at most (--client-processes auto)
+# requests/s one compiled engine process is given at most (--client-processes auto). On the 16-CPU machine at
+# 85-88k requests/s of one-key gets, two processes (44k each) sent with a send lag p99 of 856 µs (median of
+# the runs), four (21k each) with 50 µs (docs/benchmarks.md, the 16-CPU proof).
+ENGINE_RATE = 20000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,7 +225,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"the compiled engine (default {DEFAULT_BINARY.relative_to(DEFAULT_BINARY.parents[1])})")
     p.add_argument("--client-processes", default="auto",
                    help=f"compiled engines at once, the servers split among them (default auto: one per "
-                        f"{ENGINE_RATE} requests/s, at most an eighth of the CPUs)")
+                        f"{ENGINE_RATE} requests/s, at most a quarter of the CPUs)")
     p.add_argument("--slo-factor", type=float, default=None,
                    help="the SLO: LS alone's p99 times this (default 1.10 with --oracle, else none)")
     p.add_argument("--low-load", type=int, default=None, help="LS load follows a sine from this up to --loads")
@@ -362,10 +365,10 @@ def pick_engine(asked: str, binary: Path) -> str:
 
 
 def client_processes(asked: str, ncpu: int, rate: float) -> int:
-    """Compiled engines for `rate` requests/s: as asked, or one per ENGINE_RATE, at most ncpu / 8 (and 1)."""
+    """Compiled engines for `rate` requests/s: as asked, or one per ENGINE_RATE, at most ncpu / 4 (and 1)."""
     if asked != "auto":
         return int(asked)
-    return max(1, min(math.ceil(rate / ENGINE_RATE), ncpu // 8))
+    return max(1, min(math.ceil(rate / ENGINE_RATE), ncpu // 4))
 
 
 def warn_rates(rates: dict[int, float], bench: Bench) -> None:
