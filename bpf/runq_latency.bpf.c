@@ -5,7 +5,10 @@
 // libbpf against the running kernel's BTF, so the program reads the task itself, as libbpf-tools'
 // runqlat does:
 //   - a thread is stamped when it becomes runnable: sched_wakeup, sched_wakeup_new, and sched_switch
-//     when it is switched out still runnable (preempted or yielding);
+//     when it is switched out still runnable (preempted or yielding). The stamp lives in the task's own
+//     storage (BPF_MAP_TYPE_TASK_STORAGE, Linux 5.11+), found from the task at once: a hash keyed by
+//     thread id cost an update at every wake-up and a lookup and delete at every switch, and the program
+//     a third more time (docs/benchmarks.md, bench-runq-switch);
 //   - at its switch-in its wait is measured and counted at once, for the deepest watched cgroup at or
 //     above its own (its cgroup v2 cgroup, task->cgroups->dfl_cgrp); waits elsewhere are not counted
 //     (koordd adds the sums up to the enclosing watched cgroups).
@@ -22,10 +25,10 @@ char _license[] SEC("license") = "GPL";
 #define TASK_RUNNING 0
 
 struct {
-    __uint(type, BPF_MAP_TYPE_LRU_HASH);
-    __uint(max_entries, 65536);
-    __type(key, u32);       // thread id
-    __type(value, u64);     // when it became runnable (ns)
+    __uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+    __uint(map_flags, BPF_F_NO_PREALLOC);
+    __type(key, int);
+    __type(value, u64);     // when the task became runnable (ns), 0: not waiting. Freed with the task.
 } queued SEC(".maps");
 
 struct {
@@ -49,11 +52,11 @@ static __always_inline long task_state(struct task_struct *t)
 
 static __always_inline int stamp(struct task_struct *p)
 {
-    u32 tid = BPF_CORE_READ(p, pid);
-    if (tid == 0)
+    if (BPF_CORE_READ(p, pid) == 0)
         return 0;           // the idle task never waits
-    u64 now = bpf_ktime_get_ns();
-    bpf_map_update_elem(&queued, &tid, &now, BPF_ANY);
+    u64 *since = bpf_task_storage_get(&queued, p, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (since)              // NULL: no memory, or the storage busy on this CPU (a nested program): not counted
+        *since = bpf_ktime_get_ns();
     return 0;
 }
 
@@ -81,12 +84,11 @@ int BPF_PROG(runq_switch, bool preempt, struct task_struct *prev, struct task_st
     if (preempt || task_state(prev) == TASK_RUNNING)
         stamp(prev);        // switched out still runnable: it waits from now on
 
-    u32 tid = BPF_CORE_READ(next, pid);
-    u64 *since = bpf_map_lookup_elem(&queued, &tid);
-    if (!since)
+    u64 *since = bpf_task_storage_get(&queued, next, 0, 0);
+    if (!since || !*since)
         return 0;
     u64 waited = bpf_ktime_get_ns() - *since;
-    bpf_map_delete_elem(&queued, &tid);
+    *since = 0;
 
     u64 cgroup = watched_task(next);
     if (cgroup)

@@ -70,8 +70,9 @@ def format_bpf(pid: int | None, bpf: dict | None) -> str:
             lines.append(f"    program {p.get('name')} (id {p.get('id')}): {where}; {_cost(p, counted)}")
         for m in o.get("maps") or []:
             extra = "; " + ", ".join(m["attached"]) if m.get("attached") else ""
-            lines.append(f"    map {m.get('name')}: {m.get('max_entries')} entries of "
-                         f"{m.get('key_size')} + {m.get('value_size')} bytes{extra}")
+            # 0 entries: a task's or socket's own storage (BPF_MAP_TYPE_TASK_STORAGE, SK_STORAGE), one per object
+            size = f"{m.get('max_entries')} entries" if m.get("max_entries") != 0 else "one per task or socket"
+            lines.append(f"    map {m.get('name')}: {size} of {m.get('key_size')} + {m.get('value_size')} bytes{extra}")
     if counted is False:
         lines.append("  kernel.bpf_stats_enabled is 0: the kernel counts no run time "
                      "(sysctl -w kernel.bpf_stats_enabled=1 counts it, at a clock read per run)")

@@ -285,7 +285,8 @@ def test_doctor_lists_the_running_koordds_bpf_programs(capsys, tmp_path, monkeyp
     report = {"stats_enabled": True, "objects": [{"object": "runq_latency.bpf.o", "programs": [
         {"name": "runq_switch", "section": "tp_btf/sched_switch", "id": 41, "attached": ["tp_btf/sched_switch"],
          "run_time_ns": 3_000_000, "run_cnt": 10_000}], "maps": [
-        {"name": "waits", "max_entries": 16384, "key_size": 8, "value_size": 264, "attached": []}]}]}
+        {"name": "waits", "max_entries": 16384, "key_size": 8, "value_size": 264, "attached": []},
+        {"name": "queued", "max_entries": 0, "key_size": 4, "value_size": 8, "attached": []}]}]}
     (tmp_path / "status.json").write_text(json.dumps({"bpf": report}))
     monkeypatch.setattr(doctor, "running_koordd", lambda: Holder(pid=4242, state_dir=str(tmp_path)))
     assert main(["doctor", "--cgroup-root", str(tmp_path)]) == 0
@@ -293,6 +294,7 @@ def test_doctor_lists_the_running_koordds_bpf_programs(capsys, tmp_path, monkeyp
     assert "BPF programs loaded by koordd (pid 4242):\n  runq_latency.bpf.o\n" in out
     assert "program runq_switch (id 41): tp_btf/sched_switch; 10000 runs, 300 ns each, 3.0 ms in all" in out
     assert "map waits: 16384 entries of 8 + 264 bytes" in out
+    assert "map queued: one per task or socket of 4 + 8 bytes" in out      # task storage: no size of its own
     report["stats_enabled"] = False
     (tmp_path / "status.json").write_text(json.dumps({"bpf": report}))
     main(["doctor", "--cgroup-root", str(tmp_path)])
