@@ -144,7 +144,8 @@ def run_benchmark(args, layout, tree: CgroupTree, ls_kind, workdir: Path, out: P
                   koordd_config=lambda state, changes, slo: shipped_config(
                       {"LS": [tree.path(LS)], "BE": [tree.path(BE)]}, state, args.koordd_config, changes,
                       slo={"LS": {"latency_p99": f"{slo * 1e6:.0f}us"}} if slo else None),
-                  koordd_command=koordd_command(), window=args.window, app_latency=open_app_latency(args))
+                  koordd_command=koordd_command(), window=args.window, app_latency=open_app_latency(args),
+                  koordd_terms=args.koordd_terms)
     bench.remember_knobs()
     costs = calibrate(bench, args.loads + ([args.low_load] if args.low_load else []), workdir, args.client_processes)
     rates = {load: load / 100 * bench.ncpu / cost for load, cost in costs.items()}
@@ -194,9 +195,13 @@ def slo_baselines(bench: Bench, args, rates: dict[int, float], workdir: Path, ou
         record.update(rep=0, load=load, slo_baseline=True)
         runs.append(record)
         bench.alone_p99[load] = record["ls"]["p99"]
+        if (record.get("sensor") or {}).get("p99"):
+            bench.kernel_alone_p99[load] = record["sensor"]["p99"]
         bench.slo_target[load] = args.slo_factor * record["ls"]["p99"]
-        print(f"[slo] LS alone at {load}%: p99 {record['ls']['p99'] * 1000:.2f} ms, so the SLO is "
-              f"{bench.slo_target[load] * 1000:.2f} ms", file=sys.stderr, flush=True)
+        kernel = bench.kernel_alone_p99.get(load)
+        print(f"[slo] LS alone at {load}%: p99 {record['ls']['p99'] * 1000:.2f} ms"
+              + (f" (the kernel's view {kernel * 1000:.2f} ms)" if kernel else "")
+              + f", so the SLO is {bench.slo_target[load] * 1000:.2f} ms", file=sys.stderr, flush=True)
         (out / "results.json").write_text(json.dumps({"runs": runs, "slo_target": bench.slo_target}, indent=1))
     return runs
 
@@ -226,6 +231,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--client-processes", default="auto",
                    help=f"compiled engines at once, the servers split among them (default auto: one per "
                         f"{ENGINE_RATE} requests/s, at most a quarter of the CPUs)")
+    p.add_argument("--koordd-terms", choices=("client", "kernel"), default="client",
+                   help="koordd is told the SLO's factor times LS alone's p99 as the client saw it (the default: "
+                        "the figure judged), or as the kernel did (app_latency, koordd's own signal: how "
+                        "docs/app-latency.md asks an operator to declare it; needs the sensor)")
     p.add_argument("--slo-factor", type=float, default=None,
                    help="the SLO: LS alone's p99 times this (default 1.10 with --oracle, else none)")
     p.add_argument("--low-load", type=int, default=None, help="LS load follows a sine from this up to --loads")
@@ -290,6 +299,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--low-load needs one --loads value above it")
     if args.client_processes != "auto" and not (args.client_processes.isdigit() and int(args.client_processes) > 0):
         p.error("--client-processes: a positive number or auto")
+    if args.koordd_terms == "kernel" and args.no_sensor:
+        p.error("--koordd-terms kernel reads LS alone's p99 from the kernel: not with --no-sensor")
     args.engine = pick_engine(args.engine, args.client_binary)
     if args.be_memory is None:
         available = parse_meminfo(Path("/proc/meminfo").read_text()).get("MemAvailable", 0)
@@ -435,6 +446,11 @@ def write_report(args, bench: Bench, layout, costs: dict[int, float], rates: dic
             + " / ".join(f"{v * 1000:.2f}" for v in base.values()) + " ms" for load, base in ls_base.items()))
     if be_base is not None:
         about.append(f"{BE_ALONE}: {be_base:.4g} {UNITS[bench.antagonist]} per second")
+    if told := sorted({(r["load"], r["slo_terms"]) for r in runs if r.get("slo_terms")}):
+        alone = {"kernel": bench.kernel_alone_p99, "client": bench.alone_p99}
+        about.append("koordd told its SLO as a factor of LS alone's p99 (the first baseline) " + "; ".join(
+            f"at {load}%: as the {terms} saw it, {alone[terms][load] * 1000:.2f} ms" for load, terms in told)
+            + " (the SLO is judged on the client's figure)")
     if bench.low_rate is not None:
         about.append(f"LS load: half a sine from {args.low_load}% ({bench.low_rate:.0f} req/s) up to {args.loads[0]}% "
                      f"and back over the warm-up and window")

@@ -158,3 +158,20 @@ def test_koordd_is_ready_once_its_loops_ticked_and_needed_sensors_settled(tmp_pa
                                    "sensors": {"runq_latency": {"state": "running", "loops": ["be_suppress"]},
                                                "gpus": {"state": "stopped", "loops": []}}}))
     assert k.wait_ready(timeout=1) < 1
+
+
+def test_koordd_is_told_the_slo_in_the_terms_asked_and_static_settings_nothing():
+    from types import SimpleNamespace
+    from koordtest.bench.qos_run import told_target
+    by_name = {s.name: s for s in SETUPS}
+    bench = SimpleNamespace(alone_p99={50: 0.004}, kernel_alone_p99={50: 0.002}, slo_target={50: 0.0044},
+                            koordd_terms="client")
+    assert told_target(bench, by_name["koordd-slo-3"], 50) == pytest.approx(0.012)      # 3 x the client's 4 ms
+    assert told_target(bench, by_name["koordd"], 50) == pytest.approx(0.0044)           # --slo-factor's 1.1
+    assert told_target(bench, by_name["be-idle"], 50) is None
+    assert told_target(bench, by_name["koordd-slo-3"], 20) is None                      # no baseline there
+    bench.koordd_terms = "kernel"
+    assert told_target(bench, by_name["koordd-slo-3"], 50) == pytest.approx(0.006)      # 3 x the kernel's 2 ms
+    assert told_target(bench, by_name["koordd"], 50) == pytest.approx(0.0022)
+    bench.kernel_alone_p99 = {}                         # the sensor saw nothing: the client's figure, not none
+    assert told_target(bench, by_name["koordd-slo-3"], 50) == pytest.approx(0.012)
