@@ -94,6 +94,10 @@ MAX_CLIENT_RATE = 8000          # requests/s beyond which this Python client wou
 # 85-88k requests/s of one-key gets, two processes (44k each) sent with a send lag p99 of 856 µs (median of
 # the runs), four (21k each) with 50 µs (docs/benchmarks.md, the 16-CPU proof).
 ENGINE_RATE = 20000
+# client CPU one compiled engine process is given at most (cores): a process that spends more of its time
+# reading answers sends late. On 16 CPUs one process reading 2000-key answers at 14k a second used 0.83-0.89
+# cores and sent with a send lag p99 of 3-7 ms.
+ENGINE_CORES = 0.5
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,10 +151,13 @@ def run_benchmark(args, layout, tree: CgroupTree, ls_kind, workdir: Path, out: P
                   koordd_command=koordd_command(), window=args.window, app_latency=open_app_latency(args),
                   koordd_terms=args.koordd_terms)
     bench.remember_knobs()
-    costs = calibrate(bench, args.loads + ([args.low_load] if args.low_load else []), workdir, args.client_processes)
+    calibrated = calibrate(bench, args.loads + ([args.low_load] if args.low_load else []), workdir,
+                           args.client_processes)
+    costs = {load: cost.ls for load, cost in calibrated.items()}
     rates = {load: load / 100 * bench.ncpu / cost for load, cost in costs.items()}
     if bench.engine == "c":
-        bench.client_processes = client_processes(args.client_processes, bench.ncpu, max(rates.values()))
+        bench.client_processes = max(client_processes(args.client_processes, bench.ncpu, rates[load],
+                                                      calibrated[load].client * rates[load]) for load in rates)
     warn_rates(rates, bench)
     if args.low_load:
         # each load's rate comes from its own calibration: on a busy host the low one can come out higher
@@ -230,7 +237,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"the compiled engine (default {DEFAULT_BINARY.relative_to(DEFAULT_BINARY.parents[1])})")
     p.add_argument("--client-processes", default="auto",
                    help=f"compiled engines at once, the servers split among them (default auto: one per "
-                        f"{ENGINE_RATE} requests/s, at most a quarter of the CPUs)")
+                        f"{ENGINE_RATE} requests/s and per {ENGINE_CORES:g} cores the client used reading "
+                        f"answers at calibration, whichever needs more, at most a quarter of the CPUs)")
     p.add_argument("--koordd-terms", choices=("client", "kernel"), default="client",
                    help="koordd is told the SLO's factor times LS alone's p99 as the client saw it (the default: "
                         "the figure judged), or as the kernel did (app_latency, koordd's own signal: how "
@@ -339,25 +347,34 @@ def ensure_matplotlib(install: bool) -> bool:
         return False
 
 
-def calibrate(bench: Bench, loads: list[int], workdir: Path, processes: str = "auto") -> dict[int, float]:
-    """LS CPU seconds per request alone, per load. The cost per request falls as the rate rises (a
-    busier server reads several requests per wake-up), so it is measured at a modest rate first, then
-    again at the rate that cost implies for each load, and that second measurement sets the load's rate."""
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """CPU seconds per request answered, LS alone: the servers' and the client's."""
+    ls: float
+    client: float
+
+
+def calibrate(bench: Bench, loads: list[int], workdir: Path, processes: str = "auto") -> dict[int, Cost]:
+    """What a request costs alone, per load. The cost per request falls as the rate rises (a busier
+    server reads several requests per wake-up), so it is measured at a modest rate first, then again at
+    the rate that cost implies for each load, and that second measurement sets the load's rate (and the
+    client's CPU there, how many client processes the load needs)."""
     guess = 0.25 * bench.ncpu / (bench.ls_kind.work_us * 1e-6) if isinstance(bench.ls_kind, Probe) else 300.0
     first = _cost(bench, guess, workdir / "calibration", processes)
-    return {load: _cost(bench, load / 100 * bench.ncpu / first, workdir / f"calibration-{load}", processes)
+    return {load: _cost(bench, load / 100 * bench.ncpu / first.ls, workdir / f"calibration-{load}", processes)
             for load in loads}
 
 
-def _cost(bench: Bench, rate: float, workdir: Path, processes: str = "auto") -> float:
-    """LS alone at `rate` for a short while: its cgroup's CPU over the requests answered."""
+def _cost(bench: Bench, rate: float, workdir: Path, processes: str = "auto") -> Cost:
+    """LS alone at `rate` for a short while: its cgroup's CPU, and the client's, over the requests answered."""
     short = dataclasses.replace(bench, seconds=CALIBRATION_SECONDS, warmup=1.0, low_rate=None, switch_to=None,
                                 app_latency=None, client_processes=client_processes(processes, bench.ncpu, rate))
     record = run_one(short, SETUPS[SETUP_NAMES.index(LS_ALONE)], rate, 0, workdir)
     answered = record["ls"]["answered"]
     if not answered:
         raise RuntimeError(f"calibration: no request answered ({record['ls']})")
-    return record["cpu"][LS] * CALIBRATION_SECONDS / answered
+    per_request = CALIBRATION_SECONDS / answered
+    return Cost(record["cpu"][LS] * per_request, (record["ls"].get("client_cpu") or 0.0) * per_request)
 
 
 def pick_engine(asked: str, binary: Path) -> str:
@@ -375,11 +392,12 @@ def pick_engine(asked: str, binary: Path) -> str:
         return "python"
 
 
-def client_processes(asked: str, ncpu: int, rate: float) -> int:
-    """Compiled engines for `rate` requests/s: as asked, or one per ENGINE_RATE, at most ncpu / 4 (and 1)."""
+def client_processes(asked: str, ncpu: int, rate: float, client_cores: float = 0.0) -> int:
+    """Compiled engines for `rate` requests/s whose answers take `client_cores` of the client's CPU to read:
+    as asked, or one per ENGINE_RATE and per ENGINE_CORES, whichever needs more, at most ncpu / 4 (and 1)."""
     if asked != "auto":
         return int(asked)
-    return max(1, min(math.ceil(rate / ENGINE_RATE), ncpu // 4))
+    return max(1, min(max(math.ceil(rate / ENGINE_RATE), math.ceil(client_cores / ENGINE_CORES)), ncpu // 4))
 
 
 def warn_rates(rates: dict[int, float], bench: Bench) -> None:
