@@ -182,8 +182,7 @@ def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: 
                 record["be_policy"] = sorted({_policy_name(w.pid) for w in workers})
             slo = told_target(bench, setup, load)
             if slo is not None:
-                kernel = bench.koordd_terms == "kernel" and bench.kernel_alone_p99.get(load)
-                record["slo_target"], record["slo_terms"] = slo, "kernel" if kernel else "client"
+                record["slo_target"], record["slo_terms"] = slo, told_terms(bench, load)
             koordd = KoorddProcess(bench.koordd_config(workdir / "koordd" / "state", setup.config_changes, slo),
                                    workdir / "koordd", bench.koordd_command) if setup.koordd else None
             if koordd:
@@ -223,8 +222,14 @@ def told_target(bench: Bench, setup: Setup, load: int | None) -> float | None:
         factor = bench.slo_target[load] / bench.alone_p99[load]
     else:
         return None
-    kernel = bench.kernel_alone_p99.get(load) if bench.koordd_terms == "kernel" else None
-    return factor * (kernel if kernel else bench.alone_p99[load])
+    alone = bench.kernel_alone_p99 if told_terms(bench, load) == "kernel" else bench.alone_p99
+    return factor * alone[load]
+
+
+def told_terms(bench: Bench, load: int | None) -> str:
+    """The terms koordd's target at `load` is told in: "kernel" where asked and the baseline's kernel p99 is
+    there (a baseline the sensor saw nothing of falls back to the client's figure), else "client"."""
+    return "kernel" if bench.koordd_terms == "kernel" and bench.kernel_alone_p99.get(load) else "client"
 
 
 def start_antagonist(bench: Bench, setup: Setup, kind: str, counters: Path, workdir: Path,
