@@ -224,8 +224,9 @@ def checkout_as_installed(site: Path, repo: Path = REPO) -> Path:
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(repo / folder, target_is_directory=True)
+    for old in site.glob("koordd-*.dist-info"):         # an earlier version's too: one koordd, never two
+        shutil.rmtree(old)
     info = site / f"koordd-{project['version']}.dist-info"
-    shutil.rmtree(info, ignore_errors=True)
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
     groups = {"console_scripts": project.get("scripts", {}), **project.get("entry-points", {})}
