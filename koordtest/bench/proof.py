@@ -100,8 +100,8 @@ ALL_FACTORS = (1.1, 1.25, 1.5, 2.0, 3.0)
 SHORT_SWEEP = (1.1, 1.5, 3.0)
 
 # On 16 CPUs within BUDGET_S: the microsecond memcached against cpu with the whole sweep at 15% of the node
-# (at 50%, 520k one-key gets a second, the client could not send: its send lag p99 reached 5 s; at 15% four
-# client processes send on time), the heavy one against membw and redis against memory at half the node;
+# (at 50%, 520k one-key gets a second, the client could not send: its send lag p99 reached 5 s; at 15% it
+# sent on time alone), the heavy one against membw and redis against memory at half the node;
 # the other loads and the changing load are left to --cases all (they do not fit).
 FULL = (
     Case("micro-cpu", "memcached", "cpu", (15,), ALL_FACTORS, STATICS[:3], keys=1),

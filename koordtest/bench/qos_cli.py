@@ -90,13 +90,11 @@ from koordd.sensors.node import parse_meminfo
 
 CALIBRATION_SECONDS = 3.0
 MAX_CLIENT_RATE = 8000          # requests/s beyond which this Python client would itself be the bottleneck
-# requests/s one compiled engine process is given at most (--client-processes auto). On the 16-CPU machine at
-# 85-88k requests/s of one-key gets, two processes (44k each) sent with a send lag p99 of 856 µs (median of
-# the runs), four (21k each) with 50 µs (docs/benchmarks.md, the 16-CPU proof).
+# requests/s one compiled engine process is given at most (--client-processes auto), and client CPU (cores):
+# a margin. On the 16-CPU machine two processes sent 88k one-key gets/s alone with 23 µs of send lag p99, and
+# one process reading 2000-key answers at 14k/s (0.84-0.89 cores) with 0.36-1.57 ms; with BE beside them
+# every count lagged 1.7-7 ms (docs/benchmarks.md, the 16-CPU proof): more processes do not mend that.
 ENGINE_RATE = 20000
-# client CPU one compiled engine process is given at most (cores): a process that spends more of its time
-# reading answers sends late. On 16 CPUs one process reading 2000-key answers at 14k a second used 0.83-0.89
-# cores and sent with a send lag p99 of 3-7 ms.
 ENGINE_CORES = 0.5
 
 
