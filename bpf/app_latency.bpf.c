@@ -2,13 +2,18 @@
 // UNIX stream sockets, as a log2 histogram per cgroup koordd watches (koordd/sensors/app_latency.py).
 //
 // A CO-RE object (scripts/build-bpf), in the layout of runq_latency.bpf.c (`watched`, `resolved`, one
-// `struct hist` per watched cgroup: koordd/sensors/cgroup_hist.py reads both). Two tracepoints, as
-// tp_btf (Linux 6.6+ has both; a kernel without kprobes or ftrace, where fentry cannot attach, has them too):
+// `struct hist` per watched cgroup: koordd/sensors/cgroup_hist.py reads both). Three tracepoints, as
+// tp_btf (Linux 6.6+ has them all; a kernel without kprobes or ftrace, where fentry cannot attach, has them too):
 //   - sk_data_ready, which every data_ready callback fires (sock_def_readable: TCP's data arriving, and a
-//     UNIX peer's unix_stream_sendmsg): each arrival of a request's bytes stamps the socket, the LAST one
-//     before the answer counting (a client that sends half a request and waits does not count its wait);
+//     UNIX peer's unix_stream_sendmsg): the socket remembers when its oldest unread bytes arrived;
+//   - sock_recv_length, at the end of every recvmsg (read, recv, recvmmsg, io_uring...): the server has
+//     read; the clock of its next answer starts at the oldest bytes it read. A read that follows one which
+//     emptied the socket restarts the clock (the server had everything and waited for the client: a client
+//     that sends half a request and waits does not count its wait); a read that follows one which left
+//     bytes behind keeps it (the bytes waited on the server: a queue on the connection, requests that came
+//     while the server was busy, counts from its oldest);
 //   - sock_send_length, at the end of every sendmsg (write, send, sendfile, io_uring...): the first send
-//     on a stamped socket is the response; the time from the stamp to the end of that send is counted for
+//     after a read is the response; the time from the clock's start to the end of that send is counted for
 //     the deepest watched cgroup at or above the SENDING task's (task->cgroups->dfl_cgrp).
 //
 // Two histograms per cgroup: `responses` counts each response once (the count and the exact mean);
@@ -22,7 +27,7 @@
 // or PID 1 with the server's responses.
 //
 // Which sockets are stamped at all: those of a watched workload only, so the rest of the host's traffic
-// costs a lookup per arrival and per send. A socket qualifies once it has state in `requests`
+// costs a lookup per arrival, per read and per send. A socket qualifies once it has state in `requests`
 // (socket-local storage: freed with the socket, so no stamp outlives it or lands on its successor at the
 // same address), made
 //   - at an arrival, where the socket's own cgroup is watched (a TCP server's listener passes its cgroup
@@ -52,14 +57,13 @@ char _license[] SEC("license") = "GPL";
 #define WEIGHT (1ULL << 20)
 
 struct pending {
-    u64 since;              // when the pending request's latest bytes arrived (ns); 0: none pending
-    u64 next;               // when the request after it last got bytes, while its answer was on its way; 0: none
-    u32 mark;               // TCP: write_seq when `since` was first stamped; the answer has gone out once it moved
-    u32 answered;           // UNIX: the peer has been handed data from this socket since `since`
+    u64 since;              // when the clock of the next answer started: the oldest bytes the server's reads took (ns); 0: none
+    u64 unread;             // when the oldest bytes not read yet arrived; 0: none (the server has read all it was sent)
+    u64 last;               // when bytes last arrived
+    u32 left;               // the server's latest read left bytes unread: its next read keeps the clock
     u32 window;             // the window (ns >> WINDOW_SHIFT) of this connection's latest response
     u32 answers;            // its responses in that window
     u32 before;             // its responses in the window before that one (0: none, or not the one before)
-    u32 unused;
 };
 
 struct {
@@ -117,35 +121,14 @@ static __always_inline u64 watched_task(void)
     return watched_of(cg->kn->id, cg);
 }
 
-// TCP: the socket's write_seq, which moves as soon as an answer is queued (before its sendmsg returns).
-static __always_inline u32 write_seq(const struct sock *sk)
-{
-    struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
-    return tp ? tp->write_seq : 0;
-}
-
-// UNIX: data arriving on `sk` was sent by its peer: the peer's pending request has its answer on the way.
-static __always_inline void peer_answers(const struct sock *sk)
-{
-    struct unix_sock *u = bpf_skc_to_unix_sock((void *)sk);
-    if (!u)
-        return;
-    struct sock *peer = u->peer;
-    if (!peer)
-        return;
-    struct pending *q = bpf_sk_storage_get(&requests, peer, 0, 0);
-    if (q && q->since)
-        q->answered = 1;
-}
-
-// Whether the pending request's answer has started to go out: a request arriving now is the next one (its
-// client got the answer before the server's send returned, where the response is counted), not more bytes
-// of the pending one.
-static __always_inline bool answer_underway(const struct sock *sk, struct pending *p)
+// Whether the server's read left bytes behind: TCP's received but not yet copied to the application, a
+// UNIX socket's queued skbs (one read in part stays queued).
+static __always_inline bool bytes_left(const struct sock *sk)
 {
     if (sk->__sk_common.skc_family == AF_UNIX)
-        return p->answered;
-    return write_seq(sk) != p->mark;
+        return sk->sk_receive_queue.qlen != 0;
+    struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
+    return tp && tp->rcv_nxt != tp->copied_seq;
 }
 
 SEC("tp_btf/sk_data_ready")
@@ -153,8 +136,6 @@ int BPF_PROG(app_arrival, const struct sock *sk)
 {
     if (!sk || !is_stream(sk))
         return 0;
-    if (sk->__sk_common.skc_family == AF_UNIX)
-        peer_answers(sk);
     struct pending *p = bpf_sk_storage_get(&requests, (struct sock *)sk, 0, 0);
     if (!p) {
         if (!watched_socket(sk))
@@ -164,15 +145,31 @@ int BPF_PROG(app_arrival, const struct sock *sk)
             return 0;
     }
     u64 now = bpf_ktime_get_ns();
-    if (!p->since) {
-        p->since = now;                     // a request's first bytes
-        p->mark = write_seq(sk);
-        p->answered = 0;
-    } else if (answer_underway(sk, p)) {
-        p->next = now;                      // the next request's bytes, come while the answer is being sent
-    } else {
-        p->since = now;                     // more of the pending request: timed from its last bytes
-    }
+    if (!p->unread)
+        p->unread = now;                    // the oldest bytes the server has not read
+    p->last = now;
+    return 0;
+}
+
+#define MSG_PEEK 2
+#define MSG_ERRQUEUE 0x2000
+
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(app_read, struct sock *sk, int ret, int flags)
+{
+    if (ret <= 0 || (flags & (MSG_PEEK | MSG_ERRQUEUE)) || !sk || !is_stream(sk))
+        return 0;           // nothing taken from the socket
+    struct pending *p = bpf_sk_storage_get(&requests, sk, 0, 0);
+    if (!p || !p->unread)
+        return 0;           // not a watched socket, or bytes that came before it was stamped
+    // The clock starts at the oldest bytes this read took, unless the read before it left bytes behind:
+    // then those waited on the server, and the clock started with them.
+    if (!p->since || !p->left)
+        p->since = p->unread;
+    p->left = bytes_left(sk);
+    // What is left came by the last arrival at the latest: timed from it, an answer to it can only read
+    // shorter than it was, never longer.
+    p->unread = p->left ? p->last : 0;
     return 0;
 }
 
@@ -190,11 +187,7 @@ int BPF_PROG(app_sent, struct sock *sk, int ret)
         return 0;
     u64 now = bpf_ktime_get_ns();
     u64 took = now - p->since;
-    // The next request, if it came while this answer went out, is the pending one now.
-    p->since = p->next;
-    p->next = 0;
-    p->mark = write_seq(sk);
-    p->answered = 0;
+    p->since = 0;           // later sends before the next read are more of this answer: not counted
 
     count_in(&responses, cgroup, took);
 

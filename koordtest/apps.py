@@ -10,13 +10,13 @@ import time
 from koordd.kernel.libbpf import BpfError, libbpf
 from koordd.sensors.cgroup_hist import KERNEL_BTF
 
-TRACEPOINTS = (b"btf_trace_sk_data_ready", b"btf_trace_sock_send_length")
+TRACEPOINTS = (b"btf_trace_sk_data_ready", b"btf_trace_sock_recv_length", b"btf_trace_sock_send_length")
 
-def server_source(arguments: str, backlog: int, answer: str) -> str:
+def server_source(arguments: str, backlog: int, serve: str) -> str:
     """The source of a small server (`python -c` it): `arguments` reads sys.argv into at least `kind` ("tcp":
     on a free port of 127.0.0.1, or "unix") and `where` (a UNIX socket's path); it listens with `backlog`,
-    prints its address (the port, or the path) once listening, and gives each connection a thread that runs
-    `answer` (statements indented for the loop's body) for each `line` a client sends on `c`."""
+    prints its address (the port, or the path) once listening, and gives each connection `c` a thread that
+    runs `serve` (statements indented for a function's body)."""
     return r"""
 import socket, sys, threading, time
 """ + arguments + r"""
@@ -30,27 +30,42 @@ else:
 s.listen(""" + str(backlog) + r""")
 print(where, flush=True)
 
-def answer(c):
-    with c, c.makefile("rb") as requests:
-        for line in requests:
-""" + answer + r"""
+def serve(c):
+""" + serve + r"""
 
 while True:
-    threading.Thread(target=answer, args=(s.accept()[0],), daemon=True).start()
+    threading.Thread(target=serve, args=(s.accept()[0],), daemon=True).start()
 """
 
 
+def each_line(answer: str) -> str:
+    """A connection's body that runs `answer` (statements indented for the loop's body) for each `line`."""
+    return r"""
+    with c, c.makefile("rb") as requests:
+        for line in requests:
+""".lstrip("\n") + answer
+
+
 # One request per line, each answered after `delay` seconds.
-SERVER = server_source("kind, delay, where = sys.argv[1], float(sys.argv[2]), sys.argv[3]", 16, r"""
+SERVER = server_source("kind, delay, where = sys.argv[1], float(sys.argv[2]), sys.argv[3]", 16, each_line(r"""
             time.sleep(delay)
-            c.sendall(b"ok\n")""".lstrip("\n"))
+            c.sendall(b"ok\n")""".lstrip("\n")))
 
 # Clients steering the measurement (issue 35, item 9): a server that answers "ping" at once and "wait <ms>"
 # after that many milliseconds, one thread per connection.
-STEERED_SERVER = server_source("kind, where = sys.argv[1], sys.argv[2]", 64, r"""
+STEERED_SERVER = server_source("kind, where = sys.argv[1], sys.argv[2]", 64, each_line(r"""
             if line.startswith(b"wait "):
                 time.sleep(int(line[5:]) / 1000)
-            c.sendall(b"ok\n")""".lstrip("\n"))
+            c.sendall(b"ok\n")""".lstrip("\n")))
+
+# As an event loop serves (redis, memcached): each read takes whatever requests have come, `delay` seconds
+# of work each, and one send answers them all. Requests that come while it works wait on the socket.
+BATCH_SERVER = server_source("kind, delay, where = sys.argv[1], float(sys.argv[2]), sys.argv[3]", 16, r"""
+    with c:
+        while data := c.recv(65536):
+            n = data.count(b"\n")
+            time.sleep(delay * n)
+            c.sendall(b"ok\n" * n)""".lstrip("\n"))
 
 
 def connect(kind: str, address: str) -> socket.socket:
@@ -121,6 +136,32 @@ def flood(kind: str, address: str) -> list[float]:
         slow = [ask(c, b"wait 24\n") for _ in range(40)]
     thread.join()
     return slow
+
+
+def queued(kind: str, address: str, delay: float, bursts: int = 10, size: int = 4) -> list[float]:
+    """Against BATCH_SERVER answering after `delay`: `bursts` times, `size` requests on one connection,
+    `delay / size` apart, so that all but the first come while the server works on the first (a queue on
+    the connection); each request's µs from its send to its answer."""
+    took: list[float] = []
+    with connect(kind, address) as c:
+        for _ in range(bursts):
+            sent = []
+            for i in range(size):
+                if i:
+                    time.sleep(delay / size)
+                sent.append(time.perf_counter())
+                c.sendall(b"get\n")
+            answered = 0
+            while answered < size:
+                chunk = c.recv(64)
+                if not chunk:
+                    raise ConnectionError("the server hung up")
+                now = time.perf_counter()
+                for _ in range(chunk.count(b"\n")):
+                    took.append((now - sent[answered]) * 1e6)
+                    answered += 1
+            time.sleep(delay)
+    return took
 
 
 def lacks_ebpf() -> str | None:

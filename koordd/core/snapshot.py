@@ -124,7 +124,7 @@ class RunqLatency:
 @dataclass(frozen=True)
 class AppLatency:
     """The server-side response time of a latency-sensitive cgroup's request/response traffic this round
-    (TCP and UNIX stream sockets: from a request's last bytes arriving to the answer on its socket); count,
+    (TCP and UNIX stream sockets: from the oldest bytes of a request the server read to the answer on its socket); count,
     mean and max from a log2 histogram of every response, the quantiles from one weighted by connection (each
     connection the same weight per window, so a flood on one cannot hide another's tail), interpolated within their bucket, max its upper
     bound); docs/app-latency.md says where it is wrong."""

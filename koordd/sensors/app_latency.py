@@ -2,7 +2,9 @@
 request/response traffic, measured in the kernel without changing them (docs/app-latency.md).
 
 koordd/bpf/app_latency.bpf.o, a CO-RE object loaded by koordd's loader (libbpf), stamps a TCP or UNIX
-stream socket when a request's bytes arrive (its last bytes before the answer count) and counts, at the
+stream socket when bytes arrive that the server has not read, starts the clock at the oldest bytes the
+server's read takes (restarted by a read after one that emptied the socket, so a client's pause is not
+counted; kept by one after a read that left bytes, so a queue on the connection is) and counts, at the
 next send on it, the time since, for the deepest watched cgroup at or above the sending task's: log2
 histograms per cgroup, read each round as their deltas (sensors/cgroup_hist.py, as the run-queue
 sensor's). Only the latency-sensitive classes' cgroups are watched: they are the ones with an SLO.
@@ -13,7 +15,8 @@ much together as another connection's: the quantiles come from it, so a client f
 with cheap requests does not hide another's slow ones. The round's `slots` (which the SLO merges over
 rounds) are the weighted histogram in whole responses (`apportion`), summing to the round's count.
 
-Needs libbpf1, a kernel with BTF and the tracepoints sk_data_ready and sock_send_length (Linux 6.6+), and
+Needs libbpf1, a kernel with BTF and the tracepoints sk_data_ready, sock_recv_length and sock_send_length
+(Linux 6.6+), and
 a v2 tree (the unified one on hybrid hosts): a socket and a task name their cgroup there. There is no
 fallback: without them the sensor is unavailable and says why.
 """
