@@ -43,6 +43,13 @@ work is each half's over BE alone's same half (be-alone switches too).
 Where the kernel loads koordd's app_latency program (docs/app-latency.md), the benchmark reads it too, for
 every run with LS: the server-side p99 the kernel saw next to the client's, in results.json and the report.
 
+--client-cpus N keeps the client off LS and BE's CPUs: its processes get the lowest N CPUs (sched_setaffinity,
+not cpusets), everything else (LS servers, BE workers, koordd, bench-qos itself) the others, and loads, server
+and worker counts and static caps count those others only. Where real-time policies are refused, a client
+sharing CPUs with BE waits for BE and counts the wait as LS latency (on 16 CPUs its send lag p99 was
+0.03 ms alone and 3.8-4.8 ms beside BE in the redis case, 1.7-7.4 ms beside BE in all runs but one over the
+cases: the 16-CPU proof in docs/benchmarks.md). The default, 0, shares every CPU as before.
+
 The cgroups are koordd-qos-<pid>/{ls,be} in every hierarchy koordd uses, created and removed
 by this script (also on Ctrl-C and errors), as are its processes; static knobs are written through
 koordd's knob table and put back, koordd gets SIGTERM after each run and restores; before and after
@@ -81,7 +88,8 @@ from koordtest.bench.ls_servers import Memcached, Probe, Redis, find_memcached, 
 from koordtest.bench.packages import apt_install
 from koordtest.bench.probe import bytes_for
 from koordtest.bench.qos_report import markdown, plot, slo_table, window_plot
-from koordtest.bench.qos_run import BE, LS, ORACLE_SETUPS, SETUP_NAMES, SETUPS, Bench, run_one, run_order
+from koordtest.bench.qos_run import (BE, LS, ORACLE_SETUPS, SETUP_NAMES, SETUPS, Bench, CpuSplit, on_cpus, run_one,
+                                     run_order, split_cpus)
 from koordtest.bench.qos_stats import BE_ALONE, LS_ALONE, baselines, median_spread, summarise
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 from koordd.backends.cgroup_knobs import KNOBS
@@ -117,7 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     tree = CgroupTree(f"koordd-qos-{os.getpid()}", ("cpu", "cpuacct", "memory"))
     keep_logs = False
     try:
-        with tree:
+        # --client-cpus: bench-qos itself moves off the client's CPUs, and so does every process it starts but
+        # the client (qos_run._window puts that one on its own): LS servers, BE workers and koordd inherit the
+        # others. koordd too, because on a node it shares the CPUs with LS and BE (its cost lands there, as it
+        # would), and on the client's CPUs its wake-ups would delay the client's, which is what the
+        # reservation is for. It still counts and sizes BE against every online CPU of the node.
+        with tree, on_cpus(args.cpus.rest if args.cpus else None):
             run_benchmark(args, layout, tree, ls_kind, workdir, out, can_plot)
     except KeyboardInterrupt:
         print("bench-qos: interrupted; cleaned up", file=sys.stderr)
@@ -140,22 +153,23 @@ def run_benchmark(args, layout, tree: CgroupTree, ls_kind, workdir: Path, out: P
         KNOBS["memory.max"].write(fs, tree.path(BE), str(args.be_memory + (512 << 20)))
     if ls_kind is None:
         ls_kind = Probe(bytes_for(args.probe_work_us), args.probe_work_us)
-    bench = Bench(tree=tree, fs=fs, ncpu=os.cpu_count(), ls_kind=ls_kind, antagonist=args.antagonist,
+    bench = Bench(tree=tree, fs=fs, ncpu=ls_be_cpus(args.cpus), ls_kind=ls_kind, antagonist=args.antagonist,
                   be_memory=args.be_memory, seconds=args.seconds, warmup=args.warmup, drain=args.drain,
                   realtime_client=args.client == "realtime", engine=args.engine, client_binary=args.client_binary,
                   koordd_config=lambda state, changes, slo: shipped_config(
                       {"LS": [tree.path(LS)], "BE": [tree.path(BE)]}, state, args.koordd_config, changes,
                       slo={"LS": {"latency_p99": f"{slo * 1e6:.0f}us"}} if slo else None),
                   koordd_command=koordd_command(), window=args.window, app_latency=open_app_latency(args),
-                  koordd_terms=args.koordd_terms)
+                  koordd_terms=args.koordd_terms, cpus=args.cpus)
     bench.remember_knobs()
     calibrated = calibrate(bench, args.loads + ([args.low_load] if args.low_load else []), workdir,
                            args.client_processes)
     costs = {load: cost.ls for load, cost in calibrated.items()}
-    rates = {load: load / 100 * bench.ncpu / cost for load, cost in costs.items()}
+    rates = load_rates(costs, bench.ncpu)
     if bench.engine == "c":
         bench.client_processes = max(client_processes(args.client_processes, bench.ncpu, rates[load],
-                                                      calibrated[load].client * rates[load]) for load in rates)
+                                                      calibrated[load].client * rates[load], bench.client_cpus)
+                                     for load in rates)
     warn_rates(rates, bench)
     if args.low_load:
         # each load's rate comes from its own calibration: on a busy host the low one can come out higher
@@ -166,6 +180,17 @@ def run_benchmark(args, layout, tree: CgroupTree, ls_kind, workdir: Path, out: P
     write_report(args, bench, layout, costs, rates, runs, out, can_plot)
     if bench.app_latency is not None:
         bench.app_latency.close()
+
+
+def ls_be_cpus(cpus: CpuSplit | None) -> int:
+    """The CPUs of the node the experiment sees: loads are percentages of them, one LS server and one BE
+    worker runs per CPU of them, static caps are shares of them. With --client-cpus, those left to LS and BE."""
+    return len(cpus.rest) if cpus else (os.cpu_count() or 1)
+
+
+def load_rates(costs: dict[int, float], ncpu: int) -> dict[int, float]:
+    """LS requests/s for each load, a percentage of `ncpu` CPUs, from LS's CPU seconds per request there."""
+    return {load: load / 100 * ncpu / cost for load, cost in costs.items()}
 
 
 def open_app_latency(args):
@@ -207,7 +232,8 @@ def slo_baselines(bench: Bench, args, rates: dict[int, float], workdir: Path, ou
         print(f"[slo] LS alone at {load}%: p99 {record['ls']['p99'] * 1000:.2f} ms"
               + (f" (the kernel's view {kernel * 1000:.2f} ms)" if kernel else "")
               + f", so the SLO is {bench.slo_target[load] * 1000:.2f} ms", file=sys.stderr, flush=True)
-        (out / "results.json").write_text(json.dumps({"runs": runs, "slo_target": bench.slo_target}, indent=1))
+        (out / "results.json").write_text(json.dumps({"runs": runs, "slo_target": bench.slo_target,
+                                                      "cpus": cpus_record(bench)}, indent=1))
     return runs
 
 
@@ -215,7 +241,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = doc_parser(__doc__)
     p.add_argument("--ls", choices=("redis", "memcached", "probe"), default="redis",
                    help="the LS server (default redis)")
-    p.add_argument("--loads", default="20,50,70", help="LS loads, percent of the node's CPUs (default 20,50,70)")
+    p.add_argument("--loads", default="20,50,70",
+                   help="LS loads, percent of the node's CPUs (with --client-cpus: of those left to LS and BE; "
+                        "default 20,50,70)")
     p.add_argument("--antagonist", choices=sorted(KINDS), default="cpu", help="the BE workers' kind (default cpu)")
     p.add_argument("--setups", default=None,
                    help="comma-separated subset (default: all this kernel can run but the oracle's candidates; "
@@ -237,6 +265,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"compiled engines at once, the servers split among them (default auto: one per "
                         f"{ENGINE_RATE} requests/s and per {ENGINE_CORES:g} cores the client used reading "
                         f"answers at calibration, whichever needs more, at most a quarter of the CPUs)")
+    p.add_argument("--client-cpus", type=int, default=0, metavar="N",
+                   help="reserve the lowest N CPUs for the client's processes (sched_setaffinity; default 0: the "
+                        "client shares every CPU): LS servers, BE workers, koordd and bench-qos itself get the "
+                        "others, and loads, servers and BE workers count those")
     p.add_argument("--koordd-terms", choices=("client", "kernel"), default="client",
                    help="koordd is told the SLO's factor times LS alone's p99 as the client saw it (the default: "
                         "the figure judged), or as the kernel did (app_latency, koordd's own signal: how "
@@ -305,6 +337,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--low-load needs one --loads value above it")
     if args.client_processes != "auto" and not (args.client_processes.isdigit() and int(args.client_processes) > 0):
         p.error("--client-processes: a positive number or auto")
+    try:
+        args.cpus = split_cpus(args.client_cpus, host_cpus())
+    except ValueError as e:
+        p.error(str(e))
+    if args.cpus and args.client_processes != "auto" and int(args.client_processes) > args.client_cpus:
+        print(f"bench-qos: warning: {args.client_processes} client processes share --client-cpus "
+              f"{args.client_cpus}'s CPUs", file=sys.stderr)
     if args.koordd_terms == "kernel" and args.no_sensor:
         p.error("--koordd-terms kernel reads LS alone's p99 from the kernel: not with --no-sensor")
     args.engine = pick_engine(args.engine, args.client_binary)
@@ -312,6 +351,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         available = parse_meminfo(Path("/proc/meminfo").read_text()).get("MemAvailable", 0)
         args.be_memory = min(available // 4, 2 << 30)
     return args
+
+
+def host_cpus() -> list[int]:
+    """The CPUs bench-qos may use (all online ones on a host that does not confine it): --client-cpus takes the
+    lowest of these."""
+    return sorted(os.sched_getaffinity(0))
 
 
 def host_problem():
@@ -366,7 +411,8 @@ def calibrate(bench: Bench, loads: list[int], workdir: Path, processes: str = "a
 def _cost(bench: Bench, rate: float, workdir: Path, processes: str = "auto") -> Cost:
     """LS alone at `rate` for a short while: its cgroup's CPU, and the client's, over the requests answered."""
     short = dataclasses.replace(bench, seconds=CALIBRATION_SECONDS, warmup=1.0, low_rate=None, switch_to=None,
-                                app_latency=None, client_processes=client_processes(processes, bench.ncpu, rate))
+                                app_latency=None,
+                                client_processes=client_processes(processes, bench.ncpu, rate, 0.0, bench.client_cpus))
     record = run_one(short, SETUPS[SETUP_NAMES.index(LS_ALONE)], rate, 0, workdir)
     answered = record["ls"]["answered"]
     if not answered:
@@ -390,12 +436,34 @@ def pick_engine(asked: str, binary: Path) -> str:
         return "python"
 
 
-def client_processes(asked: str, ncpu: int, rate: float, client_cores: float = 0.0) -> int:
+def client_processes(asked: str, ncpu: int, rate: float, client_cores: float = 0.0, client_cpus: int = 0) -> int:
     """Compiled engines for `rate` requests/s whose answers take `client_cores` of the client's CPU to read:
-    as asked, or one per ENGINE_RATE and per ENGINE_CORES, whichever needs more, at most ncpu / 4 (and 1)."""
+    as asked, or one per ENGINE_RATE and per ENGINE_CORES, whichever needs more, at most ncpu / 4 (and 1); with
+    `client_cpus` reserved for the client (--client-cpus), at most one per reserved CPU instead."""
     if asked != "auto":
         return int(asked)
-    return max(1, min(max(math.ceil(rate / ENGINE_RATE), math.ceil(client_cores / ENGINE_CORES)), ncpu // 4))
+    most = client_cpus if client_cpus else ncpu // 4
+    return max(1, min(max(math.ceil(rate / ENGINE_RATE), math.ceil(client_cores / ENGINE_CORES)), most))
+
+
+def cpus_record(bench: Bench) -> dict:
+    """Where the benchmark's processes ran, for results.json: how many CPUs the node has and LS and BE had, and
+    with --client-cpus which were the client's and which LS and BE's (else None: all shared all)."""
+    return {"node_cpus": bench.host_ncpu, "ls_be_cpus": bench.ncpu,
+            **(bench.cpus.record() if bench.cpus else {"client": None, "ls_be": None})}
+
+
+def cpu_words(bench: Bench) -> str:
+    """The CPUs in a plot's title: "16 CPUs", or "14 CPUs (+2 the client's)" with --client-cpus."""
+    return f"{bench.ncpu} CPUs" + (f" (+{bench.client_cpus} the client's)" if bench.client_cpus else "")
+
+
+def cpus_line(cpus: CpuSplit | None, host_ncpu: int) -> str:
+    """The report's line on where the client ran against LS and BE."""
+    if cpus is None:
+        return f"CPUs: the client, LS, BE and koordd share all {host_ncpu} (no --client-cpus)"
+    return (f"CPUs: {cpus.describe()} (--client-cpus {len(cpus.client)}, sched_setaffinity; koordd and bench-qos "
+            f"with LS and BE; loads, servers and BE workers count LS and BE's {len(cpus.rest)} only)")
 
 
 def warn_rates(rates: dict[int, float], bench: Bench) -> None:
@@ -421,8 +489,8 @@ def run_all(bench: Bench, args, rates: dict[int, float], workdir: Path, out: Pat
         record = run_one(bench, setups[name], rates.get(load), seed, workdir / f"run{i}", load)
         record.update(rep=rep, load=load)
         runs.append(record)
-        (out / "results.json").write_text(json.dumps({"runs": before + runs, "slo_target": bench.slo_target},
-                                                     indent=1))
+        (out / "results.json").write_text(json.dumps({"runs": before + runs, "slo_target": bench.slo_target,
+                                                      "cpus": cpus_record(bench)}, indent=1))
         ls, sensor = record["ls"], record.get("sensor")
         print(f"[{i + 1}/{len(order)}] rep {rep + 1} {name:13} load {load or '-':>3}%"
               + (f"  p99 {ls['p99'] * 1000:7.2f} ms" if ls else " " * 18)
@@ -439,10 +507,10 @@ def write_report(args, bench: Bench, layout, costs: dict[int, float], rates: dic
     ls_base, be_base = baselines(runs)
     command = command_line("scripts/bench-qos", args.argv)
     about = [
-        f"host: {bench.ncpu} CPUs ({cpu_model()}), Linux {platform.release()}, cgroups {layout.describe()}; "
+        f"host: {bench.host_ncpu} CPUs ({cpu_model()}), Linux {platform.release()}, cgroups {layout.describe()}; "
         f"koordd {git_describe()}; Python {platform.python_version()}",
-        f"LS: {bench.ls_kind.describe()}; {bench.ncpu} servers (one per CPU), each on its own UNIX socket, "
-        f"open-loop Poisson arrivals over 2 connections per server; LS CPU per request alone, measured near "
+        f"LS: {bench.ls_kind.describe()}; {bench.ncpu} servers (one per CPU of LS and BE), each on its own UNIX "
+        f"socket, open-loop Poisson arrivals over 2 connections per server; LS CPU per request alone, measured near "
         f"each load's rate: " + ", ".join(f"{load}%: {costs[load] * 1e6:.0f} µs, so {rate:.0f} req/s"
                                           for load, rate in rates.items()),
         f"BE: {bench.ncpu} `{bench.antagonist}` workers, work counted in {UNITS[bench.antagonist]}"
@@ -453,6 +521,7 @@ def write_report(args, bench: Bench, layout, costs: dict[int, float], rates: dic
         + ("; LS alone after every repetition" if args.frontier else ""),
         "client: " + (f"the compiled engine ({bench.client_processes} process(es), koordtest/bench/client/openloop.c)"
                       if bench.engine == "c" else "Python (koordtest/bench/openloop.py)"),
+        cpus_line(bench.cpus, bench.host_ncpu),
     ]
     if ls_base:
         used = {load: median_spread(r["cpu"][LS] for r in runs if r["setup"] == LS_ALONE and r["load"] == load)
@@ -488,11 +557,11 @@ def write_report(args, bench: Bench, layout, costs: dict[int, float], rates: dic
             frontier.report(runs, load, args.candidates, args.sweep) for load in args.loads)
         if can_plot:
             frontier.plot(runs, args.loads, args.candidates, out / "frontier.png",
-                          f"{bench.ls_kind.name} vs {bench.antagonist}, {bench.ncpu} CPUs: the static frontier")
+                          f"{bench.ls_kind.name} vs {bench.antagonist}, {cpu_words(bench)}: the static frontier")
     (out / "report.md").write_text(report)
     if can_plot:
         plot(runs, SETUP_NAMES, out / "qos.png",
-             f"{bench.ls_kind.name} vs {bench.antagonist} antagonist, {bench.ncpu} CPUs")
+             f"{bench.ls_kind.name} vs {bench.antagonist} antagonist, {cpu_words(bench)}")
     print((out / "report.md").read_text())
     print(f"written: {out / 'report.md'}, {out / 'results.json'}" + (f", {out / 'qos.png'}" if can_plot else ""))
 
@@ -515,6 +584,11 @@ def trust_notes(runs: list[dict]) -> list[str]:
         small = min(ls["count"] for ls in with_ls)
         if small < 1000:
             notes.append(f"a run has only {small} latency samples: its p99.9 is close to its maximum")
+    seen = {(who, cpus) for r in runs for who, cpus in (r.get("affinity") or {}).items() if cpus}
+    if seen:
+        notes.append("the CPUs each kind of process was allowed, as the kernel had them (sched_getaffinity): "
+                     + "; ".join(f"{who} {', '.join(sorted(c for w, c in seen if w == who))}"
+                                 for who in sorted({w for w, _ in seen})))
     other = median_spread(r["cpu"]["other"] for r in runs)
     notes.append(f"other CPU (not LS, BE or client): median {other.median:.2f}, at most {other.high:.2f} cores")
     koordd_caps = [r["be_cpu_max"] for r in runs if r["setup"] == "koordd"]

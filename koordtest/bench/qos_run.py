@@ -16,9 +16,10 @@ import os
 import random
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 from koordtest.bench.antagonist import make_counters, read_counters
 from koordtest.bench.cgroup_tree import CgroupTree, die_with_parent
@@ -26,6 +27,7 @@ from koordtest.bench.frontier import SWEEP_FACTORS, koordd_setup
 from koordtest.koordd_proc import KoorddProcess
 from koordtest.bench.ls_servers import python_module, wait_accepting, worker_env
 from koordtest.bench.static_knobs import StaticKnobs, read_knobs
+from koordd.core.cgroup_text import format_cpulist
 from koordd.kernel.cgroupfs import CgroupFS
 from koordd.sensors.cgroup_stats import CgroupSensor
 from koordd.sensors.node import parse_proc_stat_cpu
@@ -117,12 +119,82 @@ def run_order(setups: list[str], loads: list[int], reps: int, seed: int,
     return order
 
 
+@dataclass(frozen=True)
+class CpuSplit:
+    """--client-cpus: the CPUs the client's processes have to themselves (the lowest: koordd's cpuset lever
+    gives BE the highest first) and those left to everything else, set with sched_setaffinity only (the
+    benchmark's cgroups, their knobs and koordd's cpuset lever are left as they are; from Linux 6.2 a task keeps
+    its own affinity, intersected, when its cpuset changes, where older kernels reset it to the cpuset's)."""
+    client: tuple[int, ...]
+    rest: tuple[int, ...]
+
+    def describe(self) -> str:
+        return f"client on {cpu_words(self.client)}, LS and BE on {format_cpulist(self.rest)}"
+
+    def record(self) -> dict[str, str]:
+        return {"client": format_cpulist(self.client), "ls_be": format_cpulist(self.rest)}
+
+
+def cpu_words(cpus: Iterable[int]) -> str:
+    """"CPU 0", "CPUs 0-1"."""
+    cpus = sorted(cpus)
+    return f"CPU{'s' if len(cpus) != 1 else ''} {format_cpulist(cpus)}"
+
+
+def split_cpus(client_cpus: int, cpus: Iterable[int]) -> CpuSplit | None:
+    """The lowest `client_cpus` of `cpus` (the CPUs this process may use) for the client, the others for LS
+    and BE; None for 0 (no reservation: everything shares every CPU). ValueError naming --client-cpus
+    where it leaves LS and BE no CPU."""
+    cpus = sorted(cpus)
+    if client_cpus == 0:
+        return None
+    if not 0 < client_cpus < len(cpus):
+        raise ValueError(f"--client-cpus {client_cpus}: must be 0 (none reserved) up to {len(cpus) - 1}, leaving "
+                         f"at least one of this host's {len(cpus)} CPUs to LS and BE")
+    return CpuSplit(tuple(cpus[:client_cpus]), tuple(cpus[client_cpus:]))
+
+
+@contextmanager
+def on_cpus(cpus: Iterable[int] | None) -> Iterator[None]:
+    """This thread, and every process it starts meanwhile (affinity is inherited from the first
+    instruction), on `cpus`; the affinity it had before afterwards. None or empty: nothing changes."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(cpus))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def client_preexec(cpus: Iterable[int] | None) -> Callable[[], None]:
+    """What the client's process runs before exec: die with its parent and, with `cpus`, move onto them
+    (its engine processes inherit them)."""
+    cpus = set(cpus or ())
+
+    def preexec() -> None:
+        die_with_parent()
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+    return preexec
+
+
+def affinity(pid: int) -> str | None:
+    """The CPUs `pid` may run on, in the kernel's list form; None once it is gone."""
+    try:
+        return format_cpulist(os.sched_getaffinity(pid))
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
 @dataclass
 class Bench:
     """What stays the same for every run of one benchmark."""
     tree: CgroupTree
     fs: CgroupFS
-    ncpu: int
+    ncpu: int                        # the CPUs of LS and BE (the node's, less any --client-cpus)
     ls_kind: object                  # koordtest.bench.ls_servers.Probe or Redis
     antagonist: str
     be_memory: int                   # memory antagonist: bytes all workers grow to together
@@ -143,7 +215,17 @@ class Bench:
     engine: str = "python"           # the client: "python" (openloop.py's own loop) or "c" (the compiled engine)
     client_binary: str | None = None  # the compiled engine
     client_processes: int = 1        # compiled engines at once
+    cpus: CpuSplit | None = None     # --client-cpus: the client's CPUs and LS and BE's (None: all share all)
     originals: dict[str, dict[str, str]] = field(default_factory=dict)   # cgroup -> knob -> value
+
+    @property
+    def host_ncpu(self) -> int:
+        """The node's CPUs: LS and BE's and the client's own."""
+        return self.ncpu + (len(self.cpus.client) if self.cpus else 0)
+
+    @property
+    def client_cpus(self) -> int:
+        return len(self.cpus.client) if self.cpus else 0
 
     def remember_knobs(self) -> None:
         self.originals = {cg: read_knobs(self.fs, cg, WATCHED_KNOBS) for cg in (self.tree.path(LS), self.tree.path(BE))}
@@ -161,7 +243,7 @@ def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: 
     bench.check_knobs(f"before {setup.name}")
     env = worker_env()
     servers, workers = [], []
-    record: dict = {"setup": setup.name}
+    record: dict = {"setup": setup.name, "cpus": bench.cpus.record() if bench.cpus else None}
     try:
         sockets = []
         if setup.ls:
@@ -188,8 +270,14 @@ def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: 
             if koordd:
                 # Before any request: the window measures koordd running, not its start (see wait_ready).
                 record["koordd_ready_s"] = round(koordd.start().wait_ready(), 2)
+            # The CPUs each kind of process may run on, as the kernel has them (the client's: _window)
+            record["affinity"] = {name: affinity(procs[0].pid) for name, procs in
+                                  ((LS, servers), (BE, workers), ("koordd", [koordd.proc] if koordd else []))
+                                  if procs}
             try:
                 record.update(_window(bench, setup, rate, seed, sockets, counters, workdir, koordd, workers, env))
+                if "client_affinity" in record:
+                    record["affinity"]["client"] = record.pop("client_affinity")
                 retired = record.pop("retired", [])      # the first antagonist's workers, killed half way
                 dead = [p.args[0] for p in servers + workers if p.poll() is not None and p not in retired]
                 if dead:
@@ -276,11 +364,17 @@ def _window(bench: Bench, setup: Setup, rate: float | None, seed: int, sockets: 
         for s in sockets:
             args += ["--socket", str(s)]
         with open(workdir / "client.log", "w") as log:
+            # --client-cpus: on the reserved CPUs, and its engines with it (everything else the benchmark
+            # starts inherits the other CPUs from bench-qos itself: qos_cli.main)
             client = subprocess.Popen(python_module("koordtest.bench.openloop", *args), env=worker_env(), stdout=log,
                                       stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
-                                      preexec_fn=die_with_parent)
+                                      preexec_fn=client_preexec(bench.cpus.client if bench.cpus else None))
+        seen_client = affinity(client.pid)
     try:
-        return _measure(bench, setup, start_at, counters, workdir, koordd, client, workers, env)
+        out = _measure(bench, setup, start_at, counters, workdir, koordd, client, workers, env)
+        if client is not None:
+            out["client_affinity"] = seen_client
+        return out
     finally:
         if client is not None and client.poll() is None:
             client.kill()
@@ -290,7 +384,7 @@ def _window(bench: Bench, setup: Setup, rate: float | None, seed: int, sockets: 
 def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdir: Path,
              koordd: KoorddProcess | None, client: subprocess.Popen | None, workers: list, env: dict) -> dict:
     time.sleep(max(start_at - time.monotonic(), 0))
-    meter = CpuMeter(bench.fs, [bench.tree.path(c) for c in (LS, BE)], bench.ncpu)
+    meter = CpuMeter(bench.fs, [bench.tree.path(c) for c in (LS, BE)], bench.host_ncpu)   # /proc/stat: all
     wall0 = time.time()
     if bench.app_latency is not None and setup.ls:
         bench.app_latency.read([bench.tree.path(LS)])         # what came before the window is dropped
