@@ -65,6 +65,7 @@ class Case:
     reps: int = 1
     seconds: float = 4.0
     warmup: float = 2.0
+    client_cpus: int = 0                 # bench-qos --client-cpus (plan() sets it from the host's CPUs)
 
     def argv(self) -> list[str]:
         out = ["--frontier", "--ls", self.ls, "--antagonist", self.antagonist, "--loads",
@@ -77,6 +78,8 @@ class Case:
             out += ["--low-load", str(self.low_load)]
         if self.switch_to:
             out += ["--switch-to", self.switch_to]
+        if self.client_cpus:
+            out += ["--client-cpus", str(self.client_cpus)]
         return out
 
     def runs(self) -> int:
@@ -117,6 +120,14 @@ ALL = (
 )
 
 
+def client_cpus_for(ncpu: int) -> int:
+    """The CPUs the proof reserves for the client (bench-qos --client-cpus): an eighth of the node, so 2 of 16,
+    and none under 8 CPUs (the 2-CPU dry run shares them as before). On 16 CPUs, a client on the CPUs LS and BE
+    share sent 0.02-1.6 ms late (p99) alone and 1.7-7.4 ms late beside BE in all runs but one
+    (docs/benchmarks.md): lag counted as LS latency. Not run on 16 CPUs yet."""
+    return ncpu // 8
+
+
 def quick(cases: tuple[Case, ...]) -> tuple[Case, ...]:
     """The dry run of a small host: the same cases and loads, one SLO and two static settings, 1 s windows."""
     from dataclasses import replace
@@ -124,8 +135,10 @@ def quick(cases: tuple[Case, ...]) -> tuple[Case, ...]:
                          seconds=4.0 if c.low_load else 1.0, warmup=1.0) for c in cases)
 
 
-def plan(which: str, is_quick: bool) -> tuple[Case, ...]:
-    """`which`: "default" (FULL, or every case when quick), "all", or case names, comma-separated."""
+def plan(which: str, is_quick: bool, ncpu: int | None = None) -> tuple[Case, ...]:
+    """`which`: "default" (FULL, or every case when quick), "all", or case names, comma-separated; each with
+    client_cpus_for(`ncpu`, default this host's CPUs) CPUs reserved for the client."""
+    from dataclasses import replace
     if which == "default":
         cases = ALL if is_quick else FULL
     elif which == "all":
@@ -136,7 +149,8 @@ def plan(which: str, is_quick: bool) -> tuple[Case, ...]:
         if unknown:
             raise ValueError(f"unknown cases {unknown}; known: {', '.join(by_name)}")
         cases = tuple(by_name[n] for n in which.split(","))
-    return quick(cases) if is_quick else cases
+    reserved = client_cpus_for((os.cpu_count() or 1) if ncpu is None else ncpu)
+    return tuple(replace(c, client_cpus=reserved) for c in (quick(cases) if is_quick else cases))
 
 
 # --- gathering (here, with a registry) and installing (there, from the folder only) -----------------------
@@ -285,9 +299,10 @@ def run_case(case: Case, out: Path, binary: Path) -> Outcome:
     return Outcome(case, time.monotonic() - t0, error, report, runs)
 
 
-def summary(outcomes: list[Outcome], is_quick: bool, total_s: float, host: str) -> str:
+def summary(outcomes: list[Outcome], is_quick: bool, total_s: float, host: str, cpus: str = "") -> str:
     lines = ["# The frontier proof (scripts/proof-frontier)", "",
              f"- host: {host}; {'a dry run (--quick): the path, not the numbers' if is_quick else 'the full proof'}",
+             *([f"- {cpus}"] if cpus else []),
              f"- took {total_s:.0f} s (budget on 16 CPUs: {BUDGET_S} s)", "",
              "| case | bench-qos arguments | estimated (s) | took (s) | outcome |", "|---|---|---|---|---|"]
     for o in outcomes:
@@ -297,6 +312,17 @@ def summary(outcomes: list[Outcome], is_quick: bool, total_s: float, host: str) 
         lines += ["", f"## {o.case.name}", "", o.report.replace("\n# ", "\n### ").replace("\n## ", "\n### ")
                   if o.report else f"(no report: {o.error})"]
     return "\n".join(lines) + "\n"
+
+
+def client_cpus_words(ncpu: int) -> str:
+    """What --plan and proof.md say of the client's CPUs on a host of `ncpu`."""
+    from koordd.core.cgroup_text import format_cpulist
+    n = client_cpus_for(ncpu)
+    rule = "client_cpus_for: ncpu // 8, so 2 of 16; none under 8"
+    if not n:
+        return f"client CPUs: none reserved on {ncpu} CPUs: the client shares them with LS and BE ({rule})"
+    return (f"client CPUs: --client-cpus {n}: the client on CPUs {format_cpulist(range(n))}, LS and BE on "
+            f"{format_cpulist(range(n, ncpu))} of {ncpu} ({rule})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -312,7 +338,8 @@ def run(args: argparse.Namespace) -> int:
         if png.exists():
             shutil.copy(png, out / f"frontier-{case.name}.png")
     host = f"{os.cpu_count()} CPUs ({cpu_model()}), Linux {os.uname().release}, Python {sys.version.split()[0]}"
-    (out / "proof.md").write_text(summary(outcomes, args.quick, time.monotonic() - t0, host))
+    (out / "proof.md").write_text(summary(outcomes, args.quick, time.monotonic() - t0, host,
+                                          client_cpus_words(os.cpu_count() or 1)))
     (out / "results.json").write_text(json.dumps({o.case.name: {"error": o.error, "seconds": o.seconds,
                                                                "runs": o.runs} for o in outcomes}, indent=1))
     with tarfile.open(out / "cases.tar.gz", "w:gz") as tar:
@@ -356,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.plan:
         cases = plan(args.cases, args.quick)
+        print(client_cpus_words(os.cpu_count() or 1))
         for c in cases:
             print(f"{c.name}: {c.runs()} runs, about {c.estimate_s():.0f} s: scripts/bench-qos {' '.join(c.argv())}")
         print(f"about {sum(c.estimate_s() for c in cases):.0f} s in all")

@@ -1,6 +1,6 @@
 """bench-qos --client-cpus: the lowest CPUs for the client's processes, the others for LS, BE, koordd and
 bench-qos itself (sched_setaffinity), the node the experiment sees shrunk to those others, the record and the
-report line."""
+report line; and the proof's choice of how many to reserve by the host's CPUs."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from koordtest.bench import qos_cli
+from koordtest.bench import proof, qos_cli
 from koordtest.bench.qos_cli import client_processes, cpus_line, cpus_record, load_rates, ls_be_cpus, trust_notes
 from koordtest.bench.qos_run import BE, Bench, SETUPS, client_preexec, on_cpus, split_cpus, start_antagonist
 
@@ -119,3 +119,24 @@ def test_the_client_and_everything_else_the_benchmark_starts_land_on_their_cpus(
     assert sorted(os.sched_getaffinity(0)) == allowed                               # bench-qos put back
     with on_cpus(None):
         assert affinity_of_child(preexec_fn=client_preexec(None)) == allowed          # 0: all share all
+
+
+def test_the_proof_reserves_an_eighth_of_the_node_and_none_under_8_cpus():
+    assert [proof.client_cpus_for(n) for n in (1, 2, 7, 8, 15, 16, 32)] == [0, 0, 0, 1, 1, 2, 4]
+    for c in proof.plan("default", is_quick=False, ncpu=16):
+        assert c.argv()[-2:] == ["--client-cpus", "2"]
+    for c in proof.plan("default", is_quick=True, ncpu=2):          # the 2-CPU dry run as before
+        assert "--client-cpus" not in c.argv()
+    assert "--client-cpus 2: the client on CPUs 0-1, LS and BE on 2-15 of 16" in proof.client_cpus_words(16)
+    assert "none reserved on 2 CPUs" in proof.client_cpus_words(2)
+
+
+def test_the_16_cpu_plan_is_a_valid_bench_qos_command_there(monkeypatch):
+    for c in proof.plan("all", is_quick=False, ncpu=16):
+        args = bench_qos_args(c.argv(), SIXTEEN, monkeypatch)
+        assert args.cpus.client == (0, 1) and args.frontier
+
+
+def test_the_proof_report_says_the_reservation():
+    md = proof.summary([], False, 1.0, "16 CPUs", proof.client_cpus_words(16))
+    assert "- client CPUs: --client-cpus 2" in md
