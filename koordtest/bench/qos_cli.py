@@ -14,7 +14,7 @@ request), one process per CPU, driven open loop at fixed Poisson rates that make
 percentages of the node's CPUs (the LS CPU per request is measured first); latency is counted from
 each request's intended send time. BE is one antagonist worker per CPU (cpu, membw or memory; see
 koordtest/bench/antagonist.py) counting the work it completes. Each setup runs at each load, in a
-random order per repetition:
+random order per repetition, every second repetition in the one before's order reversed:
 
     ls-alone       LS without BE (the latency baseline)
     be-alone       BE without LS (the work baseline; once per repetition)
@@ -516,7 +516,8 @@ def write_report(args, bench: Bench, layout, costs: dict[int, float], rates: dic
         f"BE: {bench.ncpu} `{bench.antagonist}` workers, work counted in {UNITS[bench.antagonist]}"
         + (f" (growing to {bench.be_memory >> 20} MiB together)" if bench.antagonist == "memory" else ""),
         f"runs: {bench.seconds:g} s measured after {bench.warmup:g} s of warm-up, {args.reps} repetitions, "
-        f"setups and loads in a random order per repetition (seed {args.seed}); every setup at the same "
+        f"setups and loads in a random order per repetition, every second one reversed (seed {args.seed}); "
+        f"every setup at the same "
         f"load and repetition gets the same arrival times"
         + ("; LS alone after every repetition" if args.frontier else ""),
         "client: " + (f"the compiled engine ({bench.client_processes} process(es), koordtest/bench/client/openloop.c)"

@@ -102,18 +102,24 @@ ORACLE_SETUPS = ("be-idle",) + tuple(f"be-{kind}cpu-max-{pct}" for kind in ("", 
 def run_order(setups: list[str], loads: list[int], reps: int, seed: int,
               alone_between: bool = False) -> list[tuple[int, str, int | None]]:
     """(rep, setup, load) in the order to run: every repetition runs each setup at each load (a setup
-    without LS once, load None), in a random order of its own, so drift on the host spreads over the
-    setups. `alone_between`: LS alone is not shuffled in but runs after each repetition's batch, at each
-    load (with the baseline run before the first, it brackets every repetition: its spread over the
-    session is the instrument's own)."""
+    without LS once, load None), so drift on the host spreads over the setups: the first repetition of
+    each pair in a random order, the second in that order reversed, so that over a pair every run sits
+    as far from the start on average (A B, then B A). A shuffle alone can put one setup first every time:
+    issue 36's A/B of two programs ran koordd before be-idle in all 10 of its pairs. `alone_between`: LS
+    alone is not shuffled in but runs after each repetition's batch, at each load (with the baseline run
+    before the first, it brackets every repetition: its spread over the session is the instrument's own)."""
     has_ls = {s.name: s.ls for s in SETUPS}
     rng = random.Random(seed)
-    order = []
+    order, previous = [], []
     for rep in range(reps):
-        batch = [(rep, s, load) for s in setups for load in (loads if has_ls[s] else [None])
+        batch = [(s, load) for s in setups for load in (loads if has_ls[s] else [None])
                  if not (alone_between and s == "ls-alone")]
-        rng.shuffle(batch)
-        order += batch
+        if rep % 2 == 0:
+            rng.shuffle(batch)
+        else:
+            batch = previous[::-1]
+        previous = batch
+        order += [(rep, s, load) for s, load in batch]
         if alone_between:
             order += [(rep, "ls-alone", load) for load in loads]
     return order

@@ -121,6 +121,23 @@ def test_run_order_interleaves_every_setup_and_load_once_per_repetition():
     assert run_order(["ls-alone", "koordd"], [50], 2, seed=4) == run_order(["ls-alone", "koordd"], [50], 2, seed=4)
 
 
+def test_run_order_reverses_every_second_repetition_so_no_setup_always_runs_first():
+    """A seeded shuffle per repetition put koordd before be-idle in all 10 pairs of issue 36's A/B (seeds 1-3,
+    two repetitions each); over a pair of repetitions each run now sits as far from the start on average."""
+    for seed in range(1, 9):
+        order = run_order(["be-idle", "koordd"], [50], reps=2, seed=seed)
+        assert [s for _, s, _ in order][:2] == [s for _, s, _ in order][2:][::-1], (seed, order)
+    order = run_order(["ls-alone", "be-alone", "be-idle", "koordd"], [20, 70], reps=4, seed=3, alone_between=True)
+    for pair in ((0, 1), (2, 3)):
+        places = {}
+        for rep in pair:
+            batch = [(s, load) for r, s, load in order if r == rep and s != "ls-alone"]
+            for place, run in enumerate(batch):
+                places.setdefault(run, []).append(place)
+        assert {sum(p) for p in places.values()} == {len(places) - 1}, places       # mean place: the middle
+    assert [(s, load) for r, s, load in order if r == 3][-2:] == [("ls-alone", 20), ("ls-alone", 70)]
+
+
 def test_window_decisions_keep_what_happened_in_the_window_with_the_slack_evidence():
     from koordtest.bench.qos_run import window_decisions
     decisions = [
