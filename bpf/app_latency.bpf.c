@@ -88,7 +88,7 @@ struct {
 } weighted SEC(".maps");
 
 // The hot paths read the kernel's structs directly through the tracepoints' typed pointers (CO-RE
-// relocated all the same, and no helper call: four runs a request, two on each side); the rare ones through
+// relocated all the same, and no helper call: six runs a request, three on each side); the rare ones through
 // BPF_CORE_READ.
 
 // TCP or a UNIX stream: what carries requests and responses (UDP, netlink, UNIX datagrams do not count).

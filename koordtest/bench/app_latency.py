@@ -11,7 +11,8 @@ its own) answers PING to redis-benchmark (redis-tools: C, one request per round 
 from --clients connections, as fast as this host goes (about 100k requests/s on 2 CPUs). The program is
 loaded by koordd's loader; with kernel.bpf_stats_enabled=1 the kernel adds up each of its programs' run
 time; that sum over the requests answered is the cost per request (each request fires the tracepoints
-twice: its arrival at the server and the answer's at the client, the client's send and the server's).
+twice: its arrival at the server and the answer's at the client, the client's send and the server's, the
+server's read and the client's).
 Three cases, each --repeat times, in turn: the servers' cgroup watched (koordd samples it), not watched
 (a host's other traffic), and the program not loaded (the rate's own baseline).
 
