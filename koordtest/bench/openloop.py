@@ -307,12 +307,15 @@ def merge_records(n: int, parts: list[tuple[array, Records]]) -> Records:
 
 
 def engine_command(binary: str, schedule: str, request: str, terminator: bytes, sockets: list[str],
-                   connections: int, start_at: float, drain: float, out: str, realtime: bool) -> list[str]:
+                   connections: int, start_at: float, drain: float, out: str, realtime: bool,
+                   spin: bool = False) -> list[str]:
     argv = [binary, "--schedule", schedule, "--request", request, "--terminator", terminator.hex(),
             "--connections", str(connections), "--start-at", repr(start_at), "--drain", str(drain),
             "--out", out]
     if realtime:
         argv.append("--realtime")
+    if spin:
+        argv.append("--spin")
     for s in sockets:
         argv += ["--socket", s]
     return argv
@@ -320,8 +323,9 @@ def engine_command(binary: str, schedule: str, request: str, terminator: bytes, 
 
 def run_engines(binary: str, sockets: list[str], request: bytes, terminator: bytes, times: array, which: array,
                 start_at: float, drain: float, connections: int, processes: int, realtime: bool,
-                workdir: str) -> Records:
-    """The schedule sent by `processes` compiled engines at once, each to its share of the servers."""
+                workdir: str, spin: bool = False) -> Records:
+    """The schedule sent by `processes` compiled engines at once, each to its share of the servers; `spin`:
+    each polls without sleeping (for CPUs of their own)."""
     req = os.path.join(workdir, "request.bin")
     with open(req, "wb") as f:
         f.write(request)
@@ -331,7 +335,7 @@ def run_engines(binary: str, sockets: list[str], request: bytes, terminator: byt
         schedule, out = os.path.join(workdir, f"schedule{k}.bin"), os.path.join(workdir, f"records{k}.bin")
         write_schedule(schedule, array("d", (times[i] for i in idx)), local)
         argv = engine_command(binary, schedule, req, terminator, [sockets[s] for s in servers], connections,
-                              start_at, drain, out, realtime)
+                              start_at, drain, out, realtime, spin)
         running.append((idx, out, subprocess.Popen(argv, stdin=subprocess.DEVNULL)))
     for _, _, p in running:
         if p.wait() != 0:
@@ -354,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connections", type=int, default=2, help="connections per server")
     p.add_argument("--drain", type=float, default=2.0, help="seconds to wait for answers after the last send")
     p.add_argument("--realtime", action="store_true", help="run as SCHED_FIFO (see the module docstring)")
+    p.add_argument("--spin", action="store_true",
+                   help="the compiled engines poll without sleeping (for CPUs of their own: bench-qos --client-cpus)")
     p.add_argument("--engine", choices=("python", "c"), default="python",
                    help="who sends: this process (python) or the compiled engine (c, --binary)")
     p.add_argument("--binary", help="the compiled engine (scripts/build-client)")
@@ -395,7 +401,7 @@ def _main_compiled(args: argparse.Namespace) -> int:
     workdir = args.workdir or os.path.dirname(os.path.abspath(args.out))
     rec = run_engines(args.binary, args.socket, bytes.fromhex(args.request_hex), bytes.fromhex(args.response_end_hex),
                       times, which, args.start_at, args.drain, args.connections, args.processes, args.realtime,
-                      workdir)
+                      workdir, args.spin)
     outcome = outcome_from_records(times, args.start_at, args.warmup, rec)
     elapsed = max(rec.end - args.start_at, args.warmup + args.seconds)
     scheduling = "SCHED_FIFO" if rec.realtime else ("normal (SCHED_FIFO refused)" if args.realtime else "normal")

@@ -367,6 +367,10 @@ def _window(bench: Bench, setup: Setup, rate: float | None, seed: int, sockets: 
         if bench.engine == "c":
             args += ["--engine", "c", "--binary", str(bench.client_binary), "--processes",
                      str(bench.client_processes), "--workdir", str(workdir)]
+            if bench.cpus:
+                # On CPUs of its own the engine polls: sleeping until a send is due lets the vCPU halt, and
+                # waking it cost a SCHED_OTHER client 286-1,321 µs of send lag on the 2-CPU host
+                args.append("--spin")
         for s in sockets:
             args += ["--socket", str(s)]
         with open(workdir / "client.log", "w") as log:

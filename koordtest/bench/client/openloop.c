@@ -111,12 +111,13 @@ static void flush(struct conn *c, const char *req, size_t req_len) {
 int main(int argc, char **argv) {
     const char *schedule = NULL, *request = NULL, *out = NULL, *sockets[MAX_SERVERS];
     char term[64];
-    int term_len = 1, nsock = 0, per_server = 2, realtime = 0;
+    int term_len = 1, nsock = 0, per_server = 2, realtime = 0, spin = 0;
     double start_at = -1, drain = 2.0;
     term[0] = '\n';
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--realtime")) { realtime = 1; continue; }
+        if (!strcmp(a, "--spin")) { spin = 1; continue; }
         if (!v) { errno = 0; die(a); }
         i++;
         if (!strcmp(a, "--schedule")) schedule = v;
@@ -195,6 +196,9 @@ int main(int argc, char **argv) {
         double wait = (next < n ? start_at + times[next] : deadline) - t;
         if (wait < 0) wait = 0;
         struct timespec ts = {.tv_sec = (time_t)wait, .tv_nsec = (long)((wait - (time_t)wait) * 1e9)};
+        /* --spin: never sleep, on a CPU of its own (bench-qos --client-cpus): an idle vCPU halts, and waking
+           it for the next send costs hundreds of µs in a VM */
+        if (spin) ts.tv_sec = ts.tv_nsec = 0;
         for (int c = 0; c < nconn; c++)
             fds[c].events = POLLIN | (conns[c].written < conns[c].due ? POLLOUT : 0);
         int ready = ppoll(fds, nconn, &ts, NULL);

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from koordtest.bench.client_build import SOURCE, build, cc_command
-from koordtest.bench.openloop import (Records, merge_records, outcome_from_records, poisson_schedule, read_records,
+from koordtest.bench.openloop import (Records, engine_command, merge_records, outcome_from_records, poisson_schedule, read_records,
                                       run_engines, split_by_server, summary, write_schedule)
 
 NAN = math.nan
@@ -115,7 +115,8 @@ def _line_server(path: str, stop: threading.Event, reply: bytes) -> threading.Th
 
 
 @pytest.mark.skipif(not shutil.which(os.environ.get("CC", "cc")), reason="no C compiler on this host")
-def test_the_engine_answers_every_request_over_two_processes(tmp_path):
+@pytest.mark.parametrize("spin", [False, True])
+def test_the_engine_answers_every_request_over_two_processes(tmp_path, spin):
     binary = tmp_path / "openloop-c"
     build(binary)
     stop = threading.Event()
@@ -126,10 +127,18 @@ def test_the_engine_answers_every_request_over_two_processes(tmp_path):
         times, which = poisson_schedule(rate=2000, seconds=0.3, servers=3, seed=2)
         start = time.monotonic() + 0.2
         rec = run_engines(str(binary), sockets, b"PING\n", b"\n", times, which, start, drain=2.0, connections=2,
-                          processes=2, realtime=False, workdir=str(tmp_path))
+                          processes=2, realtime=False, workdir=str(tmp_path), spin=spin)
     finally:
         stop.set()
     out = outcome_from_records(times, start, 0.0, rec)
     assert len(out.latencies) == len(times) and not out.unfinished
     assert out.errors == list(which).count(2)          # server 2 answers errors only
     assert all(lag >= 0 for lag in out.send_lags) and all(lat > 0 for lat in out.latencies)
+
+
+def test_the_engine_is_told_to_spin_only_when_asked():
+    """--spin makes the compiled engine poll without sleeping (bench-qos passes it with --client-cpus)."""
+    argv = engine_command("openloop-c", "s.bin", "r.bin", b"\n", ["a.sock"], 2, 1.0, 2.0, "o.bin", False)
+    assert "--spin" not in argv
+    assert "--spin" in engine_command("openloop-c", "s.bin", "r.bin", b"\n", ["a.sock"], 2, 1.0, 2.0, "o.bin",
+                                      False, spin=True)
