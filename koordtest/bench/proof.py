@@ -30,7 +30,7 @@ import sys
 import tarfile
 import time
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from koordtest.bench.client_build import build as build_client
@@ -130,7 +130,6 @@ def client_cpus_for(ncpu: int) -> int:
 
 def quick(cases: tuple[Case, ...]) -> tuple[Case, ...]:
     """The dry run of a small host: the same cases and loads, one SLO and two static settings, 1 s windows."""
-    from dataclasses import replace
     return tuple(replace(c, sweep=(1.5,), candidates=("be-idle", "be-idle-cpu-max-50"), reps=1,
                          seconds=4.0 if c.low_load else 1.0, warmup=1.0) for c in cases)
 
@@ -138,7 +137,6 @@ def quick(cases: tuple[Case, ...]) -> tuple[Case, ...]:
 def plan(which: str, is_quick: bool, ncpu: int | None = None) -> tuple[Case, ...]:
     """`which`: "default" (FULL, or every case when quick), "all", or case names, comma-separated; each with
     client_cpus_for(`ncpu`, default this host's CPUs) CPUs reserved for the client."""
-    from dataclasses import replace
     if which == "default":
         cases = ALL if is_quick else FULL
     elif which == "all":
@@ -316,13 +314,12 @@ def summary(outcomes: list[Outcome], is_quick: bool, total_s: float, host: str, 
 
 def client_cpus_words(ncpu: int) -> str:
     """What --plan and proof.md say of the client's CPUs on a host of `ncpu`."""
-    from koordd.core.cgroup_text import format_cpulist
+    from koordtest.bench.qos_run import split_cpus     # bench-qos's own split, as its report words it
     n = client_cpus_for(ncpu)
     rule = "client_cpus_for: ncpu // 8, so 2 of 16; none under 8"
     if not n:
         return f"client CPUs: none reserved on {ncpu} CPUs: the client shares them with LS and BE ({rule})"
-    return (f"client CPUs: --client-cpus {n}: the client on CPUs {format_cpulist(range(n))}, LS and BE on "
-            f"{format_cpulist(range(n, ncpu))} of {ncpu} ({rule})")
+    return f"client CPUs: --client-cpus {n}: the {split_cpus(n, range(ncpu)).describe()} of {ncpu} ({rule})"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -454,7 +454,7 @@ def cpus_record(bench: Bench) -> dict:
             **(bench.cpus.record() if bench.cpus else {"client": None, "ls_be": None})}
 
 
-def cpu_words(bench: Bench) -> str:
+def title_cpus(bench: Bench) -> str:
     """The CPUs in a plot's title: "16 CPUs", or "14 CPUs (+2 the client's)" with --client-cpus."""
     return f"{bench.ncpu} CPUs" + (f" (+{bench.client_cpus} the client's)" if bench.client_cpus else "")
 
@@ -559,11 +559,11 @@ def write_report(args, bench: Bench, layout, costs: dict[int, float], rates: dic
             frontier.report(runs, load, args.candidates, args.sweep) for load in args.loads)
         if can_plot:
             frontier.plot(runs, args.loads, args.candidates, out / "frontier.png",
-                          f"{bench.ls_kind.name} vs {bench.antagonist}, {cpu_words(bench)}: the static frontier")
+                          f"{bench.ls_kind.name} vs {bench.antagonist}, {title_cpus(bench)}: the static frontier")
     (out / "report.md").write_text(report)
     if can_plot:
         plot(runs, SETUP_NAMES, out / "qos.png",
-             f"{bench.ls_kind.name} vs {bench.antagonist} antagonist, {cpu_words(bench)}")
+             f"{bench.ls_kind.name} vs {bench.antagonist} antagonist, {title_cpus(bench)}")
     print((out / "report.md").read_text())
     print(f"written: {out / 'report.md'}, {out / 'results.json'}" + (f", {out / 'qos.png'}" if can_plot else ""))
 
