@@ -18,7 +18,8 @@ Two rules decide how much CPU BE may use (`rule`):
   half the experiment window (at least two: one wild sample is no reason) it gives back
   `slack_shrink_percent` of its allowance, or, below zero in this round and the last, drops to its
   floor (a cut under way deepens to the floor at a second round below zero), and stays there until
-  slack is back at 10%, the cut is judged to have bought nothing, or for `slack_floor_hold`: if LS
+  the cut is judged (helped early: two rounds back at 10% slack, past the signal's settle time and lag;
+  or bought nothing), or for `slack_floor_hold`: if LS
   has not recovered by then, BE is not what it is short of (its own threads contend), and each
   target LS misses is raised to what LS shows at BE's floor plus 25% (so LS at that level has 20%
   slack and BE grows) for 5 minutes, after which it is judged by its declared targets again.
@@ -31,7 +32,8 @@ Two rules decide how much CPU BE may use (`rule`):
   after the floor; later by as far back as the signal's quantile reaches, _lags) the signal it acted on is
   compared with its median over the confirmation span before the cut; a cut that bought no more than the
   signal's noise allows (its spread, the rounds on each side) is undone ("cut bought nothing: runq_p99_us 4.10
-  ms -> 4.10 ms") and that lever rests for that signal `lever_rest`, doubling each time in a row. A cut judged
+  ms -> 4.10 ms") and that lever rests for that signal `lever_rest`, doubling each time in a row, and at least
+  long enough that such cuts cost BE at most `experiment_budget_percent` of its CPU time. A cut judged
   helped while its signal is still not healthy is released for one window to test it (A/B/A, _release): put
   back where the release cost latency, else left released, its "helped" retracted, its lever resting. The levers:
   a cap on the busiest BE pods or jobs alone (`hot_cap_percent`, where BE has two or more busy ones: those
@@ -180,6 +182,9 @@ class BeSuppress(Loop):
                "acted on is judged; a cut that bought no more than the signal's noise is undone", min=1, max=600),
         Option("lever_rest", Duration, Duration(10.0), "rule slack: how long a lever whose cut bought nothing "
                "rests for that signal, doubling each time in a row (up to 32 times this)", min=1, max=3600),
+        Option("experiment_budget_percent", float, 10.0, "rule slack: the share of BE's CPU time that cuts which "
+               "bought nothing may cost: after one, its lever rests at least long enough to keep to it (a 6 s floor "
+               "rests 54 s at 10%)", min=1, max=100),
         Option("guard_cut_max", Duration, Duration(30.0), "rule slack: where a class's SLO is met, the longest its "
                "run-queue latency or pressure alone holds or cuts BE (then it rests as long)", min=1, max=3600),
         Option("wake_lever", bool, True, "rule slack: a lever that asks the kernel for 0 µs CPU wake-up latency "
@@ -530,7 +535,7 @@ def _slack_lab(settings, state: State) -> Lab:
     if state.lab is None:
         window = float(settings.experiment_window)
         state.lab = Lab(window=window, settle=0.4 * window, rest=float(settings.lever_rest),
-                        rest_max=32 * float(settings.lever_rest))
+                        rest_max=32 * float(settings.lever_rest), budget=settings.experiment_budget_percent / 100)
     return state.lab
 
 

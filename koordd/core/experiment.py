@@ -22,8 +22,12 @@ a real improvement is still judged "helped":
   go holds two levels, and the gap between them is what a cut buys, not noise), and how strongly successive values move together (an overlapping p99 window: a wandering
   level, not independent samples), estimated from the same rounds' successive differences;
 - after: the median of its values from `settle` seconds after the lever last moved, judged `window`
-  seconds after that move; earlier only in the safe direction (the signal back in health and better by
-  more than the margin: the cut helped);
+  seconds after that move; earlier only in the safe direction: once CONFIRM_ROUNDS rounds in a row past
+  `settle` (and the lag, next) show the signal back in health, and their level is better by more than the
+  margin (the cut helped). Before, one healthy round right after a cut was enough: in a 60 s run on 2 CPUs a
+  windowed p99 that dipped for a round (8.1 ms against 15.6 ms, one second after the floor; most of its
+  responses from before the cut) ended the floor as "helped", BE grew back, and the floor came again 1-4 s
+  later, five times a minute;
 - lag: a quantile taken over several rounds (an SLO's p99 over its last 1000 responses, up to 10 s of
   them) shows a move in full only once its rounds all come after it. The loop says how far back each
   signal's value reaches (`observe(lags=)`: HistogramWindow.span()); an experiment on a signal that lags
@@ -61,7 +65,11 @@ confirmed under the same conditions is not released again for `rest_max` seconds
 
 A cut that bought nothing is the loop's to undo; the lever then rests for that signal, `rest` seconds
 the first time, doubling each time in a row up to `rest_max` (as a failing loop backs off), and a cut
-that helped ends the doubling. What a lever bought is remembered for the conditions it was tried in
+that helped ends the doubling. The rest is at least what keeps such cuts within `budget` of BE's time
+(budget_rest): a cut that held all of BE's CPU for 6 s before it was judged useless buys 54 s of rest at
+10%, so trying costs BE at most a tenth of its work per lever and signal, however noisy the signal (up to
+`rest_max`). Doubling alone let a p99 that no cut could move be cut for 6 s of every 16, then 26, then 46
+in the first minute (a floor each time: BE lost a third of its work for nothing). What a lever bought is remembered for the conditions it was tried in
 (LS load band, the busy BE cgroups, the signal), and `order()` puts the levers that helped there
 first. Pure policy: no I/O, fed one round at a time by the loop, its state is plain data.
 """
@@ -245,6 +253,7 @@ class Experiment:
     n_before: int = 1            # the values the median before was taken over
     correlation: float = 0.0     # how much successive values move together (History.spread)
     seen: int = 0                # the signal's values since the cut (their places after it)
+    calm: int = 0                # settled rounds in a row (past settle and lag) with the signal in health
     drift: float = 0.0           # the signal's own fall per second before the cut (drift(); <= 0)
     lag: float = 0.0             # seconds the signal's value reaches back when the cut was taken
     before_at: float = 0.0       # the middle of the span `before` was taken over
@@ -275,6 +284,7 @@ class Verdict:
     expected: float | None = None    # where the signal was falling on its own: the level it would have reached
     release: bool = False        # the test of a kept cut by its release: `helped` says the cut helps
     back: float | None = None    # a release: the share of what the cut bought that it gave back (given_back)
+    cost_s: float = 0.0          # seconds of all of BE's CPU the cut held until judged (its share of BE x time)
 
     @property
     def gain(self) -> float:
@@ -290,7 +300,8 @@ class Verdict:
                 "expected": None if self.expected is None else round(self.expected, 3),
                 "n_before": self.n_before, "n_after": self.n_after, "test": "release" if self.release else "cut",
                 "given_back": None if self.back is None else round(self.back, 3),
-                "verdict": "helped" if self.helped else "bought nothing", "be_given_up_cores": round(self.be_given_up, 3)}
+                "verdict": "helped" if self.helped else "bought nothing", "be_given_up_cores": round(self.be_given_up, 3),
+                "be_cost_s": round(self.cost_s, 3)}
 
     def text(self) -> str:
         sig = self.key[1]
@@ -307,6 +318,13 @@ class Verdict:
             return f"release cost nothing: {figures}: the {self.lever} cut bought nothing after all"
         what = "cut helped" if self.helped else "cut bought nothing"
         return f"{what}: {figures} for {self.be_given_up:.2f} BE cores"
+
+
+def budget_rest(wasted_s: float, budget: float) -> float:
+    """How long a lever whose cut bought nothing rests so that such cuts cost BE at most `budget` of its time:
+    a cut that held all of BE's CPU for `wasted_s` seconds (its share of BE x its time) buys a rest of
+    wasted_s x (1 / budget - 1); a cut that took nothing from BE (the wake lever), none."""
+    return wasted_s * (1 / budget - 1) if budget > 0 else 0.0
 
 
 def given_back(cut: Verdict, level: float) -> float:
@@ -373,6 +391,7 @@ class Lab:
     settle: float = 2.0
     rest: float = 10.0
     rest_max: float = 320.0
+    budget: float = 0.1              # the share of BE's time that cuts which bought nothing may cost (budget_rest)
     confirm: float | None = None     # seconds the signal must be over before a cut (None: half the window)
     history: History = field(default_factory=lambda: History(60.0))
     running: Experiment | None = None
@@ -406,13 +425,15 @@ class Lab:
             e.after.append((now, value, e.seen))
             if be_cores is not None:
                 e.be_after.append(be_cores)
-        settled = [a for a in e.after if a[0] >= e.changed + self.settle and a[0] > e.changed + e.lag] or e.after
-        if e.key in set(healthy) and e.after and e.release is None:
-            v = self._verdict(e, e.after, early=True)
+        shown = [a for a in e.after if a[0] >= e.changed + self.settle and a[0] > e.changed + e.lag]
+        if value is not None and shown and shown[-1][0] == now:
+            e.calm = e.calm + 1 if e.key in set(healthy) else 0
+        if e.calm >= CONFIRM_ROUNDS and e.release is None:
+            v = self._verdict(e, shown, now, early=True)
             if v.helped:
                 return self._end(now, v)
-        if now >= self.due(e) and settled:
-            return self._end(now, self._verdict(e, settled))
+        if now >= self.due(e) and (shown or e.after):
+            return self._end(now, self._verdict(e, shown or e.after, now))
         return None
 
     def due(self, e: Experiment) -> float:
@@ -429,16 +450,17 @@ class Lab:
             return None
         return self.abandon()
 
-    def _verdict(self, e: Experiment, after: list[tuple], early: bool = False) -> Verdict:
+    def _verdict(self, e: Experiment, after: list[tuple], now: float, early: bool = False) -> Verdict:
         level = statistics.median(v for _, v, _ in after)
         need = margin(e.before, e.noise, e.correlation, range(1 - e.n_before, 1), [k for _, _, k in after])
         given = e.be_before - statistics.fmean(e.be_after) if e.be_after else 0.0
+        share = min(max(given / e.be_before, 0.0), 1.0) if e.be_before > 0 else 0.0
         expected = None
         if e.drift < 0:      # falling on its own: judged against where it would have got to (module docstring)
             elapsed = min(statistics.median(t for t, _, _ in after) - e.before_at, self.window)
             expected = max(e.before + e.drift * max(elapsed, 0.0), 0.0)
         v = Verdict(e.lever, e.key, False, e.before, level, e.noise, need, given, early, e.n_before, len(after),
-                    expected, release=e.release is not None)
+                    expected, release=e.release is not None, cost_s=(now - e.started) * share)
         if e.release is None:
             return replace(v, helped=v.gain > need)
         back = given_back(e.release, level)
@@ -472,7 +494,10 @@ class Lab:
             rest.misses, rest.until = 0, 0.0
         else:
             rest.misses += 1
-            rest.until = now + min(self.rest * 2 ** (rest.misses - 1), self.rest_max)
+            # what BE gave up for nothing: this cut's time, or for a release that cost nothing the kept cut's
+            wasted = e.release.cost_s if e.release is not None else v.cost_s
+            rest.until = now + min(max(self.rest * 2 ** (rest.misses - 1), budget_rest(wasted, self.budget)),
+                                   self.rest_max)
         return v
 
     def start(self, now: float, lever: str, key: Key, be_cores: float, cond: tuple, undo: Any = None,

@@ -71,14 +71,33 @@ def test_a_cut_needs_the_signal_over_in_every_round_of_half_the_window():
     assert lab.confirmed(KEY, 4.5, 4000)
 
 
-def test_a_cut_that_helped_is_judged_as_soon_as_the_signal_is_healthy_one_that_did_not_only_at_the_end():
+def test_a_cut_that_helped_is_judged_once_two_settled_rounds_are_healthy_one_that_did_not_only_at_the_end():
     lab = Lab(window=5, settle=2)
     lab.observe(0.0, {KEY: 9000}, 2.0)
     lab.start(0.0, "be_cap", KEY, 2.0, COND)
-    v = lab.observe(1.0, {KEY: 3000}, 1.0, healthy=[KEY])
-    assert v is not None and v.helped and v.early and v.be_given_up == 1.0
-    lab.start(1.0, "be_cap", KEY, 2.0, COND)
-    assert lab.observe(2.0, {KEY: 9000}, 1.0, healthy=[KEY]) is None     # worse: wait for the window
+    for t in (1.0, 2.0):            # healthy, but within the settle time: the cut may not show yet
+        assert lab.observe(t, {KEY: 3000}, 1.0, healthy=[KEY]) is None
+    v = lab.observe(3.0, {KEY: 3000}, 1.0, healthy=[KEY])
+    assert v is not None and v.helped and v.early and v.be_given_up == 1.0 and v.n_after == 2
+    lab.start(3.0, "be_cap", KEY, 2.0, COND)
+    for t in (4.0, 5.0, 6.0, 7.0):
+        assert lab.observe(t, {KEY: 9000}, 1.0, healthy=[KEY]) is None     # worse: wait for the window
+
+
+def test_one_healthy_round_right_after_a_cut_ends_no_experiment():
+    # A 60 s run on 2 CPUs: a windowed p99 (most of its responses from before the cut) dipped for one round a
+    # second after the floor, 15.6 -> 8.1 ms; the old early verdict called the floor "helped", BE grew back
+    # and was floored again 1-4 s later, five times a minute. A dip must hold over two rounds past the settle
+    # time and the signal's lag.
+    lab, lags = Lab(window=5, settle=2), {KEY: 3.0}
+    for t in range(10):
+        lab.observe(float(t), {KEY: 15600 + 300 * (-1) ** t}, 0.6, lags=lags)
+    lab.start(9.0, "be_cap", KEY, 0.6, COND)
+    got = [lab.observe(10.0, {KEY: 8100}, 0.02, healthy=[KEY], lags=lags)]
+    got += [lab.observe(float(t), {KEY: 15600}, 0.02, lags=lags) for t in range(11, 13)]
+    assert got == [None, None, None]
+    got = [lab.observe(float(t), {KEY: 8000}, 0.02, healthy=[KEY], lags=lags) for t in range(13, 15)]
+    assert got[0] is None and got[1].helped and got[1].early and got[1].n_after == 2    # t = 13, 14: past 3 s
 
 
 def test_a_lever_that_bought_nothing_rests_doubling_and_one_that_helped_goes_first():
@@ -98,6 +117,47 @@ def test_a_lever_that_bought_nothing_rests_doubling_and_one_that_helped_goes_fir
     assert status["be_cap"]["by_signal"]["app_p99_us"] == {"helped": 1, "bought_nothing": 0, "retracted": 0, "mean_gain": 6000.0,
                                                             "mean_be_cores_given_up": 0.0}
     assert status["hot_cap"]["by_signal"]["app_p99_us"]["bought_nothing"] == 4
+
+
+def test_a_cut_that_bought_nothing_rests_long_enough_to_cost_be_at_most_the_budget():
+    # a floor that took all of BE's CPU (2 -> 0 cores) for 5 s and bought nothing: 45 s of rest at 10%
+    lab = Lab(window=5, settle=2, rest=10, rest_max=320, budget=0.1)
+    lab.observe(0.0, {KEY: 9000}, 2.0)
+    lab.start(0.0, "be_cap", KEY, 2.0, COND)
+    verdicts = [lab.observe(float(t), {KEY: 9000}, 0.0) for t in range(1, 6)]
+    assert verdicts[-1].cost_s == pytest.approx(5.0) and verdicts[-1].fields()["be_cost_s"] == 5.0
+    assert lab.resting("be_cap", "app_p99_us", 5.0) == pytest.approx(45.0)
+    # a hot cap that took half of BE's CPU: half the cost; the wake lever took none: the doubling rest alone
+    for lever, be_after, rest in (("hot_cap", 1.0, 22.5), ("wake", 2.0, 10.0)):
+        lab.start(100.0, lever, KEY, 2.0, COND)
+        [v] = [v for t in range(101, 106) if (v := lab.observe(float(t), {KEY: 9000}, be_after))]
+        assert not v.helped and lab.resting(lever, "app_p99_us", 105.0) == pytest.approx(rest), lever
+    # a release that cost nothing: the kept cut's time was the waste
+    lab = Lab(window=5, settle=2, rest=10, rest_max=320, budget=0.1)
+    lab.observe(0.0, {KEY: 9000}, 2.0)
+    lab.start(0.0, "be_cap", KEY, 2.0, COND)
+    [cut] = [v for t in range(1, 6) if (v := lab.observe(float(t), {KEY: 3000}, 0.0))]
+    assert cut.helped and cut.cost_s == pytest.approx(5.0)
+    lab.start(5.0, "be_cap", KEY, 0.0, COND, release=cut)
+    [rel] = [v for t in range(6, 11) if (v := lab.observe(float(t), {KEY: 3000}, 2.0))]
+    assert not rel.helped and lab.resting("be_cap", "app_p99_us", 10.0) == pytest.approx(45.0)
+
+
+def test_cuts_on_a_signal_no_cut_moves_cost_be_about_the_budget_however_noisy():
+    # the loop cuts whenever the lever is free; nothing it does moves the signal. Over the first 100 s the
+    # old doubling rests (10, 20, 40 s) had BE at its floor 20% of the time, a third of the first minute.
+    def floored(budget):
+        lab, down, rng = Lab(window=5, settle=2, rest=10, rest_max=320, budget=budget), 0, random.Random(3)
+        for t in range(120):                 # 20 rounds to learn the noise, then 100 of cuts when free
+            be = 0.0 if lab.running is not None else 2.0
+            down += lab.running is not None
+            verdict = lab.observe(float(t), {KEY: rng.gauss(9000, 500)}, be)
+            assert verdict is None or not verdict.helped
+            if t >= 20 and lab.running is None and not lab.resting("be_cap", "app_p99_us", float(t)):
+                lab.start(float(t), "be_cap", KEY, 2.0, COND)
+        return down / 100
+    assert floored(0.1) <= 0.11
+    assert floored(0.0) >= 0.2          # no budget: the doubling alone
 
 
 def test_the_noise_leaves_out_rounds_after_the_loop_moved_a_lever():

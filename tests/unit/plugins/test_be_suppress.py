@@ -198,8 +198,9 @@ def test_below_zero_twice_be_drops_to_its_floor_and_stays_there_until_ls_recover
     got = slack_run([health(1.0, 1.0, 200_000, p99_us=4096),   # slack -100%: held (one round is no reason) ...
                      health(2.0, 1.0, 200_000, p99_us=4096),   # ... and below zero again: the floor
                      health(3.0, 1.0, 2_000, p99_us=1900),     # 5%: still recovering, held at the floor
-                     health(4.0, 1.0, 2_000, p99_us=1000)])    # 50%: grows again
-    assert [a for _, a in got] == [2.0, 0.02, 0.02, 1.02]
+                     health(4.0, 1.0, 2_000, p99_us=1000),     # 50%: one round of health is not recovery ...
+                     health(5.0, 1.0, 2_000, p99_us=1000)])    # ... two past the settle time are: grows again
+    assert [a for _, a in got] == [2.0, 0.02, 0.02, 0.02, 1.02]
     assert [q for q, _ in got][:2] == [[], [2000]]
 
 
@@ -324,10 +325,28 @@ def test_when_the_floor_helps_but_not_enough_the_targets_rise_to_what_ls_shows_w
     BeSuppress.decide(health(24.0, 1.0, 200_000, p99_us=3900), s, state)
     [act] = [a for a in BeSuppress.decide(health(25.0, 1.0, 200_000, p99_us=3900), s, state) if a.value]
     assert act.reason["step"] == "floor"           # confirmed (over for half the window, below zero twice): the floor
-    BeSuppress.decide(health(26.0, 1.0, 200_000, p99_us=1000), s, state)    # recovered: the floor helped, BE grows
+    for t in (26.0, 27.0, 28.0):       # recovered (two rounds past the settle time): the floor helped, BE grows
+        BeSuppress.decide(health(t, 1.0, 200_000, p99_us=1000), s, state)
+    assert not state.at_floor and state.lab.running is None
     # Past RAISED_FOR the declared target judges again.
     [act] = [a for a in BeSuppress.decide(health(322.0, 1.0, 200_000, p99_us=3000), s, state) if a.value]
     assert act.reason["worst"]["target"] == 2000.0 and state.raised == {}
+
+
+def test_a_floor_that_bought_nothing_rests_long_enough_to_cost_be_at_most_its_budget():
+    # LS waits 3 ms at p99 whatever BE gets; BE uses what its quota allows (2 cores uncapped). The floor took
+    # all of it for 5 s and bought nothing: be_cap rests 45 s (10%: experiment_budget_percent), not 10 s.
+    def undos(**kw):
+        s = settings(rule="slack", **kw)
+        state, log = BeSuppress.initial_state(s), []
+        for t in range(120):
+            quota = 200_000 if state.allowance is None else round(state.allowance * PERIOD)
+            snap = health(float(t), 1.0, quota, p99_us=3000, be_usage=min(2.0, quota / PERIOD))
+            log += [(t, a.reason["step"]) for a in BeSuppress.decide(snap, s, state) if a.value]
+        return [(t, step) for t, step in log if step.startswith("undo")]
+    got = undos()
+    assert [t for t, _ in got] == [6, 56, 106] and "be_cap rests 44.55s" in got[0][1], got   # 99% of BE for 5 s
+    assert [t for t, _ in undos(experiment_budget_percent=100)][:2] == [6, 21]     # the doubling rest alone
 
 
 def test_ls_that_recovers_at_the_floor_keeps_its_declared_targets():
