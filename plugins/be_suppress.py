@@ -38,7 +38,8 @@ Two rules decide how much CPU BE may use (`rule`):
   back where the release cost latency, else left released, its "helped" retracted, its lever resting. The levers:
   a cap on the busiest BE pods or jobs alone (`hot_cap_percent`, where BE has two or more busy ones: those
   whose CPU use follows the signal, else the busiest, half of them at most), the whole-BE cap (`policy`'s
-  knob), and leaving BE alone (cpu.idle decides who runs) when every cut rests. What each bought is remembered
+  knob), and leaving BE alone (cpu.idle decides who runs; what earlier steps left of a cap grows back) when
+  every cut rests. What each bought is remembered
   per LS load band, busy BE cgroups and signal; the one that helped there goes first.
   Before any of them, faster wake-ups (`wake_lever`): koordd holds 0 µs CPU wake-up latency on
   /dev/cpu_dma_latency (the pm_qos backend's `cpu_dma_latency`), so CPUs stay out of deep idle (a VM's vCPU
@@ -50,7 +51,8 @@ Two rules decide how much CPU BE may use (`rule`):
   Where a class declares an SLO its application latency steers; its run-queue latency and pressure
   only guard: over their targets while the SLO is met (or silent for over 2 s) they hold BE's growth
   and may cut once, by `slack_shrink_percent`; holding and cutting together last `guard_cut_max` at
-  most, then the SLO decides and the guard rests as long; never to the floor.
+  most, then the SLO decides and the guard rests as long; never to the floor, and not at all while BE is
+  at its floor (what a proxy sees then is LS's own).
 - "threshold" (koordlet's rule), described next.
 
 Reads: node CPU in use, CPU usage of every classified cgroup, `cpu.pressure`
@@ -472,6 +474,9 @@ def _choose_step(snapshot: Snapshot, settings, state: State, rd: SlackRound) -> 
     hold between two SLO values, a guard's bounded cut, stay at the floor, hold, hold for a guard, else grow.
     Returns it with its actions."""
     s, g, running = rd.s, rd.g, state.lab.running
+    # A guard neither holds nor cuts BE at its floor: the stall it sees with BE at 2% of a CPU is LS's own, and
+    # holding BE there while the SLO is met is the floor the SLO did not ask for.
+    guarding = rd.guarding and state.allowance > rd.floor
     if s is not None and s < HOLD_AT:
         if state.guard_cut is not None:
             # a guard's cut, and now the SLO itself is at risk: the guard's cut ends (BE back where it was), the
@@ -482,13 +487,13 @@ def _choose_step(snapshot: Snapshot, settings, state: State, rd: SlackRound) -> 
         return ("floor (LS recovering)" if state.at_floor else f"hold: judging {_what(running)}"), []
     if rd.between and (s is None or s < GROW_AT):
         return f"hold: no SLO value this round for {', '.join(rd.between)} (neither late nor healthy)", []
-    if rd.guarding and g < 0:
+    if guarding and g < 0:
         return _guard_cut(settings, state, rd), []
     if state.at_floor and (s is None or s < GROW_AT):
         return "floor (LS recovering)", []
     if s is not None and s < GROW_AT:
         return "hold", []
-    if rd.guarding and g < HOLD_AT:
+    if guarding and g < HOLD_AT:
         return "hold (guard: LS's run queue or pressure near its target)", []
     return _grow(settings, state, rd.capacity)
 
@@ -622,7 +627,7 @@ def _verdict_step(settings, state: State, verdict: Verdict, running, experiment:
         state.guard_cut = None       # a guard's cut that bought nothing: the guard cuts no more for a while
         lab.rest_for(BE_CAP, verdict.key[1], now + float(settings.guard_cut_max))
     rest = lab.resting(verdict.lever, verdict.key[1], now)
-    step = f"undo: {verdict.text()}; {verdict.lever} rests {rest:g}s for {verdict.key[1]}"
+    step = f"undo: {verdict.text()}; {verdict.lever} rests {round(rest, 1):g}s for {verdict.key[1]}"
     return step, _undo_actions(state, running, step, experiment)
 
 
@@ -648,7 +653,7 @@ def _release_verdict(state: State, verdict: Verdict, e, experiment: dict, units:
         step = f"cut again: {verdict.text()}"
         return step, _recut(state, e, step, experiment, units)
     rest = state.lab.resting(verdict.lever, verdict.key[1], state.lab.now)
-    return f"stay released: {verdict.text()}; {verdict.lever} rests {rest:g}s for {verdict.key[1]}", []
+    return f"stay released: {verdict.text()}; {verdict.lever} rests {round(rest, 1):g}s for {verdict.key[1]}", []
 
 
 def _recut(state: State, e, step: str, experiment: dict, units: dict[str, float]) -> list[Action]:
@@ -768,9 +773,14 @@ def _start_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, l
         return _wake_lever(state, key, rd.be_used, cond, worst)
     levers = lab.order([HOT_CAP, BE_CAP] if len(rd.units) >= 2 else [BE_CAP], cond, now)
     if not levers:
+        # Leaving BE alone is a lever too: where every cut bought nothing, what earlier steps took from BE
+        # has no reason left either, and grows back as in a healthy round (cpu.idle decides who runs).
         lab.chose(LEAVE)
-        return (f"leave BE alone (cpu.idle decides who runs): every cut rests for {worst['signal']} "
-                f"after buying nothing"), []
+        step = f"leave BE alone (cpu.idle decides who runs): every cut rests for {worst['signal']} after buying nothing"
+        if state.allowance < rd.capacity:
+            state.allowance = min(float(rd.capacity), state.allowance + settings.slack_grow_percent / 100 * rd.capacity)
+            step += "; BE grows back"
+        return step, []
     if levers[0] == HOT_CAP:
         capped = _hot_cap(state, settings, rd.units, key)
         lab.start(now, HOT_CAP, key, rd.be_used, cond, undo=capped)

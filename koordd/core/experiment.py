@@ -68,8 +68,8 @@ the first time, doubling each time in a row up to `rest_max` (as a failing loop 
 that helped ends the doubling. The rest is at least what keeps such cuts within `budget` of BE's time
 (budget_rest): a cut that held all of BE's CPU for 6 s before it was judged useless buys 54 s of rest at
 10%, so trying costs BE at most a tenth of its work per lever and signal, however noisy the signal (up to
-`rest_max`). Doubling alone let a p99 that no cut could move be cut for 6 s of every 16, then 26, then 46
-in the first minute (a floor each time: BE lost a third of its work for nothing). What a lever bought is remembered for the conditions it was tried in
+`rest_max`). Doubling alone let a signal that no cut could move be floored for 5 s of every 15, then 25, then
+45: 20% of the first 100 s, a third of the first minute (tests/unit/core/test_experiment.py). What a lever bought is remembered for the conditions it was tried in
 (LS load band, the busy BE cgroups, the signal), and `order()` puts the levers that helped there
 first. Pure policy: no I/O, fed one round at a time by the loop, its state is plain data.
 """

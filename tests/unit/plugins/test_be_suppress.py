@@ -345,7 +345,7 @@ def test_a_floor_that_bought_nothing_rests_long_enough_to_cost_be_at_most_its_bu
             log += [(t, a.reason["step"]) for a in BeSuppress.decide(snap, s, state) if a.value]
         return [(t, step) for t, step in log if step.startswith("undo")]
     got = undos()
-    assert [t for t, _ in got] == [6, 56, 106] and "be_cap rests 44.55s" in got[0][1], got   # 99% of BE for 5 s
+    assert [t for t, _ in got] == [6, 56, 106] and "be_cap rests 44.6s" in got[0][1], got   # 99% of BE for 5 s
     assert [t for t, _ in undos(experiment_budget_percent=100)][:2] == [6, 21]     # the doubling rest alone
 
 
@@ -399,6 +399,41 @@ def test_with_the_slo_met_a_guard_cut_that_helped_still_ends_within_guard_cut_ma
     # confirmed at t=1, cut (4.1 -> 2.1 ms helped, yet the proxy stays over its 2 ms and the SLO is met): held,
     # never deeper, and at t=9 the cut ends: BE has its 2 CPUs back
     assert allowances[:10] == [2.0] + [1.4] * 8 + [2.0], allowances
+
+
+def test_a_guard_neither_holds_nor_cuts_be_at_its_floor_while_the_slo_is_met():
+    # A 60 s run on 2 CPUs: BE left at its floor, the SLO met (52% slack), LS's own threads keeping its
+    # cpu.pressure over target. The guard "cut" BE at its floor and held it there for guard_cut_max (30 s) while
+    # the SLO was met: the floor the SLO did not ask for. Now BE grows; a guard may hold it above its floor.
+    s = settings(rule="slack")
+    state = BeSuppress.initial_state(s)
+    steps, allowances = [], []
+    for t in range(8):
+        quota = 2000 if state.allowance is None else round(state.allowance * PERIOD)     # the knob as written
+        actions = BeSuppress.decide(slo_met(float(t), 4096, quota), s, state)
+        steps += [a.reason["step"] for a in actions if a.value]
+        allowances.append(round(state.allowance, 2))
+    assert allowances[0] == 1.02 and steps[0] == "grow", (steps, allowances)      # floor 0.02 + 25% of 4 CPUs
+    assert not any(x.startswith("guard") for x in steps[:1]), steps
+    assert max(allowances) < 4.0 and any(x.startswith("guard") for x in steps), (steps, allowances)  # then guarded
+
+
+def test_where_every_cut_rests_after_buying_nothing_be_grows_back():
+    # LS misses its target whatever BE gets, and BE's allowance was left at 1 CPU of 4 (by an earlier step):
+    # with every cut resting, leaving BE alone gives it back the node (cpu.idle decides who runs). Before, "leave"
+    # only stopped cutting, and a BE left at its floor this way stayed there for the rest of a 60 s run.
+    s = settings(rule="slack")
+    state = BeSuppress.initial_state(s)
+    allowances, steps = [], []
+    for t in range(40):
+        quota = 100_000 if state.allowance is None else round(state.allowance * PERIOD)
+        actions = BeSuppress.decide(health(float(t), 1.0, quota, p99_us=3000), s, state)
+        steps += [(t, a.reason["step"]) for a in actions if a.value]
+        allowances.append(round(state.allowance, 2))
+    undo = next(t for t, x in steps if x.startswith("undo"))
+    assert allowances[undo] == 1.0, (steps, allowances)                   # the floor undone: back to 1 CPU
+    leave = [t for t, x in steps if x.startswith("leave BE alone") and x.endswith("BE grows back")]
+    assert leave and leave[0] == undo + 1 and allowances[undo + 3] == 4.0, (steps, allowances)
 
 
 def test_a_missed_slo_still_cuts_to_the_floor():
