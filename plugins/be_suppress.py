@@ -502,9 +502,13 @@ def _grow(settings, state: State, capacity: int) -> tuple[str, list[Action]]:
     """LS is healthy: BE leaves its floor, its hot caps are lifted, and it gains slack_grow_percent of the node."""
     state.at_floor = False
     lifted = _lift_hot(state, "LS healthy again") if state.hot else []
-    grow = settings.slack_grow_percent / 100 * capacity
-    state.allowance = min(float(capacity), state.allowance + grow)
+    _grow_allowance(settings, state, capacity)
     return "grow", lifted
+
+
+def _grow_allowance(settings, state: State, capacity: int) -> None:
+    """BE's allowance gains slack_grow_percent of the node, up to the whole node."""
+    state.allowance = min(float(capacity), state.allowance + settings.slack_grow_percent / 100 * capacity)
 
 
 def _slack_reason(state: State, rd: SlackRound, step: str, experiment: dict | None) -> tuple[dict, str]:
@@ -778,7 +782,7 @@ def _start_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, l
         lab.chose(LEAVE)
         step = f"leave BE alone (cpu.idle decides who runs): every cut rests for {worst['signal']} after buying nothing"
         if state.allowance < rd.capacity:
-            state.allowance = min(float(rd.capacity), state.allowance + settings.slack_grow_percent / 100 * rd.capacity)
+            _grow_allowance(settings, state, rd.capacity)
             step += "; BE grows back"
         return step, []
     if levers[0] == HOT_CAP:

@@ -68,10 +68,10 @@ the first time, doubling each time in a row up to `rest_max` (as a failing loop 
 that helped ends the doubling. The rest is at least what keeps such cuts within `budget` of BE's time
 (budget_rest): a cut that held all of BE's CPU for 6 s before it was judged useless buys 54 s of rest at
 10%, so trying costs BE at most a tenth of its work per lever and signal, however noisy the signal (up to
-`rest_max`). Doubling alone let a signal that no cut could move be floored for 5 s of every 15, then 25, then
-45: 20% of the first 100 s, a third of the first minute (tests/unit/core/test_experiment.py). What a lever bought is remembered for the conditions it was tried in
-(LS load band, the busy BE cgroups, the signal), and `order()` puts the levers that helped there
-first. Pure policy: no I/O, fed one round at a time by the loop, its state is plain data.
+`rest_max`). Doubling alone let a signal that no cut could move be floored for 5 s of every 15, then 25,
+then 45: 20% of the first 100 s, a third of the first minute (tests/unit/core/test_experiment.py). What a
+lever bought is remembered for the conditions it was tried in (LS load band, the busy BE cgroups, the
+signal), and `order()` puts the levers that helped there first. Pure policy: no I/O, fed one round at a time by the loop, its state is plain data.
 """
 from __future__ import annotations
 
@@ -300,8 +300,8 @@ class Verdict:
                 "expected": None if self.expected is None else round(self.expected, 3),
                 "n_before": self.n_before, "n_after": self.n_after, "test": "release" if self.release else "cut",
                 "given_back": None if self.back is None else round(self.back, 3),
-                "verdict": "helped" if self.helped else "bought nothing", "be_given_up_cores": round(self.be_given_up, 3),
-                "be_cost_s": round(self.cost_s, 3)}
+                "verdict": "helped" if self.helped else "bought nothing",
+                "be_given_up_cores": round(self.be_given_up, 3), "be_cost_s": round(self.cost_s, 3)}
 
     def text(self) -> str:
         sig = self.key[1]
