@@ -366,19 +366,28 @@ def slo_met(t, runq_p99_us, be_quota=200_000):
     return dataclasses.replace(s, sections={**s.sections, APP_LATENCY: {"ls": app}}, slo={"ls": SloTarget(5000.0)})
 
 
+def guarded_rounds(rounds: int, start_quota: int):
+    """Rounds a second apart with the SLO met and the run queue at 4 ms (over its 2 ms proxy target), BE's
+    quota as the loop last wrote it (`start_quota` before). Returns the quotas written, the steps, BE's
+    allowance after each round and the loop's state."""
+    s = settings(rule="slack")
+    state = BeSuppress.initial_state(s)
+    quotas, steps, allowances = [], [], []
+    for t in range(rounds):
+        quota = start_quota if state.allowance is None else round(state.allowance * PERIOD)   # the knob as written
+        actions = BeSuppress.decide(slo_met(float(t), 4096, quota), s, state)
+        quotas += quota_of(actions)
+        steps += [a.reason["step"] for a in actions if a.value]
+        allowances.append(round(state.allowance, 2))
+    return quotas, steps, allowances, state
+
+
 def test_with_the_slo_met_a_run_queue_over_target_cannot_floor_be_only_cut_it_for_a_bounded_time():
     # The old rule floored BE at the second round of a 4 ms run-queue p99 whatever the SLO said. Now the
     # SLO is met, so the run queue only guards: one cut of 30% (BE 2 -> 1.4 CPUs) once confirmed, never
     # deeper, undone when it bought nothing; the guard then holds BE (cutting no more) until it has held
     # guard_cut_max (30 s), and BE grows: the SLO decides.
-    s = settings(rule="slack")
-    state = BeSuppress.initial_state(s)
-    quotas, steps = [], []
-    for t in range(40):
-        quota = 200_000 if state.allowance is None else round(state.allowance * PERIOD)   # the knob as written
-        actions = BeSuppress.decide(slo_met(float(t), 4096, quota), s, state)
-        quotas += quota_of(actions)
-        steps += [a.reason["step"] for a in actions if a.value]
+    quotas, steps, _, state = guarded_rounds(40, start_quota=200_000)
     assert min(q for q in quotas if q is not None) == 140_000 and 2000 not in quotas, quotas   # never the floor
     assert steps[0].startswith("guard: one cut") and quotas[0] == 140_000
     assert sum(x.startswith("guard: one cut") for x in steps) == 1, steps
@@ -405,14 +414,7 @@ def test_a_guard_neither_holds_nor_cuts_be_at_its_floor_while_the_slo_is_met():
     # A 60 s run on 2 CPUs: BE left at its floor, the SLO met (52% slack), LS's own threads keeping its
     # cpu.pressure over target. The guard "cut" BE at its floor and held it there for guard_cut_max (30 s) while
     # the SLO was met: the floor the SLO did not ask for. Now BE grows; a guard may hold it above its floor.
-    s = settings(rule="slack")
-    state = BeSuppress.initial_state(s)
-    steps, allowances = [], []
-    for t in range(8):
-        quota = 2000 if state.allowance is None else round(state.allowance * PERIOD)     # the knob as written
-        actions = BeSuppress.decide(slo_met(float(t), 4096, quota), s, state)
-        steps += [a.reason["step"] for a in actions if a.value]
-        allowances.append(round(state.allowance, 2))
+    _, steps, allowances, _ = guarded_rounds(8, start_quota=2000)
     assert allowances[0] == 1.02 and steps[0] == "grow", (steps, allowances)      # floor 0.02 + 25% of 4 CPUs
     assert not any(x.startswith("guard") for x in steps[:1]), steps
     assert max(allowances) < 4.0 and any(x.startswith("guard") for x in steps), (steps, allowances)  # then guarded
