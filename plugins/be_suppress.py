@@ -630,9 +630,14 @@ def _verdict_step(settings, state: State, verdict: Verdict, running, experiment:
     if running.bound is not None:
         state.guard_cut = None       # a guard's cut that bought nothing: the guard cuts no more for a while
         lab.rest_for(BE_CAP, verdict.key[1], now + float(settings.guard_cut_max))
-    rest = lab.resting(verdict.lever, verdict.key[1], now)
-    step = f"undo: {verdict.text()}; {verdict.lever} rests {round(rest, 1):g}s for {verdict.key[1]}"
+    step = f"undo: {verdict.text()}; {_rests(lab, verdict)}"
     return step, _undo_actions(state, running, step, experiment)
+
+
+def _rests(lab, verdict: Verdict) -> str:
+    """How long the verdict's lever now rests for its signal, as the decision says it."""
+    rest = lab.resting(verdict.lever, verdict.key[1], lab.now)
+    return f"{verdict.lever} rests {round(rest, 1):g}s for {verdict.key[1]}"
 
 
 def _release(state: State, verdict: Verdict, e) -> tuple[str, list]:
@@ -656,8 +661,7 @@ def _release_verdict(state: State, verdict: Verdict, e, experiment: dict, units:
     if verdict.helped:
         step = f"cut again: {verdict.text()}"
         return step, _recut(state, e, step, experiment, units)
-    rest = state.lab.resting(verdict.lever, verdict.key[1], state.lab.now)
-    return f"stay released: {verdict.text()}; {verdict.lever} rests {round(rest, 1):g}s for {verdict.key[1]}", []
+    return f"stay released: {verdict.text()}; {_rests(state.lab, verdict)}", []
 
 
 def _recut(state: State, e, step: str, experiment: dict, units: dict[str, float]) -> list[Action]:

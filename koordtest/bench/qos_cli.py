@@ -46,8 +46,8 @@ every run with LS: the server-side p99 the kernel saw next to the client's, in r
 --client-cpus N keeps the client off LS and BE's CPUs: its processes get the lowest N CPUs (sched_setaffinity,
 not cpusets), everything else (LS servers, BE workers, koordd, bench-qos itself) the others, and loads, server
 and worker counts and static caps count those others only. There the compiled engines poll without sleeping
-(openloop.c --spin): an idle vCPU halts, and waking it for each send cost a SCHED_OTHER client 0.3-1.3 ms. Where real-time policies are refused, a client
-sharing CPUs with BE waits for BE and counts the wait as LS latency (on 16 CPUs its send lag p99 was
+(openloop.c --spin): an idle vCPU halts, and waking it for each send cost a SCHED_OTHER client 0.3-1.3 ms.
+Where real-time policies are refused, a client sharing CPUs with BE waits for BE and counts the wait as LS latency (on 16 CPUs its send lag p99 was
 0.03 ms alone and 3.8-4.8 ms beside BE in the redis case, 1.7-7.4 ms beside BE in all runs but one over the
 cases: the 16-CPU proof in docs/benchmarks.md). The default, 0, shares every CPU as before.
 
