@@ -4,6 +4,12 @@ settings no other static setting beats on both), where koordd's points lie again
 static oracle and koordd at each SLO of 1.1 ... 3 x LS alone's p99), and whether the instrument could see
 the margin at all (LS alone's spread and the client's own send lag, both against the margin).
 
+Issue 36 asks that no static setting give "both lower p99 and more BE work beyond the measured spread": a
+median that is lower by less than the runs' own spread is no evidence. So a static point beats koordd's
+beyond the spread (clearly_dominates) only where it is no worse in either within the spread and better in
+one by more than it, the spread being LS alone's p99 and BE alone's work over their repetitions (max - min
+over the median; Resolution). The report says both: who beats koordd on medians, and who beyond the spread.
+
 Pure functions of run records (the dicts of results.json; koordtest.bench.qos_stats describes them).
 """
 from __future__ import annotations
@@ -16,6 +22,7 @@ from koordtest.bench.qos_stats import BE_ALONE, LS_ALONE, WINDOWS_MET, Spread, m
 
 SWEEP_FACTORS = (1.1, 1.25, 1.5, 2.0, 3.0)
 KOORDD_PREFIX = "koordd"
+ORACLE_SHARE = 0.95      # at an SLO some static setting meets, koordd must meet it with this share of its BE work
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,24 @@ class Point:
 def dominates(a: Point, b: Point) -> bool:
     """a at least as much BE work at no more p99, and better in one of them."""
     return a.be_work >= b.be_work and a.p99 <= b.p99 and (a.be_work > b.be_work or a.p99 < b.p99)
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The smallest differences the runs can show, each relative: LS alone's p99 and BE alone's work, (max - min)
+    / median over their repetitions (0 with one repetition: then every difference counts)."""
+    p99: float = 0.0
+    be_work: float = 0.0
+
+
+def clearly_dominates(a: Point, b: Point, res: Resolution) -> bool:
+    """a beats b beyond the measured spread: no worse in either within `res` (a difference inside the spread is
+    a tie) and better in one by more than it. With a zero resolution, dominates() again."""
+    no_less_work = a.be_work * (1 + res.be_work) >= b.be_work
+    no_more_p99 = a.p99 <= b.p99 * (1 + res.p99)
+    more_work = a.be_work > b.be_work * (1 + res.be_work)
+    less_p99 = a.p99 * (1 + res.p99) < b.p99
+    return no_less_work and no_more_p99 and (more_work or less_p99)
 
 
 def frontier(points: Sequence[Point]) -> list[Point]:
@@ -59,14 +84,27 @@ class Standing:
     dominates: tuple[str, ...]        # static settings it beats on both
     work_vs_frontier: float | None    # its BE work over the most a static setting does within its p99
     p99_vs_frontier: float | None     # its p99 over the least a static setting has with its BE work
+    beaten_beyond_spread: tuple[str, ...] = ()   # static settings that beat it beyond the measured spread
+
+    def describe(self) -> str:
+        """The report's cell: who beats it, and whether beyond the measured spread."""
+        beyond = self.beaten_beyond_spread
+        ties = [s for s in self.dominated_by if s not in beyond]
+        if beyond:
+            out = "dominated beyond the measured spread by " + ", ".join(beyond)
+            return out + (f"; within it by {', '.join(ties)}" if ties else "")
+        if ties:
+            return "on the frontier within the measured spread (dominated on medians by " + ", ".join(ties) + ")"
+        return "not dominated" + (f"; beats {', '.join(self.dominates)}" if self.dominates else "")
 
 
-def standing(k: Point, statics: Sequence[Point]) -> Standing:
+def standing(k: Point, statics: Sequence[Point], res: Resolution = Resolution()) -> Standing:
     same_p99, same_work = best_work_within(statics, k.p99), best_p99_with(statics, k.be_work)
     return Standing(k, tuple(s.setup for s in statics if dominates(s, k)),
                     tuple(s.setup for s in statics if dominates(k, s)),
                     k.be_work / same_p99.be_work if same_p99 and same_p99.be_work > 0 else None,
-                    k.p99 / same_work.p99 if same_work and same_work.p99 > 0 else None)
+                    k.p99 / same_work.p99 if same_work and same_work.p99 > 0 else None,
+                    tuple(s.setup for s in statics if clearly_dominates(s, k, res)))
 
 
 def points(runs: Sequence[dict], load, setups: Sequence[str], target: float | None = None) -> list[Point]:
@@ -103,6 +141,15 @@ class SweepRow:
             return None
         return self.koordd.be_work / self.oracle.be_work
 
+    @property
+    def holds(self) -> bool | None:
+        """Issue 36's rule at this SLO: where a static setting meets it, koordd meets it with at least
+        ORACLE_SHARE of that oracle's BE work; None where no static setting meets it or koordd did not run."""
+        if self.oracle is None or self.koordd is None:
+            return None
+        share = self.koordd_over_oracle
+        return bool(self.koordd_meets) and share is not None and share >= ORACLE_SHARE
+
 
 def koordd_setup(factor: float) -> str:
     """The name of setup koordd told an SLO of `factor` x LS alone's p99."""
@@ -132,10 +179,15 @@ class Instrument:
     send_lag_p99: float           # the highest send lag p99 of any run with LS, seconds
     lag_share: float              # that over LS alone's median p99
     margin: float                 # the smallest SLO margin (factor - 1)
+    be_spread: float = 0.0        # (max - min) / median of BE alone's work
 
     @property
     def sees_margin(self) -> bool:
         return self.spread < self.margin and self.lag_share < self.margin
+
+    @property
+    def resolution(self) -> Resolution:
+        return Resolution(self.spread, self.be_spread)
 
 
 def instrument(runs: Sequence[dict], load, margin: float) -> Instrument | None:
@@ -145,7 +197,9 @@ def instrument(runs: Sequence[dict], load, margin: float) -> Instrument | None:
     if alone is None or alone.median <= 0:
         return None
     lag = max(lags, default=0.0)
-    return Instrument(alone, (alone.high - alone.low) / alone.median, lag, lag / alone.median, margin)
+    be = median_spread(r["be_work"] for r in runs if r["setup"] == BE_ALONE)
+    be_spread = (be.high - be.low) / be.median if be is not None and be.median > 0 else 0.0
+    return Instrument(alone, (alone.high - alone.low) / alone.median, lag, lag / alone.median, margin, be_spread)
 
 
 def report(runs: Sequence[dict], load, statics: Sequence[str], factors: Sequence[float] = SWEEP_FACTORS) -> str:
@@ -164,6 +218,8 @@ def report(runs: Sequence[dict], load, statics: Sequence[str], factors: Sequence
            f"alone's p99",
            f"- so the instrument {'can' if inst.sees_margin else '**cannot**'} see a {100 * inst.margin:.0f}% margin "
            f"here" + ("" if inst.sees_margin else f"; it sees about {100 * max(inst.spread, inst.lag_share):.0f}%"),
+           f"- BE alone's work: spread {100 * inst.be_spread:.1f}% of its median over its repetitions; a static setting "
+           f"beats koordd beyond the measured spread only by more than these two spreads",
            "", "| setting | BE work | LS p99 (ms) | p99 / alone | reps | on the static frontier |",
            "|---|---|---|---|---|---|"]
     for p in sorted(static_points, key=lambda p: p.be_work):
@@ -171,24 +227,25 @@ def report(runs: Sequence[dict], load, statics: Sequence[str], factors: Sequence
                    f"{p.reps} | {'yes' if p.setup in front else ''} |")
     kpoints = points(runs, load, sorted({r['setup'] for r in runs if r['setup'].startswith(KOORDD_PREFIX)}))
     for k in kpoints:
-        st = standing(k, static_points)
+        st = standing(k, static_points, inst.resolution)
         out.append(f"| **{k.setup}** | {100 * k.be_work:.0f}% | {ms(k.p99)} | {k.p99 / inst.alone.median:.2f}x | "
-                   f"{k.reps} | " + ("dominated by " + ", ".join(st.dominated_by) if st.dominated_by else
-                                     "not dominated" + (f"; beats {', '.join(st.dominates)}" if st.dominates else ""))
-                   + " |")
+                   f"{k.reps} | {st.describe()} |")
     rows = sweep(runs, load, inst.alone.median, statics, factors)
     out += ["", "| SLO | target (ms) | static oracle | its BE work | koordd p99 (ms) | koordd meets | koordd BE work | "
-            "koordd / oracle |", "|---|---|---|---|---|---|---|---|"]
+            "koordd / oracle | holds |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         k = r.koordd
         out.append(f"| {r.factor:g}x | {ms(r.target)} | {r.oracle.setup if r.oracle else 'none'} | "
                    f"{f'{100 * r.oracle.be_work:.0f}%' if r.oracle else '-'} | {ms(k.p99) if k else 'not run'} | "
                    f"{'-' if k is None else ('yes' if r.koordd_meets else 'no')} | "
                    f"{f'{100 * k.be_work:.0f}%' if k else '-'} | "
-                   f"{f'{100 * r.koordd_over_oracle:.0f}%' if r.koordd_over_oracle is not None else '-'} |")
+                   f"{f'{100 * r.koordd_over_oracle:.0f}%' if r.koordd_over_oracle is not None else '-'} | "
+                   f"{'-' if r.holds is None else ('yes' if r.holds else '**no**')} |")
     out += ["", f"BE work over {BE_ALONE}'s of the same repetition; every cell a median over repetitions. A setting "
             f"meets an SLO when its p99 is at or under the target and {100 * WINDOWS_MET:.0f}% of its windows are. "
-            "The static frontier: the static settings no other static setting beats on both BE work and p99.", ""]
+            "The static frontier: the static settings no other static setting beats on both BE work and p99. "
+            f"holds: where a static setting meets the SLO, koordd meets it with at least {100 * ORACLE_SHARE:.0f}% of "
+            "that oracle's BE work.", ""]
     return "\n".join(out)
 
 

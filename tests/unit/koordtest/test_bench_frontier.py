@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from koordtest.bench.frontier import (Point, dominates, frontier, instrument, koordd_setup, report, standing,
-                                      sweep)
+from koordtest.bench.frontier import (Point, Resolution, clearly_dominates, dominates, frontier, instrument,
+                                      koordd_setup, report, standing, sweep)
 from koordtest.bench.qos_run import SETUP_NAMES, run_order
 
 MS = 1e-3
@@ -38,6 +38,50 @@ def test_koordd_standing_names_who_beats_it_and_how_far_it_is_from_the_frontier(
     ahead = standing(Point("koordd", 0.7, 4 * MS), statics)
     assert ahead.dominated_by == () and set(ahead.dominates) == {"cap-60"}
     assert ahead.work_vs_frontier == pytest.approx(0.7 / 0.2) and ahead.p99_vs_frontier == pytest.approx(4 / 9)
+
+
+def test_a_static_point_beats_koordd_beyond_the_spread_only_by_more_than_the_runs_own_spread():
+    res = Resolution(p99=0.15, be_work=0.05)            # LS alone's p99 and BE alone's work over their repetitions
+    k = Point("koordd", 0.40, 10 * MS)
+    more_work = Point("more-work", 0.44, 9.5 * MS)      # 10% more work (past 5%), p99 no worse
+    tie = Point("tie", 0.41, 9.0 * MS)                  # better on both medians, by less than either spread
+    much_faster = Point("much-faster", 0.39, 6.0 * MS)  # 2.5% less work (a tie), p99 40% lower
+    worse = Point("worse", 0.50, 12.0 * MS)             # more work, but 20% more p99: past the spread
+    st = standing(k, [more_work, tie, much_faster, worse], res)
+    assert st.dominated_by == ("more-work", "tie")                       # on medians
+    assert st.beaten_beyond_spread == ("more-work", "much-faster")       # beyond the spread
+    assert st.describe() == ("dominated beyond the measured spread by more-work, much-faster; within it by tie")
+    only_tie = standing(k, [tie, worse], res)
+    assert only_tie.describe() == "on the frontier within the measured spread (dominated on medians by tie)"
+    # without a spread (one repetition each) every difference counts: the median rule
+    grid = [Point(str(i), w, p * MS) for i, (w, p) in enumerate((w, p) for w in (0.3, 0.4, 0.5) for p in (5, 10, 15))]
+    assert all(clearly_dominates(a, b, Resolution()) == dominates(a, b) for a in grid for b in grid)
+
+
+def test_the_instrument_takes_be_alones_spread_and_the_report_says_who_beats_koordd_beyond_it():
+    runs = [be_alone(0, 100.0), be_alone(1, 90.0), run("ls-alone", 2.0, rep=0), run("ls-alone", 2.2, rep=1),
+            run("be-idle", 3.0, 80.0, rep=0), run("be-idle", 3.0, 72.0, rep=1),
+            run(koordd_setup(1.5), 3.1, 78.0, rep=0), run(koordd_setup(1.5), 3.1, 70.2, rep=1)]
+    inst = instrument(runs, 50, 0.5)
+    assert inst.be_spread == pytest.approx(10 / 95) and inst.resolution == Resolution(inst.spread, inst.be_spread)
+    text = report(runs, 50, ["be-idle"], (1.5,))
+    # be-idle did more work at less p99 on medians, each by less than the spread: a tie
+    assert "| **koordd-slo-1.5** | 78% | 3.10 | 1.48x | 2 | on the frontier within the measured spread (dominated " \
+           "on medians by be-idle) |" in text, text
+    assert "BE alone's work: spread 10.5%" in text
+
+
+def test_koordd_holds_an_slo_only_by_meeting_it_with_95_percent_of_the_oracles_be_work():
+    runs = [be_alone(), run("ls-alone", 2.0), run("be-idle-cpu-max-50", 2.4, 50.0),
+            run(koordd_setup(1.25), 2.3, 48.0), run(koordd_setup(1.5), 2.5, 47.0), run(koordd_setup(2.0), 4.5, 60.0)]
+    rows = {r.factor: r for r in sweep(runs, 50, 2.0 * MS, ["be-idle-cpu-max-50"], (1.1, 1.25, 1.5, 2.0))}
+    assert rows[1.1].holds is None                        # no static setting meets 2.2 ms: nothing to hold
+    assert rows[1.25].holds is True                       # meets, 96% of the oracle's work
+    assert rows[1.5].holds is False                       # meets, 94%
+    assert rows[2.0].koordd_meets is False and rows[2.0].holds is False     # more work, but misses 4 ms
+    text = report(runs, 50, ["be-idle-cpu-max-50"], (1.25, 1.5))
+    assert "| 1.25x | 2.50 | be-idle-cpu-max-50 | 50% | 2.30 | yes | 48% | 96% | yes |" in text, text
+    assert "| 1.5x | 3.00 | be-idle-cpu-max-50 | 50% | 2.50 | yes | 47% | 94% | **no** |" in text, text
 
 
 def test_the_sweep_judges_statics_and_koordd_at_each_factor_against_ls_alone():
