@@ -73,7 +73,7 @@ def probe_pm_qos(host: Host) -> tuple[bool, str]:
     if driver == "none":
         # The idle path is the architecture's default halt, which no PM QoS request governs: the wake lever's
         # experiments will find it buys nothing (docs/benchmarks.md, bench-wakeup).
-        cpuidle += " (no cpuidle driver: a request cannot change how CPUs idle here)"
+        cpuidle += " (no cpuidle driver: a request cannot change how CPUs idle here; be_suppress's wake lever is not tried)"
     why = why_not(device)
     if why is not None:
         return False, f"{why}; {cpuidle}"

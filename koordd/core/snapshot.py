@@ -69,6 +69,9 @@ class NodeSample:
     memory_pressure: PressureStat | None = None
     io_pressure: PressureStat | None = None
     topology: tuple[CpuTopology, ...] = ()
+    # /sys/devices/system/cpu/cpuidle/current_driver, read at start: "none" where the kernel has no cpuidle
+    # driver (CPUs idle by the architecture's halt, which no CPU latency request governs); None: unknown
+    cpuidle_driver: str | None = None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from koordd.core.loop import NODE
 from koordd.core.catalogue import load_registry
 from koordd.kernel.pm_qos import NO_CONSTRAINT, TEST_ENV
 from koordd.runtime.daemon import Daemon
+from koordd.sensors.node import NodeSensor
 from koordd_plugins.be_suppress import LEVERS, WAKE_CALM_WINDOWS, WAKE_KNOB, BeSuppress
 from koordtest.fakes.cgroup import SLACK_TREE_CONFIG, FakeCgroups, psi, steady_node
 from unit.backends.test_pm_qos import fds_on
@@ -28,15 +29,18 @@ from unit.plugins.test_be_suppress import PERIOD, health, quota_of, settings
 HEALTHY_US, AT_RISK_US = 500, 3000          # run-queue p99 against its 2 ms target: slack 75% and -50%
 
 
-def run(p99_of, rounds: int, supported: bool = True, held_before: bool = False, **kw) -> tuple[list[dict], object]:
-    """Rounds a second apart; LS's run-queue p99 is p99_of(wake held). Returns one row per round: whether the
-    request is held after it, the BE quotas written, the wake actions' steps, the loop's step."""
+def run(p99_of, rounds: int, supported: bool = True, held_before: bool = False, driver: str | None = None,
+        **kw) -> tuple[list[dict], object]:
+    """Rounds a second apart; LS's run-queue p99 is p99_of(wake held); `driver`: the host's cpuidle driver (None:
+    unknown). Returns one row per round: whether the request is held after it, the BE quotas written, the wake
+    actions' steps, the loop's step."""
     s = settings(rule="slack", **kw)
     state = BeSuppress.initial_state(s)
     held, rows = held_before, []
     for t in range(rounds):
         quota = 200_000 if state.allowance is None else round(state.allowance * PERIOD)    # the knob as written
-        snap = dataclasses.replace(health(float(t), 1.0, quota, p99_us=p99_of(held)),
+        snap = health(float(t), 1.0, quota, p99_us=p99_of(held))
+        snap = dataclasses.replace(snap, node=dataclasses.replace(snap.node, cpuidle_driver=driver),
                                    supported=frozenset({WAKE_KNOB}) if supported else frozenset(),
                                    held={(NODE, WAKE_KNOB): "none"} if held else {})
         actions = BeSuppress.decide(snap, s, state)
@@ -94,13 +98,19 @@ def test_a_request_that_buys_nothing_is_released_it_rests_and_the_cuts_come_next
     assert levers(state)["wake"]["by_signal"]["runq_p99_us"]["bought_nothing"] == 2
 
 
-@pytest.mark.parametrize("how", [{"wake_lever": False}, {"supported": False}])
-def test_never_held_when_turned_off_or_where_the_host_lacks_the_knob(how):
+@pytest.mark.parametrize("how", [{"wake_lever": False}, {"supported": False}, {"driver": "none"}])
+def test_never_held_when_turned_off_where_the_host_lacks_the_knob_or_has_no_cpuidle_driver(how):
+    """Without a cpuidle driver CPUs idle by a halt no request governs: the lever would only cost a window."""
     rows, state = run(lambda held: AT_RISK_US, 12, **how)
     assert not any(r["wake"] or r["held"] for r in rows)
     # the cut comes once confirmed, as without the lever: two rounds below zero, the floor
     assert rows[0]["quotas"] == [] and rows[1]["step"] == "floor" and rows[1]["quotas"] == [2000]
     assert levers(state)["wake"]["chosen"] == 0
+
+
+def test_tried_first_where_the_host_names_a_cpuidle_driver():
+    rows, _ = run(lambda held: HEALTHY_US if held else AT_RISK_US, 3, driver="haltpoll")
+    assert rows[1]["wake"] == ["wake"] and rows[1]["held"] and rows[1]["quotas"] == []
 
 
 def test_claimed_only_while_on():
@@ -131,6 +141,8 @@ def test_the_daemon_holds_it_by_an_fd_and_releases_it_at_stop(tmp_path, monkeypa
     import koordd.sensors.collect as collect
     monkeypatch.setattr(collect.time, "monotonic", lambda: clock[0])
     steady_node(monkeypatch, 2.0)                 # LS's 1 CPU and BE's 1, below
+    # a host whose CPUs idle through a cpuidle driver, whatever this one's are (without one: never tried)
+    monkeypatch.setattr(NodeSensor, "_cpuidle_driver", lambda self: "haltpoll")
     path = tmp_path / "koordd.toml"
     path.write_text(CONFIG.format(root=tree.root, state=tmp_path / "state"))
     registry = load_registry()

@@ -121,6 +121,21 @@ def test_node_sensor_tolerates_missing_and_broken_files(host, tmp_path):
     assert bare.topology == () and bare.cpu_count >= 1 and bare.sample(1.0).cpu_used is None
 
 
+@pytest.mark.parametrize("text, driver", [("haltpoll\n", "haltpoll"), ("none\n", "none"), (None, None), ("", None),
+                                          ("x" * 65, None), ("bad\x01name", None), (b"\xff\xfe", None)])
+def test_node_sensor_reads_the_cpuidle_driver_once_and_nothing_odd_passes_for_a_name(host, text, driver):
+    """be_suppress's wake lever is tried only where a cpuidle driver governs how CPUs idle ("none": not)."""
+    path = host.sys / "devices/system/cpu/cpuidle/current_driver"
+    if text is not None:
+        path.parent.mkdir(parents=True)
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    sensor = NodeSensor(host.proc, host.sys)
+    assert sensor.sample(1.0).cpuidle_driver == driver
+    if text is not None:
+        path.write_text("acpi_idle\n")                    # read at start only
+        assert sensor.sample(2.0).cpuidle_driver == driver
+
+
 def test_proc_parsers():
     assert parse_proc_stat_cpu(stat(10, 5, 80, 5, steal=2)) == (15, 102)   # steal is not our busy time
     assert parse_proc_stat_cpu("cpu  1 2 3 4\n") == (6, 10)      # old kernels: fewer columns
