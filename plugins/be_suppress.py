@@ -776,9 +776,9 @@ def _deep_miss(state: State, rd: SlackRound) -> bool:
     """Whether the steering signal's miss calls for the floor: below zero slack in this round and the last, and
     over its target by more than FLOOR_MISS of it and by more than the signal's own noise (its spread over the
     quiet rounds of the last minute, core/experiment.py). A shallower miss gets a shrink. On the 2-CPU host
-    (bench-qos --frontier, 2026-11-29) floors came at misses of 0.7-2.4% of a windowed p99 whose noise was
-    1.3-10.9 ms: each took 98% of BE's CPU for the 5 s or more its verdict needed, and most were judged to
-    have bought nothing (redis against the memory antagonist: 15.47 -> 8.04 ms against a margin of 26.16 ms),
+    (bench-qos --frontier, 2026-11-29) floors came at misses of 0.7-12% of a windowed p99 whose noise was
+    1.3-10.9 ms: each took 98% of BE's CPU for the 5 s or more its verdict needed, and three of five were
+    judged to have bought nothing (redis against the memory antagonist: 15.47 -> 8.04 ms against a margin of 26.16 ms),
     which cost koordd half of the oracle's BE work at 1.25 x LS alone."""
     if rd.s is None or rd.s >= 0 or not rd.below:
         return False
