@@ -26,7 +26,7 @@ from pathlib import Path
 
 from koordd.core.backend import Backend, BackendSet, InvalidValue, KnobSpec, Unsupported
 from koordd.core.targets import PM_QOS_TARGET
-from koordd.kernel.host_probe import Host, read
+from koordd.kernel.host_probe import Host, cpuidle_driver, read
 from koordd.kernel.pm_qos import MAX_US, NO_CONSTRAINT, LatencyRequest, default_device, read_target
 
 KNOB = "cpu_dma_latency"
@@ -67,7 +67,7 @@ def probe_pm_qos(host: Host) -> tuple[bool, str]:
     """Whether koordd can hold a CPU latency request, the aggregate now, and the cpuidle driver it acts on."""
     device = default_device()
     idle = host.sys / "devices/system/cpu/cpuidle"
-    driver = read(idle / "current_driver") or "?"
+    driver = cpuidle_driver(host.sys) or "?"
     governor = read(idle / "current_governor_ro") or read(idle / "current_governor") or "?"
     cpuidle = f"cpuidle driver {driver}, governor {governor}"
     if driver == "none":

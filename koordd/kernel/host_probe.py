@@ -32,6 +32,17 @@ def read(path: Path) -> str | None:
         return None
 
 
+def cpuidle_driver(sys: Path) -> str | None:
+    """The cpuidle driver's name ("none": the kernel has none, CPUs idle by the architecture's halt, which no CPU
+    latency request governs), None where it cannot be read. A name is short: a longer or unprintable one is no
+    name (None)."""
+    try:
+        name = read(sys / "devices/system/cpu/cpuidle/current_driver")
+    except ValueError:          # bytes that are not UTF-8
+        return None
+    return name if name and len(name) <= 64 and name.isprintable() and "\ufffd" not in name else None
+
+
 def find_knob(root: Path, filename: str) -> Path | None:
     """`filename` in `root` or one level below: most cpu knobs exist only in non-root cgroups."""
     if (root / filename).is_file():

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from koordd.core.cgroup_text import parse_cpulist
 from koordd.core.snapshot import CpuTopology, NodeSample, PressureStat
+from koordd.kernel.host_probe import cpuidle_driver
 from koordd.kernel.kfiles import read_small
 from koordd.sensors.psi import parse_psi, with_growth
 
@@ -43,7 +44,7 @@ class NodeSensor:
         self._pressure = {r: str(self.proc / "pressure" / r) for r in ("cpu", "memory", "io")}
         self.cpu_count = self._online_cpus()
         self.topology = self._topology()
-        self.cpuidle_driver = self._cpuidle_driver()
+        self.cpuidle_driver = cpuidle_driver(self.sys)   # read once: a driver comes with the kernel or at boot
 
     def sample(self, now: float) -> NodeSample:
         mem = self._read(lambda: parse_meminfo(read_small(self._meminfo)))
@@ -93,13 +94,6 @@ class NodeSensor:
                 (self.sys / f"devices/system/cpu/cpu{c}/topology/thread_siblings_list").read_text()))
             out.append(CpuTopology(c, min(sib) if sib else c, numa.get(c, 0)))
         return tuple(out)
-
-    def _cpuidle_driver(self) -> str | None:
-        """The cpuidle driver's name ("none" without one), None where the file cannot be read. Read once: a
-        driver comes with the kernel or a module loaded at boot. A name is short: anything longer or not
-        printable is no name (None)."""
-        name = self._read(lambda: read_small(self.sys / "devices/system/cpu/cpuidle/current_driver").strip())
-        return name if name and len(name) <= 64 and name.isprintable() and "\ufffd" not in name else None
 
     @staticmethod
     def _read(fn):

@@ -35,11 +35,6 @@ class Point:
     reps: int = 1
 
 
-def dominates(a: Point, b: Point) -> bool:
-    """a at least as much BE work at no more p99, and better in one of them."""
-    return a.be_work >= b.be_work and a.p99 <= b.p99 and (a.be_work > b.be_work or a.p99 < b.p99)
-
-
 @dataclass(frozen=True)
 class Resolution:
     """The smallest differences the runs can show, each relative: LS alone's p99 and BE alone's work, (max - min)
@@ -56,6 +51,11 @@ def clearly_dominates(a: Point, b: Point, res: Resolution) -> bool:
     more_work = a.be_work > b.be_work * (1 + res.be_work)
     less_p99 = a.p99 * (1 + res.p99) < b.p99
     return no_less_work and no_more_p99 and (more_work or less_p99)
+
+
+def dominates(a: Point, b: Point) -> bool:
+    """a at least as much BE work at no more p99, and better in one of them (on medians: no spread)."""
+    return clearly_dominates(a, b, Resolution())
 
 
 def frontier(points: Sequence[Point]) -> list[Point]:

@@ -20,7 +20,6 @@ from koordd.core.loop import NODE
 from koordd.core.catalogue import load_registry
 from koordd.kernel.pm_qos import NO_CONSTRAINT, TEST_ENV
 from koordd.runtime.daemon import Daemon
-from koordd.sensors.node import NodeSensor
 from koordd_plugins.be_suppress import LEVERS, WAKE_CALM_WINDOWS, WAKE_KNOB, BeSuppress
 from koordtest.fakes.cgroup import SLACK_TREE_CONFIG, FakeCgroups, psi, steady_node
 from unit.backends.test_pm_qos import fds_on
@@ -142,7 +141,7 @@ def test_the_daemon_holds_it_by_an_fd_and_releases_it_at_stop(tmp_path, monkeypa
     monkeypatch.setattr(collect.time, "monotonic", lambda: clock[0])
     steady_node(monkeypatch, 2.0)                 # LS's 1 CPU and BE's 1, below
     # a host whose CPUs idle through a cpuidle driver, whatever this one's are (without one: never tried)
-    monkeypatch.setattr(NodeSensor, "_cpuidle_driver", lambda self: "haltpoll")
+    monkeypatch.setattr("koordd.sensors.node.cpuidle_driver", lambda sys: "haltpoll")
     path = tmp_path / "koordd.toml"
     path.write_text(CONFIG.format(root=tree.root, state=tmp_path / "state"))
     registry = load_registry()
