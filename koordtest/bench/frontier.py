@@ -18,6 +18,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
+from koordtest.bench.steal import steal_line
 from koordtest.bench.qos_stats import BE_ALONE, LS_ALONE, WINDOWS_MET, Spread, median_spread, slo_verdicts
 
 SWEEP_FACTORS = (1.1, 1.25, 1.5, 2.0, 3.0)
@@ -220,6 +221,7 @@ def report(runs: Sequence[dict], load, statics: Sequence[str], factors: Sequence
            f"here" + ("" if inst.sees_margin else f"; it sees about {100 * max(inst.spread, inst.lag_share):.0f}%"),
            f"- BE alone's work: spread {100 * inst.be_spread:.1f}% of its median over its repetitions; a static setting "
            f"beats koordd beyond the measured spread only by more than these two spreads",
+           *filter(None, [steal_line(runs, load, inst.alone.median)]),
            "", "| setting | BE work | LS p99 (ms) | p99 / alone | reps | on the static frontier |",
            "|---|---|---|---|---|---|"]
     for p in sorted(static_points, key=lambda p: p.be_work):

@@ -184,11 +184,17 @@ def connect(paths: list[str], per_server: int) -> list[list[socket.socket]]:
     return conns
 
 
+def window_count(seconds: float, window: float) -> int:
+    """How many windows `seconds` of counted time are cut into: of `window` seconds each, as near as whole
+    windows allow (a last window shorter than half a window joins the one before it)."""
+    return max(1, round(seconds / window)) if window > 0 else 1
+
+
 def window_p99s(outcome: Outcome, seconds: float, window: float) -> list[dict]:
     """count and p99 (seconds; None without requests) of each `window` seconds of the counted time, each
     request (unfinished ones with their wait so far) in the window of its intended send time; a last
     window shorter than half a window joins the one before it."""
-    n = max(1, round(seconds / window)) if window > 0 else 1
+    n = window_count(seconds, window)
     width = seconds / n
     buckets: list[list[float]] = [[] for _ in range(n)]
     pairs = list(zip(outcome.sent_at, outcome.latencies)) + list(zip(outcome.unfinished_at, outcome.unfinished))

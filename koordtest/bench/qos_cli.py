@@ -593,6 +593,10 @@ def trust_notes(runs: list[dict]) -> list[str]:
                                  for who in sorted({w for w, _ in seen})))
     other = median_spread(r["cpu"]["other"] for r in runs)
     notes.append(f"other CPU (not LS, BE or client): median {other.median:.2f}, at most {other.high:.2f} cores")
+    stolen = median_spread(r["steal"]["ms"] for r in runs if r.get("steal"))
+    if stolen is not None:
+        notes.append(f"hypervisor steal (all vCPUs) during a window: median {stolen.median:.0f} ms, at most "
+                     f"{stolen.high:.0f} ms: time a vCPU with work was not running at all")
     koordd_caps = [r["be_cpu_max"] for r in runs if r["setup"] == "koordd"]
     if koordd_caps:
         notes.append("BE cpu.max that koordd held at the end of its windows: " + ", ".join(sorted(set(koordd_caps))))

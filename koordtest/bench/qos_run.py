@@ -26,7 +26,9 @@ from koordtest.bench.cgroup_tree import CgroupTree, die_with_parent
 from koordtest.bench.frontier import SWEEP_FACTORS, koordd_setup
 from koordtest.koordd_proc import KoorddProcess
 from koordtest.bench.ls_servers import python_module, wait_accepting, worker_env
+from koordtest.bench.openloop import window_count
 from koordtest.bench.static_knobs import StaticKnobs, read_knobs
+from koordtest.bench.steal import StealSampler, window_steal
 from koordd.core.cgroup_text import format_cpulist
 from koordd.kernel.cgroupfs import CgroupFS
 from koordd.sensors.cgroup_stats import CgroupSensor
@@ -395,6 +397,7 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
              koordd: KoorddProcess | None, client: subprocess.Popen | None, workers: list, env: dict) -> dict:
     time.sleep(max(start_at - time.monotonic(), 0))
     meter = CpuMeter(bench.fs, [bench.tree.path(c) for c in (LS, BE)], bench.host_ncpu)   # /proc/stat: all
+    steal = StealSampler().start()
     wall0 = time.time()
     if bench.app_latency is not None and setup.ls:
         bench.app_latency.read([bench.tree.path(LS)])         # what came before the window is dropped
@@ -417,6 +420,7 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
         time.sleep(max(start_at + bench.seconds - time.monotonic(), 0))
         work = (read_counters(str(counters)) - work0) / bench.seconds if setup.be else None
     cpu = meter.stop()
+    out["steal"] = window_steal(steal.stop(), start_at, bench.seconds, window_count(bench.seconds, bench.window))
     scanned1 = reclaim_scans()
     if bench.app_latency is not None and setup.ls:
         seen = bench.app_latency.read([bench.tree.path(LS)]).get(bench.tree.path(LS))
