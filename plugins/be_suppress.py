@@ -348,6 +348,7 @@ GROW_AT, HOLD_AT = 0.10, 0.05     # Heracles: grow BE at 10% slack or more, give
 FLOOR_MISS = 0.25                 # the floor only for a miss over the target by more than this share of it (_deep_miss)
 RAISE_MARGIN = 1.25               # a raised target: what LS showed at BE's floor, plus 25% (20% slack there)
 RAISED_FOR = 300.0                # seconds; then LS is judged by its declared targets again
+STEAL_SAID_MS = 20.0              # a round's steal the decision's sentence names: a stall the guest saw nowhere else
 SLO_GAP = 2.0                     # seconds: a round this soon after the SLO's last value lies between two values
 
 
@@ -379,6 +380,7 @@ class SlackRound:
     below: bool
     between: list
     guarding: bool
+    steal_ms: float | None = None    # the round's steal of the vCPU that lost the most (NodeSample.steal_worst), ms
 
     @property
     def s(self) -> float | None:
@@ -416,8 +418,9 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     below = state.below_zero             # the last round's: this round's is noted next
     between = _note_slo_rounds(snapshot, state, signals, steer)
     guarding = _guard_clock(settings, state, steer, guard, now)
+    steal = snapshot.node.steal_worst
     rd = SlackRound(now, capacity, others, be_used, len(be) * MIN_QUOTA_US / DEFAULT_PERIOD_US, signals, steer,
-                    guard, units, below, between, guarding)
+                    guard, units, below, between, guarding, None if steal is None else round(steal * 1000, 1))
 
     experiment = verdict.fields() if verdict is not None else None
     lapsed = lab.lapsed(now) if verdict is None else None
@@ -527,9 +530,11 @@ def _slack_reason(state: State, rd: SlackRound, step: str, experiment: dict | No
               "allowance": round(state.allowance, 3), "be_usage": round(rd.be_used, 3),
               "guard": {"slack": round(rd.g, 3), **rd.guard[1]} if rd.guard is not None and rd.steer is not None
               else None,
-              "experiment": experiment}
+              "experiment": experiment, "steal_worst_ms": rd.steal_ms}
     why = (f"LS slack {slack:.0%} ({worst['cgroup']} {worst['signal']} {worst['value']:g} of {worst['target']:g}): "
            f"{step}, BE allowance {state.allowance:.2f} of {rd.capacity} CPUs ({idle:.2f} idle)")
+    if rd.steal_ms is not None and rd.steal_ms >= STEAL_SAID_MS:
+        why += f"; the hypervisor held a vCPU off for {rd.steal_ms:.0f} ms this round (steal)"
     return reason, why
 
 

@@ -62,6 +62,10 @@ class CpuTopology:
 class NodeSample:
     cpu_count: int
     cpu_used: float | None                 # cores busy, averaged since the previous sample
+    # Steal since the previous sample: the seconds the hypervisor held off the vCPU that lost the most while it had
+    # work (0.0 on bare metal; None on the first sample). The guest sees such a stall nowhere else: a request in
+    # flight just takes longer (docs/be-control.md, "When the hypervisor takes a vCPU")
+    steal_worst: float | None = None
     memory_total: int | None = None
     memory_available: int | None = None
     memory_anon: int | None = None         # anon + unevictable: what page-cache reclaim cannot free

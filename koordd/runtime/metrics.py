@@ -92,6 +92,8 @@ SERIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     # the node
     "koordd_node_cpus": (GAUGE, (), "CPUs online"),
     "koordd_node_cpu_used_cores": (GAUGE, (), "cores busy, averaged over the last round"),
+    "koordd_node_steal_worst_seconds": (GAUGE, (), "steal over the last round of the vCPU that lost the most: "
+                                        "seconds the hypervisor held it off while it had work"),
     "koordd_node_memory_total_bytes": (GAUGE, (), "MemTotal"),
     "koordd_node_memory_available_bytes": (GAUGE, (), "MemAvailable"),
     "koordd_node_pressure_ratio": (GAUGE, PSI, "PSI avg10 of the node, 0..1"),
@@ -304,6 +306,7 @@ def _node(out: _Series, s: Snapshot) -> None:
     n = s.node
     out.add("koordd_node_cpus", [], n.cpu_count)
     out.add("koordd_node_cpu_used_cores", [], n.cpu_used)
+    out.add("koordd_node_steal_worst_seconds", [], n.steal_worst)
     out.add("koordd_node_memory_total_bytes", [], n.memory_total)
     out.add("koordd_node_memory_available_bytes", [], n.memory_available)
     _pressures(out, "koordd_node_pressure", [], n)

@@ -63,17 +63,6 @@ def node_cpu_ticks() -> tuple[int, int]:
     return total - fields[3] - fields[4], total
 
 
-def parse_steal(text: str) -> list[int]:
-    """Steal clock ticks of each CPU from /proc/stat's "cpuN" lines, in CPU order: time the hypervisor ran
-    something else while that vCPU had work (the guest cannot see it any other way)."""
-    out = []
-    for line in text.splitlines():
-        if line.startswith("cpu") and not line.startswith("cpu "):
-            fields = line.split()
-            out.append(int(fields[8]) if len(fields) > 8 else 0)
-    return out
-
-
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 

@@ -15,13 +15,14 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from koordtest.bench.procstat import TICK, parse_steal
+from koordd.sensors.node import parse_proc_stat_steal
+from koordtest.bench.procstat import TICK
 
 PERIOD = 0.1         # seconds between samples: a window's boundaries are placed to this
 
 
 def read_steal() -> list[int]:
-    return parse_steal(Path("/proc/stat").read_text())
+    return list(parse_proc_stat_steal(Path("/proc/stat").read_text()))
 
 
 class StealSampler:

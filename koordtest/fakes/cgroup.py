@@ -264,6 +264,8 @@ rule = "slack"
 def steady_node(monkeypatch, cores: float) -> None:
     """The node's CPU in use reads as `cores` every round. A daemon on a fake tree still reads the host's
     /proc/stat, whose counters move once a jiffy: two rounds a few milliseconds apart (a test's clock moves
-    a second, the host's did not) see no tick, the node reads as blind, and a loop that needs it holds."""
+    a second, the host's did not) see no tick, the node reads as blind, and a loop that needs it holds. Steal
+    reads as none, whatever the host's hypervisor did meanwhile."""
     from koordd.sensors.node import NodeSensor
-    monkeypatch.setattr(NodeSensor, "_cpu_used", lambda self: cores)
+    monkeypatch.setattr(NodeSensor, "_cpu_used", lambda self, stat: cores)
+    monkeypatch.setattr(NodeSensor, "_steal_worst", lambda self, stat: 0.0)     # nor the host's hypervisor

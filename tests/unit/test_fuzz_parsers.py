@@ -33,7 +33,7 @@ from koordd.sensors.cgroup_stats import CgroupSensor, flat_keyed
 from koordd.sensors.contract import SensorContext
 from koordd.sensors.gpu import parse_proc_cgroup
 from koordd.sensors.net import NetSample, NetSensor
-from koordd.sensors.node import NodeSensor, parse_meminfo, parse_proc_stat_cpu
+from koordd.sensors.node import NodeSensor, parse_meminfo, parse_proc_stat_cpu, parse_proc_stat_steal
 from koordd.sensors.psi import parse_psi
 from koordd.sensors.resctrl import ResctrlSensor
 from koordd.sensors.runq import SchedstatSource, read_schedstat
@@ -82,6 +82,11 @@ PROC_STAT = ("cpu  4705 356 584 3699 23 23 0 0 0 0\ncpu0 1393280 32966 572056 13
 @given(text_from(PROC_STAT))
 @counted
 def test_proc_stat(text):
+    try:
+        steal = parse_proc_stat_steal(text)
+        assert all(isinstance(t, int) for t in steal)
+    except ValueError:
+        pass
     try:
         busy, total = parse_proc_stat_cpu(text)
     except ValueError:

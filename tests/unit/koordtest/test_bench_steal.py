@@ -2,20 +2,10 @@
 and summed up in the frontier report against the windows that were slow."""
 from __future__ import annotations
 
-from koordtest.bench.procstat import TICK, parse_steal
+from koordtest.bench.procstat import TICK
 from koordtest.bench.steal import STOLEN_MS, StealSampler, steal_line, window_steal
 
-PROC_STAT = """cpu  100 0 50 1000 5 0 2 30 0 0
-cpu0 50 0 25 500 2 0 1 12 0 0
-cpu1 50 0 25 500 3 0 1 18 0 0
-intr 12345
-"""
 TICK_MS = 1000 / TICK
-
-
-def test_steal_is_read_per_vcpu_and_an_old_kernels_short_line_reads_zero():
-    assert parse_steal(PROC_STAT) == [12, 18]
-    assert parse_steal("cpu  1 2 3 4\ncpu0 1 2 3 4\n") == [0]
 
 
 def test_each_samples_growth_goes_to_the_window_it_falls_in_and_the_worst_vcpu_names_the_window():

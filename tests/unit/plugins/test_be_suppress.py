@@ -1,4 +1,6 @@
 """Decision tests for be_suppress: hand-built snapshots in, actions out. No files, no kernel."""
+from dataclasses import replace
+
 import pytest
 
 from koordd.core.config import loop_options, make_settings
@@ -460,6 +462,22 @@ def miss_rounds(p99s: list[float], be_usage: float = 0.5):
         steps = [a.reason["step"] for a in actions if a.knob == "cpu.max" and a.value]
         out.append((steps[0] if steps else None, (quota_of(actions) or [None])[0]))
     return out
+
+
+def test_a_round_in_which_the_hypervisor_held_a_vcpu_off_says_so_in_the_decision():
+    """A stall of the host shows in the guest only as steal: the decision that answers the miss names it, so
+    an operator reading journalctl sees why LS was slow where the guest's own sensors saw nothing."""
+    s = settings(rule="slack")
+    state = BeSuppress.initial_state(s)
+    for t, steal in ((0.0, 0.0), (1.0, 0.1)):
+        snapshot = health(t, 1.0, 200_000, p99_us=3000.0)
+        snapshot = replace(snapshot, node=replace(snapshot.node, steal_worst=steal))
+        actions = [a for a in BeSuppress.decide(snapshot, s, state) if a.knob == "cpu.max" and a.value]
+    assert actions[0].reason["steal_worst_ms"] == 100.0
+    assert "the hypervisor held a vCPU off for 100 ms this round (steal)" in actions[0].message
+    quiet = health(2.0, 1.0, 200_000, p99_us=3000.0)      # bare metal: steal 0.0 or unknown, nothing said
+    said = [a for a in BeSuppress.decide(quiet, s, state) if a.knob == "cpu.max"]
+    assert all("hypervisor" not in a.message and a.reason.get("steal_worst_ms") is None for a in said)
 
 
 def test_a_shallow_miss_takes_a_share_of_what_be_uses_a_deep_one_the_floor():

@@ -45,7 +45,7 @@ def psi(avg10, total_us=2_000_000):
 
 def snapshot(cgroups=(), members=None, sections=None) -> Snapshot:
     node = NodeSample(cpu_count=4, cpu_used=1.5, memory_total=8 << 30, memory_available=6 << 30,
-                      cpu_pressure=psi(3.0))
+                      cpu_pressure=psi(3.0), steal_worst=0.1)
     return Snapshot(time=10.0, wall=1_700_000_000.0, node=node, cgroups={c.path: c for c in cgroups},
                     members=members or {}, sections=sections or {})
 
@@ -184,6 +184,7 @@ def test_values_and_units():
     assert s["koordd_reclaimable_cpu_cores"].value == 0.8
     assert samples(p, "koordd_reclaimable_basis")[(("part", "needs"), ("resource", "cpu"))] == 1.1
     assert s["koordd_node_memory_total_bytes"].value == 8 << 30
+    assert s["koordd_node_steal_worst_seconds"].value == 0.1
     assert s["koordd_last_round_timestamp_seconds"].value == 1_700_000_000.0
     # the class's quantiles come from its roots' merged histograms
     assert merged([(0, 10, 100, 150, 40)]) == [0, 10, 100, 150, 40]

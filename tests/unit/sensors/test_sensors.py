@@ -22,7 +22,7 @@ from koordd.sensors.cgroup_stats import CgroupSensor, flat_keyed, make_sample
 from koordd.sensors.collect import Sensors, find_classified
 from koordd.sensors.contract import OptionalSensor
 from koordd.sensors.lifecycle import SensorManager
-from koordd.sensors.node import NodeSensor, parse_meminfo, parse_proc_stat_cpu
+from koordd.sensors.node import CLOCK_TICKS, NodeSensor, parse_meminfo, parse_proc_stat_cpu, parse_proc_stat_steal
 from koordd.sensors.psi import parse_psi, with_growth
 
 JOB = "be.slice/job"
@@ -119,6 +119,28 @@ def test_node_sensor_tolerates_missing_and_broken_files(host, tmp_path):
     assert sensor.sample(2.0).cpu_used is None
     bare = NodeSensor(tmp_path / "nothing", tmp_path / "nothing")
     assert bare.topology == () and bare.cpu_count >= 1 and bare.sample(1.0).cpu_used is None
+
+
+def per_cpu_steal(*ticks):
+    lines = "".join(f"cpu{i} 10 0 5 80 0 0 0 {t} 0 0\n" for i, t in enumerate(ticks))
+    return f"cpu  10 0 5 80 0 0 0 {sum(ticks)} 0 0\n" + lines + "intr 1\n"
+
+
+def test_node_sensor_names_the_steal_of_the_vcpu_that_lost_the_most_in_the_round(host):
+    """A hypervisor that holds one vCPU off for 100 ms shows on that vCPU's line only; the node's average
+    would dilute it by the number of CPUs."""
+    (host.proc / "stat").write_text(per_cpu_steal(5, 5, 5, 5))
+    sensor = NodeSensor(host.proc, host.sys)
+    assert sensor.sample(1.0).steal_worst is None                  # nothing to compare with yet
+    (host.proc / "stat").write_text(per_cpu_steal(5, 5 + CLOCK_TICKS // 10, 6, 5))
+    assert sensor.sample(2.0).steal_worst == pytest.approx(0.1)
+    (host.proc / "stat").write_text(per_cpu_steal(5, 5 + CLOCK_TICKS // 10, 6, 5))
+    assert sensor.sample(3.0).steal_worst == 0.0                     # bare metal, or a quiet host
+    (host.proc / "stat").write_text(per_cpu_steal(9, 9, 9))            # a CPU went offline: not comparable
+    assert sensor.sample(4.0).steal_worst is None
+    (host.proc / "stat").write_text(per_cpu_steal(1, 1, 1))            # a counter that went back adds nothing
+    assert sensor.sample(5.0).steal_worst == 0.0
+    assert parse_proc_stat_steal("cpu  1 2 3 4\ncpu0 1 2 3 4\n") == (0,)   # old kernels: no steal column
 
 
 @pytest.mark.parametrize("text, driver", [("haltpoll\n", "haltpoll"), ("none\n", "none"), (None, None), ("", None),
