@@ -4,7 +4,7 @@ A guest cannot see those stalls any other way: its run-queue latency and its own
 request in flight simply takes longer. On the 2-CPU development guest two SCHED_IDLE spinners kept both
 vCPUs busy and the host took one for 100 ms at a time, a few times a minute (a SCHED_OTHER thread that
 sleeps 1 ms overslept by 100 ms, and steal grew by 10 ticks); with the spinners capped at 90% of the node
-or less, or with no spinner, it did not (docs/benchmarks.md, "Stalls the hypervisor made"). So a client's
+or less, or with no spinner, it did not (scripts/bench-steal; docs/benchmarks.md). So a client's
 window whose p99 jumps while the kernel's server-side p99 does not may be the host's, not BE's in the
 guest; the report says which windows lost a vCPU for how long.
 """

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from koordtest.bench.frontier import (Point, Resolution, clearly_dominates, dominates, frontier, instrument,
-                                      koordd_setup, report, standing, sweep)
+                                      koordd_activity, koordd_setup, report, standing, sweep)
 from koordtest.bench.qos_run import SETUP_NAMES, run_order
 
 MS = 1e-3
@@ -69,6 +69,39 @@ def test_the_instrument_takes_be_alones_spread_and_the_report_says_who_beats_koo
     assert "| **koordd-slo-1.5** | 78% | 3.10 | 1.48x | 2 | on the frontier within the measured spread (dominated " \
            "on medians by be-idle) |" in text, text
     assert "BE alone's work: spread 10.5%" in text
+
+
+def test_the_spread_to_beat_includes_how_far_each_static_settings_own_repetitions_scatter():
+    """LS alone and BE alone miss what moves only with both running: the LS CPU a request costs, and BE's work
+    with it. A static setting's own repetitions show it."""
+    runs = [be_alone(0, 100.0), be_alone(1, 100.0), be_alone(2, 100.0),
+            run("ls-alone", 2.0, rep=0), run("ls-alone", 2.0, rep=1),
+            run("be-idle", 3.0, 60.0, rep=0), run("be-idle", 3.3, 75.0, rep=1), run("be-idle", 3.6, 70.0, rep=2),
+            run("cap", 2.0, 30.0, rep=0), run("cap", 2.0, 30.0, rep=1), run("cap", 2.0, 30.0, rep=2),
+            run(koordd_setup(1.5), 3.4, 62.0, rep=0), run(koordd_setup(1.5), 3.4, 62.0, rep=1)]
+    inst = instrument(runs, 50, 0.5, ["be-idle", "cap"])
+    assert (inst.spread, inst.be_spread) == (0.0, 0.0)             # LS alone and BE alone did not move
+    assert inst.settings_p99 == pytest.approx((0.6 / 3.3) / 2)     # median of be-idle's and cap's (0)
+    assert inst.settings_be == pytest.approx((15 / 70) / 2)
+    assert inst.resolution == Resolution(inst.settings_p99, inst.settings_be)
+    # be-idle beats koordd on medians (70% > 62% work, 3.3 < 3.4 ms); by 13% of work, past the 10.7% spread
+    text = report(runs, 50, ["be-idle", "cap"], (1.5,))
+    assert "own repetitions: p99 spread 9.1%, BE work spread 10.7%" in text, text
+    assert "dominated beyond the measured spread by be-idle" in text
+    alone = instrument(runs, 50, 0.5)                                # without the statics: the old resolution
+    assert alone.resolution == Resolution(0.0, 0.0)
+
+
+def test_the_report_says_how_often_koordd_acted_in_its_measured_windows():
+    acted = {"t": 3.0, "knob": "cpu.max", "new": "2000 100000", "outcome": "applied"}
+    held = {"t": 4.0, "knob": "cpu.max", "new": "2000 100000", "outcome": "kept"}
+    runs = [dict(run(koordd_setup(1.5), 3.0, 50.0, rep=0), koordd_window=[acted, held]),
+            dict(run(koordd_setup(1.5), 3.0, 50.0, rep=1), koordd_window=[]),
+            dict(run(koordd_setup(2.0), 3.0, 50.0, rep=0), koordd_window=[]),
+            dict(run(koordd_setup(2.0), 3.0, 50.0, rep=0, load=20), koordd_window=[acted])]
+    lines = koordd_activity(runs, 50)
+    assert lines[0] == "- koordd-slo-1.5: decided something in 1 of 2 measured windows, 1 writes"
+    assert lines[1].startswith("- koordd-slo-2: decided something in 0 of 1 measured windows, 0 writes; with none")
 
 
 def test_koordd_holds_an_slo_only_by_meeting_it_with_95_percent_of_the_oracles_be_work():
