@@ -1,12 +1,15 @@
 """Hypervisor stalls against how busy best-effort work keeps the vCPUs (scripts/bench-steal).
 
-    .venv/bin/python scripts/bench-steal [--shares 100,90,75,50,0] [--seconds 60] [--rounds 2] [--out FILE]
+    .venv/bin/python scripts/bench-steal [--shares 100,90,75,50,0] [--seconds 60] [--rounds 2]
+                                         [--spinner cpu|memory] [--out FILE]
 
 For each share (the shares interleaved, --rounds times): one SCHED_IDLE spinner per CPU in a scratch cgroup
 whose CPU quota is that share of the node (100: no quota; 0: no spinner), and beside them one SCHED_OTHER
 sleeper pinned to each CPU that sleeps 1 ms at a time and notes every oversleep over --stall-ms (20). A
 SCHED_OTHER thread preempts a SCHED_IDLE one at once in the guest, so an oversleep that long is the host
-not running the vCPU. Reported per share: the stalls (per minute, and the longest) and the steal the vCPUs
+not running the vCPU. A `cpu` spinner only spins; a `memory` one writes a byte in every page of its own
+256 MiB, over and over (a TLB and cache miss a write), to tell how busy from how much memory traffic.
+Reported per share: the stalls (per minute, and the longest) and the steal the vCPUs
 lost (/proc/stat, all of them), median and range over rounds. Needs root (the cgroup).
 
 On the 2-CPU development VM a vCPU that never halted was taken for about 100 ms at a time a few times a
@@ -35,6 +38,10 @@ from koordtest.bench.qos_stats import median_spread
 
 PERIOD_US = 100_000
 SPIN = "spin"
+SPINNERS = {
+    "cpu": "while True: pass",
+    "memory": "b = bytearray(256 << 20)\nwhile True:\n    for i in range(0, len(b), 4096):\n        b[i] = (b[i] + 1) & 255",
+}
 
 
 @dataclass(frozen=True)
@@ -68,10 +75,10 @@ def steal_seconds() -> float:
     return sum(parse_proc_stat_steal(Path("/proc/stat").read_text())) / CLOCK_TICKS
 
 
-def trial(tree: CgroupTree, fs: CgroupFS, share: int, seconds: float, stall_ms: float) -> Trial:
+def trial(tree: CgroupTree, fs: CgroupFS, share: int, seconds: float, stall_ms: float, spinner: str = "cpu") -> Trial:
     cpus = sorted(os.sched_getaffinity(0))
     KNOBS["cpu.max"].write(fs, tree.path(SPIN), quota(share, len(cpus)))
-    spinners = [tree.spawn(SPIN, [sys.executable, "-c", "while True: pass"], idle_policy=True)
+    spinners = [tree.spawn(SPIN, [sys.executable, "-c", SPINNERS[spinner]], idle_policy=True)
                 for _ in (cpus if share > 0 else ())]
     try:
         time.sleep(1.0)                                   # the spinners running before the count starts
@@ -111,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="seconds per trial")
     p.add_argument("--rounds", type=int, default=2, help="how many times every share is tried, interleaved")
     p.add_argument("--stall-ms", type=float, default=20.0, help="an oversleep longer than this is a stall")
+    p.add_argument("--spinner", choices=sorted(SPINNERS), default="cpu",
+                   help="what each spinner does: spin (cpu) or write to its own memory (memory)")
     p.add_argument("--out", type=Path, help="write the report here too")
     args = p.parse_args(argv)
     shares = [int(s) for s in args.shares.split(",")]
@@ -124,11 +133,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         fs = CgroupFS(layout)
         for r in range(args.rounds):
             for share in shares:
-                trials.append(trial(tree, fs, share, args.seconds, args.stall_ms))
+                trials.append(trial(tree, fs, share, args.seconds, args.stall_ms, args.spinner))
                 print(f"round {r + 1} share {share}%: {len(trials[-1].stalls)} stalls, steal "
                       f"{trials[-1].steal_s:.2f} s", file=sys.stderr, flush=True)
     text = page("Hypervisor stalls against how busy BE keeps the vCPUs", command_line(),
-                [f"{len(os.sched_getaffinity(0))} CPUs; one SCHED_IDLE spinner per CPU under the quota, one "
+                [f"{len(os.sched_getaffinity(0))} CPUs; one SCHED_IDLE {args.spinner} spinner per CPU under the quota, one "
                  f"SCHED_OTHER 1 ms sleeper pinned to each CPU; {args.seconds:g} s a trial"],
                 table(trials, args.stall_ms))
     print(text)

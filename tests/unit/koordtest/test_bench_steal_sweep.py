@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from koordtest.bench.steal_sweep import Trial, main, quota, table
+import subprocess
+import sys
+
+from koordtest.bench.steal_sweep import SPINNERS, Trial, main, quota, table
 
 
 def test_a_share_of_the_node_is_a_quota_over_every_cpu_and_100_percent_none():
@@ -28,3 +31,16 @@ def test_a_share_outside_0_to_100_is_refused_before_anything_runs(capsys):
     with pytest.raises(SystemExit):
         main(["--shares", "100,120"])
     assert "--shares: percents from 0 to 100" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", sorted(SPINNERS))
+def test_each_spinner_is_a_program_that_runs_until_killed(kind):
+    """A spinner that ended (a syntax error, memory refused) would leave its share idle and the table would
+    compare nothing."""
+    p = subprocess.Popen([sys.executable, "-c", SPINNERS[kind]], stderr=subprocess.PIPE)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            p.wait(timeout=0.5)
+    finally:
+        p.kill()
+        p.wait()
