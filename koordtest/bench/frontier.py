@@ -12,7 +12,7 @@ and the typical (median) spread of each static setting's own p99 and BE work ove
 over the median; Resolution). LS alone and BE alone miss what moves only with both running: on the 2-CPU
 host the CPU one LS request costs varied by a third from run to run, and BE's work with it, while BE alone's
 work did not (a run of redis against the cpu antagonist in which koordd wrote nothing: be-idle's BE work
-over 3 repetitions 60-73%, koordd's 46-69%). The report says both: who beats koordd on medians, and who
+over 3 repetitions 52-72% of BE alone's, koordd's 36-83% over its 9 runs). The report says both: who beats koordd on medians, and who
 beyond the spread; and how often koordd acted in its measured windows at all.
 
 Pure functions of run records (the dicts of results.json; koordtest.bench.qos_stats describes them).
@@ -198,10 +198,14 @@ class Instrument:
         return Resolution(max(self.spread, self.settings_p99), max(self.be_spread, self.settings_be))
 
 
+def relative(s: Spread | None) -> float:
+    """(max - min) / median; 0 for no values or a median of 0 (one value: max = min, 0 too)."""
+    return (s.high - s.low) / s.median if s is not None and s.median > 0 else 0.0
+
+
 def relative_spread(values) -> float:
-    """(max - min) / median of the known values; 0 for fewer than two, or a median of 0."""
-    got = median_spread(values)
-    return (got.high - got.low) / got.median if got is not None and got.n > 1 and got.median > 0 else 0.0
+    """relative() of the known values."""
+    return relative(median_spread(values))
 
 
 def settings_spreads(runs: Sequence[dict], load, setups: Sequence[str]) -> tuple[float, float]:
@@ -225,7 +229,7 @@ def instrument(runs: Sequence[dict], load, margin: float, statics: Sequence[str]
         return None
     lag = max(lags, default=0.0)
     be_spread = relative_spread(r["be_work"] for r in runs if r["setup"] == BE_ALONE)
-    return Instrument(alone, (alone.high - alone.low) / alone.median, lag, lag / alone.median, margin, be_spread,
+    return Instrument(alone, relative(alone), lag, lag / alone.median, margin, be_spread,
                       *settings_spreads(runs, load, statics))
 
 

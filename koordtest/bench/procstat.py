@@ -14,7 +14,9 @@ import os
 import platform
 from dataclasses import dataclass
 
-TICK = os.sysconf("SC_CLK_TCK")
+from koordd.sensors.node import CLOCK_TICKS
+
+TICK = CLOCK_TICKS          # /proc clock ticks a second: the daemon's node sensor reads the same unit
 BPF_SYSCALL = {"x86_64": 321, "aarch64": 280}.get(platform.machine())
 BPF_MAP_GET_NEXT_KEY, BPF_MAP_GET_FD_BY_ID, BPF_OBJ_GET_INFO_BY_FD = 4, 14, 15
 BPF_F_RDONLY = 1 << 3

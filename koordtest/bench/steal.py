@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from koordd.sensors.node import parse_proc_stat_steal
-from koordtest.bench.procstat import TICK
+from koordd.sensors.node import CLOCK_TICKS, parse_proc_stat_steal
 
 PERIOD = 0.1         # seconds between samples: a window's boundaries are placed to this
 
@@ -67,7 +66,7 @@ def window_steal(samples: Sequence[tuple[float, Sequence[int]]], start: float, s
             grown = max(b - a, 0)
             per_window[w][cpu] += grown
             total += grown
-    ms = 1000 / TICK
+    ms = 1000 / CLOCK_TICKS
     return {"ms": round(total * ms), "windows_ms": [round(max(w, default=0) * ms) for w in per_window]}
 
 

@@ -30,11 +30,12 @@ from typing import Sequence
 
 from koordd.backends.cgroup_knobs import KNOBS
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
-from koordd.sensors.node import CLOCK_TICKS, parse_proc_stat_steal
+from koordd.sensors.node import CLOCK_TICKS
 from koordtest.bench.cgroup_tree import CgroupTree
 from koordtest.bench.common import cell, command_line, doc_parser, interrupted, page
 from koordtest.bench.ls_servers import python_module
 from koordtest.bench.qos_stats import median_spread
+from koordtest.bench.steal import read_steal
 
 PERIOD_US = 100_000
 SPIN = "spin"
@@ -72,7 +73,7 @@ def quota(share: int, ncpu: int) -> str:
 
 
 def steal_seconds() -> float:
-    return sum(parse_proc_stat_steal(Path("/proc/stat").read_text())) / CLOCK_TICKS
+    return sum(read_steal()) / CLOCK_TICKS
 
 
 def trial(tree: CgroupTree, fs: CgroupFS, share: int, seconds: float, stall_ms: float, spinner: str = "cpu") -> Trial:

@@ -2,7 +2,7 @@
 and summed up in the frontier report against the windows that were slow."""
 from __future__ import annotations
 
-from koordtest.bench.procstat import TICK
+from koordd.sensors.node import CLOCK_TICKS as TICK
 from koordtest.bench.steal import STOLEN_MS, StealSampler, steal_line, window_steal
 
 TICK_MS = 1000 / TICK
