@@ -51,6 +51,11 @@ Two rules decide how much CPU BE may use (`rule`):
   helps, and released once the steering slack has been 10% or more for 6 experiment windows in a row
   (30 s by default: not on the first good round, which it may have bought), when turned off, and at stop;
   if koordd dies the kernel drops the request with its file descriptor.
+  Where the hypervisor takes busy vCPUs away (steal of 50 ms or more in a round, a stall no per-miss cut can
+  answer: it is over before the cut lands) while LS misses, a standing headroom (`steal_headroom_percent`,
+  core/headroom.py) holds BE's allowance under the node less that share, less LS's and the system's peak, as a
+  trial of minutes judged by counting stolen rounds and LS's misses: kept for a while where both fell, else
+  undone and resting.
   Where a class declares an SLO its application latency steers; its run-queue latency and pressure
   only guard: over their targets while the SLO is met (or silent for over 2 s) they hold BE's growth
   and may cut once, by `slack_shrink_percent`; holding and cutting together last `guard_cut_max` at
@@ -104,6 +109,7 @@ from dataclasses import dataclass, field, replace
 from koordd.core.cgroup_text import CFS_QUOTA_MIN, MAX_CPUS, format_cpu_max, format_cpulist, parse_cpu_max, parse_cpulist
 from koordd.core.classes import NON_BE
 from koordd.core.experiment import BUSY_CORES, History, Lab, Verdict, conditions
+from koordd.core.headroom import STOLEN_MS, Event, Headroom
 from koordd.core.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_slack
 from koordd.core.slo import SloWindow
 from koordd.core.interference import Detector, pearson
@@ -156,6 +162,7 @@ class State:
     wake: bool = False                               # rule slack: the wake lever's request is held
     wake_calm: float | None = None                   # rule slack: since when LS is healthy while it is held
     members_read: bool = True                        # rule slack: read BE pods' CPU next round (hot caps may matter)
+    headroom: Headroom = field(default_factory=Headroom)   # rule slack: the standing headroom (core/headroom.py)
 
 
 class BeSuppress(Loop):
@@ -199,6 +206,10 @@ class BeSuppress(Loop):
                "how CPUs idle there"),
         Option("hot_cap_percent", float, 50.0, "rule slack: a lever that caps the busiest BE cgroups (pods, jobs) "
                "alone, to this much less than they use; 0 turns it off", min=0, max=95),
+        Option("steal_headroom_percent", float, 10.0, "rule slack: where the hypervisor takes busy vCPUs away "
+               "(steal of 50 ms or more in a round) while LS misses, a trial of minutes holds BE to this share of the "
+               "node less than LS and the system leave; kept while it buys fewer stalls and misses, else undone and "
+               "resting; 0 turns it off", min=0, max=50),
         Option("antagonist_signal", str, "off", "cap the BE cgroup that interferes with LS, judged by: off, "
                "runq (run-queue latency) or cpi (cycles per instruction)", choices=("off", "runq", "cpi")),
         Option("antagonist_window", Duration, Duration(300.0), "baseline and correlation window", min=10, max=3600),
@@ -258,7 +269,7 @@ class BeSuppress(Loop):
         if settings.rule != "slack" or state.lab is None:
             return {}
         return {"hot_caps": dict(sorted(state.hot.items())), "wake_held": state.wake,
-                **state.lab.status(state.lab.now, LEVERS)}
+                "headroom": state.headroom.fields(None), **state.lab.status(state.lab.now, LEVERS)}
 
     @staticmethod
     def decide(snapshot: Snapshot, settings, state: State) -> list[Action]:
@@ -322,10 +333,11 @@ def _sized_actions(snapshot: Snapshot, settings, state: State, be, non_be: float
         # The allowance moved at the rule's own pace already: the knob follows it in one step. Every verdict
         # is on record, also where it leaves the knobs as they are (a cut that helped stays, a release that
         # cost nothing stays released): said (KEPT) with its verdict, though nothing is written.
+        said = reason.pop("say", False)          # the headroom started, was judged or ended (_headroom)
         judged = "verdict" in (reason.get("experiment") or {}) and not any(
             "verdict" in (a.reason.get("experiment") or {}) for a in extra)
         limits = _limit_actions(snapshot, settings, be, Sizing(capacity, allowance, False, reason, why, grow=1.0,
-                                                               say=judged))
+                                                               say=judged or said))
         if judged:
             extra = [replace(a, say=True, reason={**a.reason, "experiment": reason["experiment"]})
                      if a.value is not None else a for a in extra]
@@ -437,12 +449,13 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     if step is None:
         step, moved = _choose_step(snapshot, settings, state, rd)
         extra += moved
+    headroom = _headroom(settings, state, rd)
     state.allowance = max(state.allowance, rd.floor)
     if state.allowance != allowance or any(a.value is None or a.reason.get("step") != "hold" for a in extra):
         lab.moved()
     if lab.running is not None and experiment is None:
         experiment = lab.running.fields()
-    reason, why = _slack_reason(state, rd, step, experiment)
+    reason, why = _slack_reason(state, rd, step, experiment, headroom)
     extra += _holds(state, extra)
     state.members_read = _members_matter(state, steer, guard)
     return state.allowance, reason, why, extra
@@ -467,7 +480,12 @@ def _without_ls(snapshot: Snapshot, settings, state: State, capacity: int):
     _grow(settings, state, capacity)
     state.lab.moved()
     reason = {"rule": "slack", "step": step, "capacity": capacity, "allowance": round(state.allowance, 3)}
-    return state.allowance, reason, f"{step}: BE may use {state.allowance:.2f} of {capacity} CPUs", extra
+    why = f"{step}: BE may use {state.allowance:.2f} of {capacity} CPUs"
+    released = state.headroom.abandon("no LS cgroup on the node")
+    if released is not None:
+        reason |= {"headroom": state.headroom.fields(None), "say": True}
+        why += f"; {released.text}"
+    return state.allowance, reason, why, extra
 
 
 def _members_matter(state: State, steer, guard) -> bool:
@@ -520,8 +538,29 @@ def _grow_allowance(settings, state: State, capacity: int) -> None:
     state.allowance = min(float(capacity), state.allowance + settings.slack_grow_percent / 100 * capacity)
 
 
-def _slack_reason(state: State, rd: SlackRound, step: str, experiment: dict | None) -> tuple[dict, str]:
-    """The reason and the sentence that go with each of the round's actions on BE's knob."""
+def _headroom(settings, state: State, rd: SlackRound) -> tuple[Event | None, float]:
+    """The standing headroom (core/headroom.py): note the round, and while it is held keep BE's allowance
+    under its ceiling, the node less steal_headroom_percent of it less LS's and the system's peak over
+    usage_window (a ceiling that followed each round's LS use would move the quota every round). Returns the
+    round's change of phase (or None) and the ceiling."""
+    share = 1 - settings.steal_headroom_percent / 100
+    ceiling = rd.capacity * share - _windowed_peak(state.demand, rd.now, rd.others, settings.usage_window)
+    hr = state.headroom
+    if settings.steal_headroom_percent <= 0:
+        return hr.abandon("steal_headroom_percent is 0"), ceiling
+    if rd.steal_ms is None:           # the first round, or the CPUs changed: nothing to count
+        return hr.abandon("steal unknown this round (the node's CPUs changed)"), ceiling
+    slack = rd.s if rd.s is not None else rd.g
+    event = hr.observe(rd.now, rd.steal_ms >= STOLEN_MS, rd.be_used > ceiling, slack < 0)
+    if hr.held:
+        state.allowance = min(state.allowance, ceiling)
+    return event, ceiling
+
+
+def _slack_reason(state: State, rd: SlackRound, step: str, experiment: dict | None,
+                  headroom: tuple[Event | None, float]) -> tuple[dict, str]:
+    """The reason and the sentence that go with each of the round's actions on BE's knob. A round that starts,
+    judges or ends the headroom is on record even where BE's knob does not move (`say`)."""
     slack, worst = rd.steer if rd.steer is not None else rd.guard
     idle = max(rd.capacity - rd.others, 0.0)
     reason = {"rule": "slack", "slack": round(slack, 3), "worst": worst, "step": step, "capacity": rd.capacity,
@@ -531,10 +570,19 @@ def _slack_reason(state: State, rd: SlackRound, step: str, experiment: dict | No
               "guard": {"slack": round(rd.g, 3), **rd.guard[1]} if rd.guard is not None and rd.steer is not None
               else None,
               "experiment": experiment, "steal_worst_ms": rd.steal_ms}
+    event, ceiling = headroom
+    if event is not None or state.headroom.held:
+        reason["headroom"] = state.headroom.fields(ceiling)
+    if event is not None:
+        reason["say"] = True
     why = (f"LS slack {slack:.0%} ({worst['cgroup']} {worst['signal']} {worst['value']:g} of {worst['target']:g}): "
            f"{step}, BE allowance {state.allowance:.2f} of {rd.capacity} CPUs ({idle:.2f} idle)")
     if rd.steal_ms is not None and rd.steal_ms >= STEAL_SAID_MS:
         why += f"; the hypervisor held a vCPU off for {rd.steal_ms:.0f} ms this round (steal)"
+    if event is not None:
+        why += f"; {event.text}"
+    elif state.headroom.held:
+        why += f" (headroom {state.headroom.phase}: at most {max(ceiling, 0):.2f})"
     return reason, why
 
 

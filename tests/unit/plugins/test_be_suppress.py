@@ -480,6 +480,59 @@ def test_a_round_in_which_the_hypervisor_held_a_vcpu_off_says_so_in_the_decision
     assert all("hypervisor" not in a.message and a.reason.get("steal_worst_ms") is None for a in said)
 
 
+def stolen_rounds(s, state, t0, n, stolen_every=0):
+    """n rounds a second apart on 4 CPUs, LS using 1 and BE 3 (the node full): every `stolen_every`-th round a
+    vCPU loses 100 ms to steal and LS's run-queue p99 is over its target (3 ms of 2) the round after it, else
+    healthy (0.5 ms). BE's quota is the one the loop last wrote. Returns the cpu.max actions that carry a value."""
+    out = []
+    for i in range(n):
+        quota = 400_000 if state.allowance is None else round(state.allowance * PERIOD)
+        stolen = bool(stolen_every) and i % stolen_every == stolen_every - 1
+        after = bool(stolen_every) and i % stolen_every == 0 and i > 0
+        snapshot = health(t0 + i, 1.0, quota, p99_us=3000.0 if after else 500.0, be_usage=3.0)
+        snapshot = replace(snapshot, node=replace(snapshot.node, steal_worst=0.1 if stolen else 0.0))
+        out += [a for a in BeSuppress.decide(snapshot, s, state) if a.knob == "cpu.max" and a.value]
+    return out
+
+
+def test_where_the_host_takes_busy_vcpus_while_ls_misses_a_standing_headroom_is_tried_and_kept_if_it_pays():
+    """steal_headroom_percent (core/headroom.py): BE filling a 4-CPU node, a vCPU stolen every 30 s and LS over
+    its target right after each. Per-miss cuts cannot answer that (one round over is not confirmed). After the
+    third such stall BE is held to 90% of the node less LS's 1 CPU (2.6 CPUs) for a trial; with no stall in
+    it and LS healthy it is kept, with the decision saying what it bought, and released after HOLD."""
+    s = settings(rule="slack")
+    state = BeSuppress.initial_state(s)
+    before = stolen_rounds(s, state, 0.0, 90, stolen_every=30)
+    assert state.headroom.phase == "trial"
+    trial = [a for a in before if a.reason.get("headroom")]
+    assert trial[0].value == "260000 100000" and trial[0].reason["headroom"]["ceiling"] == 2.6, trial[0]
+    assert "headroom trial for 242 rounds" in trial[0].message
+    judged = stolen_rounds(s, state, 90.0, 242)
+    kept = [a for a in judged if a.reason.get("step") and "headroom" in a.message and "bought" in a.message]
+    assert state.headroom.phase == "kept" and kept, judged[-3:]
+    assert kept[-1].value == "260000 100000" and kept[-1].say      # nothing moves: on record all the same
+    assert "headroom bought latency: stolen in 3 of 90 rounds -> 0 of 242" in kept[-1].message
+    assert BeSuppress.report(s, state)["headroom"]["phase"] == "kept"
+    after = stolen_rounds(s, state, 332.0, 605)                    # HOLD (600 s), then BE grows back to the node
+    assert state.headroom.phase == "watching" and after[-1].value == "max 100000", after[-1]
+    assert any("headroom released to test it" in a.message for a in after)
+
+
+def test_a_standing_headroom_that_bought_nothing_is_undone_and_off_means_never_tried():
+    s = settings(rule="slack")
+    state = BeSuppress.initial_state(s)
+    stolen_rounds(s, state, 0.0, 90, stolen_every=30)
+    assert state.headroom.phase == "trial"
+    judged = stolen_rounds(s, state, 90.0, 242, stolen_every=30)     # the host steals as before
+    undone = [a for a in judged if "headroom bought nothing" in a.message]
+    assert state.headroom.phase == "resting" and undone, judged[-3:]
+    assert stolen_rounds(s, state, 332.0, 10)[-1].value == "max 100000"   # BE grows back to the whole node
+    off = settings(rule="slack", steal_headroom_percent=0)
+    state = BeSuppress.initial_state(off)
+    actions = stolen_rounds(off, state, 0.0, 300, stolen_every=30)
+    assert state.headroom.phase == "watching" and not any(a.reason.get("headroom") for a in actions)
+
+
 def test_a_shallow_miss_takes_a_share_of_what_be_uses_a_deep_one_the_floor():
     """The floor takes 98% of BE's CPU for the 5 s or more its verdict needs: only for a miss deeper than a
     quarter of the target and than the signal's own noise. A shallower one gives back slack_shrink_percent
