@@ -57,7 +57,7 @@ def cmd_slo(args: argparse.Namespace) -> int:
         print(json.dumps({"running": True, "state_dir": str(sd), "updated": status.get("updated"),
                           "seconds": seconds, "step_seconds": _number(history.get("step_seconds")),
                           "left_out": history.get("left_out") or 0, "workloads": workloads,
-                          "levers": levers(status)},
+                          "levers": levers(status), "headroom": headroom(status)},
                          indent=1, sort_keys=True))
         return 0
     ascii_only = args.ascii or not unicode_ok(sys.stdout)
@@ -237,6 +237,25 @@ def levers(status: dict) -> dict:
         if isinstance(found, dict) else {}
 
 
+def headroom(status: dict) -> dict:
+    """be_suppress's standing headroom as its report has it (phase, ceiling, before, during, last); {} where
+    there is none or it is malformed."""
+    loop = ((status.get("loops") or {}) if isinstance(status.get("loops"), dict) else {}).get("be_suppress")
+    report = loop.get("report") if isinstance(loop, dict) else None
+    found = report.get("headroom") if isinstance(report, dict) else None
+    return found if isinstance(found, dict) and isinstance(found.get("phase"), str) else {}
+
+
+def headroom_line(status: dict) -> list[str]:
+    """The standing headroom's phase and last verdict, where it was ever tried (docs/be-control.md)."""
+    h = headroom(status)
+    if not h or (h["phase"] == "watching" and not h.get("last")):
+        return []
+    ceiling = f", BE at most {h['ceiling']:.2f} CPUs" if _number(h.get("ceiling")) is not None else ""
+    last = f"; last: {printable(h['last'])}" if isinstance(h.get("last"), str) else ""
+    return [f"  headroom (host steals busy vCPUs): {printable(h['phase'])}{ceiling}{last}"]
+
+
 def _gain(signal: str, x: Any) -> str:
     return "?" if _number(x) is None else (ms(x) if signal.endswith("_us") else f"{x:.3g}")
 
@@ -247,7 +266,7 @@ def lever_lines(status: dict) -> list[str]:
     found = levers(status)
     if not found:
         return []
-    out = ["be_suppress's levers (every cut judged by what it bought):"]
+    out = ["be_suppress's levers (every cut judged by what it bought):"] + headroom_line(status)
     for name, lv in sorted(found.items()):
         parts = []
         for signal, r in sorted((lv.get("by_signal") or {}).items()):

@@ -28,3 +28,16 @@ def test_no_report_or_a_malformed_one_shows_nothing():
         assert lever_lines(status) == [] and levers(status) == {}
     odd = {"loops": {"be_suppress": {"report": {"levers": {"x\x1b[2J": {"by_signal": {"s": "no"}}}}}}}
     assert lever_lines(odd)[1] == "  x\\x1b[2J: chosen 0"
+
+
+def test_the_standing_headroom_says_its_phase_and_last_verdict_where_it_was_ever_tried():
+    report = STATUS["loops"]["be_suppress"]["report"]
+    kept = {"phase": "kept", "ceiling": 1.234, "last": "bought: stolen in 3 of 90 rounds -> 0 of 242"}
+    lines = lever_lines({"loops": {"be_suppress": {"report": {**report, "headroom": kept}}}})
+    assert lines[1] == ("  headroom (host steals busy vCPUs): kept, BE at most 1.23 CPUs; last: bought: stolen in "
+                        "3 of 90 rounds -> 0 of 242")
+    never = {"phase": "watching", "ceiling": None, "last": None}
+    assert lever_lines({"loops": {"be_suppress": {"report": {**report, "headroom": never}}}}) == lever_lines(STATUS)
+    odd = {"phase": "kept\x1b[2J", "ceiling": "x", "last": 5}
+    assert lever_lines({"loops": {"be_suppress": {"report": {**report, "headroom": odd}}}})[1] == \
+        "  headroom (host steals busy vCPUs): kept\\x1b[2J"
