@@ -52,9 +52,9 @@ Two rules decide how much CPU BE may use (`rule`):
   (30 s by default: not on the first good round, which it may have bought), when turned off, and at stop;
   if koordd dies the kernel drops the request with its file descriptor.
   Where the hypervisor takes busy vCPUs away (steal of 50 ms or more in a round, a stall no per-miss cut can
-  answer: it is over before the cut lands) while LS misses, a standing headroom (`steal_headroom_percent`,
+  answer: it is over before the cut lands) while LS is at risk, a standing headroom (`steal_headroom_percent`,
   core/headroom.py) holds BE's allowance under the node less that share, less LS's and the system's peak, as a
-  trial of minutes judged by counting stolen rounds and LS's misses: kept for a while where both fell, else
+  trial of minutes judged by counting stolen rounds and rounds with LS at risk: kept for a while where both fell, else
   undone and resting.
   Where a class declares an SLO its application latency steers; its run-queue latency and pressure
   only guard: over their targets while the SLO is met (or silent for over 2 s) they hold BE's growth
@@ -207,9 +207,9 @@ class BeSuppress(Loop):
         Option("hot_cap_percent", float, 50.0, "rule slack: a lever that caps the busiest BE cgroups (pods, jobs) "
                "alone, to this much less than they use; 0 turns it off", min=0, max=95),
         Option("steal_headroom_percent", float, 10.0, "rule slack: where the hypervisor takes busy vCPUs away "
-               "(steal of 50 ms or more in a round) while LS misses, a trial of minutes holds BE to this share of the "
-               "node less than LS and the system leave; kept while it buys fewer stalls and misses, else undone and "
-               "resting; 0 turns it off", min=0, max=50),
+               "(steal of 50 ms or more in a round) while LS is at risk, a trial of minutes holds BE to this share of "
+               "the node less than LS and the system leave; kept while it buys fewer stalls and rounds at risk, else "
+               "undone and resting; 0 turns it off", min=0, max=50),
         Option("antagonist_signal", str, "off", "cap the BE cgroup that interferes with LS, judged by: off, "
                "runq (run-queue latency) or cpi (cycles per instruction)", choices=("off", "runq", "cpi")),
         Option("antagonist_window", Duration, Duration(300.0), "baseline and correlation window", min=10, max=3600),
@@ -550,8 +550,8 @@ def _headroom(settings, state: State, rd: SlackRound) -> tuple[Event | None, flo
         return hr.abandon("steal_headroom_percent is 0"), ceiling
     if rd.steal_ms is None:           # the first round, or the CPUs changed: nothing to count
         return hr.abandon("steal unknown this round (the node's CPUs changed)"), ceiling
-    slack = rd.s if rd.s is not None else rd.g
-    event = hr.observe(rd.now, rd.steal_ms >= STOLEN_MS, rd.be_used > ceiling, slack < 0)
+    slack = rd.s if rd.s is not None else rd.g      # at risk: under 5%, where the loop itself would cut
+    event = hr.observe(rd.now, rd.steal_ms >= STOLEN_MS, rd.be_used > ceiling, slack < HOLD_AT)
     if hr.held:
         state.allowance = min(state.allowance, ceiling)
     return event, ceiling

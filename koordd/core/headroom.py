@@ -15,20 +15,20 @@ use. It is an experiment of minutes, judged by counting, because the events are 
 
 - trigger: over the last WATCH seconds, at least TRIGGER rounds in which a vCPU lost STOLEN_MS or more
   while BE used more than the ceiling would have let it ("binding": the headroom would have changed
-  something), at least half of them with LS missing its target (slack below zero) in that round or the
-  FOLLOW after. Steal without LS harm, or on a node that is not full, is no reason;
+  something), at least half of them with LS at risk (its slack under 5%, where the loop itself cuts, or
+  below zero) in that round or the FOLLOW after. Steal without LS harm, or on a node that is not full, is no reason;
 - trial: the ceiling holds for as many rounds as make a trial without a stolen round evidence on its own
   (the binomial test below at EVIDENCE), n_before x (EVIDENCE^(-1/k_before) - 1), from MIN_TRIAL on;
   one that would last over MAX_TRIAL seconds is not started (the stalls are too rare to judge: wait for more);
 - verdict: the trial bought latency when its stolen rounds are fewer than chance allows (one-sided: of all
   the stolen rounds before and during, as few as k_during fall into the trial's share of the rounds with
-  probability under SIGNIFICANT) and LS missed in a smaller share of its rounds than in the binding rounds
-  before. Then it is kept for HOLD seconds (doubling each time in a row, up to HOLD_MAX) and released: a
+  probability under SIGNIFICANT) and LS was at risk in a smaller share of its rounds than in the binding
+  rounds before. Then it is kept for HOLD seconds (doubling each time in a row, up to HOLD_MAX) and released: a
   standing ceiling is re-tested by going without it, and tried again if the stalls come back. Otherwise it
   bought nothing: released at once, and resting REST seconds (doubling each time in a row, up to REST_MAX).
 
 Do no harm: it takes at most `percent` of the node from BE, and only while LS and the system leave BE more
-than that; it is tried only where the host was seen taking busy vCPUs while LS missed; one that bought
+than that; it is tried only where the host was seen taking busy vCPUs while LS was at risk; one that bought
 nothing costs at most MAX_TRIAL seconds of that share, then rests at least as long (REST >= MAX_TRIAL), so
 over any stretch the trials that fail cost BE at most half of `percent` of the node, less with each one in a
 row. Pure policy: the loop feeds one round at a time; no I/O; its state is plain data.
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 STOLEN_MS = 50.0          # a round's steal (the vCPU that lost the most) this long is a host stall, not tick noise
 WATCH = 300.0             # seconds of rounds the trigger and the trial's "before" count over
 TRIGGER = 3               # stolen binding rounds in WATCH that start a trial ...
-FOLLOW = 3                # ... half of them with LS below zero in that round or this many after
+FOLLOW = 3                # ... half of them with LS at risk in that round or this many after
 EVIDENCE = 0.02           # a trial is long enough that no stolen round in it would be this unlikely by chance
 SIGNIFICANT = 0.05        # the verdict's one-sided test
 MIN_TRIAL = 60            # rounds
@@ -55,16 +55,16 @@ WATCHING, TRIAL, KEPT, RESTING = "watching", "trial", "kept", "resting"
 
 @dataclass
 class Counts:
-    """Rounds, of them stolen, of them with LS below zero."""
+    """Rounds, of them stolen, of them with LS at risk."""
     rounds: int = 0
     stolen: int = 0
-    missed: int = 0
+    at_risk: int = 0
 
-    def miss_share(self) -> float:
-        return self.missed / self.rounds if self.rounds else 0.0
+    def risk_share(self) -> float:
+        return self.at_risk / self.rounds if self.rounds else 0.0
 
     def fields(self) -> dict:
-        return {"rounds": self.rounds, "stolen": self.stolen, "missed": self.missed}
+        return {"rounds": self.rounds, "stolen": self.stolen, "at_risk": self.at_risk}
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class Event:
 
 @dataclass
 class Headroom:
-    rounds: deque = field(default_factory=deque)      # (time, stolen, binding, missed) over WATCH
+    rounds: deque = field(default_factory=deque)      # (time, stolen, binding, at_risk) over WATCH
     phase: str = WATCHING
     until: float = 0.0                                  # KEPT or RESTING: till then
     trial_rounds: int = 0                               # TRIAL: how many rounds it lasts
@@ -91,13 +91,13 @@ class Headroom:
     def held(self) -> bool:
         return self.phase in (TRIAL, KEPT)
 
-    def observe(self, now: float, stolen: bool, binding: bool, missed: bool) -> Event | None:
+    def observe(self, now: float, stolen: bool, binding: bool, at_risk: bool) -> Event | None:
         """One round: a vCPU lost STOLEN_MS or more (`stolen`), BE used more than the ceiling allows
-        (`binding`), LS's slack was below zero (`missed`). Returns the change of phase it brings, if any."""
+        (`binding`), LS was at risk (`at_risk`: the loop's slack under 5%). Returns the change of phase it brings, if any."""
         if self.phase == TRIAL:
             self.during.rounds += 1
             self.during.stolen += stolen
-            self.during.missed += missed
+            self.during.at_risk += at_risk
             if self.during.rounds >= self.trial_rounds or now - self.started >= MAX_TRIAL:
                 return self._verdict(now)
             return None
@@ -110,7 +110,7 @@ class Headroom:
                 return Event("headroom released", "headroom released to test it: re-tried if the host takes busy "
                              "vCPUs again")
             return None
-        self.rounds.append((now, stolen, binding, missed))
+        self.rounds.append((now, stolen, binding, at_risk))
         while self.rounds and self.rounds[0][0] < now - WATCH:
             self.rounds.popleft()
         return self._trigger(now)
@@ -141,14 +141,14 @@ class Headroom:
         self.before, self.during = before, Counts()
         return Event("headroom trial",
                      f"headroom trial for {length} rounds: the host took a busy vCPU for {STOLEN_MS:g} ms or more in "
-                     f"{before.stolen} of {before.rounds} rounds where BE filled the node, LS missing after {harmed}")
+                     f"{before.stolen} of {before.rounds} rounds where BE filled the node, LS at risk after {harmed}")
 
     def _verdict(self, now: float) -> Event:
         b, d = self.before, self.during
         p = binomial_cdf(d.stolen, b.stolen + d.stolen, d.rounds / (b.rounds + d.rounds))
-        rates = (f"stolen in {b.stolen} of {b.rounds} rounds -> {d.stolen} of {d.rounds}, LS missed in "
-                 f"{b.miss_share():.0%} -> {d.miss_share():.0%} of them")
-        if p < SIGNIFICANT and d.miss_share() < b.miss_share():
+        rates = (f"stolen in {b.stolen} of {b.rounds} rounds -> {d.stolen} of {d.rounds}, LS at risk in "
+                 f"{b.risk_share():.0%} -> {d.risk_share():.0%} of them")
+        if p < SIGNIFICANT and d.risk_share() < b.risk_share():
             hold = min(HOLD * 2 ** self.kept_in_row, HOLD_MAX)
             self.kept_in_row, self.failed_in_row = self.kept_in_row + 1, 0
             self.phase, self.until = KEPT, now + hold

@@ -461,7 +461,8 @@ def _work_over(counters: Path, seconds: float) -> int:
 
 def window_decisions(decisions: list[dict], start: float, end: float) -> list[dict]:
     """What koordd decided within the window, compactly: when (seconds into it), which knob and value,
-    and for be_suppress's rule the step it took and the LS signal behind it."""
+    and for be_suppress's rule the step it took, the LS signal behind it, and the standing headroom's phase
+    (with the sentence where it changed: core/headroom.py)."""
     out = []
     for d in decisions:
         if not start <= d.get("time", 0) <= end:
@@ -469,9 +470,13 @@ def window_decisions(decisions: list[dict], start: float, end: float) -> list[di
         reason, worst = d.get("reason") or {}, (d.get("reason") or {}).get("worst") or {}
         row = {"t": round(d["time"] - start, 2), "loop": d.get("loop"), "knob": d.get("knob"), "new": d.get("new"),
                "outcome": d.get("outcome")}
+        headroom = reason.get("headroom") if isinstance(reason.get("headroom"), dict) else {}
         row.update({k: v for k, v in (("step", reason.get("step")), ("slack", reason.get("slack")),
-                                      ("signal", worst.get("signal")), ("measured", worst.get("value")))
+                                      ("signal", worst.get("signal")), ("measured", worst.get("value")),
+                                      ("headroom", headroom.get("phase")))
                     if v is not None})
+        if "headroom" in (d.get("message") or ""):     # the standing headroom started, was judged or ended
+            row["said"] = d["message"]
         out.append(row)
     return out
 

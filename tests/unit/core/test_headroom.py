@@ -4,15 +4,15 @@ import math
 from koordd.core.headroom import HOLD, KEPT, MAX_TRIAL, REST, RESTING, TRIAL, WATCHING, Headroom, binomial_cdf
 
 
-def rounds(hr, t0, n, stolen_every=0, missed_after=False, binding=True, missed_every=0):
-    """n rounds a second apart from t0: a vCPU stolen every `stolen_every`-th round (0: never); LS below zero in
-    the round after each stolen one (`missed_after`) and every `missed_every`-th round. Returns (end, events)."""
+def rounds(hr, t0, n, stolen_every=0, risk_after=False, binding=True, risk_every=0):
+    """n rounds a second apart from t0: a vCPU stolen every `stolen_every`-th round (0: never); LS at risk in
+    the round after each stolen one (`risk_after`) and every `risk_every`-th round. Returns (end, events)."""
     events = []
     for i in range(n):
         stolen = bool(stolen_every) and i % stolen_every == stolen_every - 1
-        after = missed_after and bool(stolen_every) and i % stolen_every == 0 and i > 0
-        missed = after or (bool(missed_every) and i % missed_every == 0)
-        e = hr.observe(t0 + i, stolen, binding, missed)
+        after = risk_after and bool(stolen_every) and i % stolen_every == 0 and i > 0
+        at_risk = after or (bool(risk_every) and i % risk_every == 0)
+        e = hr.observe(t0 + i, stolen, binding, at_risk)
         if e is not None:
             events.append((t0 + i, e))
     return t0 + n, events
@@ -20,15 +20,15 @@ def rounds(hr, t0, n, stolen_every=0, missed_after=False, binding=True, missed_e
 
 def test_a_host_that_takes_busy_vcpus_while_ls_misses_gets_a_trial_and_it_is_kept_when_the_stalls_stop():
     hr = Headroom()
-    t, events = rounds(hr, 0.0, 90, stolen_every=30, missed_after=True)
+    t, events = rounds(hr, 0.0, 90, stolen_every=30, risk_after=True)
     assert hr.phase == TRIAL and len(events) == 1, events
     # 3 stolen in 90 binding rounds: a trial with none is evidence (2%) after 90 x (0.02^(-1/3) - 1) rounds
     assert hr.trial_rounds == math.ceil(90 * (0.02 ** (-1 / 3) - 1)) == 242
     # the third stall starts it: LS's miss after it is still to come, the two before are enough (half or more)
-    assert "3 of 90 rounds where BE filled the node, LS missing after 2" in events[0][1].text
+    assert "3 of 90 rounds where BE filled the node, LS at risk after 2" in events[0][1].text
     t, events = rounds(hr, t, 242)                       # held: no stall, LS met its target throughout
     assert hr.phase == KEPT and [e.step for _, e in events] == ["headroom kept"], events
-    assert "stolen in 3 of 90 rounds -> 0 of 242, LS missed in 2% -> 0% of them" in events[0][1].text
+    assert "stolen in 3 of 90 rounds -> 0 of 242, LS at risk in 2% -> 0% of them" in events[0][1].text
     assert hr.held and hr.until == t - 1 + HOLD
     # held for HOLD, then released to test it: watching again, from a clean slate
     t, events = rounds(hr, t, int(HOLD))
@@ -38,45 +38,45 @@ def test_a_host_that_takes_busy_vcpus_while_ls_misses_gets_a_trial_and_it_is_kep
 
 def test_a_trial_during_which_the_host_steals_as_before_is_undone_and_rests_longer_each_time():
     hr = Headroom()
-    t, _ = rounds(hr, 0.0, 90, stolen_every=30, missed_after=True)
-    t, events = rounds(hr, t, 242, stolen_every=30, missed_after=True)     # the cap changed nothing
+    t, _ = rounds(hr, 0.0, 90, stolen_every=30, risk_after=True)
+    t, events = rounds(hr, t, 242, stolen_every=30, risk_after=True)     # the cap changed nothing
     assert hr.phase == RESTING and "bought nothing" in events[-1][1].text and f"rests {REST:g}s" in events[-1][1].text
-    t, events = rounds(hr, t, int(REST) + 90, stolen_every=30, missed_after=True)  # rest, then watched and tried
+    t, events = rounds(hr, t, int(REST) + 90, stolen_every=30, risk_after=True)  # rest, then watched and tried
     assert hr.phase == TRIAL, events
-    t, events = rounds(hr, t, 242, stolen_every=30, missed_after=True)
+    t, events = rounds(hr, t, 242, stolen_every=30, risk_after=True)
     assert hr.phase == RESTING and f"rests {2 * REST:g}s" in events[-1][1].text
 
 
-def test_stalls_stopped_but_ls_missing_as_often_buy_nothing():
+def test_stalls_stopped_but_ls_at_risk_as_often_buy_nothing():
     """Fewer stolen rounds is the mechanism; what is kept must also have bought LS something."""
     hr = Headroom()
-    t, _ = rounds(hr, 0.0, 90, stolen_every=30, missed_after=True)
-    t, events = rounds(hr, t, 242, missed_every=20)       # no stall, yet LS misses in 5% of rounds (3% before)
+    t, _ = rounds(hr, 0.0, 90, stolen_every=30, risk_after=True)
+    t, events = rounds(hr, t, 242, risk_every=20)       # no stall, yet LS at risk in 5% of rounds (2% before)
     assert hr.phase == RESTING and "bought nothing" in events[-1][1].text, events
 
 
 def test_no_trial_without_ls_harm_without_a_full_node_or_with_too_few_stalls():
     quiet_ls = Headroom()
-    rounds(quiet_ls, 0.0, 290, stolen_every=10)                      # stolen, LS never below zero
+    rounds(quiet_ls, 0.0, 290, stolen_every=10)                      # stolen, LS never at risk
     assert quiet_ls.phase == WATCHING
     not_full = Headroom()
-    rounds(not_full, 0.0, 290, stolen_every=10, missed_after=True, binding=False)   # BE under the ceiling anyway
+    rounds(not_full, 0.0, 290, stolen_every=10, risk_after=True, binding=False)   # BE under the ceiling anyway
     assert not_full.phase == WATCHING
     two = Headroom()
-    rounds(two, 0.0, 60, stolen_every=30, missed_after=True)
+    rounds(two, 0.0, 60, stolen_every=30, risk_after=True)
     assert two.phase == WATCHING
     # three stalls in five minutes: a trial with none would need 300 x 2.68 rounds to be evidence, over MAX_TRIAL
     rare = Headroom()
-    rounds(rare, 0.0, 300, stolen_every=100, missed_after=True)
+    rounds(rare, 0.0, 300, stolen_every=100, risk_after=True)
     assert rare.phase == WATCHING and 300 * (0.02 ** (-1 / 3) - 1) > MAX_TRIAL
     # a fourth within the watch: now 1.66 x the rounds will do
-    rounds(rare, 300.0, 100, stolen_every=100, missed_after=True)
+    rounds(rare, 300.0, 100, stolen_every=100, risk_after=True)
     assert rare.phase == TRIAL
 
 
 def test_a_trial_lasts_at_most_max_trial_seconds_whatever_the_round_count():
     hr = Headroom()
-    t, _ = rounds(hr, 0.0, 90, stolen_every=30, missed_after=True)
+    t, _ = rounds(hr, 0.0, 90, stolen_every=30, risk_after=True)
     assert hr.trial_rounds == 242
     # rounds 5 s apart (a slower interval, or rounds lost): judged at MAX_TRIAL seconds, on the 121 rounds it
     # has. No stall in them is not evidence enough after 3 in 90 ((90/211)^3 = 8%): unproven, undone.
@@ -87,7 +87,7 @@ def test_a_trial_lasts_at_most_max_trial_seconds_whatever_the_round_count():
 
 def test_abandon_releases_a_held_ceiling_without_a_verdict():
     hr = Headroom()
-    rounds(hr, 0.0, 90, stolen_every=30, missed_after=True)
+    rounds(hr, 0.0, 90, stolen_every=30, risk_after=True)
     e = hr.abandon("no LS cgroup on the node")
     assert e.text == "headroom released: no LS cgroup on the node" and hr.phase == WATCHING and hr.last is None
     assert Headroom().abandon("x") is None

@@ -145,12 +145,17 @@ def test_window_decisions_keep_what_happened_in_the_window_with_the_slack_eviden
         {"time": 101.5, "loop": "be_suppress", "knob": "cpu.max", "new": "50000 100000", "outcome": "applied",
          "reason": {"step": "grow", "slack": 0.4, "worst": {"cgroup": "ls", "signal": "runq_p99_us", "value": 1200}}},
         {"time": 102.0, "loop": "qos_baseline", "knob": "cpu.idle", "new": "1", "outcome": "applied", "reason": {}},
+        {"time": 103.0, "loop": "be_suppress", "knob": "cpu.max", "new": "160000 100000", "outcome": "applied",
+         "message": "LS slack 40% (...): grow; headroom trial for 242 rounds: ...",
+         "reason": {"step": "grow", "headroom": {"phase": "trial", "ceiling": 1.6}}},
         {"time": 111.0, "loop": "be_suppress", "knob": "cpu.max", "new": "max 100000", "outcome": "applied"},
     ]
     assert window_decisions(decisions, 100.0, 110.0) == [
         {"t": 1.5, "loop": "be_suppress", "knob": "cpu.max", "new": "50000 100000", "outcome": "applied",
          "step": "grow", "slack": 0.4, "signal": "runq_p99_us", "measured": 1200},
-        {"t": 2.0, "loop": "qos_baseline", "knob": "cpu.idle", "new": "1", "outcome": "applied"}]
+        {"t": 2.0, "loop": "qos_baseline", "knob": "cpu.idle", "new": "1", "outcome": "applied"},
+        {"t": 3.0, "loop": "be_suppress", "knob": "cpu.max", "new": "160000 100000", "outcome": "applied",
+         "step": "grow", "headroom": "trial", "said": "LS slack 40% (...): grow; headroom trial for 242 rounds: ..."}]
 
 
 def test_koordd_is_ready_once_its_loops_ticked_and_needed_sensors_settled(tmp_path):
