@@ -1,7 +1,8 @@
 """The standing headroom's experiment (core/headroom.py): when it is tried, how long, and what it keeps."""
 import math
 
-from koordd.core.headroom import HOLD, KEPT, MAX_TRIAL, REST, RESTING, TRIAL, WATCHING, Headroom, binomial_cdf
+from koordd.core.headroom import (HOLD, KEPT, MAX_TRIAL, REST, RESTING, TRIAL, WATCHING, Counts, Headroom,
+                                  binomial_cdf)
 
 
 def rounds(hr, t0, n, stolen_every=0, risk_after=False, binding=True, risk_every=0):
@@ -28,7 +29,8 @@ def test_a_host_that_takes_busy_vcpus_while_ls_misses_gets_a_trial_and_it_is_kep
     assert "3 of 90 rounds where BE filled the node, LS at risk after 2" in events[0][1].text
     t, events = rounds(hr, t, 242)                       # held: no stall, LS met its target throughout
     assert hr.phase == KEPT and [e.step for _, e in events] == ["headroom kept"], events
-    assert "stolen in 3 of 90 rounds -> 0 of 242, LS at risk in 2% -> 0% of them" in events[0][1].text
+    assert ("stolen in 3 of 90 rounds -> 0 of 242 (chance 0.02), LS at risk in 2% -> 0% of them (chance 0.07)"
+            in events[0][1].text)
     assert hr.held and hr.until == t - 1 + HOLD
     # held for HOLD, then released to test it: watching again, from a clean slate
     t, events = rounds(hr, t, int(HOLD))
@@ -53,6 +55,20 @@ def test_stalls_stopped_but_ls_at_risk_as_often_buy_nothing():
     t, _ = rounds(hr, 0.0, 90, stolen_every=30, risk_after=True)
     t, events = rounds(hr, t, 242, risk_every=20)       # no stall, yet LS at risk in 5% of rounds (2% before)
     assert hr.phase == RESTING and "bought nothing" in events[-1][1].text, events
+
+
+def test_a_trial_whose_stalls_fell_short_of_evidence_but_whose_risk_fell_beyond_chance_is_kept():
+    """The first trial on a real run (docs/benchmarks.md, 2026-11-29): stolen rounds 4 of 133 -> 1 of 221, chance
+    0.07 alone; LS at risk 11 of 133 -> 2 of 221, chance 0.001. Both fell, one beyond chance: bought latency."""
+    hr = Headroom(phase=TRIAL, started=0.0, trial_rounds=221, before=Counts(133, 4, 11))
+    events = [e for i in range(221) if (e := hr.observe(float(i), i == 100, True, i in (50, 150))) is not None]
+    assert hr.phase == KEPT and len(events) == 1, events
+    assert "stolen in 4 of 133 rounds -> 1 of 221 (chance 0.07), LS at risk in 8% -> 1% of them (chance 0.00)" in \
+        events[0].text
+    # the same with LS as often at risk as before: the stalls alone are no evidence, nothing bought
+    hr = Headroom(phase=TRIAL, started=0.0, trial_rounds=221, before=Counts(133, 4, 11))
+    events = [e for i in range(221) if (e := hr.observe(float(i), i == 100, True, i % 12 == 0)) is not None]
+    assert hr.phase == RESTING, events
 
 
 def test_no_trial_without_ls_harm_without_a_full_node_or_with_too_few_stalls():
