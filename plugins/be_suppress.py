@@ -269,7 +269,7 @@ class BeSuppress(Loop):
         if settings.rule != "slack" or state.lab is None:
             return {}
         return {"hot_caps": dict(sorted(state.hot.items())), "wake_held": state.wake,
-                "headroom": state.headroom.fields(None), **state.lab.status(state.lab.now, LEVERS)}
+                "headroom": state.headroom.fields(None, state.lab.now), **state.lab.status(state.lab.now, LEVERS)}
 
     @staticmethod
     def decide(snapshot: Snapshot, settings, state: State) -> list[Action]:
@@ -483,7 +483,7 @@ def _without_ls(snapshot: Snapshot, settings, state: State, capacity: int):
     why = f"{step}: BE may use {state.allowance:.2f} of {capacity} CPUs"
     released = state.headroom.abandon("no LS cgroup on the node")
     if released is not None:
-        reason |= {"headroom": state.headroom.fields(None), "say": True}
+        reason |= {"headroom": state.headroom.fields(None, snapshot.time), "say": True}
         why += f"; {released.text}"
     return state.allowance, reason, why, extra
 
@@ -572,7 +572,7 @@ def _slack_reason(state: State, rd: SlackRound, step: str, experiment: dict | No
               "experiment": experiment, "steal_worst_ms": rd.steal_ms}
     event, ceiling = headroom
     if event is not None or state.headroom.held:
-        reason["headroom"] = state.headroom.fields(ceiling)
+        reason["headroom"] = state.headroom.fields(ceiling, rd.now)
     if event is not None:
         reason["say"] = True
     why = (f"LS slack {slack:.0%} ({worst['cgroup']} {worst['signal']} {worst['value']:g} of {worst['target']:g}): "

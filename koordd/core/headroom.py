@@ -170,12 +170,13 @@ class Headroom:
         self.last = f"bought nothing: {rates}"
         return Event("headroom undone", f"headroom bought nothing: {rates}; released, rests {rest:g}s")
 
-    def fields(self, ceiling: float | None) -> dict:
-        """For decisions and the loop's report."""
+    def fields(self, ceiling: float | None, now: float) -> dict:
+        """For decisions and the loop's report; `left_s`: how long a hold or a rest has to go (the loop's clock
+        is monotonic, meaningless to a reader)."""
         out = {"phase": self.phase, "ceiling": None if ceiling is None or not self.held else round(ceiling, 3),
                "before": self.before.fields(), "during": self.during.fields(), "last": self.last}
         if self.phase in (KEPT, RESTING):
-            out["until"] = round(self.until, 1)
+            out["left_s"] = round(max(self.until - now, 0.0), 1)
         return out
 
 
