@@ -227,12 +227,18 @@ def workload_lines(w: dict, now: float, seconds: float, step: float, ascii_only:
 
 # --- what each of be_suppress's levers bought (its report in status.json, core/experiment.py) ------------
 
+def _be_suppress_report(status: dict, key: str) -> Any:
+    """`key` of be_suppress's report in status.json; None where there is none (another rule, an older koordd,
+    a malformed file)."""
+    loop = ((status.get("loops") or {}) if isinstance(status.get("loops"), dict) else {}).get("be_suppress")
+    report = loop.get("report") if isinstance(loop, dict) else None
+    return report.get(key) if isinstance(report, dict) else None
+
+
 def levers(status: dict) -> dict:
     """be_suppress's levers as its report in status.json has them (lever -> chosen, by_signal, resting_s,
     last); {} where it has none (another rule, an older koordd, a malformed file)."""
-    loop = ((status.get("loops") or {}) if isinstance(status.get("loops"), dict) else {}).get("be_suppress")
-    report = loop.get("report") if isinstance(loop, dict) else None
-    found = report.get("levers") if isinstance(report, dict) else None
+    found = _be_suppress_report(status, "levers")
     return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, dict)} \
         if isinstance(found, dict) else {}
 
@@ -240,9 +246,7 @@ def levers(status: dict) -> dict:
 def headroom(status: dict) -> dict:
     """be_suppress's standing headroom as its report has it (phase, ceiling, before, during, last); {} where
     there is none or it is malformed."""
-    loop = ((status.get("loops") or {}) if isinstance(status.get("loops"), dict) else {}).get("be_suppress")
-    report = loop.get("report") if isinstance(loop, dict) else None
-    found = report.get("headroom") if isinstance(report, dict) else None
+    found = _be_suppress_report(status, "headroom")
     return found if isinstance(found, dict) and isinstance(found.get("phase"), str) else {}
 
 

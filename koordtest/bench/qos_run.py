@@ -475,7 +475,7 @@ def window_decisions(decisions: list[dict], start: float, end: float) -> list[di
                                       ("signal", worst.get("signal")), ("measured", worst.get("value")),
                                       ("headroom", headroom.get("phase")))
                     if v is not None})
-        if "headroom" in (d.get("message") or ""):     # the standing headroom started, was judged or ended
+        if "headroom" in (d.get("message") or ""):     # the standing headroom holds, starts, is judged or ends
             row["said"] = d["message"]
         out.append(row)
     return out
