@@ -89,7 +89,8 @@ def test_koordd_holds_it_while_the_slo_is_at_risk_releases_it_at_stop_and_the_ke
     try:
         config = config_with_late_slo(koordd, service)
         p = koordd.start(config)
-        held = wait_for(lambda: [d for d in wake_decisions(koordd) if d["outcome"] == "applied"], 30)
+        # the request comes once the SLO's miss is confirmed: over for half the 60 s window, seen that long
+        held = wait_for(lambda: [d for d in wake_decisions(koordd) if d["outcome"] == "applied"], 60)
         assert held, f"no wake-up latency request: {koordd.decisions()}\n{koordd.log_text()}"
         d = held[0]
         assert (d["kind"], d["old"], d["new"]) == ("pm_qos", "none", "0"), d
@@ -112,7 +113,7 @@ def test_koordd_holds_it_while_the_slo_is_at_risk_releases_it_at_stop_and_the_ke
         # Again, then kill -9: nothing of koordd's runs to let it go; the kernel drops it with the process's fds.
         p = koordd.start(config)
         seen = len(wake_decisions(koordd))
-        assert wait_for(lambda: len(wake_decisions(koordd)) > seen and holds_device(p.pid), 30), koordd.log_text()
+        assert wait_for(lambda: len(wake_decisions(koordd)) > seen and holds_device(p.pid), 60), koordd.log_text()
         assert read_target() == 0
         koordd.stop(p, signal.SIGKILL)
         assert read_target() == original, (read_target(), original)

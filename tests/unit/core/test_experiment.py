@@ -71,6 +71,26 @@ def test_a_cut_needs_the_signal_over_in_every_round_of_half_the_window():
     assert lab.confirmed(KEY, 4.5, 4000)
 
 
+def test_a_signal_is_confirmed_only_once_seen_for_half_the_window_as_after_a_start():
+    # A fresh koordd (or a service just appeared) over its target from its first round: two rounds over are not
+    # enough until they span 2.5 s. In CI a cut on a fresh koordd's first two rounds had a median and a noise of
+    # two values: a real 42 -> 15 ms judged "bought nothing" against a 29 ms margin, the lever rested for minutes.
+    lab = Lab(window=5, settle=2)
+    for t in (100.0, 101.0):
+        lab.observe(t, {KEY: 5000}, 1.0)
+    assert not lab.confirmed(KEY, 101.0, 4000)
+    lab.observe(102.0, {KEY: 5000}, 1.0)
+    assert not lab.confirmed(KEY, 102.0, 4000)             # seen 2 s
+    lab.observe(102.5, {KEY: 5000}, 1.0)
+    assert lab.confirmed(KEY, 102.5, 4000)                 # seen 2.5 s, over in every round of it
+    assert not lab.confirmed(("other", "app_p99_us"), 102.5, 4000)   # never seen: never confirmed
+    # a window longer than the history kept (60 s): seen for that history is enough
+    long = Lab(window=300, settle=120)
+    for t in range(62):
+        long.observe(float(t), {KEY: 5000}, 1.0)
+    assert long.confirmed(KEY, 61.0, 4000)
+
+
 def test_a_cut_that_helped_is_judged_once_two_settled_rounds_are_healthy_one_that_did_not_only_at_the_end():
     lab = Lab(window=5, settle=2)
     lab.observe(0.0, {KEY: 9000}, 2.0)

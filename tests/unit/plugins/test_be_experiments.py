@@ -74,9 +74,10 @@ def test_a_cut_that_buys_nothing_is_undone_and_its_lever_rests(node):
     d, tree, round_, clock = node
     always = lambda tree: 50.0            # LS waits whatever BE is allowed: BE is not what it is short of
     round_(always)                        # the first round has no CPU rates yet
-    got = [round_(always) for _ in range(16)]
-    # Two rounds below zero: BE's pods are capped first (the hot cap), it buys nothing by its verdict (13 s on:
-    # avg10 is the kernel's 10 s average, so the experiment waits that long, then 3 s more), and is lifted
+    got = [round_(always) for _ in range(18)]
+    # Below zero in every round of half the experiment window (2.5 s), seen that long: BE's pods are capped first
+    # (the hot cap), it buys nothing by its verdict (13 s on: avg10 is the kernel's 10 s average, so the
+    # experiment waits that long, then 3 s more), and is lifted
     assert any(capped(tree, p) for p in PODS) or any("hot cap" in s for r in got for s in steps(r)), got
     undone = [r for rs in got for r in rs if r["reason"].get("step", "").startswith("undo: cut bought nothing")]
     assert undone, [steps(r) for r in got]

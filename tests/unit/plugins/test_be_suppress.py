@@ -163,6 +163,14 @@ def health(t, ls_usage, be_quota, p99_us=None, mean_us=None, psi=None, be_usage=
                     sections={RUNQ_LATENCY: runq})
 
 
+def at(i: int) -> float:
+    """Round i's time in a table of rounds: a second apart, but 2.5 s between the first two. A cut needs its
+    signal over the threshold in every round of the last half experiment window (2.5 s of the default 5 s) and
+    seen at least that long (core/experiment.py's confirmed()): a signal over from round 0 is confirmed at
+    round 1, as it would be at any later round."""
+    return 0.0 if i == 0 else i + 1.5
+
+
 def slack_run(snaps, **kw):
     s = settings(rule="slack", **kw)
     state = BeSuppress.initial_state(s)
@@ -190,18 +198,18 @@ def test_slack_grows_be_towards_the_whole_node_while_ls_is_healthy():
 def test_slack_holds_between_5_and_10_percent_and_gives_back_under_5():
     hold = slack_run([health(1.0, 1.0, 100_000, p99_us=1850)])              # slack 7.5%
     assert hold == [([], 1.0)]
-    # slack 2.5%: held one round (a cut needs the signal near its target for half the experiment window,
-    # core/experiment.py), then 30% of what BE uses (0.5 CPUs) at once, not of its allowance
-    shrink = slack_run([health(1.0, 1.0, 100_000, p99_us=1950), health(2.0, 1.0, 100_000, p99_us=1950)])
+    # slack 2.5%: held one round (a cut needs the signal near its target for half the experiment window: at()),
+    # then 30% of what BE uses (0.5 CPUs) at once, not of its allowance
+    shrink = slack_run([health(at(0), 1.0, 100_000, p99_us=1950), health(at(1), 1.0, 100_000, p99_us=1950)])
     assert shrink == [([], 1.0), ([35_000], 0.35)]
 
 
 def test_below_zero_twice_be_drops_to_its_floor_and_stays_there_until_ls_recovers():
-    got = slack_run([health(1.0, 1.0, 200_000, p99_us=4096),   # slack -100%: held (one round is no reason) ...
-                     health(2.0, 1.0, 200_000, p99_us=4096),   # ... and below zero again: the floor
-                     health(3.0, 1.0, 2_000, p99_us=1900),     # 5%: still recovering, held at the floor
-                     health(4.0, 1.0, 2_000, p99_us=1000),     # 50%: one round of health is not recovery ...
-                     health(5.0, 1.0, 2_000, p99_us=1000)])    # ... two past the settle time are: grows again
+    got = slack_run([health(at(0), 1.0, 200_000, p99_us=4096),   # slack -100%: held (one round is no reason) ...
+                     health(at(1), 1.0, 200_000, p99_us=4096),   # ... and below zero again: the floor
+                     health(at(2), 1.0, 2_000, p99_us=1900),     # 5%: still recovering, held at the floor
+                     health(at(3), 1.0, 2_000, p99_us=1000),     # 50%: one round of health is not recovery ...
+                     health(at(4), 1.0, 2_000, p99_us=1000)])    # ... two past the settle time are: grows again
     assert [a for _, a in got] == [2.0, 0.02, 0.02, 0.02, 1.02]
     assert [q for q, _ in got][:2] == [[], [2000]]
 
@@ -216,14 +224,14 @@ def test_one_round_below_zero_is_not_the_floor():
 def test_slack_is_the_worst_of_the_ls_signals_and_says_which():
     s = settings(rule="slack")
     state = BeSuppress.initial_state(s)
-    assert [a for a in BeSuppress.decide(health(1.0, 1.0, 300_000, p99_us=500, psi=30.0), s, state) if a.value] == []
-    [act] = [a for a in BeSuppress.decide(health(2.0, 1.0, 300_000, p99_us=500, psi=30.0), s, state) if a.value]
+    assert [a for a in BeSuppress.decide(health(at(0), 1.0, 300_000, p99_us=500, psi=30.0), s, state) if a.value] == []
+    [act] = [a for a in BeSuppress.decide(health(at(1), 1.0, 300_000, p99_us=500, psi=30.0), s, state) if a.value]
     assert act.reason["worst"] == {"cgroup": "ls", "signal": "cpu_pressure_avg10", "value": 30.0, "target": 20.0}
     assert act.reason["slack"] == -0.5 and act.reason["step"] == "floor" and "LS slack -50%" in act.message
 
 
 def test_where_only_schedstat_measures_the_mean_is_held_to_its_own_target():
-    assert slack_run([health(t, 1.0, 100_000, mean_us=700) for t in (1.0, 2.0)])[1][1] == 0.02   # 700 > 500 µs: floor
+    assert slack_run([health(at(t), 1.0, 100_000, mean_us=700) for t in (0, 1)])[1][1] == 0.02   # 700 > 500 µs: floor
     assert slack_run([health(1.0, 1.0, 100_000, mean_us=100)])[0][1] == 2.0          # 80% slack: grow
 
 
@@ -239,8 +247,8 @@ def test_each_ls_class_is_judged_by_its_own_health_targets():
                         sections={RUNQ_LATENCY: runq}, health={"api": HealthTargets(10_000.0, 500.0, 20.0)})
     s = settings(rule="slack")
     state = BeSuppress.initial_state(s)
-    BeSuppress.decide(snap(6000), s, state)
-    [act] = [a for a in BeSuppress.decide(snap(6000, t=2.0), s, state) if a.value]
+    BeSuppress.decide(snap(6000, t=at(0)), s, state)
+    [act] = [a for a in BeSuppress.decide(snap(6000, t=at(1)), s, state) if a.value]
     assert act.reason["worst"] == {"cgroup": "cache", "signal": "runq_p99_us", "value": 6000, "target": 2000.0}
     [act] = [a for a in BeSuppress.decide(snap(1000), s, BeSuppress.initial_state(s)) if a.value]
     assert act.reason["worst"] == {"cgroup": "api", "signal": "runq_p99_us", "value": 6000, "target": 10_000.0}
@@ -261,8 +269,8 @@ def test_an_slo_missed_shrinks_be_while_the_run_queue_and_psi_look_healthy():
     slow, fast = (0,) * 10 + (950, 0, 0, 0, 50), (0,) * 10 + (1000,)
     s = settings(rule="slack")
     state = BeSuppress.initial_state(s)
-    assert [a for a in BeSuppress.decide(snap(1.0, slow), s, state) if a.value] == []   # confirming
-    [act] = [a for a in BeSuppress.decide(snap(2.0, slow), s, state) if a.value]
+    assert [a for a in BeSuppress.decide(snap(at(0), slow), s, state) if a.value] == []   # confirming
+    [act] = [a for a in BeSuppress.decide(snap(at(1), slow), s, state) if a.value]
     assert act.reason["worst"]["signal"] == "app_p99_us" and act.reason["worst"]["target"] == 5000.0
     assert act.reason["slack"] < 0 and act.reason["step"] == "floor" and quota_of([act]) == [2000]
     # The same rounds without the SLO: run-queue and PSI alone say LS is healthy, and BE grows.
@@ -285,20 +293,20 @@ def test_without_any_ls_signal_slack_holds_what_be_has():
 def test_when_the_ls_cgroups_go_be_grows_back_its_cut_undone_and_blind_sensors_still_hold():
     s = settings(rule="slack")
     state = BeSuppress.initial_state(s)
-    for t in (0.0, 1.0):
-        BeSuppress.decide(health(t, 1.0, 200_000, p99_us=4096), s, state)
+    for t in (0, 1):
+        BeSuppress.decide(health(at(t), 1.0, 200_000, p99_us=4096), s, state)
     assert state.at_floor and state.lab.running is not None and state.allowance == pytest.approx(0.02)
-    gone = dataclasses.replace(health(2.0, 1.0, 200_000, p99_us=4096), sections={RUNQ_LATENCY: {}})
+    gone = dataclasses.replace(health(at(2), 1.0, 200_000, p99_us=4096), sections={RUNQ_LATENCY: {}})
     gone = dataclasses.replace(gone, cgroups={"be": gone.cgroups["be"]})        # the LS service and its cgroup gone
     [act] = [a for a in BeSuppress.decide(gone, s, state) if a.knob == "cpu.max"]
     assert act.reason["step"] == "grow: no LS cgroup on the node, nothing to protect", act.reason
     assert state.lab.running is None and not state.at_floor
     assert state.allowance == pytest.approx(3.0)      # the cut put back (2 CPUs), then a healthy round's growth
-    later = dataclasses.replace(gone, time=3.0)
+    later = dataclasses.replace(gone, time=at(3))
     [act] = [a for a in BeSuppress.decide(later, s, state) if a.knob == "cpu.max"]
     assert act.value == "max 100000"                  # the whole node: no cap
     # the LS cgroup there but nothing measured (a sensor gone blind): BE holds what it has
-    blind = dataclasses.replace(health(4.0, 1.0, 50_000), sections={RUNQ_LATENCY: {}})
+    blind = dataclasses.replace(health(at(4), 1.0, 50_000), sections={RUNQ_LATENCY: {}})
     state.allowance = 0.5
     assert [a for a in BeSuppress.decide(blind, s, state) if a.knob == "cpu.max"] == []
 
@@ -313,26 +321,26 @@ def test_when_the_floor_helps_but_not_enough_the_targets_rise_to_what_ls_shows_w
     steps = {}
     for t in range(23):
         p99 = 3000 if state.allowance is not None and state.allowance * PERIOD <= 2000 else 4096
-        actions = BeSuppress.decide(health(float(t), 1.0, 200_000, p99_us=p99), s, state)
+        actions = BeSuppress.decide(health(at(t), 1.0, 200_000, p99_us=p99), s, state)
         steps[t] = next((a.reason["step"] for a in actions if a.value), None)
     assert [steps[t] for t in range(6)] == [None] + ["floor"] * 5     # held one round (confirming), then the floor
     assert steps[6].startswith("release to test: cut helped: runq_p99_us 4.10 ms -> 3.00 ms")
     assert steps[11].startswith("cut again: release cost latency: runq_p99_us 3.00 ms -> 4.10 ms")
     assert steps[21].startswith("LS misses its targets without BE too") and not state.at_floor
-    assert state.raised == {("ls", "runq_p99_us"): (pytest.approx(3750.0), 321.0)}
+    assert state.raised == {("ls", "runq_p99_us"): (pytest.approx(3750.0), at(21) + 300)}
     assert steps[22] == "grow"                                  # 3 ms against 3.75 ms: 20% slack
-    [act] = [a for a in BeSuppress.decide(health(23.0, 1.0, 200_000, p99_us=3900), s, state) if a.value]
+    [act] = [a for a in BeSuppress.decide(health(at(23), 1.0, 200_000, p99_us=3900), s, state) if a.value]
     assert act.reason["worst"]["target"] == 3750.0 and act.reason["raised_targets"] == {"ls runq_p99_us": 3750.0}
     assert act.reason["step"].startswith("hold: runq_p99_us near or over")   # worse than LS alone: no growth,
-    BeSuppress.decide(health(24.0, 1.0, 200_000, p99_us=3900), s, state)
-    [act] = [a for a in BeSuppress.decide(health(25.0, 1.0, 200_000, p99_us=3900), s, state) if a.value]
+    BeSuppress.decide(health(at(24), 1.0, 200_000, p99_us=3900), s, state)
+    [act] = [a for a in BeSuppress.decide(health(at(25), 1.0, 200_000, p99_us=3900), s, state) if a.value]
     # confirmed (over for half the window, below zero twice), 4% over its raised target: a shrink, not the floor
     assert act.reason["step"] == "shrink (below zero)"
-    for t in (26.0, 27.0, 28.0):       # recovered (two rounds past the settle time): the cut helped, BE grows
-        BeSuppress.decide(health(t, 1.0, 200_000, p99_us=1000), s, state)
+    for t in (26, 27, 28):             # recovered (two rounds past the settle time): the cut helped, BE grows
+        BeSuppress.decide(health(at(t), 1.0, 200_000, p99_us=1000), s, state)
     assert not state.at_floor and state.lab.running is None
     # Past RAISED_FOR the declared target judges again.
-    [act] = [a for a in BeSuppress.decide(health(322.0, 1.0, 200_000, p99_us=3000), s, state) if a.value]
+    [act] = [a for a in BeSuppress.decide(health(at(321), 1.0, 200_000, p99_us=3000), s, state) if a.value]
     assert act.reason["worst"]["target"] == 2000.0 and state.raised == {}
 
 
@@ -344,7 +352,7 @@ def test_a_floor_that_bought_nothing_rests_long_enough_to_cost_be_at_most_its_bu
         state, log = BeSuppress.initial_state(s), []
         for t in range(120):
             quota = 200_000 if state.allowance is None else round(state.allowance * PERIOD)
-            snap = health(float(t), 1.0, quota, p99_us=3000, be_usage=min(2.0, quota / PERIOD))
+            snap = health(at(t), 1.0, quota, p99_us=3000, be_usage=min(2.0, quota / PERIOD))
             log += [(t, a.reason["step"]) for a in BeSuppress.decide(snap, s, state) if a.value]
         return [(t, step) for t, step in log if step.startswith("undo")]
     got = undos()
@@ -353,7 +361,7 @@ def test_a_floor_that_bought_nothing_rests_long_enough_to_cost_be_at_most_its_bu
 
 
 def test_ls_that_recovers_at_the_floor_keeps_its_declared_targets():
-    got = slack_run([health(float(t), 1.0, 200_000, p99_us=p99)
+    got = slack_run([health(at(t), 1.0, 200_000, p99_us=p99)
                      for t, p99 in ((0, 4096), (1, 4096), (5, 1900), (20, 1000))])
     assert [a for _, a in got] == [2.0, 0.02, 0.02, 1.02]
 
@@ -378,7 +386,7 @@ def guarded_rounds(rounds: int, start_quota: int):
     quotas, steps, allowances = [], [], []
     for t in range(rounds):
         quota = start_quota if state.allowance is None else round(state.allowance * PERIOD)   # the knob as written
-        actions = BeSuppress.decide(slo_met(float(t), 4096, quota), s, state)
+        actions = BeSuppress.decide(slo_met(at(t), 4096, quota), s, state)
         quotas += quota_of(actions)
         steps += [a.reason["step"] for a in actions if a.value]
         allowances.append(round(state.allowance, 2))
@@ -406,7 +414,7 @@ def test_with_the_slo_met_a_guard_cut_that_helped_still_ends_within_guard_cut_ma
     allowances = []
     for t in range(12):
         q = state.allowance
-        BeSuppress.decide(slo_met(float(t), 4096 if q is None or q >= 2.0 else 2100), s, state)
+        BeSuppress.decide(slo_met(at(t), 4096 if q is None or q >= 2.0 else 2100), s, state)
         allowances.append(round(state.allowance, 2))
     # confirmed at t=1, cut (4.1 -> 2.1 ms helped, yet the proxy stays over its 2 ms and the SLO is met): held,
     # never deeper, and at t=9 the cut ends: BE has its 2 CPUs back
@@ -432,7 +440,7 @@ def test_where_every_cut_rests_after_buying_nothing_be_grows_back():
     allowances, steps = [], []
     for t in range(40):
         quota = 100_000 if state.allowance is None else round(state.allowance * PERIOD)
-        actions = BeSuppress.decide(health(float(t), 1.0, quota, p99_us=3000), s, state)
+        actions = BeSuppress.decide(health(at(t), 1.0, quota, p99_us=3000), s, state)
         steps += [(t, a.reason["step"]) for a in actions if a.value]
         allowances.append(round(state.allowance, 2))
     undo = next(t for t, x in steps if x.startswith("undo"))
@@ -447,7 +455,7 @@ def test_a_missed_slo_still_cuts_to_the_floor():
         slots = (0,) * 10 + (950, 0, 0, 0, 50)
         app = AppLatency(1000, 0.0, 0.0, quantile_us(slots, 0.99), quantile_us(slots, 0.999), 0.0, slots)
         return dataclasses.replace(s, sections={**s.sections, APP_LATENCY: {"ls": app}})
-    assert [q for q, _ in slack_run([missed(1.0), missed(2.0)])] == [[], [2000]]
+    assert [q for q, _ in slack_run([missed(at(0)), missed(at(1))])] == [[], [2000]]
 
 
 def miss_rounds(p99s: list[float], be_usage: float = 0.5):
@@ -458,7 +466,7 @@ def miss_rounds(p99s: list[float], be_usage: float = 0.5):
     out = []
     for t, p99 in enumerate(p99s):
         quota = 200_000 if state.allowance is None else round(state.allowance * PERIOD)
-        actions = BeSuppress.decide(health(float(t), 1.0, quota, p99_us=p99, be_usage=be_usage), s, state)
+        actions = BeSuppress.decide(health(at(t), 1.0, quota, p99_us=p99, be_usage=be_usage), s, state)
         steps = [a.reason["step"] for a in actions if a.knob == "cpu.max" and a.value]
         out.append((steps[0] if steps else None, (quota_of(actions) or [None])[0]))
     return out
@@ -469,13 +477,13 @@ def test_a_round_in_which_the_hypervisor_held_a_vcpu_off_says_so_in_the_decision
     an operator reading journalctl sees why LS was slow where the guest's own sensors saw nothing."""
     s = settings(rule="slack")
     state = BeSuppress.initial_state(s)
-    for t, steal in ((0.0, 0.0), (1.0, 0.1)):
-        snapshot = health(t, 1.0, 200_000, p99_us=3000.0)
+    for t, steal in ((0, 0.0), (1, 0.1)):
+        snapshot = health(at(t), 1.0, 200_000, p99_us=3000.0)
         snapshot = replace(snapshot, node=replace(snapshot.node, steal_worst=steal))
         actions = [a for a in BeSuppress.decide(snapshot, s, state) if a.knob == "cpu.max" and a.value]
     assert actions[0].reason["steal_worst_ms"] == 100.0
     assert "the hypervisor held a vCPU off for 100 ms this round (steal)" in actions[0].message
-    quiet = health(2.0, 1.0, 200_000, p99_us=3000.0)      # bare metal: steal 0.0 or unknown, nothing said
+    quiet = health(at(2), 1.0, 200_000, p99_us=3000.0)      # bare metal: steal 0.0 or unknown, nothing said
     said = [a for a in BeSuppress.decide(quiet, s, state) if a.knob == "cpu.max"]
     assert all("hypervisor" not in a.message and a.reason.get("steal_worst_ms") is None for a in said)
 
@@ -566,7 +574,7 @@ def test_a_cut_that_bought_nothing_is_undone_the_lever_rests_and_the_rest_double
     log = []
     for t in range(60):
         quota = 200_000 if state.allowance is None else round(state.allowance * PERIOD)   # the knob as written
-        actions = BeSuppress.decide(health(float(t), 1.0, quota, p99_us=3000), s, state)
+        actions = BeSuppress.decide(health(at(t), 1.0, quota, p99_us=3000), s, state)
         log += [(t, a.reason["step"]) for a in actions if a.value]
     undos = [(t, step) for t, step in log if step.startswith("undo")]
     assert [t for t, _ in undos][:2] == [6, 21], log   # 5 s after the floor; rest 10 s, floor again, 5 s

@@ -106,7 +106,9 @@ def test_with_the_slo_met_a_run_queue_over_its_target_cuts_be_once_for_a_bounded
     quotas = [q for _, q, _ in got]
     assert FLOOR not in quotas and min(q for q in quotas if q is not None) == 70_000, got
     cuts = [t for t, _, st in got if any(s.startswith("guard: one cut") for s in st)]
-    assert cuts and all(b - a >= 39.0 for a, b in zip(cuts, cuts[1:])), cuts     # one per 2 x guard_cut_max
+    # one per guard cycle: the guard holds guard_cut_max (from t=0; its cut comes once confirmed, at t=3), rests as
+    # long, and holds again
+    assert cuts and len({int(c // 40.0) for c in cuts}) == len(cuts), cuts
     for cut_at in cuts:
         back_at = next(t for t, q, _ in got if t > cut_at and (q is None or q >= 100_000))
         assert back_at - cut_at <= 20.0, (cut_at, back_at)           # undone within guard_cut_max
@@ -127,10 +129,10 @@ def test_the_experiments_are_told_how_far_back_the_slo_and_run_queue_quantiles_a
 
 
 def test_a_cut_whose_signal_goes_silent_is_undone_at_its_due_time_without_a_rest():
-    # The SLO is missed (8 ms of 5 ms) in the first rounds; from the round after the floor its service answers
+    # The SLO is missed (8 ms of 5 ms) for the first 2.5 s (confirmed); from the round after the floor its service answers
     # nothing more (gone, or idle): the floor has nothing to be judged by. The old loop held BE at its floor for
     # good ("hold: judging the be_cap cut"): a kernel test saw it when LS's last waits ended in the round of the cut.
-    got, state = drive([(t, 500.0, 8000.0 if t < 1 else None) for t in halves(30)], start_quota=100_000)
+    got, state = drive([(t, 500.0, 8000.0 if t < 3 else None) for t in halves(30)], start_quota=100_000)
     floored = [t for t, q, _ in got if q == FLOOR]
     lapsed = [(t, q) for t, q, steps in got
               if any(s.startswith("undo: app_p99_us of ls gave no value") for s in steps)]

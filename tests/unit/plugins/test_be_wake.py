@@ -23,14 +23,14 @@ from koordd.runtime.daemon import Daemon
 from koordd_plugins.be_suppress import LEVERS, WAKE_CALM_WINDOWS, WAKE_KNOB, BeSuppress
 from koordtest.fakes.cgroup import SLACK_TREE_CONFIG, FakeCgroups, psi, steady_node
 from unit.backends.test_pm_qos import fds_on
-from unit.plugins.test_be_suppress import PERIOD, health, quota_of, settings
+from unit.plugins.test_be_suppress import PERIOD, at, health, quota_of, settings
 
 HEALTHY_US, AT_RISK_US = 500, 3000          # run-queue p99 against its 2 ms target: slack 75% and -50%
 
 
 def run(p99_of, rounds: int, supported: bool = True, held_before: bool = False, driver: str | None = None,
         **kw) -> tuple[list[dict], object]:
-    """Rounds a second apart; LS's run-queue p99 is p99_of(wake held); `driver`: the host's cpuidle driver (None:
+    """Rounds a second apart (but 2.5 s between the first two: at()); LS's run-queue p99 is p99_of(wake held); `driver`: the host's cpuidle driver (None:
     unknown). Returns one row per round: whether the request is held after it, the BE quotas written, the wake
     actions' steps, the loop's step."""
     s = settings(rule="slack", **kw)
@@ -38,7 +38,7 @@ def run(p99_of, rounds: int, supported: bool = True, held_before: bool = False, 
     held, rows = held_before, []
     for t in range(rounds):
         quota = 200_000 if state.allowance is None else round(state.allowance * PERIOD)    # the knob as written
-        snap = health(float(t), 1.0, quota, p99_us=p99_of(held))
+        snap = health(at(t), 1.0, quota, p99_us=p99_of(held))
         snap = dataclasses.replace(snap, node=dataclasses.replace(snap.node, cpuidle_driver=driver),
                                    supported=frozenset({WAKE_KNOB}) if supported else frozenset(),
                                    held={(NODE, WAKE_KNOB): "none"} if held else {})
@@ -149,7 +149,7 @@ def test_the_daemon_holds_it_by_an_fd_and_releases_it_at_stop(tmp_path, monkeypa
     d.start()
     try:
         used = 0
-        for _ in range(3):
+        for _ in range(5):                        # at risk for half the experiment window (2.5 s): confirmed
             clock[0] += 1.0
             used += 1_000_000
             for cg in ("ls.slice", "be.slice", "be.slice/job"):

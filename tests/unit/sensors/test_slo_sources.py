@@ -523,12 +523,13 @@ def test_a_declared_source_over_its_target_shrinks_be():
     assert ("ls", "app_p99_us") in {(c, n) for c, n, _, _ in signals}
     s = make_settings(loop_options(BeSuppress), {"enabled": True, "rule": "slack"})
     state = BeSuppress.initial_state(s)
-    assert [a for a in BeSuppress.decide(snap(1.0, slow), s, state) if a.value] == []    # confirming: hold
-    [act] = [a for a in BeSuppress.decide(snap(2.0, slow), s, state) if a.value]
+    # confirming: hold (a cut needs the signal over and seen for half the experiment window, 2.5 s)
+    assert [a for a in BeSuppress.decide(snap(0.0, slow), s, state) if a.value] == []
+    [act] = [a for a in BeSuppress.decide(snap(2.5, slow), s, state) if a.value]
     assert act.reason["worst"]["signal"] == "app_p99_us" and act.reason["slack"] < 0
     assert int(act.value.split()[0]) < 200_000
     # A round between two values (the source answered 1 s ago): neither late nor healthy, BE stays at its floor.
-    [act] = [a for a in BeSuppress.decide(snap(3.0, None), s, state) if a.value]
+    [act] = [a for a in BeSuppress.decide(snap(3.5, None), s, state) if a.value]
     assert act.value == "2000 100000" and act.reason["step"] != "grow", act.reason
     # The source never measured (a scrape that fails: no entry): the run queue's 75% slack decides, BE grows.
     state = BeSuppress.initial_state(s)
