@@ -81,6 +81,7 @@ class _Connection:
     # apart, not joined: behind a stalled server megabytes wait here, and re-slicing one buffer after
     # every partial send would copy them all each time.
     unsent: deque = field(default_factory=deque)
+    unsent_due: deque = field(default_factory=deque)  # per unsent request: when it was due, None: not counted
     sent_of_first: int = 0
     partial: bytes = b""                             # start of a response not complete yet
 
@@ -94,6 +95,10 @@ class Outcome:
     sent_at: array = field(default_factory=lambda: array("d"))       # intended send time of each latency,
     unfinished_at: array = field(default_factory=lambda: array("d"))  # and of each unfinished one, seconds
                                                                       # from the start of the counted time
+    # Seconds each counted request waited in the client, from when it was due to when its last byte went
+    # into the socket (never: until the end): where the server falls behind by more than the socket's buffer
+    # the rest wait here, part of the latency above, where no server-side measurement sees them.
+    socket_waits: array = field(default_factory=lambda: array("d"))
 
 
 def run_open_loop(conns: list[list[socket.socket]], request: bytes, times: array, which: array,
@@ -107,7 +112,7 @@ def run_open_loop(conns: list[list[socket.socket]], request: bytes, times: array
     turn = [0] * len(servers)
     for c in by_fd.values():
         c.sock.setblocking(False)
-    latencies, lags, unfinished, sent_at = array("d"), array("d"), array("d"), array("d")
+    latencies, lags, unfinished, sent_at, waits = array("d"), array("d"), array("d"), array("d"), array("d")
     errors = 0
     deadline = start_at + (times[-1] if times else 0.0) + drain
     counted_from = start_at + record_from
@@ -124,7 +129,8 @@ def run_open_loop(conns: list[list[socket.socket]], request: bytes, times: array
             if intended >= counted_from:
                 lags.append(now - intended)
             c.unsent.append(request)
-            _flush(c)
+            c.unsent_due.append(now if intended >= counted_from else None)
+            _flush(c, waits)
             in_flight += 1
             i += 1
         if (i >= n and in_flight == 0) or now >= deadline:
@@ -134,7 +140,7 @@ def run_open_loop(conns: list[list[socket.socket]], request: bytes, times: array
         # select() sleeps on a high-resolution timer (epoll rounds timeouts up to whole ms)
         readable, writable, _ = select.select(list(by_fd), writers, [], max(wait, 0.0))
         for s in writable:
-            _flush(by_fd[s.fileno()])
+            _flush(by_fd[s.fileno()], waits)
         for fd in readable:
             c = by_fd[fd]
             data = c.sock.recv(65536)
@@ -153,12 +159,14 @@ def run_open_loop(conns: list[list[socket.socket]], request: bytes, times: array
                         or b"_ERROR" in response[:16]
     end = time.monotonic()
     late = [t for c in by_fd.values() for t in c.pending if t >= counted_from]
+    waits.extend(end - t for c in by_fd.values() for t in c.unsent_due if t is not None)
     return Outcome(latencies, lags, errors, array("d", (end - t for t in late)), sent_at,
-                   array("d", (t - counted_from for t in late)))
+                   array("d", (t - counted_from for t in late)), waits)
 
 
-def _flush(c: _Connection) -> None:
-    """Send what the socket buffer takes now, in order."""
+def _flush(c: _Connection, waits: array) -> None:
+    """Send what the socket buffer takes now, in order; each counted request sent whole adds its wait to
+    `waits`."""
     while c.unsent:
         first = c.unsent[0]
         try:
@@ -169,6 +177,9 @@ def _flush(c: _Connection) -> None:
         if c.sent_of_first < len(first):
             return                      # the buffer is full
         c.unsent.popleft()
+        due = c.unsent_due.popleft()
+        if due is not None:
+            waits.append(time.monotonic() - due)
         c.sent_of_first = 0
 
 
@@ -217,7 +228,15 @@ def summary(outcome: Outcome, rate: float, seconds: float, client_cpu: float, wi
             "achieved_rate": len(outcome.latencies) / seconds,
             "send_lag_p50": percentile(lags, 50) if lags else None,
             "send_lag_p99": percentile(lags, 99) if lags else None,
-            "client_cpu": client_cpu}
+            **socket_wait_summary(outcome.socket_waits), "client_cpu": client_cpu}
+
+
+def socket_wait_summary(waits) -> dict:
+    """How long requests waited in the client for the server's socket to take them (Outcome.socket_waits):
+    the p99, the longest and the share that waited at all (over a millisecond); None where not measured."""
+    w = sorted(waits)
+    return {"socket_wait_p99": percentile(w, 99) if w else None, "socket_wait_max": w[-1] if w else None,
+            "socket_wait_share": sum(x > 1e-3 for x in w) / len(w) if w else None}
 
 
 def _cpu_seconds() -> float:
@@ -239,30 +258,33 @@ def write_schedule(path: str, times: array, which: array) -> None:
 
 @dataclass
 class Records:
-    """What the engine wrote: per request when it was due (handed to its socket) and answered, both
-    time.monotonic() seconds (NaN: never), whether its answer was an error; the engine's end, CPU and
-    whether it ran SCHED_FIFO."""
+    """What the engine wrote: per request when it was due (handed to its socket), answered and in the
+    socket whole, all time.monotonic() seconds (NaN: never), whether its answer was an error; the engine's
+    end, CPU and whether it ran SCHED_FIFO."""
     due: array
     answered: array
     errors: bytes
     end: float
     cpu: float
     realtime: bool
+    written: array = field(default_factory=lambda: array("d"))
 
 
 def read_records(path: str) -> Records:
     with open(path, "rb") as f:
         data = f.read()
     n = int.from_bytes(data[:8], "little", signed=True)
-    due, answered = array("d"), array("d")
+    due, answered, written = array("d"), array("d"), array("d")
     due.frombytes(data[8:8 + 8 * n])
     answered.frombytes(data[8 + 8 * n:8 + 16 * n])
-    errors = data[8 + 16 * n:8 + 17 * n]
+    written.frombytes(data[8 + 16 * n:8 + 24 * n])
+    errors = data[8 + 24 * n:8 + 25 * n]
     tail = array("d")
-    tail.frombytes(data[8 + 17 * n:8 + 17 * n + 16])
-    if len(errors) != n or len(tail) != 2 or len(data) != 8 + 17 * n + 17:
-        raise ValueError(f"{path}: not an engine record of {n} requests")
-    return Records(due, answered, errors, tail[0], tail[1], data[-1] == 1)
+    tail.frombytes(data[8 + 25 * n:8 + 25 * n + 16])
+    if len(errors) != n or len(tail) != 2 or len(data) != 8 + 25 * n + 17:
+        raise ValueError(f"{path}: not an engine record of {n} requests (one built before "
+                         f"openloop.c noted when each request went into its socket? scripts/build-client)")
+    return Records(due, answered, errors, tail[0], tail[1], data[-1] == 1, written)
 
 
 def outcome_from_records(times: array, start_at: float, record_from: float, rec: Records) -> Outcome:
@@ -270,7 +292,7 @@ def outcome_from_records(times: array, start_at: float, record_from: float, rec:
     start_at + record_from are not counted; a latency runs from the intended send time to the answer,
     a send lag from the intended time to when the client handed the request over, and a request never
     answered counts with its wait until the engine's end."""
-    latencies, lags, unfinished, sent_at, unfinished_at = (array("d") for _ in range(5))
+    latencies, lags, unfinished, sent_at, unfinished_at, waits = (array("d") for _ in range(6))
     errors = 0
     counted_from = start_at + record_from
     for i, t in enumerate(times):
@@ -279,6 +301,8 @@ def outcome_from_records(times: array, start_at: float, record_from: float, rec:
             continue
         if not math.isnan(rec.due[i]):
             lags.append(rec.due[i] - intended)
+            written = rec.written[i] if i < len(rec.written) else math.nan
+            waits.append((rec.end if math.isnan(written) else written) - rec.due[i])
         if math.isnan(rec.answered[i]):
             unfinished.append(rec.end - intended)
             unfinished_at.append(intended - counted_from)
@@ -286,7 +310,7 @@ def outcome_from_records(times: array, start_at: float, record_from: float, rec:
             latencies.append(rec.answered[i] - intended)
             sent_at.append(intended - counted_from)
             errors += rec.errors[i]
-    return Outcome(latencies, lags, errors, unfinished, sent_at, unfinished_at)
+    return Outcome(latencies, lags, errors, unfinished, sent_at, unfinished_at, waits)
 
 
 def split_by_server(which: array, processes: int) -> list[tuple[array, array, list[int]]]:
@@ -304,12 +328,14 @@ def split_by_server(which: array, processes: int) -> list[tuple[array, array, li
 
 def merge_records(n: int, parts: list[tuple[array, Records]]) -> Records:
     """One Records over all `n` requests from each engine's (its global indexes, its records)."""
-    due, answered, errors = array("d", [math.nan]) * n, array("d", [math.nan]) * n, bytearray(n)
+    due, answered, written = (array("d", [math.nan]) * n for _ in range(3))
+    errors = bytearray(n)
     for idx, rec in parts:
         for j, i in enumerate(idx):
             due[i], answered[i], errors[i] = rec.due[j], rec.answered[j], rec.errors[j]
+            written[i] = rec.written[j] if j < len(rec.written) else math.nan
     return Records(due, answered, bytes(errors), max(r.end for _, r in parts), sum(r.cpu for _, r in parts),
-                   all(r.realtime for _, r in parts))
+                   all(r.realtime for _, r in parts), written)
 
 
 def engine_command(binary: str, schedule: str, request: str, terminator: bytes, sockets: list[str],

@@ -576,6 +576,13 @@ def trust_notes(runs: list[dict]) -> list[str]:
         lag = median_spread(ls["send_lag_p99"] for ls in with_ls)
         notes.append(f"client send lag p99 (intended to actual send): median {lag.median * 1e6:.0f} µs, "
                      f"at most {lag.high * 1e6:.0f} µs; it is part of every latency above")
+        waits = median_spread(ls.get("socket_wait_p99") for ls in with_ls)
+        if waits is not None:
+            longest = max(ls.get("socket_wait_max") or 0.0 for ls in with_ls)
+            notes.append(f"requests that waited in the client for the server's socket to take them (due to in the "
+                         f"socket) p99: median {waits.median * 1e3:.2f} ms, at most {waits.high * 1e3:.2f} ms, the "
+                         f"longest {longest * 1e3:.0f} ms; part of the latencies above, unseen by any server-side "
+                         f"measurement (koordd's app_latency too)")
         scheduling = sorted({ls["scheduling"] for ls in with_ls})
         notes.append("the client ran " + " / ".join(scheduling) + ", outside the LS and BE cgroups")
         unfinished = sum(ls["unfinished"] for ls in with_ls)
@@ -609,21 +616,25 @@ def trust_notes(runs: list[dict]) -> list[str]:
 def sensor_table(runs: list[dict]) -> str:
     """Per run with LS: the client's p99 and the server-side p99 koordd's program measured over the same
     window, and their ratio."""
-    lines = ["| load | setup | client p99 (ms) | kernel p99 (ms) | kernel / client | responses seen |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| load | setup | client p99 (ms) | kernel p99 (ms) | kernel / client | waited in the client p99 (ms) "
+             "| responses seen |", "|---|---|---|---|---|---|---|"]
     ratios = []
     for r in runs:
         ls, seen = r.get("ls"), r.get("sensor")
         if not ls or not seen or not ls.get("p99"):
             continue
         ratios.append(seen["p99"] / ls["p99"])
+        wait = ls.get("socket_wait_p99")
         lines.append(f"| {r['load']}% | {r['setup']} | {ls['p99'] * 1000:.2f} | {seen['p99'] * 1000:.2f} | "
-                     f"{ratios[-1]:.2f} | {seen['count']} of {ls['answered']} answered |")
+                     f"{ratios[-1]:.2f} | {'-' if wait is None else f'{wait * 1000:.2f}'} | "
+                     f"{seen['count']} of {ls['answered']} answered |")
     spread = median_spread(ratios)
     lines += ["", f"kernel / client p99 over {spread.n} runs: median {spread.median:.2f}, from {spread.low:.2f} "
               f"to {spread.high:.2f}. The kernel counts from a request's bytes arriving at the server's socket "
               "to the server's answer (log2 buckets, interpolated); the client from the request's intended "
-              "send time to reading the answer."]
+              "send time to reading the answer. Waited in the client: from when a request was due to when its "
+              "last byte went into the server's socket, where the server had fallen behind by more than that "
+              "socket's buffer; the kernel cannot see that wait (docs/app-latency.md)."]
     return "\n".join(lines)
 
 

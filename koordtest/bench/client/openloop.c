@@ -12,7 +12,9 @@
  * schedule: int64 n, then n doubles (intended send times, seconds from start-at), then n int32 (server
  * index of each request). start-at: CLOCK_MONOTONIC seconds (Python's time.monotonic()). out: int64 n,
  * n doubles (when each request was due and handed to its socket, CLOCK_MONOTONIC; NaN if never), n doubles
- * (when its answer was read; NaN if never), n bytes (1: the answer was an error), then the end time and
+ * (when its answer was read; NaN if never), n doubles (when its last byte went into the socket; NaN if
+ * never: a server that falls behind by more than the socket's buffer holds the rest in this client, where
+ * no server-side measurement sees them wait), n bytes (1: the answer was an error), then the end time and
  * this process's CPU seconds (two doubles), and the scheduling policy it ran under (one byte: 1 FIFO).
  *
  * Each request goes to server which[i] over its connections in turn; a connection answers in order, so
@@ -93,8 +95,8 @@ static int is_error(const char *head, size_t len) {
     return 0;
 }
 
-/* Write what the socket takes of the due requests, in order. */
-static void flush(struct conn *c, const char *req, size_t req_len) {
+/* Write what the socket takes of the due requests, in order; note when each went in whole. */
+static void flush(struct conn *c, const char *req, size_t req_len, double *written_at) {
     while (c->written < c->due) {
         ssize_t k = send(c->fd, req + c->offset, req_len - c->offset, MSG_NOSIGNAL);
         if (k < 0) {
@@ -104,7 +106,7 @@ static void flush(struct conn *c, const char *req, size_t req_len) {
         c->offset += (size_t)k;
         if (c->offset < req_len) return;
         c->offset = 0;
-        c->written++;
+        written_at[c->idx[c->written++]] = now_s();
     }
 }
 
@@ -173,8 +175,9 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < n; i++) conns[conn_of[i]].idx[conns[conn_of[i]].n++] = i;
 
     double *due_at = malloc(cap * sizeof(double)), *answered_at = malloc(cap * sizeof(double));
+    double *written_at = malloc(cap * sizeof(double));
     unsigned char *err = calloc(cap, 1);
-    for (int64_t i = 0; i < n; i++) due_at[i] = answered_at[i] = NAN;
+    for (int64_t i = 0; i < n; i++) due_at[i] = answered_at[i] = written_at[i] = NAN;
     struct pollfd *fds = calloc(nconn, sizeof *fds);
     for (int c = 0; c < nconn; c++) fds[c].fd = conns[c].fd;
     char buf[65536];
@@ -188,7 +191,7 @@ int main(int argc, char **argv) {
             struct conn *c = &conns[conn_of[next]];
             due_at[next] = t;
             c->due++;
-            flush(c, req, req_len);
+            flush(c, req, req_len, written_at);
             in_flight++;
             next++;
         }
@@ -206,7 +209,7 @@ int main(int argc, char **argv) {
         if (ready == 0) continue;
         for (int ci = 0; ci < nconn; ci++) {
             struct conn *c = &conns[ci];
-            if (fds[ci].revents & POLLOUT) flush(c, req, req_len);
+            if (fds[ci].revents & POLLOUT) flush(c, req, req_len, written_at);
             if (!(fds[ci].revents & (POLLIN | POLLHUP | POLLERR))) continue;
             ssize_t k = recv(c->fd, buf, sizeof buf, 0);
             double got = now_s();
@@ -235,6 +238,7 @@ int main(int argc, char **argv) {
     fwrite(&n, 8, 1, f);
     fwrite(due_at, sizeof(double), n, f);
     fwrite(answered_at, sizeof(double), n, f);
+    fwrite(written_at, sizeof(double), n, f);
     fwrite(err, 1, n, f);
     fwrite(&end, sizeof end, 1, f);
     fwrite(&cpu, sizeof cpu, 1, f);

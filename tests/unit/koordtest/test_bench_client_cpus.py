@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from koordtest.bench import proof, qos_cli
-from koordtest.bench.qos_cli import client_processes, cpus_line, cpus_record, load_rates, ls_be_cpus, trust_notes
+from koordtest.bench.qos_cli import (client_processes, cpus_line, cpus_record, load_rates, ls_be_cpus, sensor_table,
+                                     trust_notes)
 from koordtest.bench.qos_run import BE, Bench, SETUPS, client_preexec, on_cpus, split_cpus, start_antagonist
 
 SIXTEEN = range(16)
@@ -100,6 +101,21 @@ def test_the_report_gives_the_affinity_the_kernel_had():
            "affinity": {"ls": "2-15", "be": "2-15", "client": "0-1"}}
     notes = trust_notes([run])
     assert any("client 0-1" in n and "ls 2-15" in n and "be 2-15" in n for n in notes)
+
+
+def test_the_report_says_how_long_requests_waited_in_the_client_which_the_kernel_cannot_see():
+    ls = {"p99": 0.65, "answered": 1000, "send_lag_p99": 0.0002, "scheduling": "SCHED_FIFO", "unfinished": 0,
+          "errors": 0, "count": 1000, "socket_wait_p99": 0.48, "socket_wait_max": 0.9}
+    run = {"ls": ls, "sensor": {"p99": 0.015, "count": 700}, "cpu": {"other": 0.1}, "setup": "be-idle", "load": 70,
+           "reclaim_scanned": 0}
+    notes = trust_notes([run])
+    assert any("waited in the client" in n and "median 480.00 ms" in n and "the longest 900 ms" in n for n in notes)
+    table = sensor_table([run])
+    assert "| 70% | be-idle | 650.00 | 15.00 | 0.02 | 480.00 | 700 of 1000 answered |" in table, table
+    # a run from before the client noted it: no line, a dash
+    del ls["socket_wait_p99"], ls["socket_wait_max"]
+    assert not any("waited in the client" in n for n in trust_notes([run]))
+    assert "| 0.02 | - | 700 of" in sensor_table([run])
 
 
 def affinity_of_child(**popen) -> list[int]:
