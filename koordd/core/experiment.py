@@ -106,8 +106,10 @@ class History:
     span: float
     points: dict[Any, deque] = field(default_factory=dict)
     quiet: dict[Any, set] = field(default_factory=dict)
+    first: dict[Any, float] = field(default_factory=dict)     # when each key was first seen (since forgotten)
 
     def add(self, now: float, key: Any, value: float, quiet: bool = True) -> None:
+        self.first.setdefault(key, now)
         q = self.points.setdefault(key, deque())
         q.append((now, float(value)))
         marks = self.quiet.setdefault(key, set())
@@ -131,12 +133,14 @@ class History:
         for k in [k for k, q in self.points.items() if not q or q[-1][0] < now - self.span]:
             del self.points[k]
             self.quiet.pop(k, None)
+            self.first.pop(k, None)
 
     def forget_except(self, keys: Iterable[Any]) -> None:
         keep = set(keys)
         for k in [k for k in self.points if k not in keep]:
             del self.points[k]
             self.quiet.pop(k, None)
+            self.first.pop(k, None)
 
     def values(self, key: Any, since: float | None = None) -> list[float]:
         return [v for t, v in self.points.get(key, ()) if since is None or t >= since]
@@ -469,14 +473,13 @@ class Lab:
 
     def confirmed(self, key: Key, now: float, over: float) -> bool:
         """The signal has been at or over `over` in every round of the last `confirm` seconds (half the
-        window unless set), at least CONFIRM_ROUNDS of them, and was seen that long (its history reaches
-        back to the span's start, or the history's own span where that is shorter): a cut may be taken
-        (module docstring). Without the last condition a fresh koordd (or a signal just appeared) cut on
+        window unless set), at least CONFIRM_ROUNDS of them, and was first seen that long ago: a cut may be
+        taken (module docstring). Without the last condition a fresh koordd (or a signal just appeared) cut on
         its first two rounds: a median and a noise of two values, a real 42 -> 15 ms gain judged "bought
         nothing" against a 29 ms margin in CI, and the lever rested for minutes."""
         span = self.confirm if self.confirm is not None else self.window / 2
-        points = self.history.points.get(key)
-        if not points or points[0][0] > now - min(span, self.history.span) + 1e-9:
+        first = self.history.first.get(key)
+        if first is None or first > now - span + 1e-9:
             return False
         recent = self.history.values(key, since=now - span - 1e-9)
         return len(recent) >= CONFIRM_ROUNDS and all(v >= over for v in recent)

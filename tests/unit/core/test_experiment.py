@@ -84,11 +84,14 @@ def test_a_signal_is_confirmed_only_once_seen_for_half_the_window_as_after_a_sta
     lab.observe(102.5, {KEY: 5000}, 1.0)
     assert lab.confirmed(KEY, 102.5, 4000)                 # seen 2.5 s, over in every round of it
     assert not lab.confirmed(("other", "app_p99_us"), 102.5, 4000)   # never seen: never confirmed
-    # a window longer than the history kept (60 s): seen for that history is enough
+    # a window longer than the history kept (60 s): seen for half of it, rounds not on whole seconds
     long = Lab(window=300, settle=120)
-    for t in range(62):
-        long.observe(float(t), {KEY: 5000}, 1.0)
-    assert long.confirmed(KEY, 61.0, 4000)
+    for t in range(152):
+        long.observe(t + 0.37, {KEY: 5000}, 1.0)
+    assert not long.confirmed(KEY, 149.37, 4000) and long.confirmed(KEY, 150.37, 4000)
+    # forgotten (the cgroup gone for the history's span) and back: seen afresh
+    long.observe(300.0, {KEY: 5000}, 1.0)
+    assert not long.confirmed(KEY, 300.0, 4000)
 
 
 def test_a_cut_that_helped_is_judged_once_two_settled_rounds_are_healthy_one_that_did_not_only_at_the_end():
