@@ -25,14 +25,14 @@ use. It is an experiment of minutes, judged by counting, because the events are 
 - verdict: the trial bought latency when both its share of stolen rounds and its share of rounds with LS at
   risk are lower than in the binding rounds before, and one of the two beyond chance (one-sided: of all such
   rounds before and during, as few as the trial's fall into its share of the rounds with probability under
-  SIGNIFICANT). Either, because the stalls are few (3 or 4 before a trial: no stolen round in it is evidence,
-  one is not) and rounds at risk more: in a real run stolen rounds went from 4 of 133 to 1 of 221 (chance
-  0.07) while LS at risk went from 11 of 133 to 2 of 221 (chance 0.001). The stolen rounds alone had called
-  that "bought nothing". The rounds before hold those that started the trial, so their share at risk is
-  high by selection, and part of a fall is that rather than the ceiling: a trial kept is released after HOLD
-  and tried again only if the stalls and LS's risk come back together; Then it is kept for HOLD seconds (doubling each time in a row, up to HOLD_MAX) and released: a
-  standing ceiling is re-tested by going without it, and tried again if the stalls come back. Otherwise it
-  bought nothing: released at once, and resting REST seconds (doubling each time in a row, up to REST_MAX).
+  SIGNIFICANT). Either, because stalls are few (3 or 4 before a trial: no stolen round in it is evidence, one
+  is not) and rounds at risk more: in a real run stolen rounds went from 4 of 133 to 1 of 221 (chance 0.07)
+  while LS at risk went from 11 of 133 to 2 of 221 (chance 0.001); the stolen rounds alone had called that
+  "bought nothing". The rounds before hold those that started the trial, so their share at risk is high by
+  selection and part of a fall is that rather than the ceiling. A trial that bought latency is kept for HOLD
+  seconds (doubling each time in a row, up to HOLD_MAX) and released: a standing ceiling is re-tested by
+  going without it, and tried again only if the stalls and LS's risk come back together. Otherwise it bought
+  nothing: released at once, and resting REST seconds (doubling each time in a row, up to REST_MAX).
 
 Do no harm: it takes at most `percent` of the node from BE, and only while LS and the system leave BE more
 than that; it is tried only where the host was seen taking busy vCPUs while LS was at risk; one that bought
@@ -100,7 +100,8 @@ class Headroom:
 
     def observe(self, now: float, stolen: bool, binding: bool, at_risk: bool) -> Event | None:
         """One round: a vCPU lost STOLEN_MS or more (`stolen`), BE used more than the ceiling allows
-        (`binding`), LS was at risk (`at_risk`: the loop's slack under 5%). Returns the change of phase it brings, if any."""
+        (`binding`), LS was at risk (`at_risk`: the loop's slack under 5%). Returns the change of phase it
+        brings, if any."""
         if self.phase == TRIAL:
             self.during.rounds += 1
             self.during.stolen += stolen

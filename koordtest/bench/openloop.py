@@ -267,7 +267,7 @@ class Records:
     end: float
     cpu: float
     realtime: bool
-    written: array = field(default_factory=lambda: array("d"))
+    written: array
 
 
 def read_records(path: str) -> Records:
@@ -301,8 +301,7 @@ def outcome_from_records(times: array, start_at: float, record_from: float, rec:
             continue
         if not math.isnan(rec.due[i]):
             lags.append(rec.due[i] - intended)
-            written = rec.written[i] if i < len(rec.written) else math.nan
-            waits.append((rec.end if math.isnan(written) else written) - rec.due[i])
+            waits.append((rec.end if math.isnan(rec.written[i]) else rec.written[i]) - rec.due[i])
         if math.isnan(rec.answered[i]):
             unfinished.append(rec.end - intended)
             unfinished_at.append(intended - counted_from)
@@ -332,8 +331,7 @@ def merge_records(n: int, parts: list[tuple[array, Records]]) -> Records:
     errors = bytearray(n)
     for idx, rec in parts:
         for j, i in enumerate(idx):
-            due[i], answered[i], errors[i] = rec.due[j], rec.answered[j], rec.errors[j]
-            written[i] = rec.written[j] if j < len(rec.written) else math.nan
+            due[i], answered[i], written[i], errors[i] = rec.due[j], rec.answered[j], rec.written[j], rec.errors[j]
     return Records(due, answered, bytes(errors), max(r.end for _, r in parts), sum(r.cpu for _, r in parts),
                    all(r.realtime for _, r in parts), written)
 
