@@ -21,6 +21,14 @@
 // second) weigh WEIGHT in all whatever their number: the quantiles koordd reports come from it, and a
 // client flooding one connection with cheap requests cannot hide another connection's slow ones.
 //
+// A third, `crowded`, counts the responses (by their time, as `responses`) sent while the socket is crowded:
+// from an arrival that found it near its limit (a UNIX peer with 3/4 of its send buffer queued to the server,
+// a TCP receive window used up) to the response after the read that empties it. Its senders were held back:
+// the rest of their requests waited in the clients, where no server-side clock sees them
+// (docs/app-latency.md), so those responses are later than the histograms say. Not the arrival's view alone:
+// a blocked UNIX sender wakes only once the server has read 3/4 of its buffer (unix_writable), so the
+// responses of that drain see no arrival at all, and the per-arrival count caught 8-62% of a flood's.
+//
 // Why the sender's cgroup names the workload, not the socket's: a socket keeps the cgroup of the task
 // that made it. A UNIX server's accepted socket is made by the connecting client (unix_stream_connect),
 // and the listener of a socket-activated service by systemd: the socket's cgroup would credit the client
@@ -64,6 +72,7 @@ struct pending {
     u32 window;             // the window (ns >> WINDOW_SHIFT) of this connection's latest response
     u32 answers;            // its responses in that window
     u32 before;             // its responses in the window before that one (0: none, or not the one before)
+    u32 crowded;            // CROWDED or LAST_CROWDED from an arrival that found it near_limit; 0: not crowded
 };
 
 struct {
@@ -86,6 +95,13 @@ struct {
     __type(key, u64);       // watched cgroup id
     __type(value, struct hist);     // slots: the responses' weights; wait_ns: unused (0)
 } weighted SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 16384);
+    __type(key, u64);       // watched cgroup id
+    __type(value, struct hist);     // the responses sent on a socket found near its limit (`crowded`)
+} crowded SEC(".maps");
 
 // The hot paths read the kernel's structs directly through the tracepoints' typed pointers (CO-RE
 // relocated all the same, and no helper call: six runs a request, three on each side); the rare ones through
@@ -131,6 +147,28 @@ static __always_inline bool bytes_left(const struct sock *sk)
     return tp && tp->rcv_nxt != tp->copied_seq;
 }
 
+// Whether the socket's senders are held back, at an arrival (the sender's context for UNIX, after its bytes
+// were queued): a UNIX peer with 3/4 of its send buffer queued here (its next send blocks at the whole
+// buffer, and a read frees one request's worth: measured with `ss -xm`, a sender of 8 KiB requests sat one
+// request under its buffer after each read, so "at the buffer" would miss it), or a TCP receive window the
+// sender has used up (the kernel advertises none under one segment, so a backlog closes it to zero).
+#define CROWDED 1           // the socket is crowded: each response counts in `crowded`
+#define LAST_CROWDED 2      // ... and the read that emptied it came: the next response is the last that counts
+
+static __always_inline bool near_limit(const struct sock *sk)
+{
+    if (sk->__sk_common.skc_family == AF_UNIX) {
+        struct sock *peer = BPF_CORE_READ((struct unix_sock *)sk, peer);
+        if (!peer)
+            return false;
+        u64 queued = BPF_CORE_READ(peer, sk_wmem_alloc.refs.counter);
+        s64 limit = BPF_CORE_READ(peer, sk_sndbuf);
+        return limit > 0 && queued * 4 >= (u64)limit * 3;
+    }
+    struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
+    return tp && (s32)(tp->rcv_wup + tp->rcv_wnd - tp->rcv_nxt) <= 0;
+}
+
 SEC("tp_btf/sk_data_ready")
 int BPF_PROG(app_arrival, const struct sock *sk)
 {
@@ -148,6 +186,8 @@ int BPF_PROG(app_arrival, const struct sock *sk)
     if (!p->unread)
         p->unread = now;                    // the oldest bytes the server has not read
     p->last = now;
+    if (p->crowded != CROWDED && near_limit(sk))
+        p->crowded = CROWDED;
     return 0;
 }
 
@@ -167,6 +207,8 @@ int BPF_PROG(app_read, struct sock *sk, int ret, int flags)
     if (!p->since || !p->left)
         p->since = p->unread;
     p->left = bytes_left(sk);
+    if (!p->left && p->crowded)
+        p->crowded = LAST_CROWDED;      // the server caught up: its answer to this read is the last crowded one
     // What is left came by the last arrival at the latest: timed from it, an answer to it can only read
     // shorter than it was, never longer.
     p->unread = p->left ? p->last : 0;
@@ -190,6 +232,11 @@ int BPF_PROG(app_sent, struct sock *sk, int ret)
     p->since = 0;           // later sends before the next read are more of this answer: not counted
 
     count_in(&responses, cgroup, took);
+    if (p->crowded) {
+        if (p->crowded == LAST_CROWDED)
+            p->crowded = 0;
+        count_in(&crowded, cgroup, took);
+    }
 
     // Its weight: WEIGHT shared by the connection's responses in this window, as many as in the window
     // before (a steady connection's) or as counted so far (a new or quickening one's), whichever is more.

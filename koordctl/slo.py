@@ -3,7 +3,7 @@ minutes (a chart of its latency against the target) and what be_suppress did abo
 
 It reads the running koordd's status.json (`report` for the latest figures, `slo_history` for the points
 of koordd/core/report.py's History) and its decision log: be_suppress's decisions of rule slack whose
-worst signal was this workload's own latency (`app_p99_us`, `app_p999_us`) over the history's minutes.
+worst signal was this workload's own (`app_p99_us`, `app_p999_us`, `app_socket_full`) over the history's minutes.
 Every name a workload chose goes through printable() before it reaches the terminal.
 """
 from __future__ import annotations
@@ -19,12 +19,12 @@ from koordctl.running import trusted_state_dir
 from koordctl.shapes import STATUS
 from koordctl.statefiles import escaped, read_document, read_records
 from koordd.core.feeds import STATUS_FILE
+from koordd.core.health import SLO_SIGNALS
 from koordd.core.printable import printable
 from koordd.core.report import HISTORY_WORKLOADS
 
 BLOCKS = "▁▂▃▄▅▆▇█"      # the chart's levels, 0 to 2x the target: the upper half is over it
 ASCII_LEVELS = "_.-:=+*#"
-SIGNALS = ("app_p99_us", "app_p999_us")     # the SLO signals of core/health.py's ls_signals
 STEPS = ("floor", "shrink", "grow")
 FIELDS = ("time", "latency_us", "latency_p999_us", "violation_rate", "slack", "requests")
 DEFAULT_SECONDS = 600.0
@@ -139,7 +139,7 @@ def be_suppress(records: Iterable[dict], cgroup: str) -> dict:
     for r in records:
         reason = r.get("reason") if isinstance(r.get("reason"), dict) else {}
         worst = reason.get("worst") if isinstance(reason.get("worst"), dict) else {}
-        if reason.get("rule") != "slack" or worst.get("cgroup") != cgroup or worst.get("signal") not in SIGNALS:
+        if reason.get("rule") != "slack" or worst.get("cgroup") != cgroup or worst.get("signal") not in SLO_SIGNALS:
             continue
         rounds.setdefault((int(r["time"]), str(reason.get("step"))), []).append(r)
     steps = dict.fromkeys((*STEPS, "other"), 0)

@@ -68,6 +68,21 @@ BATCH_SERVER = server_source("kind, delay, where = sys.argv[1], float(sys.argv[2
             c.sendall(b"ok\n" * n)""".lstrip("\n"))
 
 
+# A server that falls behind: requests of a fixed `size` in bytes, each read whole and answered after `delay`
+# seconds, one at a time. Clients that send faster fill its socket, and the rest of their requests wait in them.
+BEHIND_SERVER = server_source("kind, size, delay, where = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), "
+                              "sys.argv[4]", 16, r"""
+    with c:
+        while True:
+            request = b""
+            while len(request) < size:
+                if not (chunk := c.recv(size - len(request))):
+                    return
+                request += chunk
+            time.sleep(delay)
+            c.sendall(b"ok\n")""".lstrip("\n"))
+
+
 def connect(kind: str, address: str) -> socket.socket:
     if kind == "tcp":
         return socket.create_connection(("127.0.0.1", int(address)))
@@ -162,6 +177,40 @@ def queued(kind: str, address: str, delay: float, bursts: int = 10, size: int = 
                     answered += 1
             time.sleep(delay)
     return took
+
+
+def crowd(kind: str, address: str, size: int, seconds: float) -> int:
+    """Against BEHIND_SERVER: requests of `size` bytes sent on one connection as fast as its socket takes them
+    for `seconds` (a writer that blocks once the socket is full), then every answer read: their number."""
+    with connect(kind, address) as c:
+        sent = [0]
+
+        def writer():
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                c.sendall(b"x" * size)
+                sent[0] += 1
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        answers = 0
+        while True:
+            chunk = c.recv(4096)
+            if not chunk:
+                raise ConnectionError("the server hung up")
+            answers += chunk.count(b"\n")
+            if not thread.is_alive() and answers >= sent[0]:
+                return answers
+
+
+def one_by_one(kind: str, address: str, size: int, n: int) -> int:
+    """Against BEHIND_SERVER: `n` requests of `size` bytes, each sent once the answer before came: its number."""
+    with connect(kind, address) as c:
+        for _ in range(n):
+            c.sendall(b"x" * size)
+            if not c.recv(64).endswith(b"\n"):
+                raise ConnectionError("the server hung up")
+    return n
 
 
 def lacks_ebpf() -> str | None:

@@ -110,7 +110,7 @@ from koordd.core.cgroup_text import CFS_QUOTA_MIN, MAX_CPUS, format_cpu_max, for
 from koordd.core.classes import NON_BE
 from koordd.core.experiment import BUSY_CORES, History, Lab, Verdict, conditions
 from koordd.core.headroom import STOLEN_MS, Event, Headroom
-from koordd.core.health import LATENCY_SENSITIVE, RunqWindow, ls_signals, worst_slack
+from koordd.core.health import LATENCY_SENSITIVE, SLO_QUANTILES, SLO_SIGNALS, RunqWindow, ls_signals, worst_slack
 from koordd.core.slo import SloWindow
 from koordd.core.interference import Detector, pearson
 from koordd.core.loop import NODE, Action, Loop, restore
@@ -133,7 +133,6 @@ HOT_CAP, BE_CAP, LEAVE = "hot_cap", "be_cap", "leave"
 WAKE, WAKE_KNOB = "wake", "cpu_dma_latency"
 WAKE_CALM_WINDOWS = 6        # released once LS's slack was 10% or more for this many experiment windows
 LEVERS = (WAKE, HOT_CAP, BE_CAP, LEAVE)
-SLO_SIGNALS = frozenset({"app_p99_us", "app_p999_us"})     # core/health.py's SLO signals; the rest are proxies
 # cpu.pressure's avg10 is an exponential average the kernel updates every 2 s with a 10 s time constant: a
 # step shows 39% of its size 5 s on and 63% after 10 s. Judged 5 s after a cut (the window), a cut that
 # halved LS's stalls read as a third of that; from 10 s on it shows enough to be judged.
@@ -635,7 +634,7 @@ def _lags(state: State, values: dict) -> dict:
     average with a 10 s time constant (PSI_AVG10_LAG); an experiment on them waits that long for a cut to
     show (core/experiment.py)."""
     def window(name: str):
-        return state.slo if name in SLO_SIGNALS else state.runq if name == "runq_p99_us" else None
+        return state.slo if name in SLO_QUANTILES else state.runq if name == "runq_p99_us" else None
     lags = {(cg, name): w.span(cg) for cg, name in values if (w := window(name)) is not None}
     return lags | {key: PSI_AVG10_LAG for key in values if key[1] == "cpu_pressure_avg10"}
 

@@ -47,6 +47,10 @@ DEFAULT_HEALTH = HealthTargets.from_values({})
 Signal = tuple[str, str, float, float]
 
 
+# The SLO's own signals (a class root's, against what its SLO declares); every other signal is a proxy.
+SLO_QUANTILES = ("app_p99_us", "app_p999_us")   # its latency at a quantile, over the SloWindow's responses
+SOCKET_FULL = "app_socket_full"                 # the round's share of responses sent on a socket near its limit
+SLO_SIGNALS = SLO_QUANTILES + (SOCKET_FULL,)
 MIN_WAITS = 200      # a p99 of fewer waits is little more than their maximum: one unlucky wait
 WINDOW = 5.0         # seconds: no older round counts
 
@@ -71,7 +75,10 @@ def ls_signals(snapshot, runq: Mapping | None, window: RunqWindow | None = None,
     (core/slo.py) adds its application latency where its source measured any this round: at the SLO's
     quantile (the p99 at the default violation_target) against `latency_p99` ("app_p99_us"), and the
     p99.9 against `latency_p999` where one is declared ("app_p999_us"); `slo_window`: where those are
-    taken over enough responses, else the round's own."""
+    taken over enough responses, else the round's own. Where its source tells which responses went out on a
+    socket near its limit (the kernel sensor), their share of the round against the share violation_target
+    allows ("app_socket_full"): the clients of such a socket wait outside it, so a quantile of the server's
+    times reads them early however late they are (docs/app-latency.md)."""
     out: list[Signal] = []
     ls = snapshot.of_class(*LATENCY_SENSITIVE)
     if window is not None:
@@ -108,9 +115,11 @@ def _slo_signals(snapshot, path: str, slo_window: SloWindow | None) -> list[Sign
         tail, p999 = (got.tail_us, got.p999_us) if got is not None else (app.p99_us, app.p999_us)
     else:
         tail, p999 = app.p99_us, app.p999_us
-    out = [(path, "app_p99_us", tail, slo.latency_p99_us)]
+    out = [(path, SLO_QUANTILES[0], tail, slo.latency_p99_us)]
     if slo.latency_p999_us > 0:
-        out.append((path, "app_p999_us", p999, slo.latency_p999_us))
+        out.append((path, SLO_QUANTILES[1], p999, slo.latency_p999_us))
+    if app.crowded is not None:
+        out.append((path, SOCKET_FULL, app.crowded / app.count, slo.violation_target / 100))
     return out
 
 

@@ -9,11 +9,14 @@ next send on it, the time since, for the deepest watched cgroup at or above the 
 histograms per cgroup, read each round as their deltas (sensors/cgroup_hist.py, as the run-queue
 sensor's). Only the latency-sensitive classes' cgroups are watched: they are the ones with an SLO.
 
-Two histograms: `responses` counts every response once (the round's count, mean and maximum);
+Three histograms: `responses` counts every response once (the round's count, mean and maximum);
 `weighted` holds the same responses with weights, a connection's responses in about a second weighing as
 much together as another connection's: the quantiles come from it, so a client flooding one connection
 with cheap requests does not hide another's slow ones. The round's `slots` (which the SLO merges over
 rounds) are the weighted histogram in whole responses (`apportion`), summing to the round's count.
+`crowded` counts the responses sent on a socket an arrival found near its limit (a UNIX peer with 3/4 of
+its send buffer queued, a TCP window used up): their clients were held back and the rest of their wait
+is nowhere in the histograms (AppLatency.crowded; core/health.py's app_socket_full).
 
 Needs libbpf1, a kernel with BTF and the tracepoints sk_data_ready, sock_recv_length and sock_send_length
 (Linux 6.6+), and
@@ -41,10 +44,11 @@ SLOTS = APP_SLOTS               # koordd_shared.h's: slot k holds responses of [
 
 
 def summarize(slots: list[int], total_ns: int, weights: Sequence[int] | None = None,
-              whole: Sequence[int] | None = None) -> AppLatency | None:
+              whole: Sequence[int] | None = None, crowded: int = 0) -> AppLatency | None:
     """The round's AppLatency: count, mean and maximum of the responses (`slots`: each counted once);
     the quantiles of `weights` (the same responses weighted by connection; `slots` where not given);
-    `whole`: the histogram it reports (`slots` where not given)."""
+    `whole`: the histogram it reports (`slots` where not given); `crowded`: of them, those sent on a
+    socket found near its limit (never more than the count)."""
     count = sum(slots)
     if count <= 0:
         return None
@@ -53,7 +57,8 @@ def summarize(slots: list[int], total_ns: int, weights: Sequence[int] | None = N
     whole = slots if whole is None else whole
     top = max(i for i, n in enumerate(slots) if n)
     return AppLatency(count, total_ns / 1000 / count, quantile_us(weights, 0.50), quantile_us(weights, 0.99),
-                      quantile_us(weights, 0.999), slot_upper_us(top), tuple(whole[:top + 1]))
+                      quantile_us(weights, 0.999), slot_upper_us(top), tuple(whole[:top + 1]),
+                      min(max(crowded, 0), count))
 
 
 def apportion(count: int, weights: Sequence[int], carry: Sequence[float]) -> tuple[list[int], list[float]]:
@@ -80,21 +85,21 @@ def apportion(count: int, weights: Sequence[int], carry: Sequence[float]) -> tup
 
 
 class ResponseTimes(CgroupHistograms):
-    """The program's histograms of response times (its maps `responses` and `weighted`), per sampled
-    cgroup and round."""
+    """The program's histograms of response times (its maps `responses`, `weighted` and `crowded`), per
+    sampled cgroup and round."""
 
     def __init__(self, tree: Path, program: Path = PROGRAM, load: Callable[[Path], BpfObject] = BpfObject,
                  kernel_btf: Path = KERNEL_BTF):
-        super().__init__(tree, program, "responses", SLOTS, load, kernel_btf, more=("weighted",))
+        super().__init__(tree, program, "responses", SLOTS, load, kernel_btf, more=("weighted", "crowded"))
         self.carry: dict[str, list[float]] = {}      # path -> what apportion left each slot owed
 
     def read(self, paths: Iterable[str]) -> dict[str, AppLatency]:
         out = {}
-        for path, ((slots, total_ns), (weights, _)) in self.all_deltas(paths).items():
+        for path, ((slots, total_ns), (weights, _), (crowded, _)) in self.all_deltas(paths).items():
             if not any(weights):
                 weights = slots
             whole, self.carry[path] = apportion(sum(slots), weights, self.carry.get(path, [0.0] * SLOTS))
-            out[path] = summarize(slots, total_ns, weights, whole)
+            out[path] = summarize(slots, total_ns, weights, whole, sum(crowded))
         for path in [p for p in self.carry if p not in self.ids]:
             del self.carry[path]
         return out

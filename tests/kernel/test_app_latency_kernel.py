@@ -15,7 +15,8 @@ import pytest
 from koordd.core.histogram import slot_lower_us, slot_upper_us
 from koordd.sensors.app_latency import AppLatencySensor
 from koordd.sensors.contract import SensorContext, SensorUnavailable
-from koordtest.apps import BATCH_SERVER, SERVER, STEERED_SERVER, flood, half_sent, lacks_ebpf, lacks_tracepoints, queued
+from koordtest.apps import (BATCH_SERVER, BEHIND_SERVER, SERVER, STEERED_SERVER, crowd, flood, half_sent, lacks_ebpf,
+                            lacks_tracepoints, one_by_one, queued)
 
 pytestmark = pytest.mark.kernel
 
@@ -173,3 +174,29 @@ def test_a_queue_on_a_connection_counts_from_its_oldest_request(cgroups, sensor,
     queued_wait = waited[len(waited) // 2]
     assert got.p99_us >= slot_lower_us(slot_of(queued_wait)), (got, queued_wait)
     assert got.max_us <= slot_upper_us(slot_of(waited[-1])), (got, waited[-1])
+
+
+@pytest.mark.parametrize("kind", ["tcp", "unix"])
+def test_responses_sent_while_the_servers_socket_is_full_are_counted_as_crowded(cgroups, sensor, tmp_path, kind):
+    """A server that takes 5 ms a request, and a client that sends 8 KiB requests as fast as the socket takes
+    them for 1.5 s: the server falls behind, its socket fills (a UNIX peer's send buffer, a TCP window) and the
+    client's writes block, so most requests wait in the client, where the server's clock never sees them.
+    Nearly every response of that run is sent on a socket an arrival found near its limit: counted as
+    crowded. The same server asked one request at a time never is (docs/app-latency.md)."""
+    env, size = cgroups, 8192
+    ls = env.cgroup("ls")
+    context = SensorContext(0.0, {env.name: "", ls: "LS", env.cgroup("be"): "BE"})
+    p = env.spawn("ls", [sys.executable, "-c", BEHIND_SERVER, kind, str(size), "0.005", str(tmp_path / "behind.sock")],
+                  stdout=subprocess.PIPE)
+    address = p.stdout.readline().decode().strip()
+    assert address, f"the {kind} server did not start"
+    sensor.sample(context)                                          # baseline
+    calm = one_by_one(kind, address, size, 100)
+    quiet = sensor.sample(context).get(ls)
+    answered = crowd(kind, address, size, 1.5)
+    full = sensor.sample(context).get(ls)
+    print(f"\n[kernel] {kind}, {calm} requests one by one: sensor {quiet}; {answered} sent as fast as the socket "
+          f"took them: sensor {full}")
+    assert quiet is not None and quiet.count >= calm - 1 and quiet.crowded == 0, quiet
+    assert full is not None and full.count >= 0.9 * answered, full
+    assert full.crowded >= full.count // 2, full

@@ -163,3 +163,24 @@ def test_an_slo_adds_the_applications_latency_and_its_slack_can_be_the_worst():
     fast = app_latency(hist(s10=1000))
     slack, worst = worst_slack(ls_signals(slo_snapshot(app=fast), runq, RunqWindow(), SloWindow()))
     assert worst["signal"] == "runq_p99_us" and slack == pytest.approx(0.75)
+
+
+def test_responses_sent_on_a_full_socket_are_the_slos_own_signal_against_its_violation_share():
+    """A server a socket's buffer behind: its clients wait outside the socket, so the server's times read fast
+    (here every response under 1 ms) however late the clients are. Where the source counts the responses sent
+    on a socket near its limit (the kernel's: AppLatency.crowded), their share of the round is an SLO signal
+    against the share violation_target allows, and it rules the worst slack; a source that cannot tell (None)
+    adds none, and a round with none crowded has the whole slack."""
+    fast = app_latency(hist(s10=1000))
+    crowded = dataclasses.replace(fast, crowded=300)
+    signals = ls_signals(slo_snapshot(app=crowded, slo=SloTarget(5000.0)), None, None, SloWindow())
+    by_name = {name: (value, target) for _, name, value, target in signals}
+    assert by_name["app_socket_full"] == (0.3, 0.01)            # 30% of the round against 1% allowed
+    slack, worst = worst_slack(signals)
+    assert worst["signal"] == "app_socket_full" and slack == pytest.approx(1 - 0.3 / 0.01)
+    looser = SloTarget(5000.0, violation_target=50.0)            # half the responses may be late
+    by_name = {n: (v, t) for _, n, v, t in ls_signals(slo_snapshot(app=crowded, slo=looser), None)}
+    assert by_name["app_socket_full"] == (0.3, 0.5)
+    assert "app_socket_full" not in [n for _, n, _, _ in ls_signals(slo_snapshot(app=fast), None)]
+    calm = {n: v for _, n, v, _ in ls_signals(slo_snapshot(app=dataclasses.replace(fast, crowded=0)), None)}
+    assert calm["app_socket_full"] == 0.0

@@ -581,3 +581,32 @@ def test_a_cut_that_bought_nothing_is_undone_the_lever_rests_and_the_rest_double
     assert "rests 10s" in undos[0][1] and "rests 20s" in undos[1][1]
     assert state.lab.status(60.0)["levers"]["leave"]["chosen"] > 20
     assert state.lab.status(60.0)["levers"]["be_cap"]["by_signal"]["runq_p99_us"]["bought_nothing"] == 3   # t 6, 21, 46
+
+
+def test_a_server_whose_socket_is_full_misses_its_slo_though_its_own_times_are_fast_and_a_cut_that_empties_it_helps():
+    """The kernel's times start when the server reads: a server a socket's buffer behind answers each request it
+    reads in under 1 ms while its clients wait outside the socket. The sensor counts the responses sent on a
+    socket found near its limit (AppLatency.crowded): 40% of them against the 1% violation_target allows is a
+    miss of the SLO's own (app_socket_full), deep: the floor. That share is the round's (no window of
+    responses behind it), so the experiment takes no lag for it, and the floor that empties the socket is
+    judged "helped" one window on."""
+    fast = (0,) * 10 + (1000,)
+
+    def snap(t, crowded):
+        s = slo_met(t, 500)
+        app = AppLatency(1000, 0.0, 0.0, quantile_us(fast, 0.99), quantile_us(fast, 0.999), 0.0, fast, crowded)
+        return dataclasses.replace(s, sections={**s.sections, APP_LATENCY: {"ls": app}})
+    s = settings(rule="slack")
+    state = BeSuppress.initial_state(s)
+    assert [a for a in BeSuppress.decide(snap(at(0), 400), s, state) if a.value] == []   # confirming
+    [act] = [a for a in BeSuppress.decide(snap(at(1), 400), s, state) if a.value]
+    worst = act.reason["worst"]
+    assert (worst["signal"], worst["value"], worst["target"]) == ("app_socket_full", 0.4, 0.01), act.reason
+    assert act.reason["step"] == "floor" and quota_of([act]) == [2000]
+    assert act.reason["experiment"]["signal"] == "app_socket_full" and act.reason["experiment"]["lag_s"] == 0.0
+    verdicts = []
+    for i in range(2, 12):
+        for a in BeSuppress.decide(snap(at(i), 0), s, state):
+            if (a.reason.get("experiment") or {}).get("verdict"):
+                verdicts.append((a.reason["experiment"]["verdict"], a.reason["experiment"]["signal"]))
+    assert verdicts and verdicts[0] == ("helped", "app_socket_full"), verdicts

@@ -19,8 +19,9 @@ from koordtest.fakes.cgroup import FakeCgroups
 
 
 def fake() -> FakeHistObject:
-    """The program's maps: `responses` (each response once) and `weighted` (the same, weighted)."""
-    return FakeHistObject("responses", SLOTS, more=("weighted",))
+    """The program's maps: `responses` (each response once), `weighted` (the same, weighted) and `crowded`
+    (those sent on a socket near its limit)."""
+    return FakeHistObject("responses", SLOTS, more=("weighted", "crowded"))
 
 
 def slots(**counts) -> list[int]:
@@ -58,7 +59,7 @@ def test_a_rounds_histogram_gives_count_mean_quantiles_and_its_upper_bound():
     s = slots(s12=900, s13=90, s15=9, s17=1)            # 1000 responses, ~3 ms with a tail
     got = summarize(s, 1000 * 3_500_000)
     assert got == AppLatency(1000, 3500.0, 2048 + 2048 * 500 / 900, 4096 + 4096 * 90 / 90,
-                             16384 + 16384 * 9 / 9, 131072.0, tuple(s[:18]))
+                             16384 + 16384 * 9 / 9, 131072.0, tuple(s[:18]), 0)
     assert got.p99_us == 8192.0 and got.p999_us == 32768.0    # the 990th, the 999th: their slots' ends
     assert summarize([0] * SLOTS, 0) is None
 
@@ -87,7 +88,7 @@ def test_the_sensor_watches_the_latency_sensitive_classes_only_and_reports_delta
     fewer = {p: cls for p, cls in CLASSES.items() if p != "lsr"}
     assert sensor.sample(SensorContext(2.0, fewer)) == {"ls": summarize(slots(s12=3), 9_000_000),
                                                        "ls/pod2": summarize(slots(s12=3), 9_000_000)}
-    assert all(ino(v2tree, "lsr") not in bpf.maps[m] for m in ("watched", "responses", "weighted"))
+    assert all(ino(v2tree, "lsr") not in bpf.maps[m] for m in ("watched", "responses", "weighted", "crowded"))
     sensor.stop()
     assert bpf.closed and sensor.source is None
     sensor.stop()                                                   # again: harmless
@@ -103,7 +104,7 @@ def test_without_btf_or_a_loading_program_the_sensor_is_unavailable_saying_why(v
         AppLatencySensor(v2tree, load=verifier_says_no, kernel_btf=btf).start()
 
     bpf = FakeHistObject("responses", SLOTS, attach_error="attaching app_sent: No such file or directory",
-                         more=("weighted",))
+                         more=("weighted", "crowded"))
     with pytest.raises(SensorUnavailable, match="app_sent"):
         AppLatencySensor(v2tree, load=bpf, kernel_btf=btf).start()
     assert bpf.closed                                               # what it loaded is closed again
@@ -115,11 +116,11 @@ def test_a_host_without_a_v2_tree_has_no_application_latency(tmp_path, btf):
         AppLatencySensor(v1.root, load=fake(), kernel_btf=btf).start()
 
 
-def test_the_source_reads_the_programs_responses_and_weighted_maps(v2tree, btf):
+def test_the_source_reads_the_programs_responses_weighted_and_crowded_maps(v2tree, btf):
     bpf = fake()
     src = ResponseTimes(v2tree, load=bpf, kernel_btf=btf)
     src.open()
-    assert src.waits is bpf.maps["responses"] and src.more_maps == [bpf.maps["weighted"]]
+    assert src.waits is bpf.maps["responses"] and src.more_maps == [bpf.maps["weighted"], bpf.maps["crowded"]]
     assert src.watched is bpf.maps["watched"]
 
 
@@ -191,3 +192,28 @@ def test_the_sensor_is_registered_and_never_loads_bpf_in_unit_tests():
     assert builtin(SENSORS)[APP_LATENCY] is AppLatencySensor and AppLatencySensor.name == "app_latency"
     with pytest.raises(SensorUnavailable):                          # tests/conftest.py refuses the loader
         AppLatencySensor().start()
+
+
+def test_responses_sent_on_a_socket_near_its_limit_are_counted_per_round_as_crowded(v2tree, btf):
+    """The program counts, besides every response, those sent on a socket an arrival found near its limit
+    (their clients held back): the round's AppLatency carries how many, per cgroup and as a delta, never more
+    than the round's responses; a round with none says 0 (the kernel can tell), not None."""
+    bpf = fake()
+    sensor = AppLatencySensor(v2tree, load=bpf, kernel_btf=btf)
+    sensor.start()
+    context = SensorContext(1.0, CLASSES)
+    sensor.sample(context)
+    pod1, pod2 = ino(v2tree, "ls/pod1"), ino(v2tree, "ls/pod2")
+    bpf.count(pod1, 12, 100, 100 * 3_000_000)
+    bpf.count(pod1, 12, 30, 30 * 3_000_000, table="crowded")
+    bpf.count(pod2, 12, 10, 10 * 3_000_000)
+    got = sensor.sample(context)
+    assert (got["ls/pod1"].count, got["ls/pod1"].crowded) == (100, 30)
+    assert (got["ls/pod2"].count, got["ls/pod2"].crowded) == (10, 0)
+    assert (got["ls"].count, got["ls"].crowded) == (110, 30)        # the class root holds both pods
+    bpf.count(pod1, 12, 5, 5 * 3_000_000)
+    bpf.count(pod1, 12, 2, 2 * 3_000_000, table="crowded")
+    assert sensor.sample(context)["ls/pod1"].crowded == 2              # the round's, not the total
+    # A count the maps got out of step on (a reset between the two reads) never exceeds the responses.
+    assert summarize(slots(s12=4), 4_000_000, crowded=9).crowded == 4
+    assert summarize(slots(s12=4), 4_000_000, crowded=-1).crowded == 0
