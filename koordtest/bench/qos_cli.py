@@ -617,16 +617,17 @@ def sensor_table(runs: list[dict]) -> str:
     """Per run with LS: the client's p99 and the server-side p99 koordd's program measured over the same
     window, and their ratio."""
     lines = ["| load | setup | client p99 (ms) | kernel p99 (ms) | kernel / client | waited in the client p99 (ms) "
-             "| responses seen |", "|---|---|---|---|---|---|---|"]
+             "| sent on a full socket | responses seen |", "|---|---|---|---|---|---|---|---|"]
     ratios = []
     for r in runs:
         ls, seen = r.get("ls"), r.get("sensor")
         if not ls or not seen or not ls.get("p99"):
             continue
         ratios.append(seen["p99"] / ls["p99"])
-        wait = ls.get("socket_wait_p99")
+        wait, crowded = ls.get("socket_wait_p99"), seen.get("crowded")
+        full = "-" if crowded is None else f"{crowded / seen['count']:.1%}" if seen["count"] else "0"
         lines.append(f"| {r['load']}% | {r['setup']} | {ls['p99'] * 1000:.2f} | {seen['p99'] * 1000:.2f} | "
-                     f"{ratios[-1]:.2f} | {'-' if wait is None else f'{wait * 1000:.2f}'} | "
+                     f"{ratios[-1]:.2f} | {'-' if wait is None else f'{wait * 1000:.2f}'} | {full} | "
                      f"{seen['count']} of {ls['answered']} answered |")
     spread = median_spread(ratios)
     lines += ["", f"kernel / client p99 over {spread.n} runs: median {spread.median:.2f}, from {spread.low:.2f} "
@@ -634,7 +635,8 @@ def sensor_table(runs: list[dict]) -> str:
               "to the server's answer (log2 buckets, interpolated); the client from the request's intended "
               "send time to reading the answer. Waited in the client: from when a request was due to when its "
               "last byte went into the server's socket, where the server had fallen behind by more than that "
-              "socket's buffer; the kernel cannot see that wait (docs/app-latency.md)."]
+              "socket's buffer; the kernel cannot see that wait (docs/app-latency.md), but counts the responses "
+              "sent while the socket was full (koordd's app_socket_full)."]
     return "\n".join(lines)
 
 

@@ -425,7 +425,8 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
     if bench.app_latency is not None and setup.ls:
         seen = bench.app_latency.read([bench.tree.path(LS)]).get(bench.tree.path(LS))
         out["sensor"] = None if seen is None else {"count": seen.count, "p50": seen.p50_us / 1e6,
-                                                   "p99": seen.p99_us / 1e6, "p999": seen.p999_us / 1e6}
+                                                   "p99": seen.p99_us / 1e6, "p999": seen.p999_us / 1e6,
+                                                   "crowded": seen.crowded}
     out["be_cpu_max"] = read_knobs(bench.fs, bench.tree.path(BE), ["cpu.max"]).get("cpu.max")
     if koordd:
         koordd.check_running()

@@ -106,16 +106,17 @@ def test_the_report_gives_the_affinity_the_kernel_had():
 def test_the_report_says_how_long_requests_waited_in_the_client_which_the_kernel_cannot_see():
     ls = {"p99": 0.65, "answered": 1000, "send_lag_p99": 0.0002, "scheduling": "SCHED_FIFO", "unfinished": 0,
           "errors": 0, "count": 1000, "socket_wait_p99": 0.48, "socket_wait_max": 0.9}
-    run = {"ls": ls, "sensor": {"p99": 0.015, "count": 700}, "cpu": {"other": 0.1}, "setup": "be-idle", "load": 70,
-           "reclaim_scanned": 0}
+    run = {"ls": ls, "sensor": {"p99": 0.015, "count": 700, "crowded": 630}, "cpu": {"other": 0.1},
+           "setup": "be-idle", "load": 70, "reclaim_scanned": 0}
     notes = trust_notes([run])
     assert any("waited in the client" in n and "median 480.00 ms" in n and "the longest 900 ms" in n for n in notes)
     table = sensor_table([run])
-    assert "| 70% | be-idle | 650.00 | 15.00 | 0.02 | 480.00 | 700 of 1000 answered |" in table, table
-    # a run from before the client noted it: no line, a dash
-    del ls["socket_wait_p99"], ls["socket_wait_max"]
+    # ... and the share of the responses the kernel saw sent on a full socket (koordd's app_socket_full)
+    assert "| 70% | be-idle | 650.00 | 15.00 | 0.02 | 480.00 | 90.0% | 700 of 1000 answered |" in table, table
+    # a run from before the client noted it (or the program counted crowded sockets): no line, dashes
+    del ls["socket_wait_p99"], ls["socket_wait_max"], run["sensor"]["crowded"]
     assert not any("waited in the client" in n for n in trust_notes([run]))
-    assert "| 0.02 | - | 700 of" in sensor_table([run])
+    assert "| 0.02 | - | - | 700 of" in sensor_table([run])
 
 
 def affinity_of_child(**popen) -> list[int]:
