@@ -110,7 +110,8 @@ from koordd.core.cgroup_text import CFS_QUOTA_MIN, MAX_CPUS, format_cpu_max, for
 from koordd.core.classes import NON_BE
 from koordd.core.experiment import BUSY_CORES, History, Lab, Verdict, conditions
 from koordd.core.headroom import STOLEN_MS, Event, Headroom
-from koordd.core.health import LATENCY_SENSITIVE, SLO_QUANTILES, SLO_SIGNALS, RunqWindow, ls_signals, worst_slack
+from koordd.core.health import (LATENCY_SENSITIVE, SLO_QUANTILES, SLO_SIGNALS, SOCKET_FULL, RunqWindow, ls_signals,
+                                worst_slack)
 from koordd.core.slo import SloWindow
 from koordd.core.interference import Detector, pearson
 from koordd.core.loop import NODE, Action, Loop, restore
@@ -574,8 +575,11 @@ def _slack_reason(state: State, rd: SlackRound, step: str, experiment: dict | No
         reason["headroom"] = state.headroom.fields(ceiling, rd.now)
     if event is not None:
         reason["say"] = True
-    why = (f"LS slack {slack:.0%} ({worst['cgroup']} {worst['signal']} {worst['value']:g} of {worst['target']:g}): "
-           f"{step}, BE allowance {state.allowance:.2f} of {rd.capacity} CPUs ({idle:.2f} idle)")
+    said = f"{worst['cgroup']} {worst['signal']} {worst['value']:g} of {worst['target']:g}"
+    if worst["signal"] == SOCKET_FULL and slack < 0:
+        said += " of its responses sent on a full socket: its clients wait where the kernel cannot time them"
+    why = f"LS slack {slack:.0%} ({said}): {step}, BE allowance {state.allowance:.2f} of {rd.capacity} CPUs " \
+          f"({idle:.2f} idle)"
     if rd.steal_ms is not None and rd.steal_ms >= STEAL_SAID_MS:
         why += f"; the hypervisor held a vCPU off for {rd.steal_ms:.0f} ms this round (steal)"
     if event is not None:

@@ -603,6 +603,8 @@ def test_a_server_whose_socket_is_full_misses_its_slo_though_its_own_times_are_f
     worst = act.reason["worst"]
     assert (worst["signal"], worst["value"], worst["target"]) == ("app_socket_full", 0.4, 0.01), act.reason
     assert act.reason["step"] == "floor" and quota_of([act]) == [2000]
+    assert "(ls app_socket_full 0.4 of 0.01 of its responses sent on a full socket: its clients wait where the " \
+        "kernel cannot time them): floor" in act.message, act.message
     assert act.reason["experiment"]["signal"] == "app_socket_full" and act.reason["experiment"]["lag_s"] == 0.0
     verdicts = []
     for i in range(2, 12):
