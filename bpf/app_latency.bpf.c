@@ -155,8 +155,12 @@ static __always_inline bool bytes_left(const struct sock *sk)
 #define CROWDED 1           // the socket is crowded: each response counts in `crowded`
 #define LAST_CROWDED 2      // ... and the read that emptied it came: the next response is the last that counts
 
+#define TCP_LISTEN 10        // a listener's state (UNIX ones too): its arrivals are connections, not bytes
+
 static __always_inline bool near_limit(const struct sock *sk)
 {
+    if (sk->__sk_common.skc_state == TCP_LISTEN)
+        return false;       // (a TCP listener's window fields are all 0: it would read as used up)
     if (sk->__sk_common.skc_family == AF_UNIX) {
         struct sock *peer = BPF_CORE_READ((struct unix_sock *)sk, peer);
         if (!peer)
