@@ -100,7 +100,7 @@ struct {
     __uint(type, BPF_MAP_TYPE_HASH);
     __uint(max_entries, 16384);
     __type(key, u64);       // watched cgroup id
-    __type(value, struct hist);     // the responses sent on a socket found near its limit (`crowded`)
+    __type(value, struct hist);     // the responses sent while their socket was crowded (CROWDED)
 } crowded SEC(".maps");
 
 // The hot paths read the kernel's structs directly through the tracepoints' typed pointers (CO-RE
@@ -147,16 +147,15 @@ static __always_inline bool bytes_left(const struct sock *sk)
     return tp && tp->rcv_nxt != tp->copied_seq;
 }
 
+#define CROWDED 1           // the socket is crowded: each response counts in `crowded`
+#define LAST_CROWDED 2      // ... and the read that emptied it came: the next response is the last that counts
+#define TCP_LISTEN 10       // a listener's state (UNIX ones too): its arrivals are connections, not bytes
+
 // Whether the socket's senders are held back, at an arrival (the sender's context for UNIX, after its bytes
 // were queued): a UNIX peer with 3/4 of its send buffer queued here (its next send blocks at the whole
 // buffer, and a read frees one request's worth: measured with `ss -xm`, a sender of 8 KiB requests sat one
 // request under its buffer after each read, so "at the buffer" would miss it), or a TCP receive window the
 // sender has used up (the kernel advertises none under one segment, so a backlog closes it to zero).
-#define CROWDED 1           // the socket is crowded: each response counts in `crowded`
-#define LAST_CROWDED 2      // ... and the read that emptied it came: the next response is the last that counts
-
-#define TCP_LISTEN 10        // a listener's state (UNIX ones too): its arrivals are connections, not bytes
-
 static __always_inline bool near_limit(const struct sock *sk)
 {
     if (sk->__sk_common.skc_state == TCP_LISTEN)

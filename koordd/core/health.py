@@ -49,7 +49,7 @@ Signal = tuple[str, str, float, float]
 
 # The SLO's own signals (a class root's, against what its SLO declares); every other signal is a proxy.
 SLO_QUANTILES = ("app_p99_us", "app_p999_us")   # its latency at a quantile, over the SloWindow's responses
-SOCKET_FULL = "app_socket_full"                 # the round's share of responses sent on a socket near its limit
+SOCKET_FULL = "app_socket_full"                 # the round's share of responses sent while their socket was full
 SLO_SIGNALS = SLO_QUANTILES + (SOCKET_FULL,)
 MIN_WAITS = 200      # a p99 of fewer waits is little more than their maximum: one unlucky wait
 WINDOW = 5.0         # seconds: no older round counts

@@ -142,8 +142,8 @@ class AppLatency:
     p999_us: float
     max_us: float
     slots: tuple[int, ...] = ()             # the round's histogram (koordd.core.histogram), to merge rounds
-    # Of `count`, those answered on a socket found near its limit: its clients held back, their wait not
-    # counted (the kernel sensor's; None where a source cannot tell: the client's or an exporter's).
+    # Of `count`, those sent while their socket was crowded (near its limit, until the server emptied it):
+    # its clients held back, their wait not counted (the kernel sensor's; None where a source cannot tell).
     crowded: int | None = None
 
 

@@ -14,9 +14,10 @@ Three histograms: `responses` counts every response once (the round's count, mea
 much together as another connection's: the quantiles come from it, so a client flooding one connection
 with cheap requests does not hide another's slow ones. The round's `slots` (which the SLO merges over
 rounds) are the weighted histogram in whole responses (`apportion`), summing to the round's count.
-`crowded` counts the responses sent on a socket an arrival found near its limit (a UNIX peer with 3/4 of
-its send buffer queued, a TCP window used up): their clients were held back and the rest of their wait
-is nowhere in the histograms (AppLatency.crowded; core/health.py's app_socket_full).
+`crowded` counts the responses sent while their socket was crowded: from an arrival that found it near its
+limit (a UNIX peer with 3/4 of its send buffer queued, a TCP window used up) to the answer after the read
+that emptied it. Their clients were held back, and the rest of their wait is nowhere in the histograms
+(AppLatency.crowded; core/health.py's app_socket_full).
 
 Needs libbpf1, a kernel with BTF and the tracepoints sk_data_ready, sock_recv_length and sock_send_length
 (Linux 6.6+), and
@@ -48,7 +49,7 @@ def summarize(slots: list[int], total_ns: int, weights: Sequence[int] | None = N
     """The round's AppLatency: count, mean and maximum of the responses (`slots`: each counted once);
     the quantiles of `weights` (the same responses weighted by connection; `slots` where not given);
     `whole`: the histogram it reports (`slots` where not given); `crowded`: of them, those sent on a
-    socket found near its limit (never more than the count)."""
+    socket while it was crowded (never more than the count)."""
     count = sum(slots)
     if count <= 0:
         return None
