@@ -181,8 +181,9 @@ def test_responses_sent_while_the_servers_socket_is_full_are_counted_as_crowded(
     """A server that takes 5 ms a request, and a client that sends 8 KiB requests as fast as the socket takes
     them for 1.5 s: the server falls behind, its socket fills (a UNIX peer's send buffer, a TCP window) and the
     client's writes block, so most requests wait in the client, where the server's clock never sees them.
-    Nearly every response of that run is sent on a socket an arrival found near its limit: counted as
-    crowded. The same server asked one request at a time never is (docs/app-latency.md)."""
+    Nearly every response of that run is sent while the socket is crowded (from the arrival that found it near
+    its limit until the server empties it; measured: 785 of 795 over TCP, 308 of 308 over UNIX; counted at the
+    arrivals alone, 8% and 62%). The same server asked one request at a time never is (docs/app-latency.md)."""
     env, size = cgroups, 8192
     ls = env.cgroup("ls")
     context = SensorContext(0.0, {env.name: "", ls: "LS", env.cgroup("be"): "BE"})
