@@ -625,7 +625,7 @@ def sensor_table(runs: list[dict]) -> str:
             continue
         ratios.append(seen["p99"] / ls["p99"])
         wait, crowded = ls.get("socket_wait_p99"), seen.get("crowded")
-        full = "-" if crowded is None else f"{crowded / seen['count']:.1%}" if seen["count"] else "0"
+        full = "-" if crowded is None else f"{crowded / seen['count']:.1%}"    # a reading has a response at least
         lines.append(f"| {r['load']}% | {r['setup']} | {ls['p99'] * 1000:.2f} | {seen['p99'] * 1000:.2f} | "
                      f"{ratios[-1]:.2f} | {'-' if wait is None else f'{wait * 1000:.2f}'} | {full} | "
                      f"{seen['count']} of {ls['answered']} answered |")
