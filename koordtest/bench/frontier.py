@@ -235,15 +235,20 @@ def instrument(runs: Sequence[dict], load, margin: float, statics: Sequence[str]
 
 def koordd_activity(runs: Sequence[dict], load) -> list[str]:
     """A report line per koordd setup at `load`: in how many of its measured windows it decided anything, and
-    how many writes it made there. Where it decided nothing its runs held what its baseline holds (qos_baseline:
-    BE under cpu.idle, as be-idle) and differ from be-idle by the runs' own scatter and koordd's own cost."""
+    how many writes it made there and before them (settling: bench-qos --koordd-settle), with BE's cpu.max at
+    the window's end. Where it decided nothing its runs held what its baseline holds (qos_baseline: BE under
+    cpu.idle, as be-idle) and differ from be-idle by the runs' own scatter and koordd's own cost."""
     out = []
     for setup in sorted({r["setup"] for r in runs if r["setup"].startswith(KOORDD_PREFIX) and r["load"] == load}):
         mine = [r for r in runs if r["setup"] == setup and r["load"] == load]
         acted = sum(1 for r in mine if r.get("koordd_window"))
         writes = sum(1 for r in mine for d in r.get("koordd_window") or () if d.get("outcome") == "applied")
+        before = sum(1 for r in mine for d in r.get("koordd_before") or () if d.get("outcome") == "applied")
         line = f"- {setup}: decided something in {acted} of {len(mine)} measured windows, {writes} writes"
-        if acted == 0:
+        if any("koordd_before" in r for r in mine):
+            ends = ", ".join(str(r.get("be_cpu_max")) for r in mine)
+            line += f"; {before} writes before them (settling); BE's cpu.max at the windows' end: {ends}"
+        if acted == 0 and before == 0:
             line += ("; with none, its BE ran as under be-idle, and where their points differ that is the runs' "
                      "own scatter (and koordd's own CPU)")
         out.append(line)

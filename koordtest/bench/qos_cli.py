@@ -161,7 +161,7 @@ def run_benchmark(args, layout, tree: CgroupTree, ls_kind, workdir: Path, out: P
                       {"LS": [tree.path(LS)], "BE": [tree.path(BE)]}, state, args.koordd_config, changes,
                       slo={"LS": {"latency_p99": f"{slo * 1e6:.0f}us"}} if slo else None),
                   koordd_command=koordd_command(), window=args.window, app_latency=open_app_latency(args),
-                  koordd_terms=args.koordd_terms, cpus=args.cpus)
+                  koordd_terms=args.koordd_terms, cpus=args.cpus, koordd_settle=args.koordd_settle)
     bench.remember_knobs()
     calibrated = calibrate(bench, args.loads + ([args.low_load] if args.low_load else []), workdir,
                            args.client_processes)
@@ -287,6 +287,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=10.0, help="measured window of a run (default 10)")
     p.add_argument("--warmup", type=float, default=5.0,
                    help="seconds from starting a run's processes (and koordd) to its window (default 5)")
+    p.add_argument("--koordd-settle", type=float, default=0.0,
+                   help="koordd's runs: seconds of load before the window beyond --warmup, so that the window "
+                        "measures koordd once it has acted, not its reaction (default 0; not with --low-rate)")
     p.add_argument("--drain", type=float, default=2.0, help="seconds the client waits for late answers (default 2)")
     p.add_argument("--out", help="directory for report.md, qos.png, results.json (default ./bench-qos-<time>)")
     p.add_argument("--seed", type=int, default=1, help="run order and arrival times (default 1)")
@@ -336,6 +339,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--reps and --seconds must be positive")
     if args.low_load is not None and (len(args.loads) != 1 or not 0 < args.low_load < args.loads[0]):
         p.error("--low-load needs one --loads value above it")
+    if args.koordd_settle < 0 or (args.koordd_settle and args.low_load is not None):
+        p.error("--koordd-settle: seconds, 0 or more, and not with --low-load (the sine spans warm-up and "
+                "window: a longer warm-up would stretch koordd's)")
     if args.client_processes != "auto" and not (args.client_processes.isdigit() and int(args.client_processes) > 0):
         p.error("--client-processes: a positive number or auto")
     try:
@@ -516,11 +522,13 @@ def write_report(args, bench: Bench, layout, costs: dict[int, float], rates: dic
                                           for load, rate in rates.items()),
         f"BE: {bench.ncpu} `{bench.antagonist}` workers, work counted in {UNITS[bench.antagonist]}"
         + (f" (growing to {bench.be_memory >> 20} MiB together)" if bench.antagonist == "memory" else ""),
-        f"runs: {bench.seconds:g} s measured after {bench.warmup:g} s of warm-up, {args.reps} repetitions, "
+        f"runs: {bench.seconds:g} s measured after {bench.warmup:g} s of warm-up"
+        + (f" ({bench.warmup + bench.koordd_settle:g} s for koordd's runs: it settles {bench.koordd_settle:g} s "
+           f"first)" if bench.koordd_settle else "") + f", {args.reps} repetitions, "
         f"setups and loads in a random order per repetition, every second one reversed (seed {args.seed}); "
         f"every setup at the same "
         f"load and repetition gets the same arrival times"
-        + ("; LS alone after every repetition" if args.frontier else ""),
+        + ("; LS alone and BE alone again after every repetition" if args.frontier else ""),
         "client: " + (f"the compiled engine ({bench.client_processes} process(es), koordtest/bench/client/openloop.c)"
                       if bench.engine == "c" else "Python (koordtest/bench/openloop.py)"),
         cpus_line(bench.cpus, bench.host_ncpu),

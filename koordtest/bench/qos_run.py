@@ -109,7 +109,9 @@ def run_order(setups: list[str], loads: list[int], reps: int, seed: int,
     as far from the start on average (A B, then B A). A shuffle alone can put one setup first every time:
     issue 36's A/B of two programs ran koordd before be-idle in all 10 of its pairs. `alone_between`: LS
     alone is not shuffled in but runs after each repetition's batch, at each load (with the baseline run
-    before the first, it brackets every repetition: its spread over the session is the instrument's own)."""
+    before the first, it brackets every repetition: its spread over the session is the instrument's own),
+    and BE alone, shuffled in as before, runs once more after it: BE work scatters too (one BE-alone run per
+    repetition gave a spread of 0 where the 16-CPU proof's koordd, writing nothing, did 74-92% of it)."""
     has_ls = {s.name: s.ls for s in SETUPS}
     rng = random.Random(seed)
     order, previous = [], []
@@ -124,6 +126,8 @@ def run_order(setups: list[str], loads: list[int], reps: int, seed: int,
         order += [(rep, s, load) for s, load in batch]
         if alone_between:
             order += [(rep, "ls-alone", load) for load in loads]
+            if "be-alone" in setups:
+                order.append((rep, "be-alone", None))
     return order
 
 
@@ -224,6 +228,7 @@ class Bench:
     client_binary: str | None = None  # the compiled engine
     client_processes: int = 1        # compiled engines at once
     cpus: CpuSplit | None = None     # --client-cpus: the client's CPUs and LS and BE's (None: all share all)
+    koordd_settle: float = 0.0       # koordd's runs: seconds of load before the window, beyond the warm-up
     originals: dict[str, dict[str, str]] = field(default_factory=dict)   # cgroup -> knob -> value
 
     @property
@@ -355,11 +360,14 @@ def _window(bench: Bench, setup: Setup, rate: float | None, seed: int, sockets: 
     # The client sends from `sending` on, through the warm-up (so that koordd and the caches see LS at
     # its load before the window), and counts the requests of the window only.
     sending = time.monotonic() + CLIENT_STARTUP
-    start_at = sending + bench.warmup
+    # koordd's runs settle first: the frontier compares steady states, and a controller's first seconds are
+    # its reaction, which a static setting has none of (the changing-load case is where reaction counts).
+    warmup = bench.warmup + (bench.koordd_settle if koordd else 0.0)
+    start_at = sending + warmup
     client = None
     if setup.ls:
         args = ["--request-hex", bench.ls_kind.request.hex(), "--rate", f"{rate:.3f}", "--start-at", f"{sending:.6f}",
-                "--warmup", str(bench.warmup), "--seconds", str(bench.seconds), "--seed", str(seed),
+                "--warmup", str(warmup), "--seconds", str(bench.seconds), "--seed", str(seed),
                 "--drain", str(bench.drain), "--out", str(workdir / "client.json"), "--window", str(bench.window),
                 "--response-end-hex", bench.ls_kind.response_end.hex()]
         if bench.low_rate is not None:
@@ -436,6 +444,9 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
         decisions = koordd.decisions()
         out["koordd_writes"] = sum(1 for d in decisions if d.get("outcome") == "applied")
         out["koordd_window"] = window_decisions(decisions, wall0, wall0 + bench.seconds)
+        # What it did before the window (its settling time, --koordd-settle), t counted back from the window's
+        # start: the window shows its knobs as these left them. The baseline's writes (cpu.idle) are be-idle's.
+        out["koordd_before"] = [d for d in window_decisions(decisions, 0.0, wall0) if d["loop"] != "qos_baseline"]
         if setup.needs_sched_ext:
             out["sched_ext_ops"] = _sched_ext_ops()
             if out["sched_ext_ops"] != "koordd":     # a comparison without the scheduler would say nothing

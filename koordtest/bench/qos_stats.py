@@ -140,6 +140,17 @@ def be_work_ratio(run: dict, alone: dict | None) -> float | None:
     return ratio(run.get("be_work"), alone.get("be_work"))
 
 
+def rep_alone(alones: Sequence[dict]) -> dict | None:
+    """One repetition's BE alone: its run, or with several, the median of their work (each half's alike)."""
+    if len(alones) <= 1:
+        return alones[0] if alones else None
+    works = [a["be_work"] for a in alones if a.get("be_work") is not None]
+    out = {"be_work": statistics.median(works) if works else None}
+    if all(a.get("be_work_halves") for a in alones):
+        out["be_work_halves"] = [statistics.median(h) for h in zip(*(a["be_work_halves"] for a in alones))]
+    return out
+
+
 @dataclass(frozen=True)
 class SloVerdict:
     """How one run did against the SLO's p99 target."""
@@ -154,14 +165,15 @@ class SloVerdict:
 
 def slo_verdicts(runs: Sequence[dict], load: int | None, target: float) -> list[SloVerdict]:
     """Every run with LS and BE at `load` judged against `target` (seconds). BE work is over the BE-alone
-    run of the same repetition, or the first one where that repetition has none: each repetition is an
-    experiment of its own, so drift on the host between repetitions does not enter the ratio."""
+    runs of the same repetition (their median where it has two: --frontier brackets it), or the first
+    repetition's where it has none: each repetition is an experiment of its own, so drift on the host between
+    repetitions does not enter the ratio."""
     alones = [r for r in runs if r["setup"] == BE_ALONE]
     out = []
     for r in runs:
         if r["load"] != load or not r["ls"] or r["setup"] == LS_ALONE:
             continue
-        alone = next((a for a in alones if a.get("rep", 0) == r.get("rep", 0)), alones[0] if alones else None)
+        alone = rep_alone([a for a in alones if a.get("rep", 0) == r.get("rep", 0)] or alones[:1])
         windows = [w for w in r["ls"].get("windows", []) if w["count"]]
         met = sum(1 for w in windows if w["p99"] <= target) / len(windows) if windows else 0.0
         p99 = r["ls"]["p99"]

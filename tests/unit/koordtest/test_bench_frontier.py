@@ -176,3 +176,15 @@ def test_ls_alone_runs_after_every_repetition_when_asked():
     assert [o[1] for o in order].count("ls-alone") == 2
     assert order[2] == (0, "ls-alone", 50) and order[-1] == (1, "ls-alone", 50)
     assert [o[1] for o in run_order(["ls-alone", "be-idle"], [50], 2, 1)].count("ls-alone") == 2
+
+
+def test_what_koordd_wrote_while_it_settled_is_counted_and_it_is_not_said_to_have_run_as_be_idle():
+    floor = {"t": -4.1, "loop": "be_suppress", "knob": "cpu.max", "new": "2000 100000", "outcome": "applied"}
+    runs = [dict(run(koordd_setup(1.5), 3.0, 50.0), koordd_window=[], koordd_before=[floor],
+                 be_cpu_max="2000 100000"),
+            dict(run(koordd_setup(3.0), 3.0, 50.0), koordd_window=[], koordd_before=[], be_cpu_max="max 100000")]
+    settled, idle = koordd_activity(runs, 50)
+    assert settled == ("- koordd-slo-1.5: decided something in 0 of 1 measured windows, 0 writes; 1 writes "
+                       "before them (settling); BE's cpu.max at the windows' end: 2000 100000")
+    assert idle.startswith("- koordd-slo-3: decided something in 0 of 1 measured windows, 0 writes; 0 writes "
+                           "before them (settling); BE's cpu.max at the windows' end: max 100000; with none")

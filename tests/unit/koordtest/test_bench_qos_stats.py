@@ -99,6 +99,23 @@ def _slo_run(setup, p99, windows, be_work=None, halves=None, load=50, rep=0):
             "ls": {"p99": p99, "windows": [{"count": 100, "p99": w} for w in windows]}}
 
 
+def test_a_repetition_bracketed_by_two_be_alone_runs_is_judged_on_their_median():
+    from koordtest.bench.qos_stats import slo_verdicts
+    runs = [{"setup": "be-alone", "load": None, "ls": None, "be_work": 100.0, "rep": 0},
+            {"setup": "be-alone", "load": None, "ls": None, "be_work": 80.0, "rep": 0},     # after the rest
+            {"setup": "be-alone", "load": None, "ls": None, "be_work": 40.0, "rep": 1},
+            {"setup": "be-alone", "load": None, "ls": None, "be_work": None, "rep": 1},     # a run that counted none
+            _slo_run("koordd", 1.0, [1.0], be_work=45.0, rep=0),
+            _slo_run("koordd", 1.0, [1.0], be_work=20.0, rep=1)]
+    verdicts = {v.rep: v for v in slo_verdicts(runs, 50, target=1.1)}
+    assert verdicts[0].be_work == pytest.approx(0.5)             # 45 over the median of 100 and 80
+    assert verdicts[1].be_work == pytest.approx(0.5)             # the one that counted
+    halves = [{"setup": "be-alone", "load": None, "ls": None, "be_work": None, "be_work_halves": h, "rep": 0}
+              for h in ([10.0, 100.0], [20.0, 300.0])]
+    switched = _slo_run("koordd", 1.0, [1.0], halves=[15.0, 100.0])
+    assert slo_verdicts(halves + [switched], 50, target=1.1)[0].be_work == pytest.approx((1.0 + 0.5) / 2)
+
+
 def test_each_repetition_is_judged_on_its_own_be_alone_and_its_own_oracle():
     from koordtest.bench.qos_report import slo_table
     from koordtest.bench.qos_stats import slo_verdicts

@@ -131,11 +131,16 @@ def test_run_order_reverses_every_second_repetition_so_no_setup_always_runs_firs
     for pair in ((0, 1), (2, 3)):
         places = {}
         for rep in pair:
-            batch = [(s, load) for r, s, load in order if r == rep and s != "ls-alone"]
+            batch = [(s, load) for r, s, load in order if r == rep][:-3]          # the shuffled part
             for place, run in enumerate(batch):
                 places.setdefault(run, []).append(place)
         assert {sum(p) for p in places.values()} == {len(places) - 1}, places       # mean place: the middle
-    assert [(s, load) for r, s, load in order if r == 3][-2:] == [("ls-alone", 20), ("ls-alone", 70)]
+    for rep in range(4):         # each repetition bracketed: LS alone at each load, and BE alone once more
+        assert [(s, load) for r, s, load in order if r == rep][-3:] == [("ls-alone", 20), ("ls-alone", 70),
+                                                                          ("be-alone", None)]
+        assert sum(1 for r, s, _ in order if r == rep and s == "be-alone") == 2
+    without = run_order(["ls-alone", "be-idle"], [20], reps=1, seed=3, alone_between=True)
+    assert [s for _, s, _ in without] == ["be-idle", "ls-alone"]              # no BE alone asked, none added
 
 
 def test_window_decisions_keep_what_happened_in_the_window_with_the_slack_evidence():
