@@ -163,6 +163,11 @@ class State:
     wake_calm: float | None = None                   # rule slack: since when LS is healthy while it is held
     members_read: bool = True                        # rule slack: read BE pods' CPU next round (hot caps may matter)
     headroom: Headroom = field(default_factory=Headroom)   # rule slack: the standing headroom (core/headroom.py)
+    missed_at: float | None = None                   # rule slack: BE's CPU use when LS last missed, cut for it
+    healthy_at: float | None = None                  # rule slack: BE's allowance in LS's last healthy round
+    probe_at: float = 0.0                            # rule slack: BE grows past missed_at from then on
+    dwell: float = 0.0                               # rule slack: how long it waited there last time
+    missed_band: int | None = None                   # rule slack: LS's load band (fifths of the node) at the miss
 
 
 class BeSuppress(Loop):
@@ -362,6 +367,8 @@ RAISE_MARGIN = 1.25               # a raised target: what LS showed at BE's floo
 RAISED_FOR = 300.0                # seconds; then LS is judged by its declared targets again
 STEAL_SAID_MS = 20.0              # a round's steal the decision's sentence names: a stall the guest saw nowhere else
 SLO_GAP = 2.0                     # seconds: a round this soon after the SLO's last value lies between two values
+CREEP_STEPS = 8                   # past the BE use at which LS last missed, BE grows by this fraction of a step
+DWELL_FIRST, DWELL_MAX = 10.0, 320.0   # seconds BE waits near where LS missed before probing past it, doubling
 
 
 def _split(snapshot: Snapshot, signals: list) -> tuple[list, list]:
@@ -434,6 +441,7 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
     rd = SlackRound(now, capacity, others, be_used, len(be) * MIN_QUOTA_US / DEFAULT_PERIOD_US, signals, steer,
                     guard, units, below, between, guarding, None if steal is None else round(steal * 1000, 1))
 
+    _forget_stale_miss(state, rd)
     experiment = verdict.fields() if verdict is not None else None
     lapsed = lab.lapsed(now) if verdict is None else None
     if verdict is not None:
@@ -478,6 +486,7 @@ def _without_ls(snapshot: Snapshot, settings, state: State, capacity: int):
         _wake_release(state, "no LS cgroup on the node") if state.wake else [])
     state.guard_cut, state.below_zero = None, False
     _grow(settings, state, capacity)
+    state.missed_at = state.healthy_at = None
     state.lab.moved()
     reason = {"rule": "slack", "step": step, "capacity": capacity, "allowance": round(state.allowance, 3)}
     why = f"{step}: BE may use {state.allowance:.2f} of {capacity} CPUs"
@@ -526,16 +535,45 @@ def _choose_step(snapshot: Snapshot, settings, state: State, rd: SlackRound) -> 
 
 
 def _grow(settings, state: State, capacity: int) -> tuple[str, list[Action]]:
-    """LS is healthy: BE leaves its floor, its hot caps are lifted, and it gains slack_grow_percent of the node."""
+    """LS is healthy: BE leaves its floor, its hot caps are lifted, and it gains slack_grow_percent of the node
+    (less near where LS last missed: _grow_allowance). The allowance it was healthy at is remembered."""
     state.at_floor = False
     lifted = _lift_hot(state, "LS healthy again") if state.hot else []
-    _grow_allowance(settings, state, capacity)
-    return "grow", lifted
+    state.healthy_at = state.allowance
+    return _grow_allowance(settings, state, capacity), lifted
 
 
-def _grow_allowance(settings, state: State, capacity: int) -> None:
-    """BE's allowance gains slack_grow_percent of the node, up to the whole node."""
-    state.allowance = min(float(capacity), state.allowance + settings.slack_grow_percent / 100 * capacity)
+def _grow_allowance(settings, state: State, capacity: int) -> str:
+    """BE's allowance gains slack_grow_percent of the node, up to the whole node. Below the BE use at which LS
+    last missed (missed_at: a whole-BE cut not found useless), half the way to it; within an eighth of a step
+    of it, nothing until probe_at, then an eighth of a step a round past it, until a whole step past it with
+    no miss forgets it. Returns the step as the decision says it.
+
+    Why: on 16 CPUs (membw, 2026-11-29) one step from the floor was 4 CPUs, past where LS missed. BE went
+    floor, 4 CPUs, a miss, a shrink, the floor again, and at 3 x LS alone it held BE at the floor while a
+    static 4.2-CPU cap met the p99. Bisecting towards the miss, waiting before probing past it (longer each
+    time it misses there again) and creeping settles BE just under the level LS tolerates; a level that
+    moved (less LS load) is found again, eight rounds a step."""
+    step = settings.slack_grow_percent / 100 * capacity
+    missed, allowance = state.missed_at, state.allowance
+    if missed is not None and allowance >= missed + step:
+        state.missed_at = missed = None
+        state.dwell = 0.0
+    said = "grow"
+    if missed is not None:
+        creep = step / CREEP_STEPS
+        now = state.lab.now if state.lab is not None else 0.0
+        if allowance < missed - creep:
+            step = min(step, max((missed - allowance) / 2, creep))
+            said = f"grow towards {missed:.2f} CPUs (where LS last missed)"
+        elif now < state.probe_at:
+            step = 0.0
+            said = f"hold near {missed:.2f} CPUs, where LS last missed, {state.probe_at - now:.0f}s more before probing"
+        else:
+            step = creep
+            said = f"grow past {missed:.2f} CPUs (where LS last missed) by {creep:.2f} a round"
+    state.allowance = min(float(capacity), allowance + step)
+    return said
 
 
 def _headroom(settings, state: State, rd: SlackRound) -> tuple[Event | None, float]:
@@ -693,6 +731,7 @@ def _verdict_step(settings, state: State, verdict: Verdict, running, experiment:
         state.guard_cut = None       # a guard's cut that bought nothing: the guard cuts no more for a while
         lab.rest_for(BE_CAP, verdict.key[1], now + float(settings.guard_cut_max))
     step = f"undo: {verdict.text()}; {_rests(lab, verdict)}"
+    _forget_miss(state, running)
     return step, _undo_actions(state, running, step, experiment)
 
 
@@ -723,6 +762,7 @@ def _release_verdict(state: State, verdict: Verdict, e, experiment: dict, units:
     if verdict.helped:
         step = f"cut again: {verdict.text()}"
         return step, _recut(state, e, step, experiment, units)
+    _forget_miss(state, e)
     return f"stay released: {verdict.text()}; {_rests(state.lab, verdict)}", []
 
 
@@ -758,6 +798,7 @@ def _lapsed_step(state: State, e) -> tuple[str, list]:
         state.guard_cut = None
     step = (f"undo: {e.key[1]} of {e.key[0]} gave no value since the {e.lever} cut (its work gone or idle): "
             f"nothing to judge the cut by")
+    _forget_miss(state, e)
     return step, _undo_actions(state, e, step, e.fields())
 
 
@@ -802,8 +843,12 @@ def _steer_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, l
     if state.at_floor and now - state.floor_since >= float(settings.slack_floor_hold) and running is None:
         return _raise_targets(snapshot, state, rd), []
     if running is not None:
-        if running.lever == BE_CAP and running.release is None and not state.at_floor and _deep_miss(state, rd):
+        if (running.lever == BE_CAP and running.release is None and not state.at_floor and lab.settled(now)
+                and _deep_miss(state, rd)):
+            # Only on what the signal shows after the cut: a windowed p99 holds the answers from before it
+            # for its lag, and deepened on those every cut went to the floor (16 CPUs, membw: 2 s after a shrink).
             _to_floor(state, rd)
+            state.healthy_at = None           # LS was not healthy there after all (or is no longer)
             lab.deepen(now)
             return "floor", []
         # A release under test is not cut deeper: its verdict, one window on, puts the cut back if it hurt.
@@ -825,6 +870,7 @@ def _raise_targets(snapshot: Snapshot, state: State, rd: SlackRound) -> str:
         if value * RAISE_MARGIN > target:
             state.raised[(cgroup, name)] = (value * RAISE_MARGIN, rd.now + RAISED_FOR)
     state.at_floor = state.below_zero = False
+    state.missed_at = state.healthy_at = None        # BE's use was not what LS missed for
     return "LS misses its targets without BE too: targets raised to what it shows at the floor"
 
 
@@ -861,6 +907,7 @@ def _start_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, l
         # Leaving BE alone is a lever too: where every cut bought nothing, what earlier steps took from BE
         # has no reason left either, and grows back as in a healthy round (cpu.idle decides who runs).
         lab.chose(LEAVE)
+        state.missed_at = state.healthy_at = None
         step = f"leave BE alone (cpu.idle decides who runs): every cut rests for {worst['signal']} after buying nothing"
         if state.allowance < rd.capacity:
             _grow_allowance(settings, state, rd.capacity)
@@ -876,6 +923,13 @@ def _start_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, l
                    f"hot cap on {cg} (using {rd.units[cg]:.2f} CPUs) for {worst['cgroup']} {worst['signal']}")
             for cg in capped]
     lab.start(now, BE_CAP, key, rd.be_used, cond, undo=state.allowance)
+    healthy = state.healthy_at
+    _note_miss(settings, state, rd)
+    if healthy is not None and rd.floor < healthy < rd.be_used:
+        # Where LS was healthy a while ago with less BE, the cut goes back there first; if LS still misses
+        # deeply once the signal can show it, the floor follows (_steer_cut).
+        state.allowance = healthy
+        return f"shrink (back to {healthy:.2f} CPUs, where LS was last healthy)", []
     if _deep_miss(state, rd):
         _to_floor(state, rd)
         return "floor", []
@@ -903,6 +957,36 @@ def _guard_cut(settings, state: State, rd: SlackRound) -> str:
     state.guard_cut = (until, state.allowance, worst["signal"])
     state.allowance *= 1 - settings.slack_shrink_percent / 100
     return f"guard: one cut for at most {float(settings.guard_cut_max):g}s ({worst['signal']} over target, the SLO met)"
+
+
+def _note_miss(settings, state: State, rd: SlackRound) -> None:
+    """A whole-BE cut starts: LS missed with BE using rd.be_used. Where that is near the last miss (within an
+    eighth of a step: the probe past it missed), the wait before the next probe doubles; else it starts over."""
+    creep = settings.slack_grow_percent / 100 * rd.capacity / CREEP_STEPS
+    again = state.missed_at is not None and abs(rd.be_used - state.missed_at) <= 2 * creep
+    state.dwell = min(2 * state.dwell, DWELL_MAX) if again and state.dwell else DWELL_FIRST
+    state.missed_at = max(rd.be_used, rd.floor)
+    state.probe_at = rd.now + state.dwell
+    state.missed_band = _load_band(rd)
+
+
+def _load_band(rd: SlackRound) -> int:
+    return conditions(rd.others, rd.capacity, (), "")[0]
+
+
+def _forget_stale_miss(state: State, rd: SlackRound) -> None:
+    """Where LS's load moved to another fifth of the node since the miss, BE's use then says nothing of now:
+    growth goes back to whole steps (and a miss finds the level again)."""
+    if state.missed_at is not None and state.missed_band != _load_band(rd):
+        state.missed_at = state.healthy_at = None
+        state.dwell = 0.0
+
+
+def _forget_miss(state: State, e) -> None:
+    """A whole-BE cut found useless (or with nothing to judge it by): BE's use was not what LS missed for,
+    so growth need not stop short of it."""
+    if e.lever == BE_CAP:
+        state.missed_at = None
 
 
 def _undo(state: State, e) -> list[Action]:

@@ -441,6 +441,12 @@ class Lab:
             return self._end(now, self._verdict(e, shown or e.after, now))
         return None
 
+    def settled(self, now: float) -> bool:
+        """Whether the running experiment's signal can show its lever's last move by now: `settle` after it and
+        past the signal's lag (what observe() judges by). Before that a value is the state before the move."""
+        e = self.running
+        return e is not None and now >= e.changed + self.settle and now > e.changed + e.lag
+
     def due(self, e: Experiment) -> float:
         """When `e` is judged: `window` after its lever last moved, later by the signal's lag (module
         docstring)."""

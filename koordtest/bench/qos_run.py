@@ -444,9 +444,7 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
         decisions = koordd.decisions()
         out["koordd_writes"] = sum(1 for d in decisions if d.get("outcome") == "applied")
         out["koordd_window"] = window_decisions(decisions, wall0, wall0 + bench.seconds)
-        # What it did before the window (its settling time, --koordd-settle), t counted back from the window's
-        # start: the window shows its knobs as these left them. The baseline's writes (cpu.idle) are be-idle's.
-        out["koordd_before"] = [d for d in window_decisions(decisions, 0.0, wall0) if d["loop"] != "qos_baseline"]
+        out["koordd_before"] = decisions_before(decisions, wall0)
         if setup.needs_sched_ext:
             out["sched_ext_ops"] = _sched_ext_ops()
             if out["sched_ext_ops"] != "koordd":     # a comparison without the scheduler would say nothing
@@ -491,6 +489,14 @@ def window_decisions(decisions: list[dict], start: float, end: float) -> list[di
             row["said"] = d["message"]
         out.append(row)
     return out
+
+
+def decisions_before(decisions: list[dict], start: float) -> list[dict]:
+    """What koordd decided before the window that starts at `start` (its settling time, --koordd-settle), as
+    window_decisions has them but t in seconds before the window (negative): the window sees its knobs as
+    these left them. The baseline's writes (qos_baseline: cpu.idle) are left out: be-idle has them too."""
+    return [dict(d, t=round(d["t"] - start, 2)) for d in window_decisions(decisions, 0.0, start)
+            if d["loop"] != "qos_baseline"]
 
 
 class CpuMeter:

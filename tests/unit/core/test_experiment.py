@@ -490,3 +490,14 @@ def test_what_is_remembered_per_condition_is_bounded_the_oldest_going_first():
     assert conditions(1.0, 4, ["be/pod-0"], "app_p99_us") not in lab.memory
     assert conditions(1.0, 4, [f"be/pod-{MAX_CONDITIONS + 9}"], "app_p99_us") in lab.memory
     assert lab.totals["be_cap"]["app_p99_us"].nothing == MAX_CONDITIONS + 10      # the totals keep counting
+
+
+def test_a_cut_is_settled_only_once_its_signal_can_show_it_past_the_settle_time_and_its_lag():
+    lab = Lab(window=5, settle=2)
+    assert not lab.settled(0.0)                                          # nothing running
+    lab.observe(9.0, {KEY: 10000}, 2.0, lags={KEY: 3.0})
+    lab.start(9.0, "be_cap", KEY, 2.0, COND)
+    assert lab.running.lag == 3.0
+    assert [lab.settled(t) for t in (10.0, 11.0, 12.0, 12.5)] == [False, False, False, True]
+    lab.deepen(12.5)                                                     # a deeper cut: from its own move
+    assert not lab.settled(14.5) and lab.settled(16.0)

@@ -202,3 +202,15 @@ def test_koordd_is_told_the_slo_in_the_terms_asked_and_static_settings_nothing()
     assert told_target(bench, by_name["koordd"], 50) == pytest.approx(0.0022)
     bench.kernel_alone_p99 = {}                         # the sensor saw nothing: the client's figure, not none
     assert told_target(bench, by_name["koordd-slo-3"], 50) == pytest.approx(0.012)
+
+
+def test_what_koordd_decided_while_it_settled_is_kept_in_seconds_before_the_window_without_the_baseline():
+    from koordtest.bench.qos_run import decisions_before
+    decisions = [
+        {"time": 95.0, "loop": "qos_baseline", "knob": "cpu.idle", "new": "1", "outcome": "applied"},
+        {"time": 96.0, "loop": "be_suppress", "knob": "cpu.max", "new": "2000 100000", "outcome": "applied",
+         "reason": {"step": "floor", "slack": -1.8, "worst": {"signal": "app_p99_us", "value": 7384.7}}},
+        {"time": 100.5, "loop": "be_suppress", "knob": "cpu.max", "new": "402000 100000", "outcome": "applied"}]
+    assert decisions_before(decisions, 100.0) == [
+        {"t": -4.0, "loop": "be_suppress", "knob": "cpu.max", "new": "2000 100000", "outcome": "applied",
+         "step": "floor", "slack": -1.8, "signal": "app_p99_us", "measured": 7384.7}]

@@ -105,7 +105,7 @@ def test_a_lever_that_helps_is_kept_and_tried_first_next_time(node):
     relief = lambda tree: 2.0 if capped(tree, "be.slice") else 50.0
     round_(relief)
     order = []
-    for _ in range(80):
+    for _ in range(160):
         order += sorted({(e["lever"], e["verdict"]) for r in round_(relief)
                          if (e := r["reason"].get("experiment") or {}).get("verdict")})
     # hot cap first (nothing known), bought nothing; the whole-BE cap helped and was kept until LS was
