@@ -11,15 +11,18 @@ Two rules decide how much CPU BE may use (`rule`):
   so harm that shows in no run queue (memory bandwidth, cache, reclaim) counts too. The run-queue p99 is taken over at
   least 200 waits: the latest round's where LS waits often, its latest rounds' together (at most
   5 s) where it waits rarely, so one wild wait in a quiet second does not decide. While slack is 10% or more,
-  BE's allowance grows by `slack_grow_percent` of the node per tick up to the whole node, where the
+  BE's allowance grows by `slack_grow_percent` of the node per tick (after a whole-BE cut, half the way to
+  BE's use when LS missed, then after a wait, doubling each time a probe misses there, by an eighth of a
+  step a tick past it: _grow_allowance) up to the whole node, where the
   cap is lifted (`cpu.max` "max"): BE may then take any CPU that LS and the system leave idle at any
   moment, and SCHED_IDLE (qos_baseline) decides who runs; a cap at the average idle CPU would
   leave the dips in LS's demand unused. Between 5% and 10% it holds; under 5% in every round of
-  half the experiment window (at least two: one wild sample is no reason) it gives back
+  half the experiment window (at least two: one wild sample is no reason) it goes back to the allowance
+  LS was last healthy at, where BE uses more than that; else it gives back
   `slack_shrink_percent` of what BE uses (of its allowance, where that is lower), or, on a deep miss (below
   zero in this round and the last, over its target by more than a quarter of it and by more than the
-  signal's own noise: _deep_miss), drops to its floor (a cut under way deepens to the floor at a second round
-  of a deep miss), and stays there until
+  signal's own noise: _deep_miss), drops to its floor (a cut under way deepens to the floor at a later round
+  of a deep miss, once its signal can show the cut: Lab.settled), and stays there until
   the cut is judged (helped early: two rounds back at 10% slack, past the signal's settle time and lag;
   or bought nothing), or for `slack_floor_hold`: if LS
   has not recovered by then, BE is not what it is short of (its own threads contend), and each
@@ -274,7 +277,8 @@ class BeSuppress(Loop):
         if settings.rule != "slack" or state.lab is None:
             return {}
         return {"hot_caps": dict(sorted(state.hot.items())), "wake_held": state.wake,
-                "headroom": state.headroom.fields(None, state.lab.now), **state.lab.status(state.lab.now, LEVERS)}
+                "headroom": state.headroom.fields(None, state.lab.now), "levels": _levels(state),
+                **state.lab.status(state.lab.now, LEVERS)}
 
     @staticmethod
     def decide(snapshot: Snapshot, settings, state: State) -> list[Action]:
@@ -287,6 +291,16 @@ class BeSuppress(Loop):
                 del state.hot[cg]
             actions = [a for a in actions if not (a.knob == "cpu.max" and a.target in taken)] + caps
         return actions
+
+
+def _levels(state: State) -> dict:
+    """What growth remembers (_grow_allowance), for status.json: BE's CPU use at LS's last miss, the allowance
+    LS was last healthy at, and the seconds left before BE probes past the miss."""
+    def cores(v):
+        return None if v is None else round(v, 3)
+    wait = None if state.missed_at is None else round(max(state.probe_at - state.lab.now, 0.0), 1)
+    return {"missed_at_cores": cores(state.missed_at), "healthy_at_cores": cores(state.healthy_at),
+            "probe_in_s": wait}
 
 
 def _antagonists_on(settings) -> bool:
@@ -960,8 +974,9 @@ def _guard_cut(settings, state: State, rd: SlackRound) -> str:
 
 
 def _note_miss(settings, state: State, rd: SlackRound) -> None:
-    """A whole-BE cut starts: LS missed with BE using rd.be_used. Where that is near the last miss (within an
-    eighth of a step: the probe past it missed), the wait before the next probe doubles; else it starts over."""
+    """A whole-BE cut starts: LS missed with BE using rd.be_used. Where that is near the last miss (within two
+    eighths of a step: a probe past it, or the last halving below it, missed), the wait before the next probe
+    doubles; else it starts over at DWELL_FIRST."""
     creep = settings.slack_grow_percent / 100 * rd.capacity / CREEP_STEPS
     again = state.missed_at is not None and abs(rd.be_used - state.missed_at) <= 2 * creep
     state.dwell = min(2 * state.dwell, DWELL_MAX) if again and state.dwell else DWELL_FIRST

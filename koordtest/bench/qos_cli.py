@@ -43,6 +43,11 @@ work is each half's over BE alone's same half (be-alone switches too).
 Where the kernel loads koordd's app_latency program (docs/app-latency.md), the benchmark reads it too, for
 every run with LS: the server-side p99 the kernel saw next to the client's, in results.json and the report.
 
+--koordd-settle S gives koordd's runs S seconds of load beyond --warmup before their window: a controller's
+first seconds are its reaction, which a static setting has none of, and the frontier compares where each
+settles (on 16 CPUs koordd floored BE 1.9 s into a 4 s window, and the windows before set its p99). The
+window's arrivals are then a later stretch of the same seeded Poisson process; not with --low-load.
+
 --client-cpus N keeps the client off LS and BE's CPUs: its processes get the lowest N CPUs (sched_setaffinity,
 not cpusets), everything else (LS servers, BE workers, koordd, bench-qos itself) the others, and loads, server
 and worker counts and static caps count those others only. There the compiled engines poll without sleeping
@@ -252,7 +257,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--oracle", action="store_true", help="the SLO proof (see above)")
     p.add_argument("--frontier", action="store_true",
                    help="the frontier proof (see above): --oracle's runs with koordd told each SLO of --sweep, "
-                        "LS alone after every repetition, the frontier report and frontier.png")
+                        "LS alone and BE alone again after every repetition, the frontier report and frontier.png")
     p.add_argument("--sweep", default=",".join(f"{f:g}" for f in SWEEP_FACTORS),
                    help="--frontier: the SLO factors koordd is told, one run each (default %(default)s)")
     p.add_argument("--candidates", default=None,

@@ -94,3 +94,15 @@ def test_a_cut_that_bought_nothing_leaves_no_miss_behind():
     run = closed_loop(lambda used: 3000, 20)
     undone = [t for t, _, _, steps, _ in run if any(s.startswith("undo: cut bought nothing") for s in steps)]
     assert undone and run[undone[0]][4].missed_at is None
+
+
+def test_status_shows_what_growth_remembers():
+    s = settings(rule="slack")
+    run = closed_loop(step_harm, 30)
+    state = run[-1][4]
+    levels = BeSuppress.report(s, state)["levels"]
+    assert levels["missed_at_cores"] == round(state.missed_at, 3) and levels["healthy_at_cores"] == 1.39
+    assert levels["probe_in_s"] == round(state.probe_at - state.lab.now, 1) > 0
+    fresh = closed_loop(lambda used: 1000, 3)[-1][4]      # LS never missed: no miss, healthy at the whole node
+    assert BeSuppress.report(s, fresh)["levels"] == {"missed_at_cores": None, "healthy_at_cores": 4.0,
+                                                     "probe_in_s": None}
