@@ -33,7 +33,8 @@ random order per repetition, every second repetition in the one before's order r
 
 --oracle runs ls-alone, be-alone, be-idle, every be-cpu-max-N and be-idle-cpu-max-N, and koordd, with --slo-factor 1.10 unless
 given: LS alone is measured first at each load (over twice --seconds, or once under a sine), its p99 times the factor is the
-SLO, declared to koordd as its LS class's [classes.slo] latency_p99, and the report judges every run
+SLO (or --slo-ms's p99 as given: an A/B of two checkouts, each its own invocation, then tells both one
+target), declared to koordd as its LS class's [classes.slo] latency_p99, and the report judges every run
 against it (p99 at or under it over the run and in 95% of its --window windows) and names the static
 oracle: the static setting with the most BE work that meets the SLO. koordd is not told the antagonist.
 With --low-load, LS's rate follows half a sine from that load up to the (one) --loads value and back over
@@ -181,7 +182,7 @@ def run_benchmark(args, layout, tree: CgroupTree, ls_kind, workdir: Path, out: P
         # each load's rate comes from its own calibration: on a busy host the low one can come out higher
         bench.low_rate = min(rates.pop(args.low_load), rates[args.loads[0]])
     bench.switch_to = args.switch_to
-    runs = slo_baselines(bench, args, rates, workdir, out) if args.slo_factor else []
+    runs = slo_baselines(bench, args, rates, workdir, out) if args.slo_factor or args.slo_ms else []
     runs += run_all(bench, args, rates, workdir, out, runs)
     write_report(args, bench, layout, costs, rates, runs, out, can_plot)
     if bench.app_latency is not None:
@@ -220,6 +221,11 @@ def open_app_latency(args):
     return source
 
 
+def slo_target_for(args, alone_p99: float) -> float:
+    """The SLO's p99 target in seconds: --slo-ms as given, else --slo-factor times LS alone's p99."""
+    return args.slo_ms / 1000 if args.slo_ms else args.slo_factor * alone_p99
+
+
 def slo_baselines(bench: Bench, args, rates: dict[int, float], workdir: Path, out: Path) -> list[dict]:
     """LS alone at each load, first, over twice the window (under a sine, the same window: the sine spans
     it): its p99 times --slo-factor is the SLO target."""
@@ -233,11 +239,12 @@ def slo_baselines(bench: Bench, args, rates: dict[int, float], workdir: Path, ou
         bench.alone_p99[load] = record["ls"]["p99"]
         if (record.get("sensor") or {}).get("p99"):
             bench.kernel_alone_p99[load] = record["sensor"]["p99"]
-        bench.slo_target[load] = args.slo_factor * record["ls"]["p99"]
+        bench.slo_target[load] = slo_target_for(args, record["ls"]["p99"])
         kernel = bench.kernel_alone_p99.get(load)
         print(f"[slo] LS alone at {load}%: p99 {record['ls']['p99'] * 1000:.2f} ms"
               + (f" (the kernel's view {kernel * 1000:.2f} ms)" if kernel else "")
-              + f", so the SLO is {bench.slo_target[load] * 1000:.2f} ms", file=sys.stderr, flush=True)
+              + (f"; the SLO is {bench.slo_target[load] * 1000:.2f} ms as given" if args.slo_ms else
+                 f", so the SLO is {bench.slo_target[load] * 1000:.2f} ms"), file=sys.stderr, flush=True)
         (out / "results.json").write_text(json.dumps({"runs": runs, "slo_target": bench.slo_target,
                                                       "cpus": cpus_record(bench)}, indent=1))
     return runs
@@ -281,6 +288,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "docs/app-latency.md asks an operator to declare it; needs the sensor)")
     p.add_argument("--slo-factor", type=float, default=None,
                    help="the SLO: LS alone's p99 times this (default 1.10 with --oracle, else none)")
+    p.add_argument("--slo-ms", type=float, default=None,
+                   help="the SLO as a p99 in ms, the same whatever LS alone reads: an A/B of two checkouts, each "
+                        "its own invocation, then tells both sides one target (not with --slo-factor or --frontier)")
     p.add_argument("--low-load", type=int, default=None, help="LS load follows a sine from this up to --loads")
     p.add_argument("--switch-to", choices=sorted(KINDS), default=None,
                    help="BE switches to this antagonist half way through each window")
@@ -330,7 +340,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default = ["ls-alone", "be-alone", *args.candidates, "koordd"] if args.oracle else \
             [s.name for s in SETUPS if (not s.needs_sched_ext or has_sched_ext()) and s.name not in ORACLE_SETUPS[1:]]
         args.setups = ",".join(default)
-    if args.oracle and args.slo_factor is None:
+    if args.slo_ms is not None and (args.slo_ms <= 0 or args.slo_factor is not None or args.frontier):
+        p.error("--slo-ms: a positive p99 in ms, and not with --slo-factor or --frontier (whose sweep is factors)")
+    if args.oracle and args.slo_factor is None and args.slo_ms is None:
         args.slo_factor = 1.10
     if args.slo_factor is not None and args.slo_factor <= 0:
         p.error("--slo-factor must be positive")
@@ -492,7 +504,8 @@ def warn_rates(rates: dict[int, float], bench: Bench) -> None:
 def run_all(bench: Bench, args, rates: dict[int, float], workdir: Path, out: Path, before: list[dict]) -> list[dict]:
     setups = {s.name: s for s in SETUPS}
     # With an SLO, LS alone was measured first (slo_baselines): that is its one run per load
-    order = run_order([s for s in args.setups if not (args.slo_factor and s == LS_ALONE)], args.loads, args.reps,
+    order = run_order([s for s in args.setups if not ((args.slo_factor or args.slo_ms) and s == LS_ALONE)],
+                      args.loads, args.reps,
                       args.seed, alone_between=args.frontier)
     runs = []
     for i, (rep, name, load) in enumerate(order):
@@ -548,7 +561,8 @@ def write_report(args, bench: Bench, layout, costs: dict[int, float], rates: dic
         about.append(f"{BE_ALONE}: {be_base:.4g} {UNITS[bench.antagonist]} per second")
     if told := sorted({(r["load"], r["slo_terms"]) for r in runs if r.get("slo_terms")}):
         alone = {"kernel": bench.kernel_alone_p99, "client": bench.alone_p99}
-        about.append("koordd told its SLO as a factor of LS alone's p99 (the first baseline) " + "; ".join(
+        about.append((f"the SLO given: {args.slo_ms:g} ms (--slo-ms), whatever LS alone read; " if args.slo_ms else "")
+                     + "koordd told its SLO as a factor of LS alone's p99 (the first baseline) " + "; ".join(
             f"at {load}%: as the {terms} saw it, {alone[terms][load] * 1000:.2f} ms" for load, terms in told)
             + " (the SLO is judged on the client's figure)")
     if bench.low_rate is not None:

@@ -184,3 +184,17 @@ def test_bench_qos_takes_a_settling_time_for_koordd_but_not_beside_a_sine_or_bel
         with pytest.raises(SystemExit):
             bench_qos_args(base + bad)
         assert "--koordd-settle" in capsys.readouterr().err
+
+
+def test_an_slo_given_in_ms_is_the_target_whatever_ls_alone_reads_and_refused_beside_a_factor(capsys):
+    from koordtest.bench.qos_cli import slo_target_for
+    base = ["--engine", "python", "--no-install", "--loads", "50", "--setups", "be-idle,koordd"]
+    given = bench_qos_args(base + ["--slo-ms", "8"])
+    assert slo_target_for(given, 0.004) == slo_target_for(given, 0.016) == pytest.approx(0.008)
+    factor = bench_qos_args(base + ["--slo-factor", "1.5"])
+    assert slo_target_for(factor, 0.004) == pytest.approx(0.006)
+    assert bench_qos_args(["--oracle"] + base + ["--slo-ms", "8"]).slo_factor is None    # no default factor
+    for bad in (["--slo-ms", "0"], ["--slo-ms", "8", "--slo-factor", "1.5"], ["--slo-ms", "8", "--frontier"]):
+        with pytest.raises(SystemExit):
+            bench_qos_args(base + bad)
+        assert "--slo-ms" in capsys.readouterr().err
