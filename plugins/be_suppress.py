@@ -565,7 +565,8 @@ def _grow_allowance(settings, state: State, capacity: int) -> str:
 
     Why: on 16 CPUs (membw, 2026-11-29) one step from the floor was 4 CPUs, past where LS missed. BE went
     floor, 4 CPUs, a miss, a shrink, the floor again, and at 3 x LS alone it held BE at the floor while a
-    static 4.2-CPU cap met the p99. Bisecting towards the miss, waiting before probing past it (longer each
+    static 4.2-CPU cap kept the run's p99 under
+    the target with 33% of BE's work. Bisecting towards the miss, waiting before probing past it (longer each
     time it misses there again) and creeping settles BE just under the level LS tolerates; a level that
     moved (less LS load) is found again, eight rounds a step."""
     step = settings.slack_grow_percent / 100 * capacity
