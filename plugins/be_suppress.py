@@ -500,7 +500,7 @@ def _without_ls(snapshot: Snapshot, settings, state: State, capacity: int):
         _wake_release(state, "no LS cgroup on the node") if state.wake else [])
     state.guard_cut, state.below_zero = None, False
     _grow(settings, state, capacity)
-    state.missed_at = state.healthy_at = None
+    _forget_levels(state)
     state.lab.moved()
     reason = {"rule": "slack", "step": step, "capacity": capacity, "allowance": round(state.allowance, 3)}
     why = f"{step}: BE may use {state.allowance:.2f} of {capacity} CPUs"
@@ -565,19 +565,17 @@ def _grow_allowance(settings, state: State, capacity: int) -> str:
 
     Why: on 16 CPUs (membw, 2026-11-29) one step from the floor was 4 CPUs, past where LS missed. BE went
     floor, 4 CPUs, a miss, a shrink, the floor again, and at 3 x LS alone it held BE at the floor while a
-    static 4.2-CPU cap kept the run's p99 under
-    the target with 33% of BE's work. Bisecting towards the miss, waiting before probing past it (longer each
-    time it misses there again) and creeping settles BE just under the level LS tolerates; a level that
-    moved (less LS load) is found again, eight rounds a step."""
+    static 4.2-CPU cap kept the run's p99 under the target with 33% of BE's work. Bisecting towards the miss,
+    waiting before probing past it (longer each time it misses there again) and creeping settles BE just
+    under the level LS tolerates; a level that moved (less LS load) is found again, eight rounds a step."""
     step = settings.slack_grow_percent / 100 * capacity
     missed, allowance = state.missed_at, state.allowance
     if missed is not None and allowance >= missed + step:
         state.missed_at = missed = None
-        state.dwell = 0.0
     said = "grow"
     if missed is not None:
         creep = step / CREEP_STEPS
-        now = state.lab.now if state.lab is not None else 0.0
+        now = state.lab.now
         if allowance < missed - creep:
             step = min(step, max((missed - allowance) / 2, creep))
             said = f"grow towards {missed:.2f} CPUs (where LS last missed)"
@@ -885,7 +883,7 @@ def _raise_targets(snapshot: Snapshot, state: State, rd: SlackRound) -> str:
         if value * RAISE_MARGIN > target:
             state.raised[(cgroup, name)] = (value * RAISE_MARGIN, rd.now + RAISED_FOR)
     state.at_floor = state.below_zero = False
-    state.missed_at = state.healthy_at = None        # BE's use was not what LS missed for
+    _forget_levels(state)                            # BE's use was not what LS missed for
     return "LS misses its targets without BE too: targets raised to what it shows at the floor"
 
 
@@ -922,7 +920,7 @@ def _start_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, l
         # Leaving BE alone is a lever too: where every cut bought nothing, what earlier steps took from BE
         # has no reason left either, and grows back as in a healthy round (cpu.idle decides who runs).
         lab.chose(LEAVE)
-        state.missed_at = state.healthy_at = None
+        _forget_levels(state)
         step = f"leave BE alone (cpu.idle decides who runs): every cut rests for {worst['signal']} after buying nothing"
         if state.allowance < rd.capacity:
             _grow_allowance(settings, state, rd.capacity)
@@ -994,8 +992,13 @@ def _forget_stale_miss(state: State, rd: SlackRound) -> None:
     """Where LS's load moved to another fifth of the node since the miss, BE's use then says nothing of now:
     growth goes back to whole steps (and a miss finds the level again)."""
     if state.missed_at is not None and state.missed_band != _load_band(rd):
-        state.missed_at = state.healthy_at = None
-        state.dwell = 0.0
+        _forget_levels(state)
+
+
+def _forget_levels(state: State) -> None:
+    """Growth remembers nothing: BE's use and allowance then say nothing of what LS tolerates now. (The wait
+    before a probe needs no reset: _note_miss starts it over where no miss is remembered.)"""
+    state.missed_at = state.healthy_at = None
 
 
 def _forget_miss(state: State, e) -> None:
