@@ -25,6 +25,7 @@ random order per repetition, every second repetition in the one before's order r
     be-quota-half  BE cpu.max at half the node
     koordd         koordd with config/koordd.toml as shipped (or --koordd-config), its LS and BE classes
                    on our cgroups
+    koordd-b       koordd as setup koordd, run from --koordd-b's program (another checkout's bin/koordd)
     koordd-scx     the same plus koordd's own sched_ext scheduler (docs/sched-ext.md); only on a kernel
                    with sched_ext, and not in the default list elsewhere
     be-cpu-max-N   BE cpu.max at N% of the node (N = 10, 20 ... 90): the static oracle's candidates
@@ -48,6 +49,12 @@ every run with LS: the server-side p99 the kernel saw next to the client's, in r
 first seconds are its reaction, which a static setting has none of, and the frontier compares where each
 settles (on 16 CPUs koordd floored BE 1.9 s into a 4 s window, and the windows before set its p99). The
 window's arrivals are then a later stretch of the same seeded Poisson process; not with --low-load.
+
+--koordd-b OTHER/.venv/bin/koordd compares two programs in one invocation: setup koordd-b runs that program
+with setup koordd's config and SLO, its runs interleaved with koordd's and the rest, so both sides share LS
+alone's baseline, the target and the host's drift. The report adds the pairs (same repetition and load:
+the same arrival times) side by side. Two invocations each measure their own LS alone, and on a noisy host
+tell the two sides different targets.
 
 --client-cpus N keeps the client off LS and BE's CPUs: its processes get the lowest N CPUs (sched_setaffinity,
 not cpusets), everything else (LS servers, BE workers, koordd, bench-qos itself) the others, and loads, server
@@ -94,9 +101,9 @@ from koordtest.koordd_proc import SHIPPED_CONFIG, koordd_command, shipped_config
 from koordtest.bench.ls_servers import Memcached, Probe, Redis, find_memcached, find_redis
 from koordtest.bench.packages import apt_install
 from koordtest.bench.probe import bytes_for
-from koordtest.bench.qos_report import markdown, plot, slo_table, window_plot
-from koordtest.bench.qos_run import (BE, LS, ORACLE_SETUPS, SETUP_NAMES, SETUPS, Bench, CpuSplit, on_cpus, run_one,
-                                     run_order, split_cpus)
+from koordtest.bench.qos_report import ab_table, markdown, plot, slo_table, window_plot
+from koordtest.bench.qos_run import (BE, KOORDD_A, KOORDD_B, LS, ORACLE_SETUPS, SETUP_NAMES, SETUPS, Bench,
+                                     CpuSplit, on_cpus, run_one, run_order, split_cpus)
 from koordtest.bench.qos_stats import BE_ALONE, LS_ALONE, baselines, median_spread, summarise
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 from koordd.backends.cgroup_knobs import KNOBS
@@ -166,7 +173,8 @@ def run_benchmark(args, layout, tree: CgroupTree, ls_kind, workdir: Path, out: P
                   koordd_config=lambda state, changes, slo: shipped_config(
                       {"LS": [tree.path(LS)], "BE": [tree.path(BE)]}, state, args.koordd_config, changes,
                       slo={"LS": {"latency_p99": f"{slo * 1e6:.0f}us"}} if slo else None),
-                  koordd_command=koordd_command(), window=args.window, app_latency=open_app_latency(args),
+                  koordd_command=koordd_command(),
+                  koordd_command_b=koordd_command(str(args.koordd_b)) if args.koordd_b else None, window=args.window, app_latency=open_app_latency(args),
                   koordd_terms=args.koordd_terms, cpus=args.cpus, koordd_settle=args.koordd_settle)
     bench.remember_knobs()
     calibrated = calibrate(bench, args.loads + ([args.low_load] if args.low_load else []), workdir,
@@ -320,6 +328,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--koordd-config", type=Path, default=SHIPPED_CONFIG,
                    help="the config of setup koordd, its LS and BE classes pointed at the benchmark's cgroups "
                         "(default: config/koordd.toml as shipped)")
+    p.add_argument("--koordd-b", type=Path,
+                   help="an A/B of two programs in one invocation: setup koordd-b runs this koordd (another "
+                        "checkout's .venv/bin/koordd) with setup koordd's config and SLO (see above)")
     p.add_argument("--no-install", action="store_true", help="never apt-get install; say what is missing")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -336,9 +347,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.oracle = True
     if args.setups is None and args.frontier:
         args.setups = ",".join(["ls-alone", "be-alone", *args.candidates, *(koordd_setup(f) for f in args.sweep)])
+    if args.koordd_b is not None and args.frontier:
+        p.error("--koordd-b: not with --frontier (its sweep's koordd-slo-F setups run one program); "
+                "give --slo-factor or --slo-ms instead")
+    if args.koordd_b is not None and not (args.koordd_b.is_file() and os.access(args.koordd_b, os.X_OK)):
+        p.error(f"--koordd-b {args.koordd_b}: not an executable file (another checkout's .venv/bin/koordd)")
     if args.setups is None:
-        default = ["ls-alone", "be-alone", *args.candidates, "koordd"] if args.oracle else \
-            [s.name for s in SETUPS if (not s.needs_sched_ext or has_sched_ext()) and s.name not in ORACLE_SETUPS[1:]]
+        default = ["ls-alone", "be-alone", *args.candidates, KOORDD_A] if args.oracle else \
+            [s.name for s in SETUPS if (not s.needs_sched_ext or has_sched_ext()) and s.name not in ORACLE_SETUPS[1:]
+             and not s.program_b]
+        if args.koordd_b is not None:
+            default.insert(default.index(KOORDD_A) + 1, KOORDD_B)
         args.setups = ",".join(default)
     if args.slo_ms is not None and (args.slo_ms <= 0 or args.slo_factor is not None or args.frontier):
         p.error("--slo-ms: a positive p99 in ms, and not with --slo-factor or --frontier (whose sweep is factors)")
@@ -350,6 +369,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.setups) - set(SETUP_NAMES)
     if unknown:
         p.error(f"unknown setups {sorted(unknown)}; known: {', '.join(SETUP_NAMES)}")
+    if (KOORDD_B in args.setups) != (args.koordd_b is not None):
+        p.error("setup koordd-b and --koordd-b go together: the program to run, and the setup that runs it")
     if not has_sched_ext() and (needing := [s.name for s in SETUPS if s.needs_sched_ext and s.name in args.setups]):
         p.error(f"setups {', '.join(needing)}: {missing_reason()}")
     if args.reps < 1 or args.seconds <= 0:
@@ -578,6 +599,9 @@ def write_report(args, bench: Bench, layout, costs: dict[int, float], rates: dic
             window_plot(runs, bench.slo_target, out / "windows.png",
                         f"{bench.ls_kind.name} vs {bench.antagonist}"
                         + (f" then {bench.switch_to}" if bench.switch_to else "") + ": each window's LS p99")
+    if any(r["setup"] == KOORDD_B for r in runs):
+        report += (f"\n## A/B: {KOORDD_A} ({git_describe()}) against {KOORDD_B} ({args.koordd_b}), pair by pair\n\n"
+                   + ab_table(runs, bench.slo_target, KOORDD_A, KOORDD_B) + "\n")
     if any(r.get("sensor") for r in runs):
         report += "\n## The kernel's view: LS p99 from koordd's app_latency program against the client's\n\n" \
             + sensor_table(runs) + "\n"

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from koordtest.bench.common import cell, page
 from koordtest.bench.qos_stats import (BE_ALONE, LS_ALONE, WINDOWS_MET, Row, SloVerdict, Spread, baselines,
-    be_work_ratio, oracle, ratio, slo_verdicts)
+    be_work_ratio, median_spread, oracle, ratio, slo_verdicts)
 
 COLUMNS = ("LS load", "setup", "LS p50", "LS p99", "LS p99.9", "BE work", "BE share of LS-idle CPU",
            "LS p99 (ms)", "other CPU", "client CPU")
@@ -77,6 +77,47 @@ def slo_table(runs: Sequence[dict], targets: dict, candidates: Sequence[str]) ->
                f"{100 * WINDOWS_MET:.0f}% of its 10 s windows. BE work: over {BE_ALONE}'s (with the antagonist "
                "switching half way, the mean of the halves' ratios).")
     return "\n".join(out)
+
+
+def ab_table(runs: Sequence[dict], targets: dict, a: str, b: str) -> str:
+    """An A/B of two programs (bench-qos --koordd-b) pair by pair: the runs of `a` and `b` at one repetition and
+    load had the same arrival times, LS alone and BE alone, so each pair compares the programs and nothing
+    else. Per pair each side's LS p99, whether it met the SLO (where one was given), its BE work over the
+    repetition's BE alone and koordd's writes in the window; then b over a as medians, and the pairs where b
+    had the lower p99 and the more BE work (a sign count: which way the pairs lean, not a size)."""
+    loads = sorted({r["load"] for r in runs if r["setup"] in (a, b)}, key=lambda x: (x is None, x or 0))
+    out = []
+    for load in loads:
+        target = targets.get(load)
+        verdicts = {(v.rep, v.setup): v for v in slo_verdicts(runs, load, target if target else float("inf"))}
+        writes = {(r.get("rep", 0), r["setup"]): _writes(r) for r in runs if r["load"] == load}
+        pairs = [(rep, verdicts[(rep, a)], verdicts[(rep, b)]) for rep in sorted({rep for rep, _ in verdicts})
+                 if (rep, a) in verdicts and (rep, b) in verdicts]
+        if not pairs:
+            continue
+        out += [f"LS load {'sine' if load is None else f'{load}%'}"
+                + (f": SLO p99 <= {target * 1000:.2f} ms" if target else ": no SLO given"), "",
+                f"| rep | {a} p99 (ms) | {b} p99 (ms) | {a} meets | {b} meets | {a} BE work | {b} BE work | "
+                "writes in the window (a / b) |", "|---|---|---|---|---|---|---|---|"]
+        for rep, va, vb in pairs:
+            met = (lambda v: "yes" if v.meets else "no") if target else (lambda v: "-")
+            out.append(f"| {rep + 1} | {va.p99 * 1000:.2f} | {vb.p99 * 1000:.2f} | {met(va)} | {met(vb)} | "
+                       f"{_pct(va.be_work)} | {_pct(vb.be_work)} | {writes[(rep, a)]} / {writes[(rep, b)]} |")
+        p99s = [ratio(vb.p99, va.p99) for _, va, vb in pairs]
+        works = [ratio(vb.be_work, va.be_work) for _, va, vb in pairs]
+        lower = sum(1 for _, va, vb in pairs if vb.p99 < va.p99)
+        more = sum(1 for _, va, vb in pairs if None not in (va.be_work, vb.be_work) and vb.be_work > va.be_work)
+        out += ["", f"{b} over {a}, median (min-max) of {len(pairs)} pairs: LS p99 {times(median_spread(p99s))}, "
+                f"BE work {times(median_spread(works))}; {b} had the lower p99 in {lower} and the more BE work in "
+                f"{more} of {len(pairs)} pairs"
+                + (f"; met the SLO in {sum(v.meets for _, _, v in pairs)} against {a}'s "
+                   f"{sum(v.meets for _, v, _ in pairs)}" if target else "") + ".", ""]
+    return "\n".join(out)
+
+
+def _writes(run: dict) -> str:
+    window = run.get("koordd_window")
+    return "-" if window is None else str(sum(1 for d in window if d.get("outcome") == "applied"))
 
 
 def _rank(setup: str, candidates: Sequence[str]) -> tuple:

@@ -39,6 +39,7 @@ CLIENT_STARTUP = 1.0     # seconds for the client's Python to start and connect 
 WATCHED_KNOBS = ["cpu.max", "cpu.weight", "cpu.idle"]
 RECLAIM_COUNTERS = ("pgscan_kswapd", "pgscan_direct")
 LS, BE = "ls", "be"
+KOORDD_A, KOORDD_B = "koordd", "koordd-b"
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Setup:
     config_changes: tuple[tuple[str, object], ...] = ()      # koordd: ("loops.x.option", value) over the config
     needs_sched_ext: bool = False                             # runs only on a kernel with sched_ext
     slo_factor: float | None = None   # koordd: its SLO is this x LS alone's p99 (else the benchmark's target)
+    program_b: bool = False           # koordd: run --koordd-b's program (another checkout's), not this one's
 
 
 SETUPS = (
@@ -66,7 +68,7 @@ SETUPS = (
           knobs=lambda ncpu: {"cpu.weight": "1"}, idle_threads=True),
     Setup("be-quota-half", "BE cpu.max at half the node's CPUs",
           knobs=lambda ncpu: {"cpu.max": f"{ncpu * PERIOD_US // 2} {PERIOD_US}"}),
-    Setup("koordd", "koordd with config/koordd.toml as shipped, its LS and BE classes on the benchmark's cgroups "
+    Setup(KOORDD_A, "koordd with config/koordd.toml as shipped, its LS and BE classes on the benchmark's cgroups "
           "(with --slo-factor: LS declares its SLO, [classes.slo] latency_p99 = the benchmark's target)",
           koordd=True),
     Setup("koordd-scx", "the same, plus koordd's own sched_ext scheduler (loop sched_ext: LS and BE on SCHED_EXT, "
@@ -74,6 +76,11 @@ SETUPS = (
           config_changes=(("loops.sched_ext.enabled", True), ("loops.sched_ext.ext_classes", ["LS", "BE"]),
                           ("loops.sched_ext.scheduler", "koordd"), ("loops.qos_baseline.be_cpu_idle", False)),
           needs_sched_ext=True),
+    # An A/B of two programs in one invocation: one LS-alone baseline and target for both, their runs interleaved
+    # with the rest. Two invocations measured LS alone at 15.86 and 4.00 ms on the 2-CPU host and told the two
+    # sides targets of 23.8 and 6.0 ms (docs/benchmarks.md): no pair compared.
+    Setup(KOORDD_B, "koordd as setup koordd (the same config and SLO), run from --koordd-b's program: another "
+          "checkout's bin/koordd", koordd=True, program_b=True),
 )
 ORACLE_PERCENTS = tuple(range(10, 100, 10))
 
@@ -216,6 +223,7 @@ class Bench:
     realtime_client: bool
     koordd_config: Callable[[Path, tuple, float | None], str]   # (state dir, a setup's config_changes, the LS
     koordd_command: list[str]                                    # SLO's p99 target in seconds or None) -> config
+    koordd_command_b: list[str] | None = None    # --koordd-b: the other program of an A/B (setup koordd-b)
     switch_to: str | None = None     # the antagonist kind BE switches to half way through the window
     low_rate: float | None = None    # LS rate follows half a sine from this up to the run's rate and back
     window: float = 10.0             # seconds per window of the client's window p99s
@@ -250,6 +258,16 @@ class Bench:
                 raise RuntimeError(f"{when}: knobs of {cg} are {now}, not {values} as before the benchmark")
 
 
+def koordd_command_for(bench: Bench, setup: Setup) -> list[str]:
+    """The koordd a setup runs: --koordd-b's program for koordd-b (the other side of an A/B), this checkout's
+    for every other."""
+    if not setup.program_b:
+        return bench.koordd_command
+    if bench.koordd_command_b is None:
+        raise RuntimeError(f"setup {setup.name} needs --koordd-b (the other program of an A/B)")
+    return bench.koordd_command_b
+
+
 def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: Path, load: int | None = None) -> dict:
     """One run; `rate` is the LS request rate (None for a setup without LS), `load` its name (the SLO's key)."""
     workdir.mkdir(parents=True)
@@ -279,7 +297,7 @@ def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: 
             if slo is not None:
                 record["slo_target"], record["slo_terms"] = slo, told_terms(bench, load)
             koordd = KoorddProcess(bench.koordd_config(workdir / "koordd" / "state", setup.config_changes, slo),
-                                   workdir / "koordd", bench.koordd_command) if setup.koordd else None
+                                   workdir / "koordd", koordd_command_for(bench, setup)) if setup.koordd else None
             if koordd:
                 # Before any request: the window measures koordd running, not its start (see wait_ready).
                 record["koordd_ready_s"] = round(koordd.start().wait_ready(), 2)
