@@ -529,9 +529,11 @@ def _choose_step(snapshot: Snapshot, settings, state: State, rd: SlackRound) -> 
     guarding = rd.guarding and state.allowance > rd.floor
     if s is not None and s < HOLD_AT:
         if state.guard_cut is not None:
-            # a guard's cut, and now the SLO itself is at risk: the guard's cut ends (BE back where it was), the
-            # guard rests, and the SLO decides from here (a cut of its own once confirmed)
-            _end_guard_cut(settings, state, rd.now)
+            # a guard's cut, and now the SLO itself is at risk: the guard's cut ends and the guard rests, but BE
+            # keeps the cut (an SLO at risk is no reason to give BE more; on 2 CPUs, redis against the memory
+            # antagonist, BE had its CPU back for the 2 s the SLO's own cut took to confirm), and the SLO
+            # decides from here (a cut of its own once confirmed)
+            _end_guard_cut(settings, state, rd.now, give_back=False)
         return _steer_cut(snapshot, settings, state, rd)
     if running is not None and running.bound is None:
         return ("floor (LS recovering)" if state.at_floor else f"hold: judging {_what(running)}"), []
@@ -829,14 +831,17 @@ def _guard_cut_over(settings, state: State, now: float) -> str | None:
     return f"guard cut ends after {float(settings.guard_cut_max):g}s: the SLO decides, and it is met"
 
 
-def _end_guard_cut(settings, state: State, now: float) -> None:
-    """End the guard's cut: BE gets back what it had before it, the cut's experiment (if still running) ends
-    without a verdict, and the guard's lever rests guard_cut_max for its signal."""
+def _end_guard_cut(settings, state: State, now: float, give_back: bool = True) -> None:
+    """End the guard's cut: BE gets back what it had before it (`give_back`; not where the SLO itself is at
+    risk), the cut's experiment (if still running) ends without a verdict, and the guard's lever rests
+    guard_cut_max for its signal."""
     lab = state.lab
     _, base, signal = state.guard_cut
     if lab.running is not None and lab.running.bound is not None:
         lab.abandon()
-    state.guard_cut, state.allowance = None, max(state.allowance, base)
+    state.guard_cut = None
+    if give_back:
+        state.allowance = max(state.allowance, base)
     lab.rest_for(BE_CAP, signal, now + float(settings.guard_cut_max))
 
 

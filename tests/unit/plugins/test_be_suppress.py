@@ -422,6 +422,27 @@ def test_with_the_slo_met_a_guard_cut_that_helped_still_ends_within_guard_cut_ma
     assert allowances[:10] == [2.0] + [1.4] * 8 + [2.0], allowances
 
 
+def test_where_the_slo_comes_at_risk_during_a_guard_cut_be_keeps_the_cut_and_the_slo_decides_from_there():
+    # redis against the memory antagonist on 2 CPUs: a guard cut (runq_p99_us over, the SLO met), then the SLO
+    # at risk ended it and BE got its CPU back for the 2 s the SLO's own cut took to confirm, then lost it again.
+    s = settings(rule="slack")
+    state = BeSuppress.initial_state(s)
+    late = (0,) * 13 + (1000,)                        # every answer 4-8 ms against the SLO's 5 ms
+    allowances, steps = [], []
+    for t in range(8):
+        quota = 200_000 if state.allowance is None else round(state.allowance * PERIOD)
+        snap = slo_met(at(t), 4096, quota)
+        if t >= 3:
+            app = AppLatency(1000, 0.0, 0.0, quantile_us(late, 0.99), quantile_us(late, 0.999), 0.0, late)
+            snap = dataclasses.replace(snap, sections={**snap.sections, APP_LATENCY: {"ls": app}})
+        steps.append([a.reason["step"] for a in BeSuppress.decide(snap, s, state) if a.value])
+        allowances.append(round(state.allowance, 2))
+    assert steps[1] and steps[1][0].startswith("guard: one cut") and allowances[1] == 1.4, (steps, allowances)
+    # the SLO at risk from t=3: the guard's cut ends (the guard rests), BE keeps it while the SLO's cut confirms
+    assert state.guard_cut is None and allowances[3] == allowances[4] == 1.4, (steps, allowances)
+    assert max(allowances[2:]) <= 1.4 and any(x and not x[0].startswith("guard") for x in steps[4:]), steps
+
+
 def test_a_guard_neither_holds_nor_cuts_be_at_its_floor_while_the_slo_is_met():
     # A 60 s run on 2 CPUs: BE left at its floor, the SLO met (52% slack), LS's own threads keeping its
     # cpu.pressure over target. The guard "cut" BE at its floor and held it there for guard_cut_max (30 s) while
