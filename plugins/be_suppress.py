@@ -111,7 +111,7 @@ from dataclasses import dataclass, field, replace
 
 from koordd.core.cgroup_text import CFS_QUOTA_MIN, MAX_CPUS, format_cpu_max, format_cpulist, parse_cpu_max, parse_cpulist
 from koordd.core.classes import NON_BE
-from koordd.core.experiment import BUSY_CORES, History, Lab, Verdict, conditions
+from koordd.core.experiment import BUSY_CORES, History, Lab, Verdict, conditions, show_value
 from koordd.core.headroom import STOLEN_MS, Event, Headroom
 from koordd.core.health import (LATENCY_SENSITIVE, SLO_QUANTILES, SLO_SIGNALS, SOCKET_FULL, RunqWindow, ls_signals,
                                 worst_slack)
@@ -920,6 +920,8 @@ def _start_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, l
     cond = rd.conditions(worst["signal"])
     if _wake_free(snapshot, settings, state, worst["signal"]):
         return _wake_lever(state, key, rd.be_used, cond, worst)
+    if (hopeless := _cannot_show(lab, key, now)) is not None:
+        return hopeless, []
     levers = lab.order([HOT_CAP, BE_CAP] if len(rd.units) >= 2 else [BE_CAP], cond, now)
     if not levers:
         # Leaving BE alone is a lever too: where every cut bought nothing, what earlier steps took from BE
@@ -969,12 +971,27 @@ def _guard_cut(settings, state: State, rd: SlackRound) -> str:
         return f"guard: hold ({worst['signal']} over target, the SLO met; its cut rests)"
     if not lab.confirmed((worst["cgroup"], worst["signal"]), now, worst["target"]):
         return f"guard: hold ({worst['signal']} over target, the SLO met; confirming before a cut)"
+    if (hopeless := _cannot_show(lab, (worst["cgroup"], worst["signal"]), now)) is not None:
+        return "guard: " + hopeless
     cond = rd.conditions(worst["signal"])
     until = now + float(settings.guard_cut_max)
     lab.start(now, BE_CAP, (worst["cgroup"], worst["signal"]), rd.be_used, cond, undo=state.allowance, bound=until)
     state.guard_cut = (until, state.allowance, worst["signal"])
     state.allowance *= 1 - settings.slack_shrink_percent / 100
     return f"guard: one cut for at most {float(settings.guard_cut_max):g}s ({worst['signal']} over target, the SLO met)"
+
+
+def _cannot_show(lab: Lab, key, now: float) -> str | None:
+    """The hold where a cut on `key` could never be judged to have helped (Lab.can_show: the signal's noise
+    asks more of it than the signal's whole level), else None. Such a cut would cost BE its window and be
+    undone whatever it did; BE holds instead, and the cut comes once the noise has left the signal's last
+    minute."""
+    possible, before, need = lab.can_show(key, now)
+    if possible:
+        return None
+    signal = key[1]
+    return (f"hold: no cut could show here ({signal} at {show_value(signal, before)}, its noise asks a gain of "
+            f"{show_value(signal, need)})")
 
 
 def _note_miss(settings, state: State, rd: SlackRound) -> None:

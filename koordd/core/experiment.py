@@ -310,9 +310,9 @@ class Verdict:
 
     def text(self) -> str:
         sig = self.key[1]
-        falling = "" if self.expected is None else f"falling on its own to {_show(sig, self.expected)}, "
-        figures = (f"{sig} {_show(sig, self.before)} -> {_show(sig, self.after)} ({falling}noise "
-                   f"{_show(sig, self.noise)}, margin {_show(sig, self.margin)}, {self.n_before}/{self.n_after} rounds)")
+        falling = "" if self.expected is None else f"falling on its own to {show_value(sig, self.expected)}, "
+        figures = (f"{sig} {show_value(sig, self.before)} -> {show_value(sig, self.after)} ({falling}noise "
+                   f"{show_value(sig, self.noise)}, margin {show_value(sig, self.margin)}, {self.n_before}/{self.n_after} rounds)")
         if self.release:
             back = "" if self.back is None else f", {self.back:.0%} of what the cut bought"
             if self.helped:
@@ -340,7 +340,7 @@ def given_back(cut: Verdict, level: float) -> float:
     return (level - cut.after) / bought if bought > 0 else 0.0
 
 
-def _show(signal: str, value: float) -> str:
+def show_value(signal: str, value: float) -> str:
     """A signal's value as an operator reads it: latencies (…_us) in ms, others as they are."""
     return f"{value / 1000:.2f} ms" if signal.endswith("_us") else f"{value:.3g}"
 
@@ -524,12 +524,10 @@ class Lab:
         prompted the cut; over the whole window a windowed p99 that was still climbing towards the level
         that prompted the cut was judged by its healthy start, and a cut that bought 53 -> 14 ms was
         "bought nothing" against a before of 15.6 ms)."""
-        span = self.confirm if self.confirm is not None else self.window / 2
-        points = self.history.points.get(key, ())
-        past = [(t, v) for t, v in points if now - span - 1e-9 < t <= now]
-        before = statistics.median(v for _, v in past) if past else 0.0
+        past, before = self._before(key, now)
         sigma, r = self.history.spread(key, until=now)
-        fall = drift([(t, v) for t, v in points if now - self.window - 1e-9 < t <= now], sigma)
+        fall = drift([(t, v) for t, v in self.history.points.get(key, ()) if now - self.window - 1e-9 < t <= now],
+                     sigma)
         self.running = Experiment(lever, key, now, now, before, sigma, be_cores, cond, undo, bound,
                                   n_before=max(len(past), 1), correlation=r, drift=fall,
                                   lag=self.lags.get(key, 0.0),
@@ -538,6 +536,31 @@ class Lab:
         if release is None:
             self.chosen[lever] = self.chosen.get(lever, 0) + 1
         return self.running
+
+    def _before(self, key: Key, now: float) -> tuple[list[tuple[float, float]], float]:
+        """The signal's values over the confirmation span up to now, and their median: a cut's level before."""
+        span = self.confirm if self.confirm is not None else self.window / 2
+        past = [(t, v) for t, v in self.history.points.get(key, ()) if now - span - 1e-9 < t <= now]
+        return past, statistics.median(v for _, v in past) if past else 0.0
+
+    def can_show(self, key: Key, now: float) -> tuple[bool, float, float]:
+        """Whether a cut started now on `key` could ever be judged to have helped, and (the level before, the
+        least margin its verdict could ask). A signal cannot fall below zero, so a cut whose margin is at least
+        its level before can never pass: on the 2-CPU host a hypervisor stall (a p99 of 0.9 s) left an SLO's
+        noise at 132 ms for the next minute, and a floor taken at 21.85 ms was judged against a 421 ms margin
+        and undone, BE's CPU gone for its whole window. The least margin: the after window as full as the
+        experiment's due time allows (the round interval the signal's own history shows) right after the
+        cut, where it moves most with the values before, or any shorter such window, whichever asks least:
+        every verdict asks at least that much."""
+        past, before = self._before(key, now)
+        sigma, r = self.history.spread(key, until=now)
+        times = [t for t, _ in self.history.points.get(key, ())]
+        interval = statistics.median(b - a for a, b in zip(times, times[1:])) if len(times) > 1 else 0.0
+        reach = self.window + self.lags.get(key, 0.0) - self.settle
+        n_after = max(int(reach / interval) + 1, 1) if interval > 0 else 1
+        at_before = range(1 - max(len(past), 1), 1)
+        need = min(margin(before, sigma, r, at_before, range(1, n + 1)) for n in range(1, n_after + 1))
+        return before > need, before, need
 
     def retest(self, lever: str, cond: tuple, now: float) -> bool:
         """Whether a cut of `lever` judged helped under `cond` should be released once to test it (module

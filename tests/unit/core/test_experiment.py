@@ -501,3 +501,42 @@ def test_a_cut_is_settled_only_once_its_signal_can_show_it_past_the_settle_time_
     assert [lab.settled(t) for t in (10.0, 11.0, 12.0, 12.5)] == [False, False, False, True]
     lab.deepen(12.5)                                                     # a deeper cut: from its own move
     assert not lab.settled(14.5) and lab.settled(16.0)
+
+
+def test_a_cut_no_verdict_could_call_helped_is_known_before_it_is_taken():
+    # A minute that swung between 1 ms and 60 ms (a host that stalled), then 20 ms: a verdict would ask more
+    # than 20 ms of the cut, which no signal can give (it cannot fall below zero).
+    lab = Lab(window=5, settle=2)
+    for t, v in enumerate([1000, 60000] * 15 + [20000] * 3):
+        lab.observe(float(t), {KEY: v}, 2.0)
+    possible, before, need = lab.can_show(KEY, 32.0)
+    assert not possible and before == 20000 and need > before, (before, need)
+    # taken anyway, and the signal at zero after it: bought nothing
+    lab.start(32.0, "be_cap", KEY, 2.0, COND)
+    verdicts = [v for t in range(33, 45) if (v := lab.observe(float(t), {KEY: 0.0}, 0.1))]
+    assert verdicts and not verdicts[0].helped and verdicts[0].margin >= need
+    # a calm minute at 10 ms, then 30 ms: a cut can show
+    lab = Lab(window=5, settle=2)
+    for t, v in enumerate([10000] * 30 + [30000] * 3):
+        lab.observe(float(t), {KEY: v}, 2.0)
+    assert lab.can_show(KEY, 32.0)[0]
+
+
+def test_where_a_cut_cannot_show_even_a_signal_gone_to_zero_is_no_gain_200_random_minutes():
+    # The least margin can_show() reckons is a lower bound of every verdict's: where it says no cut could
+    # show, a cut taken anyway is never judged helped, though its signal falls to zero at once.
+    impossible = 0
+    for seed in range(200):
+        rng = random.Random(seed)
+        lab, scale, lag = Lab(window=5, settle=2), rng.choice([0.05, 0.3, 1.0, 3.0]), rng.choice([0.0, 1.5, 3.0])
+        for t in range(40):
+            value = max(LEVEL * (1 + scale * rng.gauss(0, 1)), 0.0) * (rng.choice([1, 1, 1, 8]) if scale > 1 else 1)
+            lab.observe(float(t), {KEY: value}, 1.0, lags={KEY: lag})
+        possible, before, need = lab.can_show(KEY, 39.0)
+        if possible:
+            continue
+        impossible += 1
+        lab.start(39.0, "be_cap", KEY, 1.0, COND)
+        verdict = next(v for t in range(40, 80) if (v := lab.observe(float(t), {KEY: 0.0}, 0.1, lags={KEY: lag})))
+        assert not verdict.helped and verdict.margin >= need - 1e-9, (seed, before, need, verdict)
+    assert 20 <= impossible <= 180, impossible          # both kinds of minute were drawn (88 of 200)

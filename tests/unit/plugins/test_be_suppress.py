@@ -581,9 +581,12 @@ def test_a_shallow_miss_takes_a_share_of_what_be_uses_a_deep_one_the_floor():
     lows = [100, 900, 400, 1700, 1200, 600, 1500, 300, 1100, 800, 1800, 200]
     highs = [3900, 2100, 3100, 2600, 3500, 2300, 2900, 3700, 2000, 3300, 2500, 3600]
     wander = [float(v) for pair in zip(lows, highs) for v in pair]
-    noisy = miss_rounds(wander + [3000.0] * 3)
+    noisy = miss_rounds(wander + [3000.0] * 4)
     assert all(q is None or step == "grow" for step, q in noisy[:len(wander) + 1]), noisy
-    assert noisy[len(wander) + 1] == ("shrink (below zero)", 35_000), noisy
+    # Confirmed, but a cut's verdict would ask 3.23 ms of a signal at 3 ms (Lab.can_show): it holds a round,
+    # until the steady 3 ms outweigh the wander in the noise (1.19 ms, a margin of 2.72 ms), then shrinks.
+    assert noisy[len(wander) + 1][0].startswith("hold: no cut could show here (runq_p99_us at 3.00 ms"), noisy
+    assert noisy[len(wander) + 2] == ("shrink (below zero)", 35_000), noisy
     # the same miss after a quiet minute (0.4-0.6 ms): confirmed a round later (the last quiet value is under)
     calm = miss_rounds([500.0, 600.0, 400.0, 550.0] * 6 + [3000.0] * 3)
     assert calm[len(wander) + 2] == ("floor", 2000), calm
