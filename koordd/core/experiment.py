@@ -546,7 +546,7 @@ class Lab:
     def can_show(self, key: Key, now: float) -> tuple[bool, float, float]:
         """Whether a cut started now on `key` could ever be judged to have helped, and (the level before, the
         least margin its verdict could ask). A signal cannot fall below zero, so a cut whose margin is at least
-        its level before can never pass: on the 2-CPU host a hypervisor stall (a p99 of 0.9 s) left an SLO's
+        its level before can never pass: on the 2-CPU host a stall (a p99 of 0.9 s) left an SLO's
         noise at 132 ms for the next minute, and a floor taken at 21.85 ms was judged against a 421 ms margin
         and undone, BE's CPU gone for its whole window. The least margin: the after window as full as the
         experiment's due time allows (the round interval the signal's own history shows) right after the
