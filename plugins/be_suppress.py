@@ -920,8 +920,6 @@ def _start_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, l
     cond = rd.conditions(worst["signal"])
     if _wake_free(snapshot, settings, state, worst["signal"]):
         return _wake_lever(state, key, rd.be_used, cond, worst)
-    if (hopeless := _cannot_show(lab, key, now)) is not None:
-        return hopeless, []
     levers = lab.order([HOT_CAP, BE_CAP] if len(rd.units) >= 2 else [BE_CAP], cond, now)
     if not levers:
         # Leaving BE alone is a lever too: where every cut bought nothing, what earlier steps took from BE
@@ -933,6 +931,8 @@ def _start_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, l
             _grow_allowance(settings, state, rd.capacity)
             step += "; BE grows back"
         return step, []
+    if (hopeless := _cannot_show(lab, key, now)) is not None:
+        return hopeless, []
     if levers[0] == HOT_CAP:
         capped = _hot_cap(state, settings, rd.units, key)
         lab.start(now, HOT_CAP, key, rd.be_used, cond, undo=capped)

@@ -312,7 +312,8 @@ class Verdict:
         sig = self.key[1]
         falling = "" if self.expected is None else f"falling on its own to {show_value(sig, self.expected)}, "
         figures = (f"{sig} {show_value(sig, self.before)} -> {show_value(sig, self.after)} ({falling}noise "
-                   f"{show_value(sig, self.noise)}, margin {show_value(sig, self.margin)}, {self.n_before}/{self.n_after} rounds)")
+                   f"{show_value(sig, self.noise)}, margin {show_value(sig, self.margin)}, "
+                   f"{self.n_before}/{self.n_after} rounds)")
         if self.release:
             back = "" if self.back is None else f", {self.back:.0%} of what the cut bought"
             if self.helped:
@@ -547,7 +548,7 @@ class Lab:
         """Whether a cut started now on `key` could ever be judged to have helped, and (the level before, the
         least margin its verdict could ask). A signal cannot fall below zero, so a cut whose margin is at least
         its level before can never pass: on the 2-CPU host a stall (a p99 of 0.9 s) left an SLO's
-        noise at 132 ms for the next minute, and a floor taken at 21.85 ms was judged against a 421 ms margin
+        noise at 132 ms for the next minute, and a floor taken at 21.85 ms was judged against a 420.61 ms margin
         and undone, BE's CPU gone for its whole window. The least margin: the after window as full as the
         experiment's due time allows (the round interval the signal's own history shows) right after the
         cut, where it moves most with the values before, or any shorter such window, whichever asks least:

@@ -174,7 +174,8 @@ def run_benchmark(args, layout, tree: CgroupTree, ls_kind, workdir: Path, out: P
                       {"LS": [tree.path(LS)], "BE": [tree.path(BE)]}, state, args.koordd_config, changes,
                       slo={"LS": {"latency_p99": f"{slo * 1e6:.0f}us"}} if slo else None),
                   koordd_command=koordd_command(),
-                  koordd_command_b=koordd_command(str(args.koordd_b)) if args.koordd_b else None, window=args.window, app_latency=open_app_latency(args),
+                  koordd_command_b=koordd_command(str(args.koordd_b)) if args.koordd_b else None,
+                  window=args.window, app_latency=open_app_latency(args),
                   koordd_terms=args.koordd_terms, cpus=args.cpus, koordd_settle=args.koordd_settle)
     bench.remember_knobs()
     calibrated = calibrate(bench, args.loads + ([args.low_load] if args.low_load else []), workdir,
