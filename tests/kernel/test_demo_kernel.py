@@ -197,5 +197,7 @@ def test_a_killed_demo_takes_its_processes_along(demo_run):
     run.proc.kill()
     run.wait()
     assert wait_for(lambda: not run.processes(), 20), f"still running: {run.processes()}"
-    assert not any(running(pid) for pid in koordd), f"koordd {koordd} still running"
+    # koordd's stop restores what it wrote before it exits: its workers' SIGKILL is instant, its SIGTERM is not
+    # (a full run on 2026-11-29 found it still stopping once the workers had gone, the host busy with tests)
+    assert wait_for(lambda: not any(running(pid) for pid in koordd), 20), f"koordd {koordd} still running"
     assert wait_for(lambda: not run.be_changed(), 5), "koordd did not restore BE's knobs on its way out"
