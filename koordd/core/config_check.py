@@ -10,7 +10,6 @@ class_check.py.
 """
 from __future__ import annotations
 
-import difflib
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
@@ -63,6 +62,7 @@ class Checker:
         self.errors.append((line_of(self.lines, keypath), f"{dotted(keypath)}: {msg}"))
 
     def unknown(self, keypath: tuple, choices: Iterable[str], what: str) -> None:
+        import difflib      # here, not at the top: a valid config never needs it, and the daemon keeps what it imports
         choices = list(choices)
         close = difflib.get_close_matches(str(keypath[-1]), choices, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(choices) or 'none'}"

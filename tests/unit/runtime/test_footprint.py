@@ -25,6 +25,7 @@ OPTIONAL = {
     "bcc": "replaced by the CO-RE loader (81 MB of LLVM)",
     "numpy": "no koordd code path",
     "matplotlib": "benchmarks only",
+    "difflib": "the config checker's suggestion for an unknown key only (0.4 MB)",
 }
 
 RUN = """
