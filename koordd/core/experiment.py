@@ -96,6 +96,7 @@ DRIFT_ROUNDS = 4                 # ... judged over at least this many values
 LOAD_BANDS = 5                   # LS load in fifths of the node
 BUSY_CORES = 0.1                 # a BE cgroup using less is not "busy" in a condition
 MAX_CONDITIONS = 256             # conditions remembered (they name BE cgroups: pods come and go), oldest dropped
+MAX_AFTER_ROUNDS = 32            # can_show() bounds a verdict's margin over at most this many values after a cut
 GIVE_BACK = 0.5                  # a release confirms a cut only where it gives back this share of what the cut bought
 
 
@@ -552,13 +553,17 @@ class Lab:
         and undone, BE's CPU gone for its whole window. The least margin: the after window as full as the
         experiment's due time allows (the round interval the signal's own history shows) right after the
         cut, where it moves most with the values before, or any shorter such window, whichever asks least:
-        every verdict asks at least that much."""
+        every verdict asks at least that much. Where that window cannot be sized (no round interval yet) or
+        would hold more than MAX_AFTER_ROUNDS values (the sum costs their square each), a cut is let through:
+        the check only ever holds BE where it has the bound, and a round never pays more than that."""
         past, before = self._before(key, now)
-        sigma, r = self.history.spread(key, until=now)
         times = [t for t, _ in self.history.points.get(key, ())]
         interval = statistics.median(b - a for a, b in zip(times, times[1:])) if len(times) > 1 else 0.0
         reach = self.window + self.lags.get(key, 0.0) - self.settle
-        n_after = max(int(reach / interval) + 1, 1) if interval > 0 else 1
+        if interval <= 0 or reach / interval + 1 > MAX_AFTER_ROUNDS:
+            return True, before, 0.0
+        n_after = max(int(reach / interval) + 1, 1)
+        sigma, r = self.history.spread(key, until=now)
         at_before = range(1 - max(len(past), 1), 1)
         need = min(margin(before, sigma, r, at_before, range(1, n + 1)) for n in range(1, n_after + 1))
         return before > need, before, need

@@ -540,3 +540,18 @@ def test_where_a_cut_cannot_show_even_a_signal_gone_to_zero_is_no_gain_200_rando
         verdict = next(v for t in range(40, 80) if (v := lab.observe(float(t), {KEY: 0.0}, 0.1, lags={KEY: lag})))
         assert not verdict.helped and verdict.margin >= need - 1e-9, (seed, before, need, verdict)
     assert 20 <= impossible <= 180, impossible          # both kinds of minute were drawn (88 of 200)
+
+
+def test_where_the_after_window_would_hold_too_many_rounds_to_bound_a_cut_is_let_through():
+    # Rounds 10 ms apart (an interval no loop has, or a history fed twice a round): a verdict's window would
+    # hold 301 values, whose least margin costs their square each to sum. can_show does not hold BE on a
+    # bound it did not compute, however noisy the signal.
+    lab = Lab(window=5, settle=2)
+    for i, v in enumerate([1000, 60000] * 15 + [20000] * 3):
+        lab.observe(i * 0.01, {KEY: v}, 2.0)
+    assert lab.can_show(KEY, 32 * 0.01) == (True, 20000, 0.0)
+    # the same values a second apart are held (the first test above)
+    lab = Lab(window=5, settle=2)
+    for t, v in enumerate([1000, 60000] * 15 + [20000] * 3):
+        lab.observe(float(t), {KEY: v}, 2.0)
+    assert not lab.can_show(KEY, 32.0)[0]
