@@ -62,8 +62,9 @@ Two rules decide how much CPU BE may use (`rule`):
   Where a class declares an SLO its application latency steers; its run-queue latency and pressure
   only guard: over their targets while the SLO is met (or silent for over 2 s) they hold BE's growth
   and may cut once, by `slack_shrink_percent`; holding and cutting together last `guard_cut_max` at
-  most, then the SLO decides and the guard rests as long; never to the floor, and not at all while BE is
-  at its floor (what a proxy sees then is LS's own).
+  most, then the SLO decides and the guard rests as long, twice as long after each such episode in a row
+  that the SLO stayed met through (at most 16 times; the SLO at risk starts it over); never to the floor,
+  and not at all while BE is at its floor (what a proxy sees then is LS's own).
 - "threshold" (koordlet's rule), described next.
 
 Reads: node CPU in use, CPU usage of every classified cgroup, `cpu.pressure`
@@ -159,6 +160,7 @@ class State:
     guard_cut: tuple | None = None                   # rule slack: a guard's cut: (until, allowance before, signal)
     guard_since: float | None = None                 # rule slack: since when a guard holds or cuts BE (the SLO met)
     guard_off_until: float = 0.0                     # rule slack: a guard that held guard_cut_max rests until then
+    guard_rest_times: int = 1                        # rule slack: the guard's next rest, in guard_cut_max (_guard_rest)
     slo_seen: dict[str, float] = field(default_factory=dict)   # rule slack: class root -> its SLO's last value's time
     hot: dict[str, str] = field(default_factory=dict)        # rule slack: BE cgroup under a hot cap -> cpu.max
     be_cpu: History = field(default_factory=lambda: History(60.0))   # rule slack: BE cgroups' CPU, to attribute
@@ -207,7 +209,8 @@ class BeSuppress(Loop):
                "bought nothing may cost: after one, its lever rests at least long enough to keep to it (a 6 s floor "
                "rests 54 s at 10%)", min=1, max=100),
         Option("guard_cut_max", Duration, Duration(30.0), "rule slack: where a class's SLO is met, the longest its "
-               "run-queue latency or pressure alone holds or cuts BE (then it rests as long)", min=1, max=3600),
+               "run-queue latency or pressure alone holds or cuts BE (then it rests as long, doubling each time in a row the "
+               "SLO stayed met, up to 16 times)", min=1, max=3600),
         Option("wake_lever", bool, True, "rule slack: a lever that asks the kernel for 0 µs CPU wake-up latency "
                "(/dev/cpu_dma_latency: CPUs stay out of deep idle) while LS is at risk, tried before any cut, kept "
                "while it helps; false turns it off. Never tried where the host has no cpuidle driver: no request changes "
@@ -383,6 +386,7 @@ STEAL_SAID_MS = 20.0              # a round's steal the decision's sentence name
 SLO_GAP = 2.0                     # seconds: a round this soon after the SLO's last value lies between two values
 CREEP_STEPS = 8                   # past the BE use at which LS last missed, BE grows by this fraction of a step
 DWELL_FIRST, DWELL_MAX = 10.0, 320.0   # seconds BE waits near where LS missed before probing past it, doubling
+GUARD_REST_TIMES = 16             # a guard rests at most this many times guard_cut_max (_guard_rest)
 
 
 def _split(snapshot: Snapshot, signals: list) -> tuple[list, list]:
@@ -714,17 +718,33 @@ def _note_slo_rounds(snapshot: Snapshot, state: State, signals: list, steer: tup
 
 def _guard_clock(settings, state: State, steer: tuple | None, guard: tuple | None, now: float) -> bool:
     """Time how long a guard has held (or cut) BE while the SLO is met: after guard_cut_max the SLO decides
-    and the guard rests as long. Returns whether a guard may act this round."""
+    and the guard rests (_guard_rest). Returns whether a guard may act this round."""
     s = steer[0] if steer is not None else None
     g = guard[0] if guard is not None else None
-    guard_max = float(settings.guard_cut_max)
+    if s is not None and s < HOLD_AT:
+        state.guard_rest_times = 1    # the SLO itself at risk: what a guard sees matters again, its rest starts over
     if g is None or g >= HOLD_AT or (s is not None and s < HOLD_AT) or now < state.guard_off_until:
         state.guard_since = None
     elif state.guard_since is None:
         state.guard_since = now
-    elif now - state.guard_since >= guard_max and state.guard_cut is None:
-        state.guard_since, state.guard_off_until = None, now + guard_max
+    elif now - state.guard_since >= float(settings.guard_cut_max) and state.guard_cut is None:
+        _guard_rest(settings, state, now)
     return g is not None and now >= state.guard_off_until
+
+
+def _guard_rest(settings, state: State, now: float, signal: str | None = None) -> float:
+    """A guard's episode (its hold, or its bounded cut, for guard_cut_max) ended with the SLO met throughout
+    (the SLO at risk ends it otherwise): the guard rests guard_cut_max, doubling for each such episode in a row
+    up to GUARD_REST_TIMES times (_guard_clock starts it over when the SLO comes at risk), and so does the
+    whole-BE cut for `signal`. At a fixed rest, a run-queue proxy that stayed over its target while the SLO was
+    met cut BE by 30% for 30 s of every minute for as long as it lasted (15% of BE's work, the SLO met
+    throughout): the stall a guard is for is one the SLO cannot see yet, and the SLO saw none. Returns the rest."""
+    rest = float(settings.guard_cut_max) * state.guard_rest_times
+    state.guard_rest_times = min(2 * state.guard_rest_times, GUARD_REST_TIMES)
+    state.guard_since, state.guard_off_until = None, now + rest
+    if signal is not None:
+        state.lab.rest_for(BE_CAP, signal, now + rest)
+    return rest
 
 
 def _verdict_step(settings, state: State, verdict: Verdict, running, experiment: dict,
@@ -827,14 +847,15 @@ def _guard_cut_over(settings, state: State, now: float) -> str | None:
     """A guard's bounded cut that ran guard_cut_max ends: the step that says so, else None."""
     if state.guard_cut is None or now < state.guard_cut[0]:
         return None
-    _end_guard_cut(settings, state, now)
-    return f"guard cut ends after {float(settings.guard_cut_max):g}s: the SLO decides, and it is met"
+    rest = _end_guard_cut(settings, state, now)
+    return (f"guard cut ends after {float(settings.guard_cut_max):g}s: the SLO decides, and it is met; "
+            f"the guard rests {rest:g}s")
 
 
-def _end_guard_cut(settings, state: State, now: float, give_back: bool = True) -> None:
-    """End the guard's cut: BE gets back what it had before it (`give_back`; not where the SLO itself is at
-    risk), the cut's experiment (if still running) ends without a verdict, and the guard's lever rests
-    guard_cut_max for its signal."""
+def _end_guard_cut(settings, state: State, now: float, give_back: bool = True) -> float:
+    """End the guard's cut and its experiment (if still running) without a verdict. Where it ran its time
+    (`give_back`) BE gets back what it had before it and the guard rests (_guard_rest); where the SLO itself
+    came at risk BE keeps the cut and the guard's lever rests guard_cut_max for its signal. Returns the rest."""
     lab = state.lab
     _, base, signal = state.guard_cut
     if lab.running is not None and lab.running.bound is not None:
@@ -842,7 +863,9 @@ def _end_guard_cut(settings, state: State, now: float, give_back: bool = True) -
     state.guard_cut = None
     if give_back:
         state.allowance = max(state.allowance, base)
+        return _guard_rest(settings, state, now, signal)
     lab.rest_for(BE_CAP, signal, now + float(settings.guard_cut_max))
+    return float(settings.guard_cut_max)
 
 
 def _unmeasured_slos(snapshot: Snapshot, signals: list) -> list[str]:

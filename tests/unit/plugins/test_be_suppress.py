@@ -443,6 +443,38 @@ def test_where_the_slo_comes_at_risk_during_a_guard_cut_be_keeps_the_cut_and_the
     assert max(allowances[2:]) <= 1.4 and any(x and not x[0].startswith("guard") for x in steps[4:]), steps
 
 
+def test_a_guard_whose_cuts_the_slo_never_needed_rests_twice_as_long_each_time_until_the_slo_is_at_risk():
+    # Ten minutes on 4 CPUs, the SLO met throughout; LS's run queue waits 4.1 ms at p99 while BE may use the
+    # whole node and 2.1 ms (still over its 2 ms proxy target) once it is cut: each guard's cut helped the
+    # proxy and the SLO never needed it. At a fixed rest the guard cut BE by 30% for 30 s of every minute
+    # (cuts at 1, 62, 123, ..., 550: ten): now it rests 30, 60, 120, 240 s. Then the SLO at risk for a few
+    # rounds (its own cut) starts the rest over.
+    s = settings(rule="slack")
+    state = BeSuppress.initial_state(s)
+    late = (0,) * 13 + (1000,)                        # every answer 4-8 ms against the SLO's 5 ms
+    cuts, rests, allowances = [], [], []
+    for t in range(900):
+        q = state.allowance
+        snap = slo_met(at(t), 4096 if q is None or q >= 3.9 else 2100, 400_000 if q is None else round(q * PERIOD))
+        if 600 <= t < 606:
+            app = AppLatency(1000, 0.0, 0.0, quantile_us(late, 0.99), quantile_us(late, 0.999), 0.0, late)
+            snap = dataclasses.replace(snap, sections={**snap.sections, APP_LATENCY: {"ls": app}})
+        for a in BeSuppress.decide(snap, s, state):
+            if a.value and a.reason["step"].startswith("guard: one cut"):
+                cuts.append(t)
+            if a.value and a.reason["step"].startswith("guard cut ends"):
+                rests.append(a.reason["step"].rsplit(" ", 1)[1])
+        if t < 600:
+            allowances.append(state.allowance)
+    assert [c for c in cuts if c < 600] == [1, 61, 151, 301, 571], cuts
+    assert rests[:4] == ["30s", "60s", "120s", "240s"], rests
+    assert sum(allowances) / len(allowances) > 3.65, sum(allowances) / len(allowances)     # 3.40 at a fixed rest
+    # the SLO at risk at 600-605 ended the guard's cut (and cut BE itself): the guard's rest started over, so
+    # its hold from 606 rests 30 s and its next cut comes at 666, not 480 s later
+    assert [c for c in cuts if 600 <= c < 700] == [630, 666], cuts
+    assert rests[4] == "60s", rests
+
+
 def test_a_guard_neither_holds_nor_cuts_be_at_its_floor_while_the_slo_is_met():
     # A 60 s run on 2 CPUs: BE left at its floor, the SLO met (52% slack), LS's own threads keeping its
     # cpu.pressure over target. The guard "cut" BE at its floor and held it there for guard_cut_max (30 s) while
