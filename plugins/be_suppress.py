@@ -172,6 +172,7 @@ class State:
     healthy_at: float | None = None                  # rule slack: BE's allowance in LS's last healthy round
     probe_at: float = 0.0                            # rule slack: BE grows past missed_at from then on
     dwell: float = 0.0                               # rule slack: how long it waited there last time
+    unshowable_rounds: int = 0                       # rule slack: rounds that held BE where no cut could show (_cannot_show)
     missed_band: int | None = None                   # rule slack: LS's load band (fifths of the node) at the miss
 
 
@@ -280,6 +281,7 @@ class BeSuppress(Loop):
         if settings.rule != "slack" or state.lab is None:
             return {}
         return {"hot_caps": dict(sorted(state.hot.items())), "wake_held": state.wake,
+                "unshowable_rounds": state.unshowable_rounds,
                 "headroom": state.headroom.fields(None, state.lab.now), "levels": _levels(state),
                 **state.lab.status(state.lab.now, LEVERS)}
 
@@ -954,7 +956,7 @@ def _start_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, l
             _grow_allowance(settings, state, rd.capacity)
             step += "; BE grows back"
         return step, []
-    if (hopeless := _cannot_show(lab, key, now)) is not None:
+    if (hopeless := _cannot_show(state, key, now)) is not None:
         return hopeless, []
     if levers[0] == HOT_CAP:
         capped = _hot_cap(state, settings, rd.units, key)
@@ -994,7 +996,7 @@ def _guard_cut(settings, state: State, rd: SlackRound) -> str:
         return f"guard: hold ({worst['signal']} over target, the SLO met; its cut rests)"
     if not lab.confirmed((worst["cgroup"], worst["signal"]), now, worst["target"]):
         return f"guard: hold ({worst['signal']} over target, the SLO met; confirming before a cut)"
-    if (hopeless := _cannot_show(lab, (worst["cgroup"], worst["signal"]), now)) is not None:
+    if (hopeless := _cannot_show(state, (worst["cgroup"], worst["signal"]), now)) is not None:
         return "guard: " + hopeless
     cond = rd.conditions(worst["signal"])
     until = now + float(settings.guard_cut_max)
@@ -1004,14 +1006,15 @@ def _guard_cut(settings, state: State, rd: SlackRound) -> str:
     return f"guard: one cut for at most {float(settings.guard_cut_max):g}s ({worst['signal']} over target, the SLO met)"
 
 
-def _cannot_show(lab: Lab, key, now: float) -> str | None:
+def _cannot_show(state: State, key, now: float) -> str | None:
     """The hold where a cut on `key` could never be judged to have helped (Lab.can_show: the signal's noise
     asks more of it than the signal's whole level), else None. Such a cut would cost BE its window and be
     undone whatever it did; BE holds instead, and the cut comes once the noise has left the signal's last
-    minute."""
-    possible, before, need = lab.can_show(key, now)
+    minute. Such rounds write nothing, so they are counted for status.json (report: unshowable_rounds)."""
+    possible, before, need = state.lab.can_show(key, now)
     if possible:
         return None
+    state.unshowable_rounds += 1
     signal = key[1]
     return (f"hold: no cut could show here ({signal} at {show_value(signal, before)}, its noise asks a gain of "
             f"{show_value(signal, need)})")

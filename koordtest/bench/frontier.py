@@ -248,6 +248,10 @@ def koordd_activity(runs: Sequence[dict], load) -> list[str]:
         if any("koordd_before" in r for r in mine):
             ends = ", ".join(str(r.get("be_cpu_max")) for r in mine)
             line += f"; {before} writes before them (settling); BE's cpu.max at the windows' end: {ends}"
+        unshowable = [r["koordd_unshowable"] for r in mine if r.get("koordd_unshowable") is not None]
+        if any(unshowable):
+            line += (f"; held BE where no cut could show in {sum(unshowable)} rounds ({sum(1 for n in unshowable if n)} "
+                     f"of {len(mine)} runs, counted from koordd's start: such rounds write nothing)")
         if acted == 0 and before == 0:
             line += ("; with none, its BE ran as under be-idle, and where their points differ that is the runs' "
                      "own scatter (and koordd's own CPU)")

@@ -456,13 +456,16 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
     out["be_cpu_max"] = read_knobs(bench.fs, bench.tree.path(BE), ["cpu.max"]).get("cpu.max")
     if koordd:
         koordd.check_running()
-        failures = {n: r["failures"] for n, r in koordd.status()["loops"].items() if r["failures"]}
+        loops = koordd.status()["loops"]
+        failures = {n: r["failures"] for n, r in loops.items() if r["failures"]}
         if failures:
             raise RuntimeError(f"koordd loops failed during the run: {failures}\n{koordd.log_tail()}")
         decisions = koordd.decisions()
         out["koordd_writes"] = sum(1 for d in decisions if d.get("outcome") == "applied")
         out["koordd_window"] = window_decisions(decisions, wall0, wall0 + bench.seconds)
         out["koordd_before"] = decisions_before(decisions, wall0)
+        # rounds that held BE where no cut could show write nothing: only be_suppress's report counts them
+        out["koordd_unshowable"] = ((loops.get("be_suppress") or {}).get("report") or {}).get("unshowable_rounds")
         if setup.needs_sched_ext:
             out["sched_ext_ops"] = _sched_ext_ops()
             if out["sched_ext_ops"] != "koordd":     # a comparison without the scheduler would say nothing

@@ -104,6 +104,18 @@ def test_the_report_says_how_often_koordd_acted_in_its_measured_windows():
     assert lines[1].startswith("- koordd-slo-2: decided something in 0 of 1 measured windows, 0 writes; with none")
 
 
+def test_the_report_counts_the_rounds_koordd_held_be_where_no_cut_could_show():
+    # they write nothing, so only be_suppress's report (status.json) has them; runs from before it have no count
+    runs = [dict(run(koordd_setup(1.5), 3.0, 50.0, rep=0), koordd_window=[], koordd_unshowable=3),
+            dict(run(koordd_setup(1.5), 3.0, 50.0, rep=1), koordd_window=[], koordd_unshowable=0),
+            dict(run(koordd_setup(1.5), 3.0, 50.0, rep=2), koordd_window=[]),
+            dict(run(koordd_setup(2.0), 3.0, 50.0, rep=0), koordd_window=[], koordd_unshowable=0)]
+    held, none = koordd_activity(runs, 50)
+    assert ("; held BE where no cut could show in 3 rounds (1 of 3 runs, counted from koordd's start: such rounds "
+            "write nothing)") in held, held
+    assert "no cut could show" not in none
+
+
 def test_koordd_holds_an_slo_only_by_meeting_it_with_95_percent_of_the_oracles_be_work():
     runs = [be_alone(), run("ls-alone", 2.0), run("be-idle-cpu-max-50", 2.4, 50.0),
             run(koordd_setup(1.25), 2.3, 48.0), run(koordd_setup(1.5), 2.5, 47.0), run(koordd_setup(2.0), 4.5, 60.0)]
