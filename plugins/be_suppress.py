@@ -504,7 +504,7 @@ def _without_ls(snapshot: Snapshot, settings, state: State, capacity: int):
         extra += _undo_actions(state, running, step, running.fields())
     extra += _lift_hot(state, "no LS cgroup on the node") + (
         _wake_release(state, "no LS cgroup on the node") if state.wake else [])
-    state.guard_cut, state.below_zero = None, False
+    state.guard_cut, state.below_zero, state.guard_rest_times = None, False, 1     # the next LS starts anew
     _grow(settings, state, capacity)
     _forget_levels(state)
     state.lab.moved()

@@ -473,6 +473,12 @@ def test_a_guard_whose_cuts_the_slo_never_needed_rests_twice_as_long_each_time_u
     # its hold from 606 rests 30 s and its next cut comes at 666, not 480 s later
     assert [c for c in cuts if 600 <= c < 700] == [630, 666], cuts
     assert rests[4] == "60s", rests
+    # the LS service gone from the node: the next one starts anew
+    assert state.guard_rest_times > 1
+    gone = slo_met(at(900), 4096)
+    gone = dataclasses.replace(gone, sections={}, slo={}, cgroups={"be": gone.cgroups["be"]})
+    BeSuppress.decide(gone, s, state)
+    assert state.guard_rest_times == 1
 
 
 def test_a_guard_neither_holds_nor_cuts_be_at_its_floor_while_the_slo_is_met():
