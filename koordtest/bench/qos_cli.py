@@ -103,7 +103,7 @@ from koordtest.bench.packages import apt_install
 from koordtest.bench.probe import bytes_for
 from koordtest.bench.qos_report import ab_table, markdown, plot, slo_table, window_plot
 from koordtest.bench.qos_run import (BE, KOORDD_A, KOORDD_B, LS, ORACLE_SETUPS, SETUP_NAMES, SETUPS, Bench,
-                                     CpuSplit, on_cpus, run_one, run_order, split_cpus)
+                                     CpuSplit, follow_alone, on_cpus, run_one, run_order, split_cpus)
 from koordtest.bench.qos_stats import BE_ALONE, LS_ALONE, baselines, median_spread, summarise
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
 from koordd.backends.cgroup_knobs import KNOBS
@@ -272,8 +272,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "with --oracle: ls-alone, be-alone, the candidates and koordd)")
     p.add_argument("--oracle", action="store_true", help="the SLO proof (see above)")
     p.add_argument("--frontier", action="store_true",
-                   help="the frontier proof (see above): --oracle's runs with koordd told each SLO of --sweep, "
-                        "LS alone and BE alone again after every repetition, the frontier report and frontier.png")
+                   help="the frontier proof (see above): --oracle's runs with koordd told each SLO of --sweep "
+                        "(a factor of the median of LS alone's runs so far), LS alone and BE alone again after "
+                        "every repetition, the frontier report and frontier.png")
     p.add_argument("--sweep", default=",".join(f"{f:g}" for f in SWEEP_FACTORS),
                    help="--frontier: the SLO factors koordd is told, one run each (default %(default)s)")
     p.add_argument("--candidates", default=None,
@@ -536,6 +537,8 @@ def run_all(bench: Bench, args, rates: dict[int, float], workdir: Path, out: Pat
         record = run_one(bench, setups[name], rates.get(load), seed, workdir / f"run{i}", load)
         record.update(rep=rep, load=load)
         runs.append(record)
+        if args.frontier and name == LS_ALONE:
+            follow_alone(bench, before + runs, load)
         (out / "results.json").write_text(json.dumps({"runs": before + runs, "slo_target": bench.slo_target,
                                                       "cpus": cpus_record(bench)}, indent=1))
         ls, sensor = record["ls"], record.get("sensor")
@@ -584,9 +587,11 @@ def write_report(args, bench: Bench, layout, costs: dict[int, float], rates: dic
     if told := sorted({(r["load"], r["slo_terms"]) for r in runs if r.get("slo_terms")}):
         alone = {"kernel": bench.kernel_alone_p99, "client": bench.alone_p99}
         about.append((f"the SLO given: {args.slo_ms:g} ms (--slo-ms), whatever LS alone read; " if args.slo_ms else "")
-                     + "koordd told its SLO as a factor of LS alone's p99 (the first baseline) " + "; ".join(
+                     + "koordd told its SLO as a factor of LS alone's p99 ("
+                     + ("the median of its runs so far at that load: the first baseline, then with each repetition's; "
+                        "at the end " if args.frontier else "the first baseline) ") + "; ".join(
             f"at {load}%: as the {terms} saw it, {alone[terms][load] * 1000:.2f} ms" for load, terms in told)
-            + " (the SLO is judged on the client's figure)")
+            + (")" if args.frontier else "") + " (the SLO is judged on the client's figure)")
     if bench.low_rate is not None:
         about.append(f"LS load: half a sine from {args.low_load}% ({bench.low_rate:.0f} req/s) up to {args.loads[0]}% "
                      f"and back over the warm-up and window")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
 import subprocess
 import time
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from koordtest.bench.frontier import SWEEP_FACTORS, koordd_setup
 from koordtest.koordd_proc import KoorddProcess
 from koordtest.bench.ls_servers import python_module, wait_accepting, worker_env
 from koordtest.bench.openloop import window_count
+from koordtest.bench.qos_stats import LS_ALONE
 from koordtest.bench.static_knobs import StaticKnobs, read_knobs
 from koordtest.bench.steal import StealSampler, window_steal
 from koordd.core.cgroup_text import format_cpulist
@@ -343,6 +345,21 @@ def told_target(bench: Bench, setup: Setup, load: int | None) -> float | None:
         return None
     alone = bench.kernel_alone_p99 if told_terms(bench, load) == "kernel" else bench.alone_p99
     return factor * alone[load]
+
+
+def follow_alone(bench: Bench, runs: list[dict], load: int | None) -> None:
+    """The LS-alone p99 koordd's targets are factors of, at `load`: the median of LS alone's runs so far there
+    (the SLO baseline, then one after each repetition: --frontier), in both terms. The frontier's sweep judges
+    each SLO against the median of all of them; told the first baseline alone, koordd was judged against a
+    target of its own twice as tight where that one run read 33.45 ms and the median 17.37 (redis against the
+    memory antagonist, 2 CPUs)."""
+    alone = [r for r in runs if r["setup"] == LS_ALONE and r["load"] == load and r.get("ls")]
+    if not alone:
+        return
+    bench.alone_p99[load] = statistics.median(r["ls"]["p99"] for r in alone)
+    kernel = [r["sensor"]["p99"] for r in alone if (r.get("sensor") or {}).get("p99")]
+    if kernel:
+        bench.kernel_alone_p99[load] = statistics.median(kernel)
 
 
 def told_terms(bench: Bench, load: int | None) -> str:

@@ -204,6 +204,29 @@ def test_koordd_is_told_the_slo_in_the_terms_asked_and_static_settings_nothing()
     assert told_target(bench, by_name["koordd-slo-3"], 50) == pytest.approx(0.012)
 
 
+def test_in_the_frontier_koordd_is_told_factors_of_the_median_of_ls_alones_runs_so_far_not_the_first_alone():
+    # redis against the memory antagonist on 2 CPUs: the baseline read 33.45 ms, the next LS-alone runs 11.88 and
+    # 17.37; the sweep judges 1.25 x against their median, and koordd was told 1.25 x the baseline
+    from types import SimpleNamespace
+    from koordtest.bench.qos_run import follow_alone, told_target
+    setup = {s.name: s for s in SETUPS}["koordd-slo-1.25"]
+    bench = SimpleNamespace(alone_p99={50: 0.03345}, kernel_alone_p99={50: 0.01628}, slo_target={50: 0.0368},
+                            koordd_terms="client")
+    alone = lambda p99, kernel, load=50: {"setup": "ls-alone", "load": load, "ls": {"p99": p99},   # noqa: E731
+                                          "sensor": {"p99": kernel} if kernel else None}
+    runs = [alone(0.03345, 0.01628), {"setup": "be-idle", "load": 50, "ls": {"p99": 0.001}, "sensor": None},
+            alone(0.01188, None), alone(0.001, 0.001, load=20)]
+    follow_alone(bench, runs, 50)
+    assert bench.alone_p99[50] == pytest.approx((0.03345 + 0.01188) / 2)     # only LS alone, only at 50%
+    assert bench.kernel_alone_p99[50] == pytest.approx(0.01628)              # a run the sensor missed: left out
+    follow_alone(bench, runs + [alone(0.01737, 0.01593)], 50)
+    assert told_target(bench, setup, 50) == pytest.approx(1.25 * 0.01737)
+    bench.koordd_terms = "kernel"
+    assert told_target(bench, setup, 50) == pytest.approx(1.25 * (0.01628 + 0.01593) / 2)
+    follow_alone(bench, runs, 70)                                           # none there yet: as it was
+    assert 70 not in bench.alone_p99
+
+
 def test_what_koordd_decided_while_it_settled_is_kept_in_seconds_before_the_window_without_the_baseline():
     from koordtest.bench.qos_run import decisions_before
     decisions = [
