@@ -55,8 +55,8 @@ Two rules decide how much CPU BE may use (`rule`):
   (30 s by default: not on the first good round, which it may have bought), when turned off, and at stop;
   if koordd dies the kernel drops the request with its file descriptor.
   Where the hypervisor takes busy vCPUs away (steal of 50 ms or more in a round, a stall no per-miss cut can
-  answer: it is over before the cut lands) while LS is at risk, a standing headroom (`steal_headroom_percent`,
-  core/headroom.py) holds BE's allowance under the node less that share, less LS's and the system's peak, as a
+  answer: it is over before the cut lands) while LS is at risk (by its SLO where it declares one), a standing
+  headroom (`steal_headroom_percent`, core/headroom.py) holds BE's allowance under the node less that share, less LS's and the system's peak, as a
   trial of minutes judged by counting stolen rounds and rounds with LS at risk: kept for a while where both fell, else
   undone and resting.
   Where a class declares an SLO its application latency steers; its run-queue latency and pressure
@@ -609,8 +609,12 @@ def _headroom(settings, state: State, rd: SlackRound) -> tuple[Event | None, flo
         return hr.abandon("steal_headroom_percent is 0"), ceiling
     if rd.steal_ms is None:           # the first round, or the CPUs changed: nothing to count
         return hr.abandon("steal unknown this round (the node's CPUs changed)"), ceiling
-    slack = rd.s if rd.s is not None else rd.g      # at risk: under 5%, where the loop itself would cut
-    event = hr.observe(rd.now, rd.steal_ms >= STOLEN_MS, rd.be_used > ceiling, slack < HOLD_AT)
+    # At risk: the steering slack under 5%, where the loop itself would cut. A guard's word does not count: a
+    # trial holds BE for minutes, and a guard may only hold or cut it for guard_cut_max (redis against memory on
+    # 2 CPUs: the run queue's 2.05 ms of 2, before the SLO's first value, began a trial that held BE to 1.00 of
+    # 2 CPUs through a window in which the SLO had 60% slack).
+    at_risk = rd.s is not None and rd.s < HOLD_AT
+    event = hr.observe(rd.now, rd.steal_ms >= STOLEN_MS, rd.be_used > ceiling, at_risk)
     if hr.held:
         state.allowance = min(state.allowance, ceiling)
     return event, ceiling
