@@ -56,9 +56,9 @@ Two rules decide how much CPU BE may use (`rule`):
   if koordd dies the kernel drops the request with its file descriptor.
   Where the hypervisor takes busy vCPUs away (steal of 50 ms or more in a round, a stall no per-miss cut can
   answer: it is over before the cut lands) while LS is at risk (by its SLO where it declares one), a standing
-  headroom (`steal_headroom_percent`, core/headroom.py) holds BE's allowance under the node less that share, less LS's and the system's peak, as a
-  trial of minutes judged by counting stolen rounds and rounds with LS at risk: kept for a while where both fell, else
-  undone and resting.
+  headroom (`steal_headroom_percent`, core/headroom.py) holds BE's allowance under the node less that share,
+  less LS's and the system's peak, as a trial of minutes judged by counting stolen rounds and rounds with LS
+  at risk: kept for a while where both fell, else undone and resting.
   Where a class declares an SLO its application latency steers; its run-queue latency and pressure
   only guard: over their targets while the SLO is met (or silent for over 2 s) they hold BE's growth
   and may cut once, by `slack_shrink_percent`; holding and cutting together last `guard_cut_max` at
@@ -172,7 +172,7 @@ class State:
     healthy_at: float | None = None                  # rule slack: BE's allowance in LS's last healthy round
     probe_at: float = 0.0                            # rule slack: BE grows past missed_at from then on
     dwell: float = 0.0                               # rule slack: how long it waited there last time
-    unshowable_rounds: int = 0                       # rule slack: rounds that held BE where no cut could show (_cannot_show)
+    unshowable_rounds: int = 0                       # rule slack: rounds that held BE as no cut could show
     missed_band: int | None = None                   # rule slack: LS's load band (fifths of the node) at the miss
 
 
@@ -210,8 +210,8 @@ class BeSuppress(Loop):
                "bought nothing may cost: after one, its lever rests at least long enough to keep to it (a 6 s floor "
                "rests 54 s at 10%)", min=1, max=100),
         Option("guard_cut_max", Duration, Duration(30.0), "rule slack: where a class's SLO is met, the longest its "
-               "run-queue latency or pressure alone holds or cuts BE (then it rests as long, doubling each time in a row the "
-               "SLO stayed met, up to 16 times)", min=1, max=3600),
+               "run-queue latency or pressure alone holds or cuts BE (then it rests as long, doubling each time in "
+               "a row the SLO stayed met, up to 16 times)", min=1, max=3600),
         Option("wake_lever", bool, True, "rule slack: a lever that asks the kernel for 0 µs CPU wake-up latency "
                "(/dev/cpu_dma_latency: CPUs stay out of deep idle) while LS is at risk, tried before any cut, kept "
                "while it helps; false turns it off. Never tried where the host has no cpuidle driver: no request changes "
