@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import statistics
 import subprocess
 import time
 from contextlib import contextmanager
@@ -28,7 +27,7 @@ from koordtest.bench.frontier import SWEEP_FACTORS, koordd_setup
 from koordtest.koordd_proc import KoorddProcess
 from koordtest.bench.ls_servers import python_module, wait_accepting, worker_env
 from koordtest.bench.openloop import window_count
-from koordtest.bench.qos_stats import LS_ALONE
+from koordtest.bench.qos_stats import LS_ALONE, median_spread
 from koordtest.bench.static_knobs import StaticKnobs, read_knobs
 from koordtest.bench.steal import StealSampler, window_steal
 from koordd.core.cgroup_text import format_cpulist
@@ -356,10 +355,10 @@ def follow_alone(bench: Bench, runs: list[dict], load: int | None) -> None:
     alone = [r for r in runs if r["setup"] == LS_ALONE and r["load"] == load and r.get("ls")]
     if not alone:
         return
-    bench.alone_p99[load] = statistics.median(r["ls"]["p99"] for r in alone)
-    kernel = [r["sensor"]["p99"] for r in alone if (r.get("sensor") or {}).get("p99")]
-    if kernel:
-        bench.kernel_alone_p99[load] = statistics.median(kernel)
+    bench.alone_p99[load] = median_spread(r["ls"]["p99"] for r in alone).median
+    kernel = median_spread((r.get("sensor") or {}).get("p99") or None for r in alone)
+    if kernel is not None:
+        bench.kernel_alone_p99[load] = kernel.median
 
 
 def told_terms(bench: Bench, load: int | None) -> str:
