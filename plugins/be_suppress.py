@@ -219,9 +219,9 @@ class BeSuppress(Loop):
         Option("hot_cap_percent", float, 50.0, "rule slack: a lever that caps the busiest BE cgroups (pods, jobs) "
                "alone, to this much less than they use; 0 turns it off", min=0, max=95),
         Option("steal_headroom_percent", float, 10.0, "rule slack: where the hypervisor takes busy vCPUs away "
-               "(steal of 50 ms or more in a round) while LS is at risk, a trial of minutes holds BE to this share of "
-               "the node less than LS and the system leave; kept while it buys fewer stalls and rounds at risk, else "
-               "undone and resting; 0 turns it off", min=0, max=50),
+               "(steal of 50 ms or more in a round) while LS is at risk, seen over 5 minutes, a trial of minutes "
+               "holds BE to this share of the node less than LS and the system leave; kept while it buys fewer "
+               "stalls and rounds at risk, else undone and resting; 0 turns it off", min=0, max=50),
         Option("antagonist_signal", str, "off", "cap the BE cgroup that interferes with LS, judged by: off, "
                "runq (run-queue latency) or cpi (cycles per instruction)", choices=("off", "runq", "cpi")),
         Option("antagonist_window", Duration, Duration(300.0), "baseline and correlation window", min=10, max=3600),

@@ -18,7 +18,11 @@ use. It is an experiment of minutes, judged by counting, because the events are 
 - trigger: over the last WATCH seconds, at least TRIGGER rounds in which a vCPU lost STOLEN_MS or more
   while BE used more than the ceiling would have let it ("binding": the headroom would have changed
   something), at least half of them with LS at risk (its slack under 5%, where the loop itself cuts) in
-  that round or the FOLLOW after. Steal without LS harm, or on a node that is not full, is no reason;
+  that round or the FOLLOW after. Steal without LS harm, or on a node that is not full, is no reason.
+  Only once it has watched for WATCH seconds (from its start, a hold's or a rest's end): the trial's
+  "before" is its rate, and a burst of stalls in the first seconds read as a rate makes any quiet minute
+  after it look like the ceiling's doing. memcached against cpu at 70% on 2 CPUs: three stolen rounds in
+  koordd's first seconds began a trial that held BE to 0.35-0.52 CPUs through a window whose SLO was met;
 - trial: the ceiling holds for as many rounds as make a trial without a stolen round evidence on its own
   (the binomial test below at EVIDENCE), n_before x (EVIDENCE^(-1/k_before) - 1), from MIN_TRIAL on;
   one that would last over MAX_TRIAL seconds is not started (the stalls are too rare to judge: wait for more);
@@ -93,6 +97,7 @@ class Headroom:
     kept_in_row: int = 0
     failed_in_row: int = 0
     last: str | None = None                             # the last verdict, as said
+    watched_since: float | None = None                  # WATCHING: the first round of this watch
 
     @property
     def held(self) -> bool:
@@ -112,12 +117,14 @@ class Headroom:
         if self.phase in (KEPT, RESTING):
             if now < self.until:
                 return None
-            was, self.phase = self.phase, WATCHING
-            self.rounds.clear()       # what came before the hold or the rest described another state
+            was = self.phase
+            self._watch()             # what came before the hold or the rest described another state
             if was == KEPT:
                 return Event("headroom released", "headroom released to test it: re-tried if the host takes busy "
                              "vCPUs again")
             return None
+        if self.watched_since is None:
+            self.watched_since = now
         self.rounds.append((now, stolen, binding, at_risk))
         while self.rounds and self.rounds[0][0] < now - WATCH:
             self.rounds.popleft()
@@ -127,11 +134,17 @@ class Headroom:
         """A held ceiling goes without a verdict (no LS cgroup to protect, the lever turned off, steal unknown)."""
         if not self.held:
             return None
-        self.phase = WATCHING
-        self.rounds.clear()
+        self._watch()
         return Event("headroom released", f"headroom released: {why}")
 
+    def _watch(self) -> None:
+        """Watch again from a clean slate: the next round starts the WATCH seconds the trigger waits for."""
+        self.phase, self.watched_since = WATCHING, None
+        self.rounds.clear()
+
     def _trigger(self, now: float) -> Event | None:
+        if now - self.watched_since < WATCH:
+            return None           # no rate yet: a burst in the first seconds is not one
         marks = list(self.rounds)
         stolen = [i for i, (_, s, b, _) in enumerate(marks) if s and b]
         if len(stolen) < TRIGGER:

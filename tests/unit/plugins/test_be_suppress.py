@@ -572,22 +572,25 @@ def test_where_the_host_takes_busy_vcpus_while_ls_misses_a_standing_headroom_is_
     """steal_headroom_percent (core/headroom.py): BE filling a 4-CPU node, a vCPU stolen every 30 s and LS over
     its target right after each. Per-miss cuts cannot answer that (one round over is not confirmed). After the
     third such stall BE is held to 90% of the node less LS's 1 CPU (2.6 CPUs) for a trial; with no stall in
-    it and LS healthy it is kept, with the decision saying what it bought, and released after HOLD."""
+    it and LS healthy it is kept, with the decision saying what it bought, and released after HOLD. Not before
+    the headroom has watched for WATCH (300 s): the tenth stall, at 299 s, starts nothing; the round after does."""
     s = settings(rule="slack")
     state = BeSuppress.initial_state(s)
-    before = stolen_rounds(s, state, 0.0, 90, stolen_every=30)
+    before = stolen_rounds(s, state, 0.0, 300, stolen_every=30)
+    assert state.headroom.phase == "watching" and not any(a.reason.get("headroom") for a in before)
+    before = stolen_rounds(s, state, 300.0, 1, stolen_every=30)
     assert state.headroom.phase == "trial"
     trial = [a for a in before if a.reason.get("headroom")]
     assert trial[0].value == "260000 100000" and trial[0].reason["headroom"]["ceiling"] == 2.6, trial[0]
-    assert "headroom trial for 242 rounds" in trial[0].message
-    judged = stolen_rounds(s, state, 90.0, 242)
+    assert "headroom trial for 145 rounds" in trial[0].message
+    judged = stolen_rounds(s, state, 301.0, 145)
     kept = [a for a in judged if a.reason.get("step") and "headroom" in a.message and "bought" in a.message]
     assert state.headroom.phase == "kept" and kept, judged[-3:]
     assert kept[-1].value == "260000 100000" and kept[-1].say      # nothing moves: on record all the same
-    assert "headroom bought latency: stolen in 3 of 90 rounds -> 0 of 242" in kept[-1].message
+    assert "headroom bought latency: stolen in 10 of 301 rounds -> 0 of 145" in kept[-1].message
     report = BeSuppress.report(s, state)["headroom"]
     assert report["phase"] == "kept" and report["left_s"] == 600.0, report
-    after = stolen_rounds(s, state, 332.0, 605)                    # HOLD (600 s), then BE grows back to the node
+    after = stolen_rounds(s, state, 446.0, 605)                    # HOLD (600 s), then BE grows back to the node
     assert state.headroom.phase == "watching" and after[-1].value == "max 100000", after[-1]
     assert any("headroom released to test it" in a.message for a in after)
 
@@ -595,26 +598,26 @@ def test_where_the_host_takes_busy_vcpus_while_ls_misses_a_standing_headroom_is_
 def test_a_standing_headroom_that_bought_nothing_is_undone_and_off_means_never_tried():
     s = settings(rule="slack")
     state = BeSuppress.initial_state(s)
-    stolen_rounds(s, state, 0.0, 90, stolen_every=30)
+    stolen_rounds(s, state, 0.0, 301, stolen_every=30)
     assert state.headroom.phase == "trial"
-    judged = stolen_rounds(s, state, 90.0, 242, stolen_every=30)     # the host steals as before
+    judged = stolen_rounds(s, state, 301.0, 145, stolen_every=30)     # the host steals as before
     undone = [a for a in judged if "headroom bought nothing" in a.message]
     assert state.headroom.phase == "resting" and undone, judged[-3:]
-    assert stolen_rounds(s, state, 332.0, 10)[-1].value == "max 100000"   # BE grows back to the whole node
+    assert stolen_rounds(s, state, 446.0, 10)[-1].value == "max 100000"   # BE grows back to the whole node
     off = settings(rule="slack", steal_headroom_percent=0)
     state = BeSuppress.initial_state(off)
-    actions = stolen_rounds(off, state, 0.0, 300, stolen_every=30)
+    actions = stolen_rounds(off, state, 0.0, 600, stolen_every=30)
     assert state.headroom.phase == "watching" and not any(a.reason.get("headroom") for a in actions)
 
 
 def test_a_guard_over_its_target_after_each_stall_starts_no_standing_headroom_where_the_slo_rules():
-    # The stalls and run-queue misses that start a trial above (without an SLO, after 90 s), but LS declares an
+    # The stalls and run-queue misses that start a trial above (without an SLO, after 300 s), but LS declares an
     # SLO: met, or with no value yet (koordd's first seconds: on 2 CPUs such a trial held BE to 1.00 of 2 CPUs
     # through a window in which the SLO had 60% slack). The run queue only guards; it starts no trial of minutes.
     s = settings(rule="slack")
     for slo in ("met", "silent"):
         state = BeSuppress.initial_state(s)
-        actions = stolen_rounds(s, state, 0.0, 300, stolen_every=30, slo=slo)
+        actions = stolen_rounds(s, state, 0.0, 600, stolen_every=30, slo=slo)
         assert state.headroom.phase == "watching", (slo, state.headroom.phase)
         assert not any(a.reason.get("headroom") for a in actions), slo
 
