@@ -29,6 +29,7 @@ from koordtest.bench.qos_stats import BE_ALONE, LS_ALONE, WINDOWS_MET, Spread, m
 SWEEP_FACTORS = (1.1, 1.25, 1.5, 2.0, 3.0)
 KOORDD_PREFIX = "koordd"
 ORACLE_SHARE = 0.95      # at an SLO some static setting meets, koordd must meet it with this share of its BE work
+UNBOUND = 0.01           # a cap that throttled BE in fewer of its periods than this held nothing back
 
 
 @dataclass(frozen=True)
@@ -233,13 +234,17 @@ def instrument(runs: Sequence[dict], load, margin: float, statics: Sequence[str]
                       *settings_spreads(runs, load, statics))
 
 
+def koordd_setups(runs: Sequence[dict], load) -> list[str]:
+    return sorted({r["setup"] for r in runs if r["setup"].startswith(KOORDD_PREFIX) and r["load"] == load})
+
+
 def koordd_activity(runs: Sequence[dict], load) -> list[str]:
     """A report line per koordd setup at `load`: in how many of its measured windows it decided anything, and
     how many writes it made there and before them (settling: bench-qos --koordd-settle), with BE's cpu.max at
     the window's end. Where it decided nothing its runs held what its baseline holds (qos_baseline: BE under
     cpu.idle, as be-idle) and differ from be-idle by the runs' own scatter and koordd's own cost."""
     out = []
-    for setup in sorted({r["setup"] for r in runs if r["setup"].startswith(KOORDD_PREFIX) and r["load"] == load}):
+    for setup in koordd_setups(runs, load):
         mine = [r for r in runs if r["setup"] == setup and r["load"] == load]
         acted = sum(1 for r in mine if r.get("koordd_window"))
         writes = sum(1 for r in mine for d in r.get("koordd_window") or () if d.get("outcome") == "applied")
@@ -257,6 +262,36 @@ def koordd_activity(runs: Sequence[dict], load) -> list[str]:
                      "own scatter (and koordd's own CPU)")
         out.append(line)
     return out
+
+
+def throttled_share(run: dict) -> float | None:
+    """The share of the window's cpu.stat periods in which BE's cap throttled it; None where no quota ran (no
+    period counted: no cap, or a run recorded before the count)."""
+    t = run.get("be_throttled")
+    return t["throttled"] / t["periods"] if t and t.get("periods") else None
+
+
+def throttle_line(runs: Sequence[dict], load, setups: Sequence[str]) -> str | None:
+    """How often each setting's cap on BE held it back in its windows, and which caps never did. Such a cap held
+    the knobs of no cap: memcached against cpu at 70% on 2 CPUs, BE used 0.59-0.84 CPUs under a 1.2-CPU cap
+    (LS used the rest), and that cap's points differed from be-idle's by the runs' scatter alone, yet one of
+    them was named the oracle."""
+    parts, unbound = [], []
+    for setup in setups:
+        shares = [x for r in runs if r["setup"] == setup and r["load"] == load if (x := throttled_share(r)) is not None]
+        if not shares:
+            continue
+        parts.append(f"{setup} {100 * statistics.median(shares):.1f}% ({100 * min(shares):.1f}-"
+                     f"{100 * max(shares):.1f})")
+        if max(shares) < UNBOUND:
+            unbound.append(setup)
+    if not parts:
+        return None
+    line = "- BE's cpu.max periods throttled by its cap (median and range over runs): " + ", ".join(parts)
+    if unbound:
+        line += (f"; {', '.join(unbound)} throttled BE in under {100 * UNBOUND:g}% of its periods in every run: in "
+                 "effect the same knobs without the cap, and where their points differ that is the runs' own scatter")
+    return line
 
 
 def report(runs: Sequence[dict], load, statics: Sequence[str], factors: Sequence[float] = SWEEP_FACTORS) -> str:
@@ -282,12 +317,13 @@ def report(runs: Sequence[dict], load, statics: Sequence[str], factors: Sequence
            f"{100 * inst.resolution.p99:.1f}%, BE work {100 * inst.resolution.be_work:.1f}%",
            *filter(None, [steal_line(runs, load, inst.alone.median)]),
            *koordd_activity(runs, load),
+           *filter(None, [throttle_line(runs, load, [*statics, *koordd_setups(runs, load)])]),
            "", "| setting | BE work | LS p99 (ms) | p99 / alone | reps | on the static frontier |",
            "|---|---|---|---|---|---|"]
     for p in sorted(static_points, key=lambda p: p.be_work):
         out.append(f"| {p.setup} | {100 * p.be_work:.0f}% | {ms(p.p99)} | {p.p99 / inst.alone.median:.2f}x | "
                    f"{p.reps} | {'yes' if p.setup in front else ''} |")
-    kpoints = points(runs, load, sorted({r['setup'] for r in runs if r['setup'].startswith(KOORDD_PREFIX)}))
+    kpoints = points(runs, load, koordd_setups(runs, load))
     for k in kpoints:
         st = standing(k, static_points, inst.resolution)
         out.append(f"| **{k.setup}** | {100 * k.be_work:.0f}% | {ms(k.p99)} | {k.p99 / inst.alone.median:.2f}x | "
@@ -331,7 +367,7 @@ def plot(runs: Sequence[dict], loads: Sequence, statics: Sequence[str], path, ti
                 xs += [p.be_work]
                 ys += [p.p99 * 1000]
             ax.step(xs, ys, where="pre", color="black", label="static frontier")   # the least p99 with at least x of the work
-        for k in points(runs, load, sorted({r['setup'] for r in runs if r['setup'].startswith(KOORDD_PREFIX)})):
+        for k in points(runs, load, koordd_setups(runs, load)):
             ax.scatter([k.be_work], [k.p99 * 1000], marker="*", s=120, label=k.setup)
         if inst is not None:
             for f in factors:

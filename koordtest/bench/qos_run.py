@@ -496,7 +496,8 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
         ls = json.loads((workdir / "client.json").read_text())
     cores = {LS: cpu[bench.tree.path(LS)], BE: cpu[bench.tree.path(BE)], "node": cpu["node"]}
     cores["other"] = max(cores["node"] - cores[LS] - cores[BE] - (ls["client_cpu"] if ls else 0.0), 0.0)
-    return {**out, "ls": ls, "cpu": cores, "be_work": work, "reclaim_scanned": scanned1 - scanned0}
+    return {**out, "ls": ls, "cpu": cores, "be_work": work, "reclaim_scanned": scanned1 - scanned0,
+            "be_throttled": meter.throttled.get(bench.tree.path(BE))}
 
 
 def _work_over(counters: Path, seconds: float) -> int:
@@ -538,12 +539,15 @@ def decisions_before(decisions: list[dict], start: float) -> list[dict]:
 
 class CpuMeter:
     """CPU use in cores from now until stop(): of each cgroup (koordd's own cgroup sensor, so v1 and v2
-    are read as koordd reads them) and of the whole node (/proc/stat, busy = not idle, iowait or steal)."""
+    are read as koordd reads them) and of the whole node (/proc/stat, busy = not idle, iowait or steal).
+    After stop(), `throttled`: each cgroup's cpu.stat periods and throttled periods over the same time (None
+    where the kernel has no such counters), whether a cap held the cgroup back at all."""
 
-    FIELDS = frozenset({"cpu_usage"})
+    FIELDS = frozenset({"cpu_usage", "throttling"})
 
     def __init__(self, fs: CgroupFS, cgroups: list[str], ncpu: int):
         self.sensor, self.cgroups, self.ncpu = CgroupSensor(fs), cgroups, ncpu
+        self.throttled: dict[str, dict | None] = {}
         t = time.monotonic()
         for cg in cgroups:
             self.sensor.sample(cg, "", t, self.FIELDS)
@@ -551,7 +555,11 @@ class CpuMeter:
 
     def stop(self) -> dict[str, float]:
         t = time.monotonic()
-        out = {cg: self.sensor.sample(cg, "", t, self.FIELDS).cpu_usage or 0.0 for cg in self.cgroups}
+        samples = {cg: self.sensor.sample(cg, "", t, self.FIELDS) for cg in self.cgroups}
+        out = {cg: s.cpu_usage or 0.0 for cg, s in samples.items()}
+        self.throttled = {cg: None if s.throttling is None or s.throttling.periods_delta is None else
+                          {"periods": s.throttling.periods_delta, "throttled": s.throttling.throttled_delta}
+                          for cg, s in samples.items()}
         busy0, total0 = self.node
         busy1, total1 = _proc_stat()
         out["node"] = self.ncpu * (busy1 - busy0) / max(total1 - total0, 1)

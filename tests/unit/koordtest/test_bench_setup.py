@@ -237,3 +237,19 @@ def test_what_koordd_decided_while_it_settled_is_kept_in_seconds_before_the_wind
     assert decisions_before(decisions, 100.0) == [
         {"t": -4.0, "loop": "be_suppress", "knob": "cpu.max", "new": "2000 100000", "outcome": "applied",
          "step": "floor", "slack": -1.8, "signal": "app_p99_us", "measured": 7384.7}]
+
+
+@pytest.mark.parametrize("mode", ["v2", "hybrid"])
+def test_the_cpu_meter_counts_the_periods_a_cap_throttled_be_in_over_the_window(tmp_path, mode):
+    """bench-qos records them (be_throttled), so the frontier report can say whether a cap held BE back at all."""
+    from koordtest.bench.qos_run import CpuMeter
+    from koordtest.fakes.cgroup import FakeCgroups
+    tree = FakeCgroups(tmp_path, mode)
+    tree.add("bench/be", usage_us=0, nr_periods=100, nr_throttled=10)
+    tree.add("bench/ls", usage_us=0)
+    meter = CpuMeter(tree.fs, ["bench/be", "bench/ls"], 2)
+    tree.stat("bench/be", usage_us=1_000_000, nr_periods=250, nr_throttled=40)
+    cpu = meter.stop()
+    assert cpu["bench/be"] > 0
+    assert meter.throttled == {"bench/be": {"periods": 150, "throttled": 30},
+                               "bench/ls": {"periods": 0, "throttled": 0}}
