@@ -18,7 +18,10 @@ a real improvement is still judged "helped":
   (for a signal that just jumped, the new level, not its healthy past);
 - noise: the spread of the signal's values themselves, 1.4826 x their median absolute deviation (the
   standard deviation, for normal noise; robust to a few wild samples), over the quiet rounds of the last
-  minute (after a round in which the loop moved nothing: `moved()`), each value taken from the median of
+  minute (after a round in which the loop moved nothing: `moved()`, and, for a signal that lags, once its
+  value no longer reaches back past the last move: until then it ramps from one level to the other, and a
+  release that took an SLO from 14.64 ms to 113.56 ms was judged "cost nothing" against a noise of 33.44 ms
+  made of that ramp, in a fresh clone's kernel test), each value taken from the median of
   its own level (the quiet rounds between two moves: a minute that held BE at its floor and then let it
   go holds two levels, and the gap between them is what a cut buys, not noise), and how strongly successive values move together (an overlapping p99 window: a wandering
   level, not independent samples), estimated from the same rounds' successive differences;
@@ -410,6 +413,7 @@ class Lab:
     lags: dict[Key, float] = field(default_factory=dict)                      # key -> its value's reach back
     confirmed_at: dict[tuple, float] = field(default_factory=dict)   # (lever, conditions) -> when a release confirmed it
     now: float = 0.0                                                          # the latest round's time
+    moved_at: float | None = None                                             # the last round a lever moved in
     _moved: bool = False                                                      # a lever moved this round
 
     def observe(self, now: float, values: Mapping[Key, float], be_cores: float | None,
@@ -417,11 +421,16 @@ class Lab:
         """One round: every signal's value, BE's CPU use, the keys back in health and how many seconds back
         each key's value reaches (a quantile over several rounds; absent: this round only). Returns the
         running experiment's verdict when it is due (the experiment then ends), else None."""
-        self.now, quiet, self._moved = now, not self._moved, False
+        if self._moved:
+            self.moved_at = self.now
+        self.now, just_moved, self._moved = now, self._moved, False
         self.lags = dict(lags or {})
         self.history.forget_stale(now)
         for k, v in values.items():
-            self.history.add(now, k, v, quiet)
+            # A value that reaches back past the last move (a windowed p99 in the seconds after a floor) mixes
+            # the two states: a ramp between two levels, not noise.
+            self.history.add(now, k, v, not just_moved and (self.moved_at is None
+                                                            or now - self.moved_at > self.lags.get(k, 0.0)))
         e = self.running
         if e is None:
             return None

@@ -555,3 +555,38 @@ def test_where_the_after_window_would_hold_too_many_rounds_to_bound_a_cut_is_let
     for t, v in enumerate([1000, 60000] * 15 + [20000] * 3):
         lab.observe(float(t), {KEY: v}, 2.0)
     assert not lab.can_show(KEY, 32.0)[0]
+
+
+def test_a_signal_that_lags_is_no_noise_while_its_window_still_reaches_back_past_a_move():
+    """A windowed p99 (here reaching back 30 s) ramps from one level to the other for that long after a floor.
+    Those rounds were counted as noise: in a real run's A/B/A the release's noise read 33.44 ms (margin 106.12
+    ms), so a release that took the SLO from 14.64 ms to 113.56 ms "cost nothing", the cut that had bought the
+    same was called useless after all, and BE stayed uncapped (tests/kernel/test_be_suppress_kernel.py, on a
+    fresh clone). Only the values whose window lies past the move measure the signal's noise."""
+    rng = random.Random(3)
+    lag = 30.0
+    lab = Lab(window=24.0, settle=9.6, rest=16, rest_max=320)
+    t = 0.0
+
+    def observe(value):
+        nonlocal t
+        got = lab.observe(t, {KEY: value}, 2.0, lags={KEY: lag})
+        t += 1.0
+        return got
+
+    for _ in range(14):                                   # BE uncapped: about 102 ms
+        observe(102000 + rng.uniform(-5000, 5000))
+    lab.start(t - 1, "be_cap", KEY, 2.0, COND)            # the floor
+    cut, i = None, 0
+    while cut is None:                                    # the p99 falls over its 30 s to 14.8 ms
+        i += 1
+        cut = observe(102000 - (102000 - 14800) * min(i / lag, 1.0) + rng.uniform(-900, 900))
+    assert cut.helped, cut.text()
+    lab.start(t - 1, "be_cap", KEY, 2.0 - cut.be_given_up, COND, release=cut)
+    lab.moved()
+    released, i = None, 0
+    while released is None:                               # released: it climbs over its 30 s to 100 ms
+        i += 1
+        released = observe(14800 + (100000 - 14800) * min(i / lag, 1.0) + rng.uniform(-900, 900))
+    assert released.helped and released.text().endswith("the be_cap cut helps"), released.text()
+    assert released.noise < 2000 and released.margin < 5000, released.text()   # the jitter, not the ramp
