@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from koordtest.bench.frontier import (Point, Resolution, clearly_dominates, dominates, frontier, instrument,
-                                      koordd_activity, koordd_setup, report, standing, sweep, throttle_line)
+                                      koordd_activity, koordd_setup, report, separates, standing, sweep,
+                                      throttle_line)
 from koordtest.bench.qos_run import SETUP_NAMES, run_order
 
 MS = 1e-3
@@ -141,6 +142,21 @@ def test_the_report_says_how_often_each_cap_held_be_back_and_names_the_caps_that
     assert "under 1%" not in throttle_line(runs, 50, statics)
     # runs recorded before the count, or none with a quota: no line
     assert throttle_line([run("be-idle-cpu-max-60", 3.0, 50.0), capped("be-idle", 0, 0, 0)], 50, statics) is None
+
+
+def test_the_report_says_when_every_static_setting_meets_every_slo_of_the_sweep():
+    """Under a sine on 2 CPUs LS alone's queue ran away (2.9 s): factors of it were seconds, every setting met
+    them, and "holds" said nothing."""
+    statics = ["be-idle", "be-idle-cpu-max-60"]
+    runs = [be_alone(), run("ls-alone", 2900.0), run("be-idle", 14.0, 39.0), run("be-idle-cpu-max-60", 12.0, 38.0),
+            run(koordd_setup(1.5), 9.6, 40.0)]
+    line = separates(runs, 50, statics, 2.9, (1.5, 3.0))
+    assert line.startswith("- every static setting met the sweep's tightest SLO (1.5 x LS alone's p99, 4350.00 ms)")
+    assert line in report(runs, 50, statics, (1.5, 3.0))
+    # one static setting that misses the tightest: the sweep tells them apart
+    runs.append(run("be-idle-cpu-max-30", 5000.0, 22.0))
+    assert separates(runs, 50, [*statics, "be-idle-cpu-max-30"], 2.9, (1.5, 3.0)) is None
+    assert separates(runs, 50, ["be-idle"], 2.9, (1.5, 3.0)) is None      # one setting: nothing to tell apart
 
 
 def test_koordd_holds_an_slo_only_by_meeting_it_with_95_percent_of_the_oracles_be_work():
