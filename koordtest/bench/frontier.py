@@ -293,12 +293,11 @@ def throttle_line(runs: Sequence[dict], load, setups: Sequence[str]) -> str | No
     them was named the oracle."""
     parts, unbound = [], []
     for setup in setups:
-        shares = [x for r in runs if r["setup"] == setup and r["load"] == load if (x := throttled_share(r)) is not None]
-        if not shares:
+        shares = median_spread(throttled_share(r) for r in runs if r["setup"] == setup and r["load"] == load)
+        if shares is None:
             continue
-        parts.append(f"{setup} {100 * statistics.median(shares):.1f}% ({100 * min(shares):.1f}-"
-                     f"{100 * max(shares):.1f})")
-        if max(shares) < UNBOUND:
+        parts.append(f"{setup} {100 * shares.median:.1f}% ({100 * shares.low:.1f}-{100 * shares.high:.1f})")
+        if shares.high < UNBOUND:
             unbound.append(setup)
     if not parts:
         return None
