@@ -467,14 +467,17 @@ def test_a_useless_cut_judged_helped_by_chance_is_rarely_kept_past_its_release_a
     # release's before is the low the helped verdict picked, and the level returning from it reads as a
     # cost); 30% drops kept 176-200. Without the release every useless "helped" was kept. Over 2000 trials the
     # give-back rule (GIVE_BACK) took the wandering kinds' keeps from 15, 28, 6 to 10, 21, 2, and the 30% drops'
-    # from 197, 197, 182 of 200 to 197, 197, 180.
+    # from 197, 197, 182 of 200 to 197, 197, 180. The ratio test (2026-11-30, over 1000 trials per case):
+    # useless cuts kept 1-3 per 1000 on independent noise (1-2 before it), 5-10 on the wandering kinds (5-9
+    # before), 30% drops kept 917-1000 (862-1000 before); one of seeds 0-199 (normal, seed 99) is now kept, on
+    # both tests passing by a hair (x1.17 against x1.17, then x1.14 against x1.13).
     t = 4000 * target if kind == "wander" else MEDIANS[kind] * target
     useless = [trial_aba(kind, seed, t, 0.0) for seed in range(200)]
     helped = sum(v is not None and v.helped for v, _ in useless)
     kept = sum(r is not None and r.helped for _, r in useless)
     assert kept <= 3 and kept <= helped, (helped, kept)
     if kind not in ("ar1", "window", "wander"):
-        assert kept == 0, (helped, kept)
+        assert kept <= 1, (helped, kept)
     real = [trial_aba(kind, 10_000 + seed, t, 0.3) for seed in range(200)]
     assert sum(r is not None and r.helped for _, r in real) >= 175
 
@@ -590,3 +593,39 @@ def test_a_signal_that_lags_is_no_noise_while_its_window_still_reaches_back_past
         released = observe(14800 + (100000 - 14800) * min(i / lag, 1.0) + rng.uniform(-900, 900))
     assert released.helped and released.text().endswith("the be_cap cut helps"), released.text()
     assert released.noise < 2000 and released.margin < 5000, released.text()   # the jitter, not the ramp
+
+
+# A p99 wandering slowly over 45-150 ms with BE uncapped (LS at a sixteenth of BE's weight: the kernel test's
+# service), then 15 ms after a floor: its noise where it was high is tens of ms, where it is low half a ms.
+HIGH_WANDER_MS = [45, 52, 60, 70, 82, 95, 110, 126, 140, 150, 140, 126, 110, 95, 82, 70, 82, 95, 110, 126]
+
+
+def test_a_cut_far_below_all_a_wandering_high_level_showed_helped_by_ratio_though_not_by_its_margin():
+    # CI at 8761138, the kernel test's floor: "cut bought nothing: app_p99_us 93.21 ms -> 15.11 ms (noise 33.47
+    # ms, margin 105.16 ms, 12/15 rounds)". A latency's spread grows with its level: by factors the high level
+    # wandered within x3.3 and the cut bought x7: 110 -> 15.30 ms against a 113.05 ms margin, x7.19 against x3.59.
+    lab = Lab(window=24, settle=9.6)
+    high = [ms * 1000.0 for ms in HIGH_WANDER_MS]
+    verdicts = run(lab, high + [15000.0 + 300 * (i % 3) for i in range(40)], start_at=len(high) - 1)
+    [(t, v)] = verdicts[:1]
+    assert v.helped and not v.early and v.passes() == (False, True), v.text()
+    assert v.gain < v.margin and v.noise > 25000, v.text()         # the margin test alone: bought nothing
+    assert "; by ratio x" in v.text() and v.fields()["by_ratio"]["passed"] is True
+    assert v.fields()["by_ratio"] == {"factor": 7.19, "needed": 3.588, "given_back": None, "passed": True}
+
+
+def test_a_release_back_most_of_the_cuts_factor_confirms_it_though_short_of_half_its_ms():
+    # The kernel test, locally: the cut took a p99 116.26 -> 15.40 ms, its release to 64.80 ms: 49% of the ms
+    # the cut bought (under GIVE_BACK: "the cut bought nothing after all", BE uncapped with the SLO missed
+    # four times over) but 71% of its factor.
+    lab = Lab(window=5, settle=2)
+    [(t, kept)] = run(lab, [110000.0, 122000.0] * 5 + [15000.0, 15800.0] * 3, start_at=9)
+    assert kept.helped and kept.before == 122000.0
+    lab.start(t, "be_cap", KEY, 2.0 - kept.be_given_up, COND, release=kept)
+    lab.moved()
+    got = [v for i in range(8) if (v := lab.observe(t + 1 + i, {KEY: 64800.0 + 500 * (i % 2)}, 2.0))]
+    [v] = got
+    assert v.release and v.helped and v.passes() == (False, True) and v.back < 0.5 < v.log_back, v.text()
+    assert v.text().startswith("release cost latency: app_p99_us 15.00 ms -> 65.05 ms") and v.text().endswith(
+        "of the cut's factor back): the be_cap cut helps"), v.text()
+    assert lab.totals["be_cap"]["app_p99_us"].retracted == 0
