@@ -532,7 +532,10 @@ def test_rule_slack_keeps_a_cut_that_bought_a_missed_slo_its_latency_and_the_lev
     # a cut comes once the SLO's slack is under 5% (core/experiment.py's confirmation)
     assert worst["value"] >= 0.95 * TARGET_MS * 1000 and experiment["lever"] == "be_cap", first
     assert (e["lever"], e["cgroup"], e["signal"]) == ("be_cap", ls, "app_p99_us"), d
-    assert e["before"] - e["after"] > e["margin"] > 0, d          # bought more than the signal's noise
+    # bought more than the signal's noise: by its margin, or by ratio (core/experiment.py: a p99 that wandered
+    # 60-120 ms uncapped has a noise of tens of ms; here 92.91 -> 14.66 ms against an 86.36 ms margin, x6.3)
+    ratio = e["by_ratio"] or {}
+    assert e["before"] - e["after"] > e["margin"] > 0 or ratio.get("factor", 0) > ratio.get("needed", math.inf), d
     # Kept: between the cut and its verdict nothing undid it, and the verdict's round is no undo. (An earlier
     # cut may have been judged "bought nothing" on a busy host: a 2-round median before it, the first
     # rounds of a fresh koordd; that is the other test's half.)
