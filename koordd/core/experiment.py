@@ -60,7 +60,7 @@ a real improvement is still judged "helped":
   to 15.11 ms was judged "bought nothing" against a 105.16 ms margin, and a release that took one from 15.40
   back to 64.80 ms gave back 49% of the 116.26 ms before (71% of the factor) and retracted the cut. Either
   test passing is "helped": over 1000 seeded trials per kind of noise the two together judged useless cuts
-  "helped" about one in a thousand more often than the margin alone, and real 30% drops up to 5% more often.
+  "helped" up to 3 in 1000 more often than the margin alone, and real 30% drops up to 6% more often.
 
 A cut judged "helped" whose signal is still not healthy is tested once more the other way (A/B/A:
 `start(release=)`): the loop releases it for one window, and the release is judged as a cut is, with the

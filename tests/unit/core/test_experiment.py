@@ -468,7 +468,7 @@ def test_a_useless_cut_judged_helped_by_chance_is_rarely_kept_past_its_release_a
     # cost); 30% drops kept 176-200. Without the release every useless "helped" was kept. Over 2000 trials the
     # give-back rule (GIVE_BACK) took the wandering kinds' keeps from 15, 28, 6 to 10, 21, 2, and the 30% drops'
     # from 197, 197, 182 of 200 to 197, 197, 180. The ratio test (2026-11-30, over 1000 trials per case):
-    # useless cuts kept 1-3 per 1000 on independent noise (1-2 before it), 5-10 on the wandering kinds (5-9
+    # useless cuts kept 1-3 per 1000 on independent noise (1-2 before it), 1-10 on the wandering kinds (1-9
     # before), 30% drops kept 917-1000 (862-1000 before); one of seeds 0-199 (normal, seed 99) is now kept, on
     # both tests passing by a hair (x1.17 against x1.17, then x1.14 against x1.13).
     t = 4000 * target if kind == "wander" else MEDIANS[kind] * target
