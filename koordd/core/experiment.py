@@ -347,7 +347,7 @@ class Verdict:
                 "given_back": None if self.back is None else round(self.back, 3),
                 "verdict": "helped" if self.helped else "bought nothing",
                 "by_ratio": None if self.log_gain is None or self.log_margin is None else {
-                    "factor": round(math.exp(self.log_gain), 3), "needed": round(math.exp(self.log_margin), 3),
+                    "factor": round(factor(self.log_gain), 3), "needed": round(factor(self.log_margin), 3),
                     "given_back": None if self.log_back is None else round(self.log_back, 3),
                     "passed": self.passes()[1]},
                 "be_given_up_cores": round(self.be_given_up, 3), "be_cost_s": round(self.cost_s, 3)}
@@ -359,8 +359,8 @@ class Verdict:
         ratio = ""
         if by_ratio and not by_margin:       # say what decided: the margin alone would have said the opposite
             back = "" if self.log_back is None else f", {self.log_back:.0%} of the cut's factor back"
-            ratio = (f"; by ratio x{math.exp(self.log_gain or 0.0):.2f} against x"
-                     f"{math.exp(self.log_margin or 0.0):.2f} needed{back}")
+            ratio = (f"; by ratio x{factor(self.log_gain or 0.0):.2f} against x"
+                     f"{factor(self.log_margin or 0.0):.2f} needed{back}")
         figures = (f"{sig} {show_value(sig, self.before)} -> {show_value(sig, self.after)} ({falling}noise "
                    f"{show_value(sig, self.noise)}, margin {show_value(sig, self.margin)}, "
                    f"{self.n_before}/{self.n_after} rounds{ratio})")
@@ -398,6 +398,12 @@ def log_given_back(cut: Verdict, level: float) -> float | None:
     if min(bought, cut.after, level) <= 0 or bought <= cut.after:
         return None
     return math.log(level / cut.after) / math.log(bought / cut.after)
+
+
+def factor(log_ratio: float) -> float:
+    """The factor a logarithm stands for, bounded where exp() would overflow: a workload's histogram can
+    name a bucket of 1e-300 s, and a fall from 1 s to it is a logarithm of 690."""
+    return math.exp(min(log_ratio, 700.0))
 
 
 def show_value(signal: str, value: float) -> str:

@@ -629,3 +629,12 @@ def test_a_release_back_most_of_the_cuts_factor_confirms_it_though_short_of_half
     assert v.text().startswith("release cost latency: app_p99_us 15.00 ms -> 65.05 ms") and v.text().endswith(
         "of the cut's factor back): the be_cap cut helps"), v.text()
     assert lab.totals["be_cap"]["app_p99_us"].retracted == 0
+
+
+def test_a_fall_to_a_value_next_to_zero_is_a_factor_that_still_prints():
+    # A workload's own histogram can name a bucket of 1e-320 s: a fall from 1 s to it is a logarithm of over
+    # 730, past what exp() can give (OverflowError in the decision's text and fields, the round lost).
+    lab = Lab(window=5, settle=2)
+    [(t, v)] = run(lab, [1e6, 1.1e6] * 5 + [1e-314] * 6, start_at=9)
+    assert v.helped and v.log_gain > 710
+    assert v.fields()["by_ratio"]["factor"] > 1e300 and "cut helped" in v.text()
