@@ -323,12 +323,16 @@ class Verdict:
     log_back: float | None = None      # ... and for a release the share given back of the cut's factor
 
     @property
+    def reference(self) -> float:
+        """The level the cut is judged against: before, or where a falling signal would have got to."""
+        return self.before if self.expected is None else self.expected
+
+    @property
     def gain(self) -> float:
         """What the cut bought: the level it is judged against (before, or where a falling signal would have
         got to without it) minus the level after; for a release, the level after minus that level (what
         releasing the cut cost)."""
-        level = self.before if self.expected is None else self.expected
-        return self.after - level if self.release else level - self.after
+        return self.after - self.reference if self.release else self.reference - self.after
 
     def passes(self) -> tuple[bool, bool]:
         """(the margin test, the ratio test): whether the gain passed each (a release also gives back at
@@ -394,7 +398,7 @@ def given_back(cut: Verdict, level: float) -> float:
 def log_given_back(cut: Verdict, level: float) -> float | None:
     """given_back() by factors: the share of the cut's factor (the level it was judged against over its
     after) that a release whose signal came to `level` gave back; None where a value is not above zero."""
-    bought = cut.before if cut.expected is None else cut.expected
+    bought = cut.reference
     if min(bought, cut.after, level) <= 0 or bought <= cut.after:
         return None
     return math.log(level / cut.after) / math.log(bought / cut.after)
@@ -546,10 +550,9 @@ class Lab:
                     expected, release=e.release is not None, cost_s=(now - e.started) * share)
         if e.release is not None:
             v = replace(v, back=given_back(e.release, level), log_back=log_given_back(e.release, level))
-        reference = e.before if expected is None else expected
-        if e.log_noise is not None and reference > 0 and all(x > 0 for _, x, _ in after):
+        if e.log_noise is not None and v.reference > 0 and all(x > 0 for _, x, _ in after):
             log_level = statistics.median(math.log(x) for _, x, _ in after)
-            log_gain = log_level - math.log(reference) if e.release else math.log(reference) - log_level
+            log_gain = log_level - math.log(v.reference) if e.release else math.log(v.reference) - log_level
             log_need = max(NOISE_K * standard_error(e.log_noise, e.log_correlation, range(1 - e.n_before, 1),
                                                     [k for _, _, k in after]), -math.log(1 - MIN_GAIN))
             v = replace(v, log_gain=log_gain, log_margin=log_need)
