@@ -10,11 +10,11 @@ value someone else set after koordd.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import logging
 import math
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -26,7 +26,7 @@ def write_atomic(path: Path, text: str, durable: bool = True) -> None:
     """Replace `path` so a reader (or a crash) sees the old file or the new one, never half of one.
     durable=False skips the fsyncs, for files that are rewritten every tick and need not survive a crash."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = _create_beside(path)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -44,6 +44,24 @@ def write_atomic(path: Path, text: str, durable: bool = True) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_tmp_counter = itertools.count()
+
+
+def _create_beside(path: Path) -> tuple[int, str]:
+    """A new file (mode 0600) in `path`'s folder to write before it replaces `path`: tempfile.mkstemp's
+    flags (never an existing file or a link planted there: O_EXCL, O_NOFOLLOW), named by pid and a counter,
+    without tempfile (it imports shutil, bz2, lzma and random: 0.8 MB of RSS in every koordd). A name
+    left by a koordd killed with the same pid is skipped."""
+    for _ in range(1000):
+        tmp = str(path.parent / f".{path.name}.{os.getpid()}.{next(_tmp_counter)}")
+        try:
+            return os.open(tmp, _TMP_FLAGS, 0o600), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free name for a temporary file beside it", str(path))
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ loops and no sensor or backend (tests/unit/test_layers.py). Each group's values 
 from __future__ import annotations
 
 import logging
-from importlib.metadata import EntryPoint, PackageNotFoundError, distribution, entry_points
 from typing import Any, Iterable, Mapping
 
 from koordd.core.backend import Backend, Backends
+from koordd.core.installed import EntryPoint, distribution, entry_points, normalized
 from koordd.core.loop import Loop
 
 log = logging.getLogger("koordd.registry")     # its name before the move: log lines unchanged
@@ -94,11 +94,8 @@ def own_loop_points(points: Iterable[EntryPoint] | None = None) -> dict[str, Ent
 def _metadata() -> str:
     """Where the metadata read as koordd's is (the first on sys.path: a checkout's koordd.egg-info before
     the venv's)."""
-    try:
-        dist = distribution("koordd")
-    except PackageNotFoundError:
-        return "none found: koordd is not installed"
-    return str(getattr(dist, "_path", None) or dist.locate_file(""))
+    dist = distribution("koordd")
+    return dist.path if dist else "none found: koordd is not installed"
 
 
 def third_party(group: str, taken: Mapping[str, str] | None = None,
@@ -134,7 +131,7 @@ def third_party(group: str, taken: Mapping[str, str] | None = None,
 def _koordds_own(ep: EntryPoint) -> bool:
     """An entry point of koordd's own distribution (its loops), never a third party's."""
     dist = getattr(ep, "dist", None)
-    return dist is not None and (dist.metadata["Name"] or "").lower() == "koordd"
+    return dist is not None and normalized(dist.name or "") == "koordd"
 
 
 def load(group: str, taken: Mapping[str, str] | None = None) -> dict[str, Any]:

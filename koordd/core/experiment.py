@@ -89,7 +89,6 @@ signal), and `order()` puts the levers that helped there first. Pure policy: no 
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
@@ -110,6 +109,20 @@ BUSY_CORES = 0.1                 # a BE cgroup using less is not "busy" in a con
 MAX_CONDITIONS = 256             # conditions remembered (they name BE cgroups: pods come and go), oldest dropped
 MAX_AFTER_ROUNDS = 32            # can_show() bounds a verdict's margin over at most this many values after a cut
 GIVE_BACK = 0.5                  # a release confirms a cut only where it gives back this share of what the cut bought
+
+
+def median(values: Iterable[float]) -> float:
+    """The middle value (the mean of the two middle ones for an even count), as statistics.median: that
+    module imports fractions and decimal, 0.7 MB in every koordd for two one-line functions."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("median of no values")
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def fmean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values)
 
 
 @dataclass
@@ -187,10 +200,10 @@ def drift(pts: Sequence[tuple[float, float]], noise: float = 0.0) -> float:
     if not pairs:
         return 0.0
     tau = sum((b[1] > a[1]) - (b[1] < a[1]) for a, b in pairs) / len(pairs)
-    slope = statistics.median((b[1] - a[1]) / (b[0] - a[0]) for a, b in pairs)
+    slope = median((b[1] - a[1]) / (b[0] - a[0]) for a, b in pairs)
     if tau > -DRIFT_TAU or slope >= 0:
         return 0.0
-    offset = statistics.median(v - slope * t for t, v in pts)
+    offset = median(v - slope * t for t, v in pts)
     scatter = spread([v - slope * t - offset for t, v in pts] + [0.0])
     return slope if -slope * (pts[-1][0] - pts[0][0]) > NOISE_K * max(scatter, noise) else 0.0
 
@@ -218,8 +231,8 @@ def pooled_spread(runs: Sequence[Sequence[float]]) -> float:
     long = [r for r in runs if len(r) >= LEVEL_ROUNDS]
     if sum(len(r) for r in long) < POOLED_VALUES:
         return spread([v for r in runs for v in r])
-    residuals = [v - statistics.median(r) for r in long for v in r]
-    return MAD_SIGMA * statistics.median(abs(x) for x in residuals)
+    residuals = [v - median(r) for r in long for v in r]
+    return MAD_SIGMA * median(abs(x) for x in residuals)
 
 
 def spread(values: Sequence[float]) -> float:
@@ -228,8 +241,8 @@ def spread(values: Sequence[float]) -> float:
     two values."""
     if len(values) < 2:
         return 0.0
-    mid = statistics.median(values)
-    return MAD_SIGMA * statistics.median(abs(v - mid) for v in values)
+    mid = median(values)
+    return MAD_SIGMA * median(abs(v - mid) for v in values)
 
 
 def correlation(sigma: float, steps: Sequence[float]) -> float:
@@ -238,7 +251,7 @@ def correlation(sigma: float, steps: Sequence[float]) -> float:
     s x sqrt(2 (1 - r)). Clamped to [0, MAX_CORRELATION]; 0 without spread or differences."""
     if sigma <= 0 or not steps:
         return 0.0
-    step = MAD_SIGMA * statistics.median(steps)
+    step = MAD_SIGMA * median(steps)
     return min(max(1 - step * step / (2 * sigma * sigma), 0.0), MAX_CORRELATION)
 
 
@@ -538,20 +551,20 @@ class Lab:
         return self.abandon()
 
     def _verdict(self, e: Experiment, after: list[tuple], now: float, early: bool = False) -> Verdict:
-        level = statistics.median(v for _, v, _ in after)
+        level = median(v for _, v, _ in after)
         need = margin(e.before, e.noise, e.correlation, range(1 - e.n_before, 1), [k for _, _, k in after])
-        given = e.be_before - statistics.fmean(e.be_after) if e.be_after else 0.0
+        given = e.be_before - fmean(e.be_after) if e.be_after else 0.0
         share = min(max(given / e.be_before, 0.0), 1.0) if e.be_before > 0 else 0.0
         expected = None
         if e.drift < 0:      # falling on its own: judged against where it would have got to (module docstring)
-            elapsed = min(statistics.median(t for t, _, _ in after) - e.before_at, self.window)
+            elapsed = min(median(t for t, _, _ in after) - e.before_at, self.window)
             expected = max(e.before + e.drift * max(elapsed, 0.0), 0.0)
         v = Verdict(e.lever, e.key, False, e.before, level, e.noise, need, given, early, e.n_before, len(after),
                     expected, release=e.release is not None, cost_s=(now - e.started) * share)
         if e.release is not None:
             v = replace(v, back=given_back(e.release, level), log_back=log_given_back(e.release, level))
         if e.log_noise is not None and v.reference > 0 and all(x > 0 for _, x, _ in after):
-            log_level = statistics.median(math.log(x) for _, x, _ in after)
+            log_level = median(math.log(x) for _, x, _ in after)
             log_gain = log_level - math.log(v.reference) if e.release else math.log(v.reference) - log_level
             log_need = max(NOISE_K * standard_error(e.log_noise, e.log_correlation, range(1 - e.n_before, 1),
                                                     [k for _, _, k in after]), -math.log(1 - MIN_GAIN))
@@ -613,7 +626,7 @@ class Lab:
         self.running = Experiment(lever, key, now, now, before, sigma, be_cores, cond, undo, bound,
                                   n_before=max(len(past), 1), correlation=r, drift=fall,
                                   lag=self.lags.get(key, 0.0),
-                                  before_at=statistics.median(t for t, _ in past) if past else now, release=release,
+                                  before_at=median(t for t, _ in past) if past else now, release=release,
                                   log_noise=log_noise, log_correlation=log_r)
         self._moved = True
         if release is None:
@@ -624,7 +637,7 @@ class Lab:
         """The signal's values over the confirmation span up to now, and their median: a cut's level before."""
         span = self.confirm if self.confirm is not None else self.window / 2
         past = [(t, v) for t, v in self.history.points.get(key, ()) if now - span - 1e-9 < t <= now]
-        return past, statistics.median(v for _, v in past) if past else 0.0
+        return past, median(v for _, v in past) if past else 0.0
 
     def can_show(self, key: Key, now: float) -> tuple[bool, float, float]:
         """Whether a cut started now on `key` could ever be judged to have helped, and (the level before, the
@@ -642,7 +655,7 @@ class Lab:
         on a fall of many times."""
         past, before = self._before(key, now)
         times = [t for t, _ in self.history.points.get(key, ())]
-        interval = statistics.median(b - a for a, b in zip(times, times[1:])) if len(times) > 1 else 0.0
+        interval = median(b - a for a, b in zip(times, times[1:])) if len(times) > 1 else 0.0
         reach = self.window + self.lags.get(key, 0.0) - self.settle
         if interval <= 0 or reach / interval + 1 > MAX_AFTER_ROUNDS:
             return True, before, 0.0

@@ -7,15 +7,20 @@ A module finds its object here and opens it with koordd's one loader, koordd/ker
 """
 from __future__ import annotations
 
-from importlib.resources import files
 from pathlib import Path
 
+import koordd.bpf
+
 PACKAGE = "koordd.bpf"
+# Its folder, taken from the package itself rather than through importlib.resources, whose readers import
+# zipfile: 0.8 MB of RSS in every koordd for a package that is always a folder (libbpf opens a path, and a
+# wheel or a .deb installs unpacked).
+FOLDER = Path(koordd.bpf.__file__).parent
 
 
 def shipped(name: str) -> Path:
-    """koordd/bpf/<name> of this koordd as a file path (libbpf opens a path; a wheel is installed unpacked)."""
-    return Path(str(files(PACKAGE) / name))
+    """koordd/bpf/<name> of this koordd as a file path."""
+    return FOLDER / name
 
 
 RUNQ_LATENCY = shipped("runq_latency.bpf.o")    # the run-queue latency sensor's (koordd/sensors/runq.py)

@@ -15,12 +15,12 @@ import os
 import signal
 import socket
 import time
-from importlib.metadata import version
 from pathlib import Path
 
 from koordd.act.decision_log import DecisionLog
 from koordd.act.journal import Held
 from koordd.core.config import Config, ConfigError
+from koordd.core.installed import version
 from koordd.core import slo
 from koordd.core.kubelet import KubeletRule
 from koordd.kernel.cgroupfs import DEFAULT_ROOT, detect_layout
@@ -314,10 +314,7 @@ class Daemon:
 
 
 def _version() -> str:
-    try:
-        return version("koordd")
-    except Exception:  # noqa: BLE001 - run from a source tree without its metadata
-        return "unknown"
+    return version("koordd") or "unknown"      # unknown: run from a source tree without its metadata
 
 
 def _where(h) -> str:

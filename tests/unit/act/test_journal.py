@@ -129,3 +129,28 @@ def test_a_version_2_journal_of_cgroups_loads_and_is_rewritten_at_the_first_chan
     j.add(held("b"))
     assert lines(tmp_path)[0] == {"version": RestoreJournal.VERSION}
     assert RestoreJournal(tmp_path).entries() == [held("a"), held("b")]
+
+
+def test_an_atomic_write_never_writes_through_a_name_planted_beside_it(tmp_path, monkeypatch):
+    # The temporary file's name is predictable (pid and a counter, no tempfile module): one taken already,
+    # by a file or by a link to a file elsewhere, is skipped, and nothing is written through the link.
+    target, outside = tmp_path / "status.json", tmp_path / "elsewhere"
+    outside.write_text("untouched")
+    monkeypatch.setattr(state_mod, "_tmp_counter", iter(range(10)))
+    (tmp_path / f".status.json.{os.getpid()}.0").write_text("left by a koordd killed with this pid")
+    (tmp_path / f".status.json.{os.getpid()}.1").symlink_to(outside)
+    state_mod.write_atomic(target, "new")
+    assert target.read_text() == "new" and outside.read_text() == "untouched"
+    assert oct(target.stat().st_mode & 0o777) == "0o600"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["status.json", "elsewhere", f".status.json.{os.getpid()}.0", f".status.json.{os.getpid()}.1"])
+
+
+def test_an_atomic_write_that_finds_no_free_name_raises_and_leaves_the_file(tmp_path, monkeypatch):
+    target = tmp_path / "status.json"
+    target.write_text("old")
+    monkeypatch.setattr(state_mod, "_tmp_counter", iter([0] * 1000))
+    (tmp_path / f".status.json.{os.getpid()}.0").write_text("taken")
+    with pytest.raises(FileExistsError):
+        state_mod.write_atomic(target, "new")
+    assert target.read_text() == "old"

@@ -7,7 +7,7 @@ import logging
 import subprocess
 import sys
 import tomllib
-from importlib.metadata import EntryPoint
+from koordd.core.installed import EntryPoint
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -51,7 +51,7 @@ def test_koordds_own_loops_come_from_its_metadata_and_lie_in_koordd_plugins():
     got = own_loop_points()
     assert list(got) == list(OWN_LOOPS)
     for name, ep in got.items():
-        assert ep.dist.metadata["Name"] == "koordd" and ep.value.startswith(PLUGINS + "."), (name, ep)
+        assert ep.dist.name == "koordd" and ep.value.startswith(PLUGINS + "."), (name, ep)
 
 
 def test_each_built_in_class_says_its_own_name():
@@ -117,7 +117,7 @@ def test_koordds_own_metadata_is_no_third_party_and_stale_metadata_is_named(monk
     # An older koordd's metadata may linger (a stale koordd.egg-info in a checkout, read before the venv's):
     # it names modules of before (koordd.loops.*). Never a third party's; koordd says to reinstall.
     stale = SimpleNamespace(name="be_suppress", value="koordd.loops.be_suppress:BeSuppress", group=LOOPS,
-                            dist=SimpleNamespace(metadata={"Name": "koordd"}))
+                            dist=SimpleNamespace(name="koordd"))
     points(monkeypatch, stale, own=False)
     assert third_party(LOOPS) == {} and caplog.records == []
     with pytest.raises(BrokenInstall, match="koordd's own loops be_suppress, cpu_burst, .* koordd_plugins"):

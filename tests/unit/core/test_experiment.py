@@ -638,3 +638,17 @@ def test_a_fall_to_a_value_next_to_zero_is_a_factor_that_still_prints():
     [(t, v)] = run(lab, [1e6, 1.1e6] * 5 + [1e-314] * 6, start_at=9)
     assert v.helped and v.log_gain > 710
     assert v.fields()["by_ratio"]["factor"] > 1e300 and "cut helped" in v.text()
+
+
+def test_median_and_fmean_are_the_statistics_module_s():
+    # koordd's own two (the statistics module costs 0.7 MB of RSS): the same values on odd, even and
+    # single counts, negatives, repeats and infinities.
+    from koordd.core.experiment import fmean, median
+    rng = random.Random(7)
+    for n in (1, 2, 3, 4, 5, 10, 11, 64):
+        values = [rng.choice([rng.uniform(-1e6, 1e6), 0.0, 5.0]) for _ in range(n)]
+        assert median(values) == statistics.median(values) and median(iter(values)) == statistics.median(values)
+        assert fmean(values) == statistics.fmean(values)
+    assert median([math.inf, 1.0, 2.0]) == 2.0
+    with pytest.raises(ValueError):
+        median([])

@@ -26,6 +26,14 @@ OPTIONAL = {
     "numpy": "no koordd code path",
     "matplotlib": "benchmarks only",
     "difflib": "the config checker's suggestion for an unknown key only (0.4 MB)",
+    # The standard library's convenience, replaced by a few lines of koordd's own (docs/benchmarks.md,
+    # "Footprint"): what each imports at its top costs more than the job koordd has for it.
+    "importlib.metadata": "no koordd code path: koordd/core/installed.py reads the entry points (2.5 MB)",
+    "email": "as importlib.metadata",
+    "statistics": "no koordd code path: core/experiment.py's median and fmean (0.8 MB with decimal)",
+    "decimal": "as statistics",
+    "tempfile": "no koordd code path: act/journal.py's write_atomic names its own file (0.8 MB)",
+    "zipfile": "no koordd code path: importlib.resources's readers import it; kernel/bpf_objects.py does without",
 }
 
 RUN = """

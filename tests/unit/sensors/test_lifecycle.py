@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
-from importlib.metadata import EntryPoint
+from koordd.core.installed import EntryPoint
 
 import pytest
 
