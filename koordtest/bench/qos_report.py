@@ -71,7 +71,10 @@ def slo_table(runs: Sequence[dict], targets: dict, candidates: Sequence[str]) ->
                        f"{v.windows} | {'yes' if v.meets else 'no'} | {_pct(v.be_work)} | {share} |")
         for rep in reps:
             if best[rep] is None:
-                out += ["", f"No static setting met the SLO at this load in repetition {rep + 1}."]
+                met = [v.setup for v in verdicts if v.rep == rep and v.setup in candidates and v.meets]
+                out += ["", f"No static setting met the SLO at this load in repetition {rep + 1}." if not met else
+                        f"Repetition {rep + 1}: {', '.join(met)} met the SLO, but without a {BE_ALONE} run there "
+                        "is no BE work to rank them by: no oracle."]
         out.append("")
     out.append(f"Meets the SLO: p99 over the whole run at or under the target and in at least "
                f"{100 * WINDOWS_MET:.0f}% of its 10 s windows. BE work: over {BE_ALONE}'s (with the antagonist "

@@ -140,6 +140,19 @@ def test_each_repetition_is_judged_on_its_own_be_alone_and_its_own_oracle():
                     "| 2 | koordd | 1000.00 | 100% of 2 | yes | 50% | 167% |"]
 
 
+def test_a_static_setting_that_met_the_slo_without_be_alone_is_not_called_a_miss():
+    # bench-qos --setups be-idle,koordd runs no be-alone: be-idle met the SLO, and there is no BE work to
+    # name an oracle by. The report said "No static setting met the SLO" (2026-11-30's pairs).
+    from koordtest.bench.qos_report import slo_table
+    runs = [_slo_run("be-idle", 1.0, [1.0, 1.0], rep=0), _slo_run("koordd", 1.0, [1.0, 1.0], rep=0),
+            _slo_run("be-idle", 2.0, [1.0, 3.0], rep=1), _slo_run("koordd", 1.0, [1.0, 1.0], rep=1)]
+    table = slo_table(runs, {50: 1.1}, ["be-idle"])
+    assert ("Repetition 1: be-idle met the SLO, but without a be-alone run there is no BE work to rank them by: "
+            "no oracle.") in table
+    assert "No static setting met the SLO at this load in repetition 2." in table
+    assert "in repetition 1." not in table
+
+
 def test_the_oracle_is_the_static_setting_with_the_most_be_work_that_meets_the_slo():
     from koordtest.bench.qos_stats import oracle, slo_verdicts
     runs = [_slo_run("ls-alone", 1.0, [1.0, 1.0]),
