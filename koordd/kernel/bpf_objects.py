@@ -11,8 +11,7 @@ from pathlib import Path
 
 import koordd.bpf
 
-PACKAGE = "koordd.bpf"
-# Its folder, taken from the package itself rather than through importlib.resources, whose readers import
+# The package koordd.bpf's folder, taken from the package itself rather than through importlib.resources, whose readers import
 # zipfile: 0.8 MB of RSS in every koordd for a package that is always a folder (libbpf opens a path, and a
 # wheel or a .deb installs unpacked).
 FOLDER = Path(koordd.bpf.__file__).parent
