@@ -11,7 +11,8 @@ the test's own environment and on folders written to be awkward.
 
 A package's metadata is written by whoever installed it: nothing in it can crash koordd. A line that is no
 `name = value` is skipped with one error line naming the file and line; an unreadable folder or file is
-skipped (a debug line); a file is read up to READ_LIMIT bytes.
+skipped (a debug line); a file is read up to READ_LIMIT bytes, and names at most BAD_LINES_LOGGED bad
+lines before it counts the rest.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from typing import Any, Iterable, Iterator
 
 log = logging.getLogger("koordd.registry")
 READ_LIMIT = 1 << 20        # a megabyte: koordd's own entry_points.txt is 600 bytes
+BAD_LINES_LOGGED = 10       # a file's malformed lines named one by one, then counted
 SUFFIXES = (".dist-info", ".egg-info")
 
 
@@ -67,7 +69,8 @@ class Distribution:
 
     def entry_points(self) -> Iterator[EntryPoint]:
         text = self.read("entry_points.txt")
-        group = None
+        where = os.path.join(self.path, "entry_points.txt")
+        group, bad = None, 0
         for number, raw in enumerate((text or "").splitlines(), 1):
             line = raw.strip()
             if not line or line.startswith(("#", ";")):
@@ -77,10 +80,14 @@ class Distribution:
                 continue
             name, eq, value = line.partition("=")
             if not eq or group is None or not name.strip() or not value.strip():
-                log.error("%s line %d: %r is no 'name = value' under a [group]: left out",
-                          os.path.join(self.path, "entry_points.txt"), number, raw[:200])
+                bad += 1
+                if bad <= BAD_LINES_LOGGED:     # a megabyte of junk is not half a million log lines
+                    log.error("%s line %d: %r is no 'name = value' under a [group]: left out", where, number,
+                              raw[:200])
                 continue
             yield EntryPoint(name.strip(), value.strip(), group, self)
+        if bad > BAD_LINES_LOGGED:
+            log.error("%s: %d more lines like those left out", where, bad - BAD_LINES_LOGGED)
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,14 @@ def test_a_hostile_entry_points_file_costs_its_bad_lines_only(tmp_path, caplog):
     assert installed.distribution("bad", [str(tmp_path)]).version is None   # no headers before the empty line
 
 
+def test_a_file_of_nothing_but_bad_lines_names_ten_and_counts_the_rest(tmp_path, caplog):
+    write(tmp_path / "junk-1.dist-info", {"entry_points.txt": "[koordd.loops]\n" + "junk\n" * 100_000})
+    with caplog.at_level(logging.ERROR, logger="koordd.registry"):
+        assert installed.entry_points(LOOPS, [str(tmp_path)]) == []
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == installed.BAD_LINES_LOGGED + 1 and said[-1].endswith(": 99990 more lines like those left out")
+
+
 def test_what_is_not_a_folder_name_on_sys_path_is_skipped(tmp_path):
     assert list(installed.distributions([b"/bytes", None, 3, str(tmp_path / "missing")])) == []
 
