@@ -46,16 +46,14 @@ from functools import partial
 from pathlib import Path
 
 from koordtest.apps import STEERED_SERVER, flood, half_sent, pings
+from koordtest.bench.bpf_stats import counting
 from koordtest.bench.cgroup_tree import CgroupTree
 from koordtest.bench.common import doc_parser
 from koordtest.bench.ls_servers import find_redis, wait_accepting
 from koordd.core.histogram import slot_upper_us
 from koordd.kernel.cgroupfs import detect_layout
-from koordd.kernel.libbpf import stats_enabled
 from koordd.sensors.app_latency import PROGRAM, SLOTS, ResponseTimes, summarize
 from koordd.sensors.cgroup_hist import CgroupHistograms
-
-STATS_SWITCH = Path("/proc/sys/kernel/bpf_stats_enabled")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,20 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     if benchmark is None and not args.no_requests:
         print("bench-app-latency: no redis-benchmark (apt-get install redis-tools)", file=sys.stderr)
         return 2
-    was = stats_enabled()
     workdir = Path(tempfile.mkdtemp(prefix="bench-app-latency-"))
     tree = CgroupTree(f"koordd-applat-{os.getpid()}", ("cpu",))
     try:
-        STATS_SWITCH.write_text("1")
-        with tree:
+        with counting(), tree:
             tree.create(["servers"] + [f"empty{i}" for i in range(args.cgroups - 1)])
             if not args.no_requests:
                 sockets = start_servers(tree, redis, args.servers, workdir)
                 per_request(args, tree, unified, benchmark, sockets)
             per_round(args, tree, unified)
     finally:
-        if was is not None:
-            STATS_SWITCH.write_text("1" if was else "0")
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
 

@@ -56,6 +56,11 @@ alone's baseline, the target and the host's drift. The report adds the pairs (sa
 the same arrival times) side by side. Two invocations each measure their own LS alone, and on a noisy host
 tell the two sides different targets.
 
+--bpf-stats counts each BPF program's run time (kernel.bpf_stats_enabled on for the invocation, then put back)
+and reads koordd's programs (by the ids in its status file) at each of its windows' start and end: their runs a
+second, ns a run and CPU in results.json (koordd_bpf) and the report. What koordd present costs where it writes
+nothing is mostly there: its programs run in the context of whatever task the CPU runs, LS's and BE's.
+
 --client-cpus N keeps the client off LS and BE's CPUs: its processes get the lowest N CPUs (sched_setaffinity,
 not cpusets), everything else (LS servers, BE workers, koordd, bench-qos itself) the others, and loads, server
 and worker counts and static caps count those others only. There the compiled engines poll without sleeping
@@ -77,6 +82,7 @@ run's record), and prints the report.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -92,7 +98,7 @@ import time
 from pathlib import Path
 
 from koordtest.bench.antagonist import KINDS, UNITS
-from koordtest.bench import frontier
+from koordtest.bench import bpf_stats, frontier
 from koordtest.bench.cgroup_tree import CgroupTree
 from koordtest.bench.common import command_line, cpu_model, doc_parser, git_describe, interrupted
 from koordtest.bench.client_build import DEFAULT_BINARY, ensure as ensure_engine
@@ -144,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         # others. koordd too, because on a node it shares the CPUs with LS and BE (its cost lands there, as it
         # would), and on the client's CPUs its wake-ups would delay the client's, which is what the
         # reservation is for. It still counts and sizes BE against every online CPU of the node.
-        with tree, on_cpus(args.cpus.rest if args.cpus else None):
+        with tree, on_cpus(args.cpus.rest if args.cpus else None), \
+                (bpf_stats.counting() if args.bpf_stats else contextlib.nullcontext()):
             run_benchmark(args, layout, tree, ls_kind, workdir, out, can_plot)
     except KeyboardInterrupt:
         print("bench-qos: interrupted; cleaned up", file=sys.stderr)
@@ -176,7 +183,8 @@ def run_benchmark(args, layout, tree: CgroupTree, ls_kind, workdir: Path, out: P
                   koordd_command=koordd_command(),
                   koordd_command_b=koordd_command(str(args.koordd_b)) if args.koordd_b else None,
                   window=args.window, app_latency=open_app_latency(args),
-                  koordd_terms=args.koordd_terms, cpus=args.cpus, koordd_settle=args.koordd_settle)
+                  koordd_terms=args.koordd_terms, cpus=args.cpus, koordd_settle=args.koordd_settle,
+                  bpf_stats=args.bpf_stats)
     bench.remember_knobs()
     calibrated = calibrate(bench, args.loads + ([args.low_load] if args.low_load else []), workdir,
                            args.client_processes)
@@ -333,6 +341,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--koordd-b", type=Path,
                    help="an A/B of two programs in one invocation: setup koordd-b runs this koordd (another "
                         "checkout's .venv/bin/koordd) with setup koordd's config and SLO (see above)")
+    p.add_argument("--bpf-stats", action="store_true",
+                   help="what koordd's BPF programs cost in each of its windows: runs a second, ns a run, CPU "
+                        "(kernel.bpf_stats_enabled on for the invocation, put back after; counting adds two clock "
+                        "reads a run to every program on the host)")
     p.add_argument("--no-install", action="store_true", help="never apt-get install; say what is missing")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -661,6 +673,7 @@ def trust_notes(runs: list[dict]) -> list[str]:
     if stolen is not None:
         notes.append(f"hypervisor steal (all vCPUs) during a window: median {stolen.median:.0f} ms, at most "
                      f"{stolen.high:.0f} ms: time a vCPU with work was not running at all")
+    notes += bpf_notes(runs)
     koordd_caps = [r["be_cpu_max"] for r in runs if r["setup"] == "koordd"]
     if koordd_caps:
         notes.append("BE cpu.max that koordd held at the end of its windows: " + ", ".join(sorted(set(koordd_caps))))
@@ -668,6 +681,15 @@ def trust_notes(runs: list[dict]) -> list[str]:
     notes.append(f"pages scanned by the node's reclaim during a window: median {scanned.median:.0f}, "
                  f"at most {scanned.high:.0f}")
     return notes
+
+
+def bpf_notes(runs: list[dict]) -> list[str]:
+    """Per koordd setup (--bpf-stats): its BPF programs' cost in each of its windows, in run order."""
+    setups = sorted({r["setup"] for r in runs if r.get("koordd_bpf")})
+    return [f"{setup}'s BPF programs in its windows (kernel.bpf_stats_enabled, which adds two clock reads a run): "
+            + "; ".join(f"{r['load']}% rep {r.get('rep', 0) + 1}: {bpf_stats.words(r['koordd_bpf'])}"
+                        for r in runs if r["setup"] == setup and r.get("koordd_bpf"))
+            for setup in setups]
 
 
 def sensor_table(runs: list[dict]) -> str:

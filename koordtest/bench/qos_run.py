@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from koordtest.bench import bpf_stats
 from koordtest.bench.antagonist import make_counters, read_counters
 from koordtest.bench.cgroup_tree import CgroupTree, die_with_parent
 from koordtest.bench.frontier import SWEEP_FACTORS, koordd_setup
@@ -238,6 +239,7 @@ class Bench:
     client_processes: int = 1        # compiled engines at once
     cpus: CpuSplit | None = None     # --client-cpus: the client's CPUs and LS and BE's (None: all share all)
     koordd_settle: float = 0.0       # koordd's runs: seconds of load before the window, beyond the warm-up
+    bpf_stats: bool = False          # --bpf-stats: koordd's BPF programs' cost over each window (kernel counters on)
     originals: dict[str, dict[str, str]] = field(default_factory=dict)   # cgroup -> knob -> value
 
     @property
@@ -444,6 +446,8 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
     if bench.app_latency is not None and setup.ls:
         bench.app_latency.read([bench.tree.path(LS)])         # what came before the window is dropped
     scanned0 = reclaim_scans()
+    programs = bpf_stats.koordd_programs(koordd.status()) if koordd and bench.bpf_stats else {}
+    counters0, counted0 = bpf_stats.read_counters(programs), time.monotonic()
     out: dict = {}
     if setup.be and bench.switch_to:
         # The first antagonist for the first half, then the other: each half's work over its own counters
@@ -462,6 +466,9 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
         time.sleep(max(start_at + bench.seconds - time.monotonic(), 0))
         work = (read_counters(str(counters)) - work0) / bench.seconds if setup.be else None
     cpu = meter.stop()
+    if programs:
+        out["koordd_bpf"] = bpf_stats.cost(programs, counters0, bpf_stats.read_counters(programs),
+                                           time.monotonic() - counted0)
     out["steal"] = window_steal(steal.stop(), start_at, bench.seconds, window_count(bench.seconds, bench.window))
     scanned1 = reclaim_scans()
     if bench.app_latency is not None and setup.ls:

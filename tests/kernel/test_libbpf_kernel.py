@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import time
 
 import pytest
 
@@ -121,3 +122,24 @@ def test_items_come_in_batches_every_one_of_them_per_cpu_values_as_arrays():
     finally:
         runq.close()
         net.close()
+
+
+def test_a_benchmark_reads_a_programs_run_time_by_its_id_while_the_kernel_counts():
+    """koordtest/bench/bpf_stats.py: bench-qos --bpf-stats reads koordd's programs by the ids in its status file."""
+    from koordtest.bench import bpf_stats
+    obj = loaded(RUNQ_PROGRAM)
+    try:
+        obj.attach_all()
+        ids = {p["id"]: p["name"] for p in obj.describe()["programs"]}
+        was = bpf_stats.STATS_SWITCH.read_text()
+        with bpf_stats.counting():
+            before = bpf_stats.read_counters(ids)
+            for _ in range(50):
+                time.sleep(0.001)       # each a switch out and, woken, a switch in
+            after = bpf_stats.read_counters(list(ids) + [2**31 - 1])         # an id no program has: left out
+        assert bpf_stats.STATS_SWITCH.read_text() == was
+        assert set(after) == set(ids) == set(before)
+        switch = next(i for i, name in ids.items() if name == "runq_switch")
+        assert after[switch][1] > before[switch][1] and after[switch][0] > before[switch][0]
+    finally:
+        obj.close()
