@@ -45,9 +45,11 @@ class Point:
 @dataclass(frozen=True)
 class Resolution:
     """The smallest differences the runs can show, each relative: LS alone's p99 and BE alone's work, (max - min)
-    / median over their repetitions (0 with one repetition: then every difference counts)."""
+    / median over their repetitions (0 with one repetition: then every difference counts), and the static
+    settings' own scatter where some setting ran twice with the same knobs (`settings_measured`)."""
     p99: float = 0.0
     be_work: float = 0.0
+    settings_measured: bool = True
 
 
 def clearly_dominates(a: Point, b: Point, res: Resolution) -> bool:
@@ -92,13 +94,16 @@ class Standing:
     work_vs_frontier: float | None    # its BE work over the most a static setting does within its p99
     p99_vs_frontier: float | None     # its p99 over the least a static setting has with its BE work
     beaten_beyond_spread: tuple[str, ...] = ()   # static settings that beat it beyond the measured spread
+    settings_measured: bool = True    # the spread held the static settings' own scatter (Resolution)
 
     def describe(self) -> str:
         """The report's cell: who beats it, and whether beyond the measured spread."""
         beyond = self.beaten_beyond_spread
         ties = [s for s in self.dominated_by if s not in beyond]
         if beyond:
-            out = "dominated beyond the measured spread by " + ", ".join(beyond)
+            spread = "the measured spread" if self.settings_measured else \
+                "LS and BE alone's spread (the static settings' own scatter not measured)"
+            out = f"dominated beyond {spread} by " + ", ".join(beyond)
             return out + (f"; within it by {', '.join(ties)}" if ties else "")
         if ties:
             return "on the frontier within the measured spread (dominated on medians by " + ", ".join(ties) + ")"
@@ -111,7 +116,7 @@ def standing(k: Point, statics: Sequence[Point], res: Resolution = Resolution())
                     tuple(s.setup for s in statics if dominates(k, s)),
                     k.be_work / same_p99.be_work if same_p99 and same_p99.be_work > 0 else None,
                     k.p99 / same_work.p99 if same_work and same_work.p99 > 0 else None,
-                    tuple(s.setup for s in statics if clearly_dominates(s, k, res)))
+                    tuple(s.setup for s in statics if clearly_dominates(s, k, res)), res.settings_measured)
 
 
 def points(runs: Sequence[dict], load, setups: Sequence[str], target: float | None = None) -> list[Point]:
@@ -189,6 +194,8 @@ class Instrument:
     be_spread: float = 0.0        # (max - min) / median of BE alone's work
     settings_p99: float = 0.0     # the median over static settings of each one's (max - min) / median p99
     settings_be: float = 0.0      # ... and of its BE work
+    settings_measured: bool = True    # some static setting ran twice or more with the same knobs
+    pooled: tuple[str, ...] = ()  # caps that never bound, counted as runs of the setting without them
 
     @property
     def sees_margin(self) -> bool:
@@ -196,7 +203,8 @@ class Instrument:
 
     @property
     def resolution(self) -> Resolution:
-        return Resolution(max(self.spread, self.settings_p99), max(self.be_spread, self.settings_be))
+        return Resolution(max(self.spread, self.settings_p99), max(self.be_spread, self.settings_be),
+                          self.settings_measured)
 
 
 def relative(s: Spread | None) -> float:
@@ -209,17 +217,45 @@ def relative_spread(values) -> float:
     return relative(median_spread(values))
 
 
-def settings_spreads(runs: Sequence[dict], load, setups: Sequence[str]) -> tuple[float, float]:
-    """The median over `setups` (those with two or more repetitions at `load`) of each one's own relative
-    spread of p99 and of BE work over BE alone: how far one setting's runs scatter with nothing changed."""
+def cap_base(setup: str) -> str | None:
+    """The setting a static cap adds its cpu.max to (be-idle-cpu-max-N: be-idle; be-cpu-max-N: no-control)."""
+    for prefix, base in (("be-idle-cpu-max-", "be-idle"), ("be-cpu-max-", "no-control")):
+        if setup.startswith(prefix):
+            return base
+    return None
+
+
+def never_bound(runs: Sequence[dict], load, setup: str) -> bool:
+    """Whether `setup`'s cap throttled BE in under UNBOUND of its periods in every run at `load` (False where no
+    period was counted: no cap, or runs recorded before the count)."""
+    shares = [throttled_share(r) for r in runs if r["setup"] == setup and r["load"] == load]
+    return bool(shares) and all(x is not None and x < UNBOUND for x in shares)
+
+
+def same_knobs(runs: Sequence[dict], load, setups: Sequence[str]) -> dict[str, str]:
+    """Each of `setups` -> the setting whose knobs it held in effect at `load`: a cap that never bound held its
+    base's, where the base is among `setups` too; every other setting its own."""
+    return {s: base if (base := cap_base(s)) in setups and never_bound(runs, load, s) else s for s in setups}
+
+
+def settings_spreads(runs: Sequence[dict], load, setups: Sequence[str]) -> tuple[float, float, bool, tuple[str, ...]]:
+    """The median over `setups` of each one's own relative spread of p99 and of BE work over BE alone (those
+    with two or more runs at `load`): how far one setting's runs scatter with nothing changed; whether any had
+    two; and the caps pooled with their base (same_knobs). A cap that never bound ran its base's knobs, so its
+    runs are more runs of its base: on 16 CPUs, in one repetition, be-idle-cpu-max-60 never bound and read
+    5.76 ms where be-idle read 30.99 ms, and with each setting's scatter taken as 0 a point between them was
+    called dominated beyond the measured spread."""
     verdicts = slo_verdicts(runs, load, float("inf"))
+    knobs = same_knobs(runs, load, setups)
     p99s, works = [], []
-    for s in setups:
-        mine = [v for v in verdicts if v.setup == s and v.be_work is not None]
+    for group in sorted(set(knobs.values())):
+        mine = [v for v in verdicts if knobs.get(v.setup) == group and v.be_work is not None]
         if len(mine) > 1:
             p99s.append(relative_spread(v.p99 for v in mine))
             works.append(relative_spread(v.be_work for v in mine))
-    return (statistics.median(p99s) if p99s else 0.0, statistics.median(works) if works else 0.0)
+    pooled = tuple(s for s in setups if knobs[s] != s and any(v.setup == s for v in verdicts))
+    return (statistics.median(p99s) if p99s else 0.0, statistics.median(works) if works else 0.0, bool(p99s),
+            pooled)
 
 
 def instrument(runs: Sequence[dict], load, margin: float, statics: Sequence[str] = ()) -> Instrument | None:
@@ -297,7 +333,7 @@ def throttle_line(runs: Sequence[dict], load, setups: Sequence[str]) -> str | No
         if shares is None:
             continue
         parts.append(f"{setup} {100 * shares.median:.1f}% ({100 * shares.low:.1f}-{100 * shares.high:.1f})")
-        if shares.high < UNBOUND:
+        if never_bound(runs, load, setup):
             unbound.append(setup)
     if not parts:
         return None
@@ -306,6 +342,20 @@ def throttle_line(runs: Sequence[dict], load, setups: Sequence[str]) -> str | No
         line += (f"; {', '.join(unbound)} throttled BE in under {100 * UNBOUND:g}% of its periods in every run: in "
                  "effect the same knobs without the cap, and where their points differ that is the runs' own scatter")
     return line
+
+
+def settings_line(inst: Instrument) -> str:
+    """The report's line on the static settings' own scatter and the spread koordd is judged within."""
+    judged = f"p99 {100 * inst.resolution.p99:.1f}%, BE work {100 * inst.resolution.be_work:.1f}%"
+    if not inst.settings_measured:
+        return ("- the static settings' own scatter: **not measured** (each ran once, and no cap ran unbound "
+                "beside the setting without it); a static setting must beat koordd by LS or BE alone's spread "
+                f"only ({judged}), and runs of LS and BE together scatter more than either alone")
+    pooled = (f" ({', '.join(inst.pooled)} counted as runs of the setting without the cap: it never bound)"
+              if inst.pooled else "")
+    return (f"- the static settings' own repetitions{pooled}: p99 spread {100 * inst.settings_p99:.1f}%, BE work "
+            f"spread {100 * inst.settings_be:.1f}% of their medians (the median over settings); the spread a static "
+            f"setting must beat koordd by is the larger of each and LS or BE alone's: {judged}")
 
 
 def report(runs: Sequence[dict], load, statics: Sequence[str], factors: Sequence[float] = SWEEP_FACTORS) -> str:
@@ -325,10 +375,7 @@ def report(runs: Sequence[dict], load, statics: Sequence[str], factors: Sequence
            f"- so the instrument {'can' if inst.sees_margin else '**cannot**'} see a {100 * inst.margin:.0f}% margin "
            f"here" + ("" if inst.sees_margin else f"; it sees about {100 * max(inst.spread, inst.lag_share):.0f}%"),
            f"- BE alone's work: spread {100 * inst.be_spread:.1f}% of its median over its repetitions",
-           f"- the static settings' own repetitions: p99 spread {100 * inst.settings_p99:.1f}%, BE work spread "
-           f"{100 * inst.settings_be:.1f}% of their medians (the median over settings); the spread a static "
-           f"setting must beat koordd by is the larger of each and LS or BE alone's: p99 "
-           f"{100 * inst.resolution.p99:.1f}%, BE work {100 * inst.resolution.be_work:.1f}%",
+           settings_line(inst),
            *filter(None, [steal_line(runs, load, inst.alone.median)]),
            *koordd_activity(runs, load),
            *filter(None, [throttle_line(runs, load, [*statics, *koordd_setups(runs, load)]),

@@ -64,7 +64,8 @@ def test_the_instrument_takes_be_alones_spread_and_the_report_says_who_beats_koo
             run("be-idle", 3.0, 80.0, rep=0), run("be-idle", 3.0, 72.0, rep=1),
             run(koordd_setup(1.5), 3.1, 78.0, rep=0), run(koordd_setup(1.5), 3.1, 70.2, rep=1)]
     inst = instrument(runs, 50, 0.5)
-    assert inst.be_spread == pytest.approx(10 / 95) and inst.resolution == Resolution(inst.spread, inst.be_spread)
+    assert inst.be_spread == pytest.approx(10 / 95)
+    assert inst.resolution == Resolution(inst.spread, inst.be_spread, settings_measured=False)     # no statics given
     text = report(runs, 50, ["be-idle"], (1.5,))
     # be-idle did more work at less p99 on medians, each by less than the spread: a tie
     assert "| **koordd-slo-1.5** | 78% | 3.10 | 1.48x | 2 | on the frontier within the measured spread (dominated " \
@@ -89,8 +90,8 @@ def test_the_spread_to_beat_includes_how_far_each_static_settings_own_repetition
     text = report(runs, 50, ["be-idle", "cap"], (1.5,))
     assert "own repetitions: p99 spread 9.1%, BE work spread 10.7%" in text, text
     assert "dominated beyond the measured spread by be-idle" in text
-    alone = instrument(runs, 50, 0.5)                                # without the statics: the old resolution
-    assert alone.resolution == Resolution(0.0, 0.0)
+    alone = instrument(runs, 50, 0.5)                                # without the statics: LS and BE alone's
+    assert alone.resolution == Resolution(0.0, 0.0, settings_measured=False)
 
 
 def test_the_report_says_how_often_koordd_acted_in_its_measured_windows():
@@ -243,3 +244,42 @@ def test_what_koordd_wrote_while_it_settled_is_counted_and_it_is_not_said_to_hav
                        "before them (settling); BE's cpu.max at the windows' end: 2000 100000")
     assert idle.startswith("- koordd-slo-3: decided something in 0 of 1 measured windows, 0 writes; 0 writes "
                            "before them (settling); BE's cpu.max at the windows' end: max 100000; with none")
+
+
+def test_a_cap_that_never_bound_counts_as_more_runs_of_the_setting_without_it():
+    """16 CPUs, one repetition (docs/benchmarks.md, the third run): be-idle-cpu-max-60 never throttled BE and read
+    5.76 ms where be-idle read 30.99 ms. Each setting's scatter was taken as 0, and koordd's point between them
+    was called dominated beyond the measured spread. The two ran the same knobs: their difference is the scatter."""
+    def capped(setup, p99_ms, work, periods, throttled):
+        return dict(run(setup, p99_ms, work), be_throttled={"periods": periods, "throttled": throttled})
+    runs = [be_alone(0, 100.0), run("ls-alone", 2.0), run("ls-alone", 2.0),
+            capped("be-idle", 30.99, 48.0, 0, 0),
+            capped("be-idle-cpu-max-30", 5.77, 37.0, 40, 40),        # bound: its own setting
+            capped("be-idle-cpu-max-60", 5.76, 55.0, 40, 0),         # never bound: be-idle's knobs
+            capped(koordd_setup(1.1), 12.16, 55.0, 40, 0)]
+    statics = ["be-idle", "be-idle-cpu-max-30", "be-idle-cpu-max-60"]
+    inst = instrument(runs, 50, 0.1, statics)
+    assert inst.settings_measured and inst.pooled == ("be-idle-cpu-max-60",)
+    assert inst.settings_p99 == pytest.approx((30.99 - 5.76) / ((30.99 + 5.76) / 2))
+    assert inst.settings_be == pytest.approx(7 / 51.5)
+    text = report(runs, 50, statics, (1.1,))
+    assert ("- the static settings' own repetitions (be-idle-cpu-max-60 counted as runs of the setting without the "
+            "cap: it never bound): p99 spread 137.3%") in text, text
+    # koordd's 12.16 ms against the unbound cap's 5.76 ms with the same work: inside the scatter of those knobs
+    assert ("| **koordd-slo-1.1** | 55% | 12.16 | 6.08x | 1 | on the frontier within the measured spread (dominated "
+            "on medians by be-idle-cpu-max-60) |") in text, text
+    # the cap bound in one run: its own setting again, and nothing ran twice
+    runs[5]["be_throttled"] = {"periods": 40, "throttled": 2}
+    alone = instrument(runs, 50, 0.1, statics)
+    assert not alone.settings_measured and alone.pooled == ()
+    assert "dominated beyond LS and BE alone's spread (the static settings' own scatter not measured) by " \
+           "be-idle-cpu-max-60" in report(runs, 50, statics, (1.1,))
+
+
+def test_where_no_static_setting_ran_twice_the_report_says_their_scatter_was_not_measured():
+    runs = [be_alone(0, 100.0), run("ls-alone", 0.06), run("ls-alone", 0.06),
+            run("be-idle", 0.04, 89.0), run("be-idle-cpu-max-60", 0.04, 55.0), run(koordd_setup(3.0), 0.05, 79.0)]
+    text = report(runs, 50, ["be-idle", "be-idle-cpu-max-60"], (3.0,))
+    assert "- the static settings' own scatter: **not measured** (each ran once" in text, text
+    assert ("| **koordd-slo-3** | 79% | 0.05 | 0.83x | 1 | dominated beyond LS and BE alone's spread (the static "
+            "settings' own scatter not measured) by be-idle |") in text, text
