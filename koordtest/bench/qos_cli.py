@@ -669,6 +669,11 @@ def trust_notes(runs: list[dict]) -> list[str]:
                                  for who in sorted({w for w, _ in seen})))
     other = median_spread(r["cpu"]["other"] for r in runs)
     notes.append(f"other CPU (not LS, BE or client): median {other.median:.2f}, at most {other.high:.2f} cores")
+    own = median_spread(r["koordd_cpu"] for r in runs if r.get("koordd_cpu") is not None)
+    if own is not None:
+        notes.append(f"of it koordd's own process (all its threads) in its windows: median {1000 * own.median:.1f} "
+                     f"ms/s, {1000 * own.low:.1f}-{1000 * own.high:.1f} over {own.n} runs; its BPF programs run in "
+                     "other tasks' time")
     stolen = median_spread(r["steal"]["ms"] for r in runs if r.get("steal"))
     if stolen is not None:
         notes.append(f"hypervisor steal (all vCPUs) during a window: median {stolen.median:.0f} ms, at most "
