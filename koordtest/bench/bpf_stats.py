@@ -3,8 +3,8 @@ measurement and put back after it, and a loaded program's counters read by its i
 (koordd's, whose ids its status file names under "bpf").
 
 The kernel adds up a program's run time and run count only while the switch is on; counting costs two clock
-reads a run (about 260 ns on the 2-CPU host, docs/benchmarks.md), so what is measured with it on runs a
-little slower than without.
+reads a run (an empty program read 32 ns a run with it on the 2-CPU host, docs/benchmarks.md), so what is
+measured with it on runs a little slower than without.
 """
 from __future__ import annotations
 

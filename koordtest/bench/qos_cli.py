@@ -58,8 +58,9 @@ tell the two sides different targets.
 
 --bpf-stats counts each BPF program's run time (kernel.bpf_stats_enabled on for the invocation, then put back)
 and reads koordd's programs (by the ids in its status file) at each of its windows' start and end: their runs a
-second, ns a run and CPU in results.json (koordd_bpf) and the report. What koordd present costs where it writes
-nothing is mostly there: its programs run in the context of whatever task the CPU runs, LS's and BE's.
+second, ns a run and CPU in results.json (koordd_bpf) and the report: part of what koordd present costs where it
+writes nothing, since its programs run in the time of whatever task the CPU runs, LS's and BE's. koordd's own
+process's CPU in each window is recorded too (koordd_cpu), with or without it.
 
 --client-cpus N keeps the client off LS and BE's CPUs: its processes get the lowest N CPUs (sched_setaffinity,
 not cpusets), everything else (LS servers, BE workers, koordd, bench-qos itself) the others, and loads, server
