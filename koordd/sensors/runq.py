@@ -6,7 +6,9 @@ Two sources, the better one the host allows, chosen at start():
   sensors/cgroup_hist.py, as the application latency's), so a round has p50/p99/max and an exact mean.
   Needs libbpf1 and a kernel with BTF (/sys/kernel/btf/vmlinux); no compiler, no headers.
 - "schedstat": Δrun_delay / Δtimeslices from /proc/<tid>/schedstat of every thread of the cgroup and
-  below: a mean wait per timeslice only. One file read per thread per round, so only for the cgroups of
+  below: a mean wait per timeslice only, and from the kernel's books, which miss the time between a wake-up
+  that preempts and the switch (the run queue's clock is left alone until then: 0.01 µs against the eBPF
+  program's 7.7 µs for one sleeper, docs/benchmarks.md). One file read per thread per round, so only for the cgroups of
   the latency-sensitive classes, whose waits the loops read; BE's and SYSTEM's stay out of the section.
 
 Cgroups are those of the v2 tree (the unified tree on hybrid hosts), where an id is the inode number
