@@ -232,10 +232,18 @@ def never_bound(runs: Sequence[dict], load, setup: str) -> bool:
     return bool(shares) and all(x is not None and x < UNBOUND for x in shares)
 
 
+AGAIN = "-again"        # a setting run a second time in a repetition (bench-qos --be-idle-twice: be-idle-again)
+
+
 def same_knobs(runs: Sequence[dict], load, setups: Sequence[str]) -> dict[str, str]:
-    """Each of `setups` -> the setting whose knobs it held in effect at `load`: a cap that never bound held its
-    base's, where the base is among `setups` too; every other setting its own."""
-    return {s: base if (base := cap_base(s)) in setups and never_bound(runs, load, s) else s for s in setups}
+    """Each of `setups`, and each setting run again beside one of them (be-idle-again), -> the setting whose knobs
+    it held in effect at `load`: a cap that never bound held its base's, where the base is among `setups` too; a
+    setting run again its own; every other setting its own."""
+    out = {s: base if (base := cap_base(s)) in setups and never_bound(runs, load, s) else s for s in setups}
+    for again in sorted({r["setup"] for r in runs if r["load"] == load and r["setup"].endswith(AGAIN)}):
+        if (base := again.removesuffix(AGAIN)) in setups:
+            out[again] = base
+    return out
 
 
 def settings_spreads(runs: Sequence[dict], load, setups: Sequence[str]) -> tuple[float, float, bool, tuple[str, ...]]:
@@ -253,7 +261,7 @@ def settings_spreads(runs: Sequence[dict], load, setups: Sequence[str]) -> tuple
         if len(mine) > 1:
             p99s.append(relative_spread(v.p99 for v in mine))
             works.append(relative_spread(v.be_work for v in mine))
-    pooled = tuple(s for s in setups if knobs[s] != s and any(v.setup == s for v in verdicts))
+    pooled = tuple(s for s in knobs if knobs[s] != s and any(v.setup == s for v in verdicts))
     return (statistics.median(p99s) if p99s else 0.0, statistics.median(works) if works else 0.0, bool(p99s),
             pooled)
 
@@ -348,11 +356,14 @@ def settings_line(inst: Instrument) -> str:
     """The report's line on the static settings' own scatter and the spread koordd is judged within."""
     judged = f"p99 {100 * inst.resolution.p99:.1f}%, BE work {100 * inst.resolution.be_work:.1f}%"
     if not inst.settings_measured:
-        return ("- the static settings' own scatter: **not measured** (each ran once, and no cap ran unbound "
-                "beside the setting without it); a static setting must beat koordd by LS or BE alone's spread "
+        return ("- the static settings' own scatter: **not measured** (each ran once, no cap ran unbound "
+                "beside the setting without it, and none ran again: bench-qos --be-idle-twice); a static setting must beat koordd by LS or BE alone's spread "
                 f"only ({judged}), and runs of LS and BE together scatter more than either alone")
-    pooled = (f" ({', '.join(inst.pooled)} counted as runs of the setting without the cap: it never bound)"
-              if inst.pooled else "")
+    caps = [s for s in inst.pooled if not s.endswith(AGAIN)]
+    again = [s for s in inst.pooled if s.endswith(AGAIN)]
+    said = [f"{', '.join(caps)} counted as runs of the setting without the cap: it never bound"] * bool(caps) + \
+        [f"{', '.join(again)} counted as a second run of its setting"] * bool(again)
+    pooled = f" ({'; '.join(said)})" if said else ""
     return (f"- the static settings' own repetitions{pooled}: p99 spread {100 * inst.settings_p99:.1f}%, BE work "
             f"spread {100 * inst.settings_be:.1f}% of their medians (the median over settings); the spread a static "
             f"setting must beat koordd by is the larger of each and LS or BE alone's: {judged}")

@@ -21,6 +21,7 @@ random order per repetition, every second repetition in the one before's order r
     no-control     both, no knob changed
     be-weight-1    BE cpu.weight = 1
     be-idle        BE cpu.idle = 1
+    be-idle-again  be-idle's knobs once more in each repetition (--frontier --be-idle-twice)
     be-thread-idle BE threads SCHED_IDLE, BE cpu.weight = 1 (where the kubelet owns BE's group)
     be-quota-half  BE cpu.max at half the node
     koordd         koordd with config/koordd.toml as shipped (or --koordd-config), its LS and BE classes
@@ -61,6 +62,10 @@ and reads koordd's programs (by the ids in its status file) at each of its windo
 second, ns a run and CPU in results.json (koordd_bpf) and the report: part of what koordd present costs where it
 writes nothing, since its programs run in the time of whatever task the CPU runs, LS's and BE's. koordd's own
 process's CPU in each window is recorded too (koordd_cpu), with or without it.
+
+--be-idle-twice (with --frontier) runs be-idle a second time in each repetition, as setup be-idle-again: its runs
+count in the static settings' own scatter only (not as a point of the frontier, not as an oracle), so that a
+proof of one repetition still measures how far one setting's runs scatter with nothing changed.
 
 --client-cpus N keeps the client off LS and BE's CPUs: its processes get the lowest N CPUs (sched_setaffinity,
 not cpusets), everything else (LS servers, BE workers, koordd, bench-qos itself) the others, and loads, server
@@ -342,6 +347,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--koordd-b", type=Path,
                    help="an A/B of two programs in one invocation: setup koordd-b runs this koordd (another "
                         "checkout's .venv/bin/koordd) with setup koordd's config and SLO (see above)")
+    p.add_argument("--be-idle-twice", action="store_true",
+                   help="--frontier: be-idle runs a second time in each repetition (setup be-idle-again), counted "
+                        "only in the static settings' own scatter: one repetition then measures it")
     p.add_argument("--bpf-stats", action="store_true",
                    help="what koordd's BPF programs cost in each of its windows: runs a second, ns a run, CPU "
                         "(kernel.bpf_stats_enabled on for the invocation, put back after; counting adds two clock "
@@ -360,8 +368,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--sweep: no setup for {unswept}; known factors: {', '.join(f'{f:g}' for f in SWEEP_FACTORS)}")
     if args.frontier:
         args.oracle = True
+    if args.be_idle_twice and not (args.frontier and args.setups is None and "be-idle" in args.candidates):
+        p.error("--be-idle-twice: with --frontier, be-idle among the candidates and no --setups")
     if args.setups is None and args.frontier:
-        args.setups = ",".join(["ls-alone", "be-alone", *args.candidates, *(koordd_setup(f) for f in args.sweep)])
+        args.setups = ",".join(["ls-alone", "be-alone", *args.candidates, *(["be-idle-again"] if args.be_idle_twice else
+                                                                             []), *(koordd_setup(f) for f in args.sweep)])
     if args.koordd_b is not None and args.frontier:
         p.error("--koordd-b: not with --frontier (its sweep's koordd-slo-F setups run one program); "
                 "give --slo-factor or --slo-ms instead")
@@ -370,7 +381,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.setups is None:
         default = ["ls-alone", "be-alone", *args.candidates, KOORDD_A] if args.oracle else \
             [s.name for s in SETUPS if (not s.needs_sched_ext or has_sched_ext()) and s.name not in ORACLE_SETUPS[1:]
-             and not s.program_b]
+             and not s.program_b and s.name != "be-idle-again"]
         if args.koordd_b is not None:
             default.insert(default.index(KOORDD_A) + 1, KOORDD_B)
         args.setups = ",".join(default)

@@ -65,6 +65,9 @@ SETUPS = (
     Setup("no-control", "LS and BE, no knob changed"),
     Setup("be-weight-1", "BE cpu.weight = 1 (v1: cpu.shares 10)", knobs=lambda ncpu: {"cpu.weight": "1"}),
     Setup("be-idle", "BE cpu.idle = 1 (SCHED_IDLE as a group)", knobs=lambda ncpu: {"cpu.idle": "1"}),
+    Setup("be-idle-again", "be-idle's knobs once more in the same repetition (--frontier --be-idle-twice): a static "
+          "setting's own scatter, measured where one repetition is all there is time for",
+          knobs=lambda ncpu: {"cpu.idle": "1"}),
     Setup("be-thread-idle", "BE threads SCHED_IDLE and BE cpu.weight = 1 (the placement koordd uses where the "
           "kubelet owns the group: the kubelet gives BestEffort the lowest weight)",
           knobs=lambda ncpu: {"cpu.weight": "1"}, idle_threads=True),

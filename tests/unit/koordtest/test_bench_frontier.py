@@ -283,3 +283,24 @@ def test_where_no_static_setting_ran_twice_the_report_says_their_scatter_was_not
     assert "- the static settings' own scatter: **not measured** (each ran once" in text, text
     assert ("| **koordd-slo-3** | 79% | 0.05 | 0.83x | 1 | dominated beyond LS and BE alone's spread (the static "
             "settings' own scatter not measured) by be-idle |") in text, text
+
+
+def test_be_idle_run_again_in_a_repetition_measures_the_scatter_and_is_no_point_of_its_own():
+    """bench-qos --frontier --be-idle-twice: one repetition, and still a static setting's own scatter."""
+    runs = [be_alone(0, 100.0), run("ls-alone", 0.06), run("ls-alone", 0.06),
+            run("be-idle", 0.04, 89.0), run("be-idle-again", 0.04, 78.0),
+            run("be-idle-cpu-max-60", 0.04, 55.0), run(koordd_setup(3.0), 0.04, 79.0)]
+    statics = ["be-idle", "be-idle-cpu-max-60"]
+    inst = instrument(runs, 50, 0.1, statics)
+    assert inst.settings_measured and inst.pooled == ("be-idle-again",)
+    assert inst.settings_be == pytest.approx(11 / 83.5)
+    text = report(runs, 50, statics, (3.0,))
+    assert "own repetitions (be-idle-again counted as a second run of its setting): p99 spread 0.0%, BE work " \
+           "spread 13.2%" in text, text
+    # koordd's 79% against be-idle's 89%: 12.7% more, inside the 13.2% scatter of be-idle's two runs
+    assert "| **koordd-slo-3** | 79% | 0.04 | 0.67x | 1 | on the frontier within the measured spread" in text, text
+    assert "| be-idle-again |" not in text                     # not a point of the frontier
+    assert sweep(runs, 50, 0.06 * MS, statics, (3.0,))[0].oracle.setup == "be-idle"     # nor an oracle
+    # without the second run: one repetition, nothing measured, and koordd dominated by the 10 points
+    alone = [r for r in runs if r["setup"] != "be-idle-again"]
+    assert "dominated beyond LS and BE alone's spread" in report(alone, 50, statics, (3.0,))

@@ -198,3 +198,20 @@ def test_an_slo_given_in_ms_is_the_target_whatever_ls_alone_reads_and_refused_be
         with pytest.raises(SystemExit):
             bench_qos_args(base + bad)
         assert "--slo-ms" in capsys.readouterr().err
+
+
+def test_the_one_key_case_runs_be_idle_twice_and_bench_qos_takes_it_with_the_frontier_only(capsys):
+    """One repetition measures no static setting's scatter unless one runs twice (the third 16-CPU run)."""
+    micro = next(c for c in proof.plan("default", is_quick=False) if c.name == "micro-cpu")
+    args = bench_qos_args(micro.argv() + ["--engine", "python", "--no-install"])
+    assert args.setups.index("be-idle-again") == args.setups.index("be-idle-cpu-max-60") + 1   # after the candidates
+    assert "be-idle-again" not in args.candidates
+    assert micro.runs() == next(c for c in proof.FULL if c.name == "heavy-membw").runs() + 1
+    base = ["--engine", "python", "--no-install", "--loads", "50"]
+    assert "be-idle-again" not in bench_qos_args(base).setups                   # not in the default list
+    assert "be-idle-again" not in bench_qos_args(["--frontier"] + base).setups
+    for bad in (base + ["--be-idle-twice"], ["--frontier", "--candidates", "be-idle-cpu-max-30", "--be-idle-twice"]
+                + base, ["--frontier", "--setups", "be-idle,koordd", "--be-idle-twice"] + base):
+        with pytest.raises(SystemExit):
+            bench_qos_args(bad)
+        assert "--be-idle-twice" in capsys.readouterr().err
