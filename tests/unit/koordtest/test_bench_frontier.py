@@ -304,3 +304,20 @@ def test_be_idle_run_again_in_a_repetition_measures_the_scatter_and_is_no_point_
     # without the second run: one repetition, nothing measured, and koordd dominated by the 10 points
     alone = [r for r in runs if r["setup"] != "be-idle-again"]
     assert "dominated beyond LS and BE alone's spread" in report(alone, 50, statics, (3.0,))
+
+
+def test_a_miss_of_the_oracle_rule_inside_the_spread_of_be_work_says_so_and_stays_a_miss():
+    runs = [be_alone(0, 100.0), be_alone(1, 100.0), run("ls-alone", 2.0, rep=0), run("ls-alone", 2.0, rep=1),
+            run("be-idle", 2.0, 85.0, rep=0), run("be-idle", 2.0, 95.0, rep=1),          # its own scatter: 11%
+            run(koordd_setup(1.5), 2.0, 82.0, rep=0), run(koordd_setup(1.5), 2.0, 82.0, rep=1),   # 91% of 90%
+            run(koordd_setup(3.0), 2.0, 70.0, rep=0), run(koordd_setup(3.0), 2.0, 70.0, rep=1)]  # 78%
+    text = report(runs, 50, ["be-idle"], (1.5, 3.0))
+    assert "| 1.5x | 3.00 | be-idle | 90% | 2.00 | yes | 82% | 91% | **no**, within the measured spread |" in text, text
+    assert "| 3x | 6.00 | be-idle | 90% | 2.00 | yes | 70% | 78% | **no** |" in text, text
+    runs += [run(koordd_setup(2.0), 2.0, 86.0, rep=0), run(koordd_setup(2.0), 2.0, 86.0, rep=1)]
+    assert "| 2x | 4.00 | be-idle | 90% | 2.00 | yes | 86% | 96% | yes |" in report(runs, 50, ["be-idle"], (2.0,))
+    # one repetition: no setting's scatter, BE alone's 10% (its runs after and before the repetition)
+    one = [be_alone(0, 100.0), be_alone(0, 110.0), run("ls-alone", 2.0), run("ls-alone", 2.0),
+           run("be-idle", 2.0, 88.0), run(koordd_setup(1.5), 2.0, 80.0)]
+    assert ("| **no**, within LS and BE alone's spread (the settings' scatter not measured) |"
+            in report(one, 50, ["be-idle"], (1.5,)))
