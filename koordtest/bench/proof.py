@@ -5,6 +5,7 @@ registry is reachable: what it needs comes from a folder gathered beforehand nex
     scripts/proof-frontier --gather            # here, with a registry: wheels, .debs, the compiled client
     scripts/proof-frontier --out DIR           # there, as root: install from the folder only, run, report
     scripts/proof-frontier --quick --out DIR   # the same path on a small host: every case, very short
+    scripts/proof-frontier --presence 3 --out DIR   # instead: what koordd present costs, 3 pairs (below)
 
 The folder (.proof/ by default, ignored by git): wheels/ (pyroute2, watchdog, and matplotlib with its needs
 for the plots, for the target's Python), debs/ (memcached, redis and libbpf with their libraries, from this
@@ -12,6 +13,11 @@ host's apt), bin/openloop-c (the client, statically linked). Installing is priva
 site folder on PYTHONPATH, .debs unpacked (their data archive read in Python, no dpkg needed) into a root
 folder on PATH and LD_LIBRARY_PATH, a library the system already has left to the system's. The proof then
 runs itself again with that environment (a library path only counts from a process's start).
+
+--presence N runs, instead of the cases, N pairs of be-idle and koordd told 3 x LS alone's p99 (so that it cuts
+nothing) in the one-key case at 15%, with koordd's BPF programs counted (bench-qos --bpf-stats) and its own
+process's CPU: what koordd costs where it writes nothing (docs/benchmarks.md). About 40 s a pair on 16 CPUs;
+its bench-qos report and results in DIR/presence/.
 
 It writes to --out at most 8 files (what a device run brings back): proof.md (the plan, each case's time,
 each case's report), frontier-<case>.png (one per case, where matplotlib is there), results.json (every
@@ -312,6 +318,17 @@ def run_case(case: Case, out: Path, binary: Path) -> Outcome:
     return Outcome(case, time.monotonic() - t0, error, report, runs)
 
 
+# --presence: the one-key case, be-idle against koordd told a loose SLO, koordd's programs counted
+PRESENCE = ("--setups", "be-alone,be-idle,koordd", "--slo-factor", "3", "--bpf-stats", "--ls", "memcached",
+            "--memcached-keys", "1", "--antagonist", "cpu", "--loads", "15", "--seconds", "4", "--warmup", "2",
+            "--drain", "1", "--window", "1", "--koordd-settle", "8")
+
+
+def presence_argv(pairs: int, client_cpus: int) -> list[str]:
+    """bench-qos's arguments for --presence (the client's CPUs reserved as the cases reserve them)."""
+    return [*PRESENCE, "--reps", str(pairs)] + (["--client-cpus", str(client_cpus)] if client_cpus else [])
+
+
 def summary(outcomes: list[Outcome], is_quick: bool, total_s: float, host: str, cpus: str = "") -> str:
     lines = ["# The frontier proof (scripts/proof-frontier)", "",
              f"- host: {host}; {'a dry run (--quick): the path, not the numbers' if is_quick else 'the full proof'}",
@@ -342,6 +359,11 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.presence:
+        from koordtest.bench.qos_cli import main as bench_qos
+        return bench_qos(presence_argv(args.presence, client_cpus_for(os.cpu_count() or 1))
+                         + ["--no-install", "--engine", "c", "--client-binary",
+                            str(Path(args.folder) / "bin" / "openloop-c"), "--out", str(out / "presence")])
     cases_dir = out / "cases"
     outcomes = []
     for case in plan(args.cases, args.quick):
@@ -377,7 +399,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"default (16 CPUs: {', '.join(c.name for c in FULL)} at 50%%; --quick: all), all, or names "
                         f"among {', '.join(c.name for c in ALL)}")
     p.add_argument("--plan", action="store_true", help="print the cases, their arguments and estimates; run nothing")
+    p.add_argument("--presence", type=int, default=0, metavar="N",
+                   help="instead of the cases: N pairs of be-idle and koordd writing nothing, its programs counted")
     args = p.parse_args(argv)
+    if args.presence < 0:
+        p.error("--presence: a number of pairs, 1 or more")
     args.out = args.out or f"proof-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         plan(args.cases, args.quick)

@@ -215,3 +215,15 @@ def test_the_one_key_case_runs_be_idle_twice_and_bench_qos_takes_it_with_the_fro
         with pytest.raises(SystemExit):
             bench_qos_args(bad)
         assert "--be-idle-twice" in capsys.readouterr().err
+
+
+def test_presence_runs_pairs_of_be_idle_and_a_koordd_that_cuts_nothing_with_its_programs_counted(capsys):
+    args = bench_qos_args(proof.presence_argv(3, 0) + ["--engine", "python", "--no-install"])
+    assert args.setups == ["be-alone", "be-idle", "koordd"] and args.reps == 3 and args.slo_factor == 3.0
+    assert args.bpf_stats and args.loads == [15] and args.memcached_keys == 1 and args.koordd_settle == 8.0
+    assert "--client-cpus" not in proof.presence_argv(3, 0)
+    assert proof.presence_argv(3, 2)[-2:] == ["--client-cpus", "2"]          # on 16 CPUs, as the cases
+    assert proof.parse_args(["--presence", "3"]).presence == 3 and proof.parse_args([]).presence == 0
+    with pytest.raises(SystemExit):
+        proof.parse_args(["--presence", "-1"])
+    assert "--presence" in capsys.readouterr().err
