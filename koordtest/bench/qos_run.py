@@ -28,6 +28,7 @@ from koordtest.bench.frontier import SWEEP_FACTORS, koordd_setup
 from koordtest.koordd_proc import KoorddProcess
 from koordtest.bench.ls_servers import python_module, wait_accepting, worker_env
 from koordtest.bench.openloop import window_count
+from koordtest.bench.procstat import cpu_seconds
 from koordtest.bench.qos_stats import LS_ALONE, median_spread
 from koordtest.bench.static_knobs import StaticKnobs, read_knobs
 from koordtest.bench.steal import StealSampler, window_steal
@@ -444,7 +445,7 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
              koordd: KoorddProcess | None, client: subprocess.Popen | None, workers: list, env: dict) -> dict:
     time.sleep(max(start_at - time.monotonic(), 0))
     meter = CpuMeter(bench.fs, [bench.tree.path(c) for c in (LS, BE)], bench.host_ncpu)   # /proc/stat: all
-    koordd_cpu0 = (process_cpu_s(koordd.proc.pid), time.monotonic()) if koordd else None
+    koordd_cpu0 = (cpu_seconds(koordd.proc.pid), time.monotonic()) if koordd else None
     steal = StealSampler().start()
     wall0 = time.time()
     if bench.app_latency is not None and setup.ls:
@@ -472,7 +473,7 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
     cpu = meter.stop()
     if koordd_cpu0 is not None:
         spent, since = koordd_cpu0
-        out["koordd_cpu"] = (process_cpu_s(koordd.proc.pid) - spent) / (time.monotonic() - since)
+        out["koordd_cpu"] = (cpu_seconds(koordd.proc.pid) - spent) / (time.monotonic() - since)
     if programs:
         out["koordd_bpf"] = bpf_stats.cost(programs, counters0, bpf_stats.read_counters(programs),
                                            time.monotonic() - counted0)
@@ -578,13 +579,6 @@ class CpuMeter:
         busy1, total1 = _proc_stat()
         out["node"] = self.ncpu * (busy1 - busy0) / max(total1 - total0, 1)
         return out
-
-
-def process_cpu_s(pid: int, proc: Path = Path("/proc")) -> float:
-    """CPU seconds process `pid` has used, all its threads, user and system (/proc/PID/stat's utime and stime:
-    the fields after the name, which may hold spaces and parentheses)."""
-    fields = (proc / str(pid) / "stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _proc_stat() -> tuple[int, int]:

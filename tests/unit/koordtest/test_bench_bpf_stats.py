@@ -1,9 +1,8 @@
 """What koordd present costs, as bench-qos measures it, without the kernel: koordtest/bench/bpf_stats.py (the
 switch put back, koordd's programs found in its status file, a window's cost from two readings, the report's
-line; the kernel side: tests/kernel/test_libbpf_kernel.py), and koordd's own process's CPU."""
+line; the kernel side: tests/kernel/test_libbpf_kernel.py), and the report's line on koordd's own process's CPU
+(read with koordtest/bench/procstat.py's cpu_seconds, as bench-overhead reads it)."""
 from __future__ import annotations
-
-import os
 
 import pytest
 
@@ -58,17 +57,6 @@ def test_bench_qos_says_each_koordd_runs_program_cost_in_run_order():
         "koordd-slo-3's BPF programs in its windows (kernel.bpf_stats_enabled, which adds two clock reads a run): "
         "15% rep 2: 144.0 ms/s (runq_latency:runq_switch 160.0k runs/s at 900 ns); "
         "15% rep 1: 144.0 ms/s (runq_latency:runq_switch 160.0k runs/s at 900 ns)"]
-
-
-def test_a_process_cpu_is_its_stat_files_utime_and_stime_whatever_its_name(tmp_path):
-    from koordtest.bench.qos_run import process_cpu_s
-    tick = os.sysconf("SC_CLK_TCK")
-    (tmp_path / "42").mkdir()
-    # a name with spaces and a parenthesis: the fields are counted after the last ")"
-    (tmp_path / "42" / "stat").write_text(f"42 (ko ordd) x) S 1 42 42 0 -1 4194560 100 0 0 0 {3 * tick} {tick} 0 0 20 0 "
-                                          "3 0 12345 1000000 500 18446744073709551615\n")
-    assert process_cpu_s(42, tmp_path) == pytest.approx(4.0)
-    assert process_cpu_s(os.getpid()) >= 0.0           # this process, as the kernel writes it
 
 
 def test_bench_qos_says_what_koordds_own_process_used_beside_other_cpu():
