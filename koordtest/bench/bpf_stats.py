@@ -15,18 +15,36 @@ from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
 STATS_SWITCH = Path("/proc/sys/kernel/bpf_stats_enabled")
+BEFORE = Path("/run/koordtest/bpf_stats_enabled.before")     # the switch as counting() found it, while it counts
 Counters = dict[int, tuple[int, int]]       # program id -> (run_time_ns, run_cnt)
 
 
 @contextmanager
-def counting(switch: Path = STATS_SWITCH) -> Iterator[None]:
-    """kernel.bpf_stats_enabled at 1 inside, at what it was before after."""
-    was = switch.read_text().strip()
+def counting(switch: Path = STATS_SWITCH, before: Path = BEFORE) -> Iterator[None]:
+    """kernel.bpf_stats_enabled at 1 inside, at what it was before after.
+
+    What it was is kept in `before` until it is put back: a benchmark killed with -9 cannot put it back,
+    and the next one to count then restores what the killed one found, not the 1 it left behind (until
+    then every BPF program on the host pays for the counting)."""
+    was = _left_by_a_killed_run(before) or switch.read_text().strip()
+    before.parent.mkdir(parents=True, exist_ok=True)
+    before.write_text(was)
     switch.write_text("1")
     try:
         yield
     finally:
         switch.write_text(was)
+        before.unlink(missing_ok=True)
+
+
+def _left_by_a_killed_run(before: Path) -> str | None:
+    """The switch's value a run killed inside counting() found, where its note is there and says 0 or 1."""
+    try:
+        with before.open() as f:
+            was = f.read(8).strip()
+    except OSError:
+        return None
+    return was if was in ("0", "1") else None
 
 
 def koordd_programs(status: dict) -> dict[int, str]:

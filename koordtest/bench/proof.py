@@ -404,6 +404,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.presence < 0:
         p.error("--presence: a number of pairs, 1 or more")
+    if args.presence and (args.quick or args.cases != "default" or args.plan):
+        p.error("--presence runs its own pairs, not the cases: --quick, --cases and --plan do not apply to it")
     args.out = args.out or f"proof-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         plan(args.cases, args.quick)

@@ -15,18 +15,33 @@ STATUS = {"bpf": {"stats_enabled": True, "objects": [
 
 
 def test_counting_puts_the_switch_back_as_it_was_also_after_an_error(tmp_path):
-    switch = tmp_path / "bpf_stats_enabled"
+    switch, before = tmp_path / "bpf_stats_enabled", tmp_path / "run" / "before"
     switch.write_text("0\n")
-    with bpf_stats.counting(switch):
-        assert switch.read_text() == "1"
-    assert switch.read_text() == "0"
-    with pytest.raises(RuntimeError), bpf_stats.counting(switch):
+    with bpf_stats.counting(switch, before):
+        assert switch.read_text() == "1" and before.read_text() == "0"
+    assert switch.read_text() == "0" and not before.exists()
+    with pytest.raises(RuntimeError), bpf_stats.counting(switch, before):
         raise RuntimeError("a benchmark failing")
-    assert switch.read_text() == "0"
+    assert switch.read_text() == "0" and not before.exists()
     switch.write_text("1")
-    with bpf_stats.counting(switch):
+    with bpf_stats.counting(switch, before):
         pass
     assert switch.read_text() == "1"        # on before: left on
+
+
+def test_a_run_killed_while_counting_is_mended_by_the_next(tmp_path):
+    switch, before = tmp_path / "bpf_stats_enabled", tmp_path / "before"
+    switch.write_text("1")                  # left on by a run killed with -9 ...
+    before.write_text("0")                  # ... which had found it off
+    with bpf_stats.counting(switch, before):
+        assert switch.read_text() == "1"
+    assert switch.read_text() == "0" and not before.exists()
+    for junk in ("2", "", "0" * 10_000):    # a note that is not one of the switch's values: the switch read
+        before.write_text(junk)
+        switch.write_text("1")
+        with bpf_stats.counting(switch, before):
+            pass
+        assert switch.read_text() == "1"
 
 
 def test_koordd_programs_are_named_by_object_and_program():

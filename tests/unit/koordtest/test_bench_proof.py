@@ -227,3 +227,7 @@ def test_presence_runs_pairs_of_be_idle_and_a_koordd_that_cuts_nothing_with_its_
     with pytest.raises(SystemExit):
         proof.parse_args(["--presence", "-1"])
     assert "--presence" in capsys.readouterr().err
+    for beside in (["--quick"], ["--cases", "micro-cpu"], ["--plan"]):     # not silently ignored
+        with pytest.raises(SystemExit):
+            proof.parse_args(["--presence", "3", *beside])
+        assert "do not apply" in capsys.readouterr().err
