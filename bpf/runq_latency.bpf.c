@@ -4,14 +4,17 @@
 // A CO-RE object (scripts/build-bpf): kernel structs are read with BPF_CORE_READ and relocated by
 // libbpf against the running kernel's BTF, so the program reads the task itself, as libbpf-tools'
 // runqlat does:
-//   - a thread is stamped when it becomes runnable: sched_wakeup, sched_wakeup_new, and sched_switch
-//     when it is switched out still runnable (preempted or yielding). The stamp lives in the task's own
-//     storage (BPF_MAP_TYPE_TASK_STORAGE, Linux 5.11+), found from the task at once: a hash keyed by
-//     thread id cost an update at every wake-up and a lookup and delete at every switch, and the program
-//     a third more time (docs/benchmarks.md, bench-runq-switch);
-//   - at its switch-in its wait is measured and counted at once, for the deepest watched cgroup at or
-//     above its own (its cgroup v2 cgroup, task->cgroups->dfl_cgrp); waits elsewhere are not counted
-//     (koordd adds the sums up to the enclosing watched cgroups).
+//   - a thread is stamped when it becomes runnable: sched_wakeup, sched_wakeup_new, and sched_switch when
+//     it is switched out still runnable (preempted or yielding). The stamp lives in the task's own storage
+//     (BPF_MAP_TYPE_TASK_STORAGE, Linux 5.11+), found from the task at once: a hash keyed by thread id cost
+//     an update at every wake-up and a lookup and delete at every switch, and the program a third more
+//     time (docs/benchmarks.md, bench-runq-switch). With the time it keeps the deepest watched cgroup at
+//     or above the thread's own (its cgroup v2 cgroup, task->cgroups->dfl_cgrp), found at the stamp;
+//   - at its switch-in its wait is measured and counted at once in that cgroup's histogram (koordd adds
+//     the sums up to the enclosing watched cgroups);
+//   - a thread of no watched cgroup (a benchmark's client, kernel threads, system services) is not
+//     stamped: its wake-ups and preemptions cost a look-up in the `resolved` cache and its switch-ins the
+//     look-up of a storage it does not have, where each cost a stamp, a clock read and the cache before.
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_helpers.h>
@@ -24,11 +27,16 @@ char _license[] SEC("license") = "GPL";
 
 #define TASK_RUNNING 0
 
+struct stamp {
+    u64 since;              // when the task became runnable (ns), 0: not waiting
+    u64 cgroup;             // the watched cgroup its wait counts in
+};
+
 struct {
     __uint(type, BPF_MAP_TYPE_TASK_STORAGE);
     __uint(map_flags, BPF_F_NO_PREALLOC);
     __type(key, int);
-    __type(value, u64);     // when the task became runnable (ns), 0: not waiting. Freed with the task.
+    __type(value, struct stamp);    // freed with the task
 } queued SEC(".maps");
 
 struct {
@@ -50,20 +58,25 @@ static __always_inline long task_state(struct task_struct *t)
     return BPF_CORE_READ((struct task_struct___before_5_14 *)t, state);
 }
 
-static __always_inline int stamp(struct task_struct *p)
-{
-    if (BPF_CORE_READ(p, pid) == 0)
-        return 0;           // the idle task never waits
-    u64 *since = bpf_task_storage_get(&queued, p, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-    if (since)              // NULL: no memory, or the storage busy on this CPU (a nested program): not counted
-        *since = bpf_ktime_get_ns();
-    return 0;
-}
-
 static __always_inline u64 watched_task(struct task_struct *p)
 {
     struct cgroup *cg = BPF_CORE_READ(p, cgroups, dfl_cgrp);
     return watched_of(BPF_CORE_READ(cg, kn, id), cg);
+}
+
+static __always_inline int stamp(struct task_struct *p)
+{
+    if (BPF_CORE_READ(p, pid) == 0)
+        return 0;           // the idle task never waits
+    u64 cgroup = watched_task(p);
+    if (!cgroup)
+        return 0;           // its waits would count nowhere
+    struct stamp *s = bpf_task_storage_get(&queued, p, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (s) {                // NULL: no memory, or the storage busy on this CPU (a nested program): not counted
+        s->since = bpf_ktime_get_ns();
+        s->cgroup = cgroup;
+    }
+    return 0;
 }
 
 SEC("tp_btf/sched_wakeup")
@@ -84,14 +97,11 @@ int BPF_PROG(runq_switch, bool preempt, struct task_struct *prev, struct task_st
     if (preempt || task_state(prev) == TASK_RUNNING)
         stamp(prev);        // switched out still runnable: it waits from now on
 
-    u64 *since = bpf_task_storage_get(&queued, next, 0, 0);
-    if (!since || !*since)
+    struct stamp *s = bpf_task_storage_get(&queued, next, 0, 0);
+    if (!s || !s->since)
         return 0;
-    u64 waited = bpf_ktime_get_ns() - *since;
-    *since = 0;
-
-    u64 cgroup = watched_task(next);
-    if (cgroup)
-        count_in(&waits, cgroup, waited);
+    u64 waited = bpf_ktime_get_ns() - s->since;
+    s->since = 0;
+    count_in(&waits, s->cgroup, waited);
     return 0;
 }

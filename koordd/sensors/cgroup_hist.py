@@ -153,8 +153,17 @@ class CgroupHistograms:
         return out
 
     def _deltas(self, table, i: int) -> dict[int, Counts]:
-        """Map `table` (self.names[i]'s): cgroup id -> its counts since the last read."""
-        by_id = {k.value: (list(v.slots), int(v.wait_ns)) for k, v in table.items()}
+        """Map `table` (self.names[i]'s): cgroup id -> its counts since the last read. An entry of a cgroup
+        no longer watched is deleted: a wait stamped before its cgroup was unwatched (runq_latency keeps
+        the cgroup in the stamp), or resolved from the cache just before _watch emptied it, counts after
+        _watch deleted the histogram and makes it anew; left, such entries would fill the map for good."""
+        watched = set(self.ids.values())
+        by_id = {}
+        for k, v in table.items():
+            if k.value in watched:
+                by_id[k.value] = (list(v.slots), int(v.wait_ns))
+            else:
+                table.delete(k)
         delta: dict[int, Counts] = {}
         for cid, (slots, total_ns) in by_id.items():
             old = self.prev[i].get(cid)

@@ -2,17 +2,21 @@
 ping-ponging over a pipe, two context switches per round trip) without and with the program loaded,
 alternating, --reps times each. Needs root, perf and libbpf1.
 
-    sudo .venv/bin/python scripts/bench-runq-switch [--loops 50000] [--reps 5]
+    sudo .venv/bin/python scripts/bench-runq-switch [--loops 50000] [--reps 5] [--unwatched] [--object PATH ...]
+
+--object compares builds of the program side by side (each in every repetition, after the run without);
+--unwatched puts perf in a cgroup the program does not watch.
 """
 import argparse
 import os
 import re
 import statistics
 import subprocess
+from pathlib import Path
 
 from koordd.kernel.cgroupfs import DEFAULT_ROOT, detect_layout
 from koordd.sensors.contract import SensorContext
-from koordd.sensors.runq import EBPF, RunqLatencySensor, v2_tree
+from koordd.sensors.runq import EBPF, PROGRAM, RunqLatencySensor, v2_tree
 
 
 def usecs_per_op(loops: int) -> float:
@@ -25,30 +29,47 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--loops", type=int, default=50000)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--object", action="append", type=Path, metavar="PATH",
+                   help="a build of runq_latency.bpf.o to measure (again for more, each in every repetition, "
+                        "in turn; default the shipped one)")
+    p.add_argument("--unwatched", action="store_true",
+                   help="perf in a cgroup the program does not watch (a sibling is watched): what the program "
+                        "costs the threads of no class")
     args = p.parse_args(argv)
-    # perf runs in a cgroup of its own that the program watches, so every wait it has is counted.
+    objects = args.object or [PROGRAM]
+    # perf runs in a cgroup of its own, which the program watches (every wait counted) or, with
+    # --unwatched, does not: it watches a sibling with no task instead.
     tree, _ = v2_tree(detect_layout(DEFAULT_ROOT))
     name = f"koordd-bench-switch-{os.getpid()}"
-    (tree / name).mkdir()
+    watched = f"{name}-watched" if args.unwatched else name
+    made = [tree / n for n in dict.fromkeys((name, watched))]
+    for d in made:
+        d.mkdir()
     (tree / name / "cgroup.procs").write_text(str(os.getpid()))
-    without, with_bpf = [], []
+    without, with_bpf = [], {o: [] for o in objects}
+    counted = {}
     try:
         for _ in range(args.reps):
             without.append(usecs_per_op(args.loops))
-            sensor = RunqLatencySensor(sources=(EBPF,))
-            sensor.start()
-            try:
-                sensor.sample(SensorContext(0.0, {name: "LS"}))
-                with_bpf.append(usecs_per_op(args.loops))
-                counted = sensor.sample(SensorContext(0.0, {name: "LS"})).get(name)
-            finally:
-                sensor.stop()
+            for obj in objects:
+                sensor = RunqLatencySensor(sources=(EBPF,), program=obj)
+                sensor.start()
+                try:
+                    sensor.sample(SensorContext(0.0, {watched: "LS"}))
+                    with_bpf[obj].append(usecs_per_op(args.loops))
+                    got = sensor.sample(SensorContext(0.0, {watched: "LS"})).get(watched)
+                    counted[obj] = got.count if got else 0
+                finally:
+                    sensor.stop()
     finally:
         (tree / "cgroup.procs").write_text(str(os.getpid()))
-        (tree / name).rmdir()
-    print(f"waits counted in the last run: {counted.count if counted else 0}")
-    a, b = statistics.median(without), statistics.median(with_bpf)
-    print(f"perf bench sched pipe, {args.loops} round trips, median of {args.reps}: "
-          f"without {a:.2f} us/op, with the BPF program {b:.2f} us/op: +{b - a:.2f} us per round trip "
-          f"(two context switches), +{100 * (b - a) / a:.1f}%")
-    print(f"  without: {without}\n  with:    {with_bpf}")
+        for d in made:
+            d.rmdir()
+    a = statistics.median(without)
+    print(f"perf bench sched pipe, {args.loops} round trips (two context switches each), median of {args.reps}, "
+          f"perf's cgroup {'not ' if args.unwatched else ''}watched: without the program {a:.2f} us/op")
+    print(f"  without: {without}")
+    for obj in objects:
+        b = statistics.median(with_bpf[obj])
+        print(f"  {obj}: {b:.2f} us/op, +{b - a:.2f} us per round trip, +{100 * (b - a) / a:.1f}% "
+              f"(waits counted in its last run: {counted[obj]})\n    {with_bpf[obj]}")

@@ -2,6 +2,7 @@
 sharing one CPU (ls) against one thread that sleeps and wakes on the other CPU (be)."""
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import sys
@@ -88,3 +89,36 @@ def test_contended_threads_wait_longer_in_both_sources_and_the_sources_agree(con
     assert env.cgroup("be") + "/empty" not in by_ebpf and env.cgroup("be") + "/empty" not in by_schedstat
     assert env.cgroup("be") not in only_ls and env.name not in only_ls, only_ls      # BE's threads not read
     assert parent is not None and parent.count == ls.count + be.count
+
+
+class Stamp(ctypes.Structure):
+    """runq_latency.bpf.c's struct stamp: a task's storage in the map `queued`."""
+    _fields_ = [("since", ctypes.c_uint64), ("cgroup", ctypes.c_uint64)]
+
+
+def test_only_threads_of_watched_cgroups_are_stamped(cgroups):
+    """A thread of no watched cgroup gets no task storage (no stamp, no clock read); one of a watched
+    cgroup does, naming that cgroup, and its waits are counted there."""
+    ls = cgroups.spawn("ls", SLEEPER)
+    be = cgroups.spawn("be", SLEEPER)
+    time.sleep(0.3)
+    sensor = started(EBPF)
+    try:
+        context = SensorContext(time.monotonic(), {cgroups.cgroup("ls"): "LS"})    # be and the parent: not watched
+        sensor.sample(context)
+        time.sleep(1.0)
+        got = sensor.sample(SensorContext(time.monotonic(), context.cgroups))
+        queued = sensor.source.obj.map("queued", ctypes.c_int, Stamp)
+        stamps = {}
+        for name, proc in (("ls", ls), ("be", be)):
+            pidfd = os.pidfd_open(proc.pid)
+            try:
+                stamps[name] = queued.lookup(ctypes.c_int(pidfd))
+            finally:
+                os.close(pidfd)
+        ls_id = os.stat(cgroups.dir("unified", "ls")).st_ino
+    finally:
+        sensor.stop()
+    assert got[cgroups.cgroup("ls")].count >= 50, got       # ~200 wake-ups a second
+    assert stamps["be"] is None, "a thread of no watched cgroup was stamped"
+    assert stamps["ls"] is not None and stamps["ls"].cgroup == ls_id

@@ -117,6 +117,21 @@ def test_a_cgroup_that_goes_is_unwatched_and_its_histogram_dropped(v2tree):
     assert gone not in bpf["watched"] and gone not in bpf["waits"] and dict(bpf["resolved"]) == {}
 
 
+def test_a_histogram_made_anew_for_a_cgroup_no_longer_watched_is_deleted_not_kept(v2tree):
+    """A wait stamped while its cgroup was watched can count after koordd unwatched it: the program makes
+    the histogram anew. Left, such entries would fill the map (16384) and blind every cgroup after."""
+    src = EbpfSource(v2tree)
+    bpf = FakeBpf().install(src)
+    src.read(["be", "be/pod1", "be/pod2"])
+    gone = ino(v2tree, "be/pod2")
+    (v2tree / "be/pod2").rmdir()
+    src.read(["be", "be/pod1"])
+    bpf.count(gone, 3, 1, 5000)                         # the late wait
+    bpf.count(ino(v2tree, "be/pod1"), 3, 2, 10_000)
+    got = src.read(["be", "be/pod1"])
+    assert got["be"].count == 2 and set(bpf["waits"]) == {ino(v2tree, "be/pod1")}
+
+
 # --- schedstat source over a fake /proc ------------------------------------------------------------------
 
 class FakeProc:
