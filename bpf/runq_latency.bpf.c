@@ -51,22 +51,25 @@ struct task_struct___before_5_14 {
     long state;
 } __attribute__((preserve_access_index));
 
+// The tracepoints' task pointers are typed (tp_btf): their fields are read directly (CO-RE relocated all the
+// same), where BPF_CORE_READ calls a helper for each pointer it follows; the programs run at every switch
+// and wake-up.
 static __always_inline long task_state(struct task_struct *t)
 {
     if (bpf_core_field_exists(t->__state))
-        return BPF_CORE_READ(t, __state);
-    return BPF_CORE_READ((struct task_struct___before_5_14 *)t, state);
+        return t->__state;
+    return ((struct task_struct___before_5_14 *)t)->state;
 }
 
 static __always_inline u64 watched_task(struct task_struct *p)
 {
-    struct cgroup *cg = BPF_CORE_READ(p, cgroups, dfl_cgrp);
-    return watched_of(BPF_CORE_READ(cg, kn, id), cg);
+    struct cgroup *cg = p->cgroups->dfl_cgrp;
+    return watched_of(cg->kn->id, cg);
 }
 
 static __always_inline int stamp(struct task_struct *p)
 {
-    if (BPF_CORE_READ(p, pid) == 0)
+    if (p->pid == 0)
         return 0;           // the idle task never waits
     u64 cgroup = watched_task(p);
     if (!cgroup)

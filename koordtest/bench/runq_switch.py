@@ -16,6 +16,7 @@ from pathlib import Path
 
 from koordd.kernel.cgroupfs import DEFAULT_ROOT, detect_layout
 from koordd.sensors.contract import SensorContext
+from koordtest.bench import bpf_stats
 from koordd.sensors.runq import EBPF, PROGRAM, RunqLatencySensor, v2_tree
 
 
@@ -47,20 +48,24 @@ def main(argv: list[str] | None = None) -> None:
         d.mkdir()
     (tree / name / "cgroup.procs").write_text(str(os.getpid()))
     without, with_bpf = [], {o: [] for o in objects}
-    counted = {}
+    counted, ns_a_run = {}, {o: {} for o in objects}   # object -> program -> ns a run in each repetition
     try:
-        for _ in range(args.reps):
-            without.append(usecs_per_op(args.loops))
-            for obj in objects:
-                sensor = RunqLatencySensor(sources=(EBPF,), program=obj)
-                sensor.start()
-                try:
-                    sensor.sample(SensorContext(0.0, {watched: "LS"}))
-                    with_bpf[obj].append(usecs_per_op(args.loops))
-                    got = sensor.sample(SensorContext(0.0, {watched: "LS"})).get(watched)
-                    counted[obj] = got.count if got else 0
-                finally:
-                    sensor.stop()
+        with bpf_stats.counting():
+            for _ in range(args.reps):
+                without.append(usecs_per_op(args.loops))
+                for obj in objects:
+                    sensor = RunqLatencySensor(sources=(EBPF,), program=obj)
+                    sensor.start()
+                    try:
+                        sensor.sample(SensorContext(0.0, {watched: "LS"}))
+                        with_bpf[obj].append(usecs_per_op(args.loops))
+                        got = sensor.sample(SensorContext(0.0, {watched: "LS"})).get(watched)
+                        counted[obj] = got.count if got else 0
+                        for st in sensor.source.stats():    # loaded for this run: its counters start at 0
+                            if st.run_cnt:
+                                ns_a_run[obj].setdefault(st.name, []).append(st.run_time_ns / st.run_cnt)
+                    finally:
+                        sensor.stop()
     finally:
         (tree / "cgroup.procs").write_text(str(os.getpid()))
         for d in made:
@@ -73,3 +78,6 @@ def main(argv: list[str] | None = None) -> None:
         b = statistics.median(with_bpf[obj])
         print(f"  {obj}: {b:.2f} us/op, +{b - a:.2f} us per round trip, +{100 * (b - a) / a:.1f}% "
               f"(waits counted in its last run: {counted[obj]})\n    {with_bpf[obj]}")
+        print("    inside the kernel, ns a run (kernel.bpf_stats_enabled; the host's other tasks' runs too), median "
+              "(range): " + "; ".join(f"{name} {statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f})"
+                                      for name, v in sorted(ns_a_run[obj].items())))
