@@ -49,7 +49,7 @@ def test_the_run_queue_object_attaches_reports_itself_and_goes_when_closed():
             "runq_switch": ["tp_btf/sched_switch"], "runq_wakeup": ["tp_btf/sched_wakeup"],
             "runq_wakeup_new": ["tp_btf/sched_wakeup_new"]}
         sizes = {m["name"]: (m["max_entries"], m["key_size"], m["value_size"]) for m in d["maps"]}
-        assert sizes["waits"] == (16384, 8, 33 * 8) and sizes["queued"] == (0, 4, 8)    # task storage: no size of its own
+        assert sizes["waits"] == (16384, 8, 33 * 8) and sizes["queued"] == (0, 4, 16)   # task storage (no size of its own): struct stamp
         ours = {p["id"] for p in d["programs"]}
         assert ours <= prog_ids() - before
         assert d in libbpf.report()["objects"]
