@@ -18,7 +18,7 @@ import os
 from bisect import bisect_left
 from functools import cache
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from koordd.kernel.libbpf import BpfError, BpfObject, ProgramStats
 from koordd.sensors.contract import SensorUnavailable
@@ -125,8 +125,8 @@ class CgroupHistograms:
         """As deltas, with each map's counts (in the order of self.names); a path is left out where the
         first map counted nothing in its subtree."""
         self._watch(list(paths))
-        per_map = [self._deltas(table, i) for i, table in enumerate([self.waits, *self.more_maps])]
         path_of = {cid: p for p, cid in self.ids.items()}
+        per_map = [self._deltas(table, i, path_of) for i, table in enumerate([self.waits, *self.more_maps])]
         sums = [self._subtrees(delta, path_of) for delta in per_map]
         out = {}
         for path in sorted(sums[0]):        # the order enclosing(self.ids) gave
@@ -152,12 +152,12 @@ class CgroupHistograms:
                 q = q.rpartition("/")[0] if q else None
         return out
 
-    def _deltas(self, table, i: int) -> dict[int, Counts]:
+    def _deltas(self, table, i: int, watched: Mapping[int, str]) -> dict[int, Counts]:
         """Map `table` (self.names[i]'s): cgroup id -> its counts since the last read. An entry of a cgroup
         no longer watched is deleted: a wait stamped before its cgroup was unwatched (runq_latency keeps
         the cgroup in the stamp), or resolved from the cache just before _watch emptied it, counts after
-        _watch deleted the histogram and makes it anew; left, such entries would fill the map for good."""
-        watched = set(self.ids.values())
+        _watch deleted the histogram and makes it anew; left, such entries would fill the map for good.
+        `watched`: the watched cgroups' ids (to their paths, as all_deltas has them)."""
         by_id = {}
         for k, v in table.items():
             if k.value in watched:

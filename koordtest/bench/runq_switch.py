@@ -16,8 +16,8 @@ from pathlib import Path
 
 from koordd.kernel.cgroupfs import DEFAULT_ROOT, detect_layout
 from koordd.sensors.contract import SensorContext
-from koordtest.bench import bpf_stats
 from koordd.sensors.runq import EBPF, PROGRAM, RunqLatencySensor, v2_tree
+from koordtest.bench import bpf_stats
 
 
 def usecs_per_op(loops: int) -> float:
@@ -79,5 +79,5 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {obj}: {b:.2f} us/op, +{b - a:.2f} us per round trip, +{100 * (b - a) / a:.1f}% "
               f"(waits counted in its last run: {counted[obj]})\n    {with_bpf[obj]}")
         print("    inside the kernel, ns a run (kernel.bpf_stats_enabled; the host's other tasks' runs too), median "
-              "(range): " + "; ".join(f"{name} {statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f})"
-                                      for name, v in sorted(ns_a_run[obj].items())))
+              "(range): " + "; ".join(f"{prog} {statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f})"
+                                      for prog, v in sorted(ns_a_run[obj].items())))
