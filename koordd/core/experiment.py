@@ -62,11 +62,9 @@ a real improvement is still judged "helped":
   test passing is "helped": over 1000 seeded trials per kind of noise the two together judged useless cuts
   "helped" up to 3 in 1000 more often than the margin alone, and real 30% drops up to 6% more often.
 
-A cut judged "helped" is tested once more the other way (A/B/A: `start(release=)`), whether or not its
-signal is healthy again (a spike that passes on its own is judged "helped" by any cut taken on it: the
-loop's docstring): the loop releases it for one window, and the release is judged as a cut is, with the
-sign turned, by the lower of the noise its cut was judged by and the noise now (the rounds since hold the
-cut's own move): where the signal got worse by more than the margin the cut helps, and the loop puts it back;
+A cut judged "helped" whose signal is still not healthy is tested once more the other way (A/B/A:
+`start(release=)`): the loop releases it for one window, and the release is judged as a cut is, with the
+sign turned: where the signal got worse by more than the margin the cut helps, and the loop puts it back;
 where it did not, the cut bought nothing after all (its "helped" is retracted from the lever's record) and
 stays released. The release is judged against the low the cut's verdict picked, so a signal that wanders
 back from that low reads as a cost: the release must also give back at least GIVE_BACK of what the cut

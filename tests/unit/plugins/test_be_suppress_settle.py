@@ -110,28 +110,3 @@ def test_status_shows_what_growth_remembers():
     fresh = closed_loop(lambda used: 1000, 3)[-1][4]      # LS never missed: no miss, healthy at the whole node
     assert BeSuppress.report(s, fresh)["levels"] == {"missed_at_cores": None, "healthy_at_cores": 4.0,
                                                      "probe_in_s": None}
-
-
-def test_spikes_that_pass_on_their_own_leave_be_no_ceiling():
-    # LS misses by 50% for 4 rounds every 30 whatever BE does (a host's stall, a burst of slow requests), and is
-    # fine otherwise. Each spike's floor is judged "helped" (the spike passed): released to test it, the
-    # release costs nothing, so the cut stays released and no level is kept to stop BE's growth short of it.
-    # Before, growth halved the way to each spike's BE use and every spike set it lower: BE's ceiling fell
-    # with every spike (on 2 CPUs, memcached against membw: 1.38 -> 0.49 CPUs in a minute).
-    s = settings(rule="slack")
-    state = BeSuppress.initial_state(s)
-    allowances, steps = [], []
-    for t in range(240):
-        allowance = 4.0 if state.allowance is None else state.allowance
-        used = min(allowance, 2.5)
-        p99 = 3000 if t % 30 in (10, 11, 12, 13) else 1000
-        actions = BeSuppress.decide(health(at(t), 1.0, round(allowance * PERIOD), p99_us=p99, be_usage=used), s, state)
-        allowances.append(allowance)
-        steps += [a.reason["step"] for a in actions if a.value]
-    # BE had what it wants (2.5 CPUs) in at least 80% of the rounds (before: 67%, growth stopping short of the
-    # 2.5 CPUs of each spike's miss): the floors last a spike and its test only, and no miss is remembered
-    assert sum(a >= 2.5 for a in allowances) >= 0.8 * len(allowances), allowances
-    assert state.missed_at is None
-    assert any(x.startswith("release to test: cut helped") and "healthy again, by the cut or on its own" in x
-               for x in steps), steps
-    assert any(x.startswith("stay released: release cost nothing") for x in steps), steps
