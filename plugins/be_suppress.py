@@ -39,9 +39,8 @@ Two rules decide how much CPU BE may use (`rule`):
   signal's noise allows (its spread, the rounds on each side) is undone ("cut bought nothing: runq_p99_us 4.10
   ms -> 4.10 ms") and that lever rests for that signal `lever_rest`, doubling each time in a row, and at least
   long enough that such cuts cost BE at most `experiment_budget_percent` of its CPU time. A cut judged
-  helped is released for one window to test it (A/B/A, _release; also where its signal is healthy again, which
-  a spike that passed would be whatever was cut): put back where the release cost latency, else left released,
-  its "helped" retracted, its lever resting. The levers:
+  helped while its signal is still not healthy is released for one window to test it (A/B/A, _release): put
+  back where the release cost latency, else left released, its "helped" retracted, its lever resting. The levers:
   a cap on the busiest BE pods or jobs alone (`hot_cap_percent`, where BE has two or more busy ones: those
   whose CPU use follows the signal, else the busiest, half of them at most), the whole-BE cap (`policy`'s
   knob), and leaving BE alone (cpu.idle decides who runs; what earlier steps left of a cap grows back) when
@@ -757,16 +756,16 @@ def _guard_rest(settings, state: State, now: float, signal: str | None = None) -
 def _verdict_step(settings, state: State, verdict: Verdict, running, experiment: dict,
                   healthy: Iterable, units: dict[str, float]) -> tuple[str | None, list]:
     """The running cut's verdict came due (its experiment ended): one that bought nothing is undone and its
-    lever rests (a guard's bounded cut also stops the guard cutting for guard_cut_max); one that helped is
-    released once to test it (_release), whether or not its signal is healthy again; a release is judged the
-    other way round (_release_verdict). Returns the round's step (None where the cut helped and stays: the
-    round goes on) and the actions. `units`: the BE pods a hot cap may take this round (_hot_units)."""
+    lever rests (a guard's bounded cut also stops the guard cutting for guard_cut_max); one that helped while
+    its signal is still not healthy is released once to test it (_release); a release is judged the other
+    way round (_release_verdict). Returns the round's step (None where the cut helped and stays: the round
+    goes on) and the actions. `units`: the BE pods a hot cap may take this round (_hot_units)."""
     if running.release is not None:
         return _release_verdict(state, verdict, running, experiment, units)
     if verdict.helped:
-        if (running.lever in (BE_CAP, HOT_CAP) and running.bound is None
+        if (running.lever in (BE_CAP, HOT_CAP) and running.bound is None and verdict.key not in set(healthy)
                 and state.lab.retest(running.lever, running.conditions, state.lab.now)):
-            return _release(state, verdict, running, recovered=verdict.key in set(healthy))
+            return _release(state, verdict, running)
         return None, []
     lab, now = state.lab, state.lab.now
     if running.bound is not None:
@@ -783,27 +782,16 @@ def _rests(lab, verdict: Verdict) -> str:
     return f"{verdict.lever} rests {round(rest, 1):g}s for {verdict.key[1]}"
 
 
-def _release(state: State, verdict: Verdict, e, recovered: bool) -> tuple[str, list]:
-    """A/B/A (core/experiment.py): cut `e` was judged helped, and one comparison of a wandering signal can call
-    a useless cut "helped" (4 floors of 13 in CI's VM, each then holding BE down). Release it for one window,
-    judged as a cut is: what puts it back is kept with it.
-
-    `recovered`: its signal is healthy again. That too may be the signal's own doing: a spike that passes
-    (a host's stall, a burst of slow requests) is judged "helped" by any cut taken on it. Such cuts were
-    once left to BE's growth, but growth stops short of where LS last missed (_grow_allowance), and each
-    spike during it set that level lower: on 2 CPUs (memcached against membw, 180 s, 2026-11-30) BE's
-    ceiling fell 1.38 -> 0.97 -> 0.88 -> 0.64 -> 0.49 CPUs in a minute of floors judged "helped", and koordd
-    gave BE 36-42% of its work where be-idle gave 66-73%, its p99 no better. The release tells a spike that
-    passed (it costs nothing: the cut stays released, its level is forgotten, the lever rests) from a
-    cut LS needs (it costs latency: the cut goes back, and is not released again for rest_max)."""
+def _release(state: State, verdict: Verdict, e) -> tuple[str, list]:
+    """A/B/A (core/experiment.py): cut `e` was judged helped, yet its signal is still not healthy, and one
+    comparison of a wandering signal can call a useless cut "helped" (4 floors of 13 in CI's VM, each then
+    holding BE down). Release it for one window, judged as a cut is: what puts it back is kept with it."""
     lab = state.lab
     if e.lever == BE_CAP:
         back = (state.allowance, state.at_floor)
     else:
         back = {cg: state.hot[cg] for cg in e.undo if cg in state.hot}
-    sig = verdict.key[1]
-    step = (f"release to test: {verdict.text()}; {sig} healthy again, by the cut or on its own" if recovered
-            else f"release to test: {verdict.text()}, yet {sig} is not healthy")
+    step = f"release to test: {verdict.text()}, yet {verdict.key[1]} is not healthy"
     actions = _undo_actions(state, e, step, verdict.fields())
     lab.start(lab.now, e.lever, e.key, e.be_before - verdict.be_given_up, e.conditions, undo=back, release=verdict)
     return step, actions

@@ -334,7 +334,6 @@ class Verdict:
     log_gain: float | None = None      # the ratio test (module docstring): the gain as a logarithm of a factor,
     log_margin: float | None = None    # ... the margin it had to pass,
     log_back: float | None = None      # ... and for a release the share given back of the cut's factor
-    log_noise: float | None = None     # the noise of the signal's logarithm the verdict was judged with
 
     @property
     def reference(self) -> float:
@@ -561,8 +560,7 @@ class Lab:
             elapsed = min(median(t for t, _, _ in after) - e.before_at, self.window)
             expected = max(e.before + e.drift * max(elapsed, 0.0), 0.0)
         v = Verdict(e.lever, e.key, False, e.before, level, e.noise, need, given, early, e.n_before, len(after),
-                    expected, release=e.release is not None, cost_s=(now - e.started) * share,
-                    log_noise=e.log_noise)
+                    expected, release=e.release is not None, cost_s=(now - e.started) * share)
         if e.release is not None:
             v = replace(v, back=given_back(e.release, level), log_back=log_given_back(e.release, level))
         if e.log_noise is not None and v.reference > 0 and all(x > 0 for _, x, _ in after):
@@ -623,14 +621,6 @@ class Lab:
         past, before = self._before(key, now)
         sigma, r = self.history.spread(key, until=now)
         log_noise, log_r = self.history.log_spread(key, until=now) or (None, 0.0)
-        if release is not None:
-            # A release is judged by the noise its cut was judged by, where that is lower: the rounds since
-            # hold the cut's own move, and a level of fewer than LEVEL_ROUNDS quiet values (a cut judged
-            # early, back in health) pools with the level before it, so their gap read as noise (2 ms
-            # between a 1 ms and a 3 ms level: a release that tripled a p99 "cost nothing").
-            sigma = min(sigma, release.noise)
-            if log_noise is not None and release.log_noise is not None:
-                log_noise = min(log_noise, release.log_noise)
         fall = drift([(t, v) for t, v in self.history.points.get(key, ()) if now - self.window - 1e-9 < t <= now],
                      sigma)
         self.running = Experiment(lever, key, now, now, before, sigma, be_cores, cond, undo, bound,

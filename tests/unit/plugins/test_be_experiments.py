@@ -104,21 +104,17 @@ def test_a_lever_that_helps_is_kept_and_tried_first_next_time(node):
     # Only the whole-BE cap relieves LS: while be.slice is capped LS's pressure is 2%, else 50%.
     relief = lambda tree: 2.0 if capped(tree, "be.slice") else 50.0
     round_(relief)
-    judged = []
+    order = []
     for _ in range(160):
-        judged += sorted({(e["lever"], e["verdict"], e["test"]) for r in round_(relief)
-                          if (e := r["reason"].get("experiment") or {}).get("verdict")})
-    order = [(lever, verdict) for lever, verdict, test in judged if test == "cut"]
+        order += sorted({(e["lever"], e["verdict"]) for r in round_(relief)
+                         if (e := r["reason"].get("experiment") or {}).get("verdict")})
     # hot cap first (nothing known), bought nothing; the whole-BE cap helped and was kept until LS was
     # healthy and BE grew back; each time LS suffered again the whole-BE cap went first (it helped here)
     assert order[:2] == [("hot_cap", "bought nothing"), ("be_cap", "helped")], order
     assert order.count(("be_cap", "helped")) >= 3 and order[1:] == [("be_cap", "helped")] * (len(order) - 1), order
-    # LS healthy again under the cut may be LS's own recovery: the first "helped" is released once to test it
-    # (A/B/A), the release costs latency, the cut is confirmed and not released again under these conditions
-    assert [j for j in judged if j[2] == "release"] == [("be_cap", "helped", "release")], judged
     report = d.runner.status()["be_suppress"]["report"]["levers"]
     helped = report["be_cap"]["by_signal"]["cpu_pressure_avg10"]
-    assert helped["helped"] >= 2 and helped["mean_gain"] == pytest.approx(48.0) and helped["retracted"] == 0
+    assert helped["helped"] >= 2 and helped["mean_gain"] == pytest.approx(48.0)
     # every verdict is on record: one that changed nothing is a KEPT decision (Action.say)
     assert order.count(("be_cap", "helped")) == helped["helped"], (order, helped)
     assert report["hot_cap"]["chosen"] == 1
