@@ -1,9 +1,9 @@
 // Run-queue latency per cgroup: how long each thread waited runnable before it ran, as a log2
 // histogram per cgroup koordd watches (koordd/sensors/runq.py samples them).
 //
-// A CO-RE object (scripts/build-bpf): kernel structs are read with BPF_CORE_READ and relocated by
-// libbpf against the running kernel's BTF, so the program reads the task itself, as libbpf-tools'
-// runqlat does:
+// A CO-RE object (scripts/build-bpf): the kernel structs it reads are relocated by libbpf against the
+// running kernel's BTF (the tracepoints' typed task pointers read directly, the cgroup walk through
+// BPF_CORE_READ), so the program reads the task itself, as libbpf-tools' runqlat does:
 //   - a thread is stamped when it becomes runnable: sched_wakeup, sched_wakeup_new, and sched_switch when
 //     it is switched out still runnable (preempted or yielding). The stamp lives in the task's own storage
 //     (BPF_MAP_TYPE_TASK_STORAGE, Linux 5.11+), found from the task at once: a hash keyed by thread id cost
