@@ -40,12 +40,18 @@ a real improvement is still judged "helped":
   half its effect, the floor cut taken next the other half, and "helped" kept BE at its floor;
 - drift: a signal that was already falling on its own before the cut (its values over the window up to the
   cut falling consistently, Kendall's tau at most -DRIFT_TAU, by more than NOISE_K x its noise and its
-  scatter about the slope) is expected to go on falling: the level the cut is judged against is before +
-  that slope (Theil-Sen, per second) x the time from the before span to the after span, never extrapolated
-  past one window. A windowed p99 whose window still held a service's slow start fell 32 -> 16 ms over a
-  minute under TCG; a floor cut in the middle of it was judged "helped" (30.2 -> 27.3 ms against a 1.7 ms
-  margin) and kept BE at its floor for nothing. A signal that was rising is judged against its level, not
-  its rise: a cut gets no credit for a climb it may or may not have stopped;
+  scatter about the slope) is expected to go on falling: the level the cut is judged against is before x
+  exp(that fall's rate) over the time from the before span to the after span, never projected further than
+  the span the fall was seen over, nor past one window. A windowed p99 whose window still held a service's
+  slow start fell 32 -> 16 ms over a minute under TCG; a floor cut in the middle of it was judged "helped"
+  (30.2 -> 27.3 ms against a 1.7 ms margin) and kept BE at its floor for nothing. The rate is a factor per
+  second (Theil-Sen on the logarithms): a latency or a pressure falls by factors (a PSI average decays
+  exponentially, a windowed quantile towards the level its window turns over to), never through zero. A
+  straight line did: in CI a p99 falling after koordd's start (its window still holding responses slowed
+  while koordd started) was projected to 0.00 ms, and a floor that took it 62.82 -> 14.07 ms was undone as
+  "bought nothing". A signal with a value at or below zero has no such rate: its cut is judged against its
+  level before. A signal that was rising is judged against its level, not its rise: a cut gets no credit for
+  a climb it may or may not have stopped;
 - the cut helped when before (or the level expected, where it was falling) - after > max(NOISE_K x noise x
   sqrt(1/n_before + 1/n_after), MIN_GAIN x before), where n_before and n_after are the rounds on each
   side, each counted as fewer where successive values move together (n x (1 - r) / (1 + r), for lag-one
@@ -188,24 +194,47 @@ class History:
         return dict(self.points.get(key, ()))
 
 
-def drift(pts: Sequence[tuple[float, float]], noise: float = 0.0) -> float:
-    """The signal's own fall per second over `pts` (time, value): the Theil-Sen slope (the median of the
-    slopes between every two points) where the values fall consistently (Kendall's tau at most -DRIFT_TAU,
-    over at least DRIFT_ROUNDS points) and over their span by more than NOISE_K x both their scatter around
-    that line and the signal's `noise` (a wandering signal falls back towards its level now and then: that is
-    no drift to extrapolate); else 0. Never positive (module docstring: a rise earns a cut no credit)."""
-    if len(pts) < DRIFT_ROUNDS:
-        return 0.0
-    pairs = [(a, b) for i, a in enumerate(pts) for b in pts[i + 1:] if b[0] > a[0]]
+@dataclass(frozen=True)
+class Fall:
+    """A signal falling on its own (drift()): the line through its logarithm, and the span it was seen over."""
+    rate: float          # the logarithm's change a second (< 0): a factor exp(rate) a second
+    offset: float        # the line's logarithm at time 0
+    span: float          # seconds the fall was seen over: it is projected no further
+
+    def at(self, t: float) -> float:
+        return math.exp(self.offset + self.rate * t)
+
+    def noise(self, pts: Sequence[tuple[float, float]], log: bool = False) -> tuple[float, float]:
+        """(spread, lag-one correlation) of `pts` about the fall (of their logarithms about its line where
+        `log`): the signal's noise once its fall is taken out. Measured with the fall in, the noise counted
+        the fall twice, once as the level the cut is judged against and once as the margin it must pass: in
+        CI a floor that took a falling p99 from 61 to 14 ms was "bought nothing" against a 51 ms margin."""
+        dev = [(math.log(v) - self.offset - self.rate * t) if log else v - self.at(t) for t, v in pts]
+        sigma = spread(dev)
+        return sigma, correlation(sigma, [abs(b - a) for a, b in zip(dev, dev[1:])])
+
+
+def drift(pts: Sequence[tuple[float, float]], log_noise: float | None = 0.0) -> Fall | None:
+    """The signal's own fall over `pts` (time, value), as a line through its logarithm: the Theil-Sen slope
+    (the median of the slopes between every two points) where the values fall consistently (Kendall's tau
+    at most -DRIFT_TAU, over at least DRIFT_ROUNDS points) and over their span by more than NOISE_K x both
+    their scatter around that line and the signal's `log_noise` (a wandering signal falls back towards its
+    level now and then: that is no drift to project); else None. None where a value is not above zero or the
+    noise of the logarithms is unknown (None), and for a rise (module docstring: it earns a cut no credit)."""
+    if len(pts) < DRIFT_ROUNDS or log_noise is None or any(v <= 0 for _, v in pts):
+        return None
+    logs = [(t, math.log(v)) for t, v in pts]
+    pairs = [(a, b) for i, a in enumerate(logs) for b in logs[i + 1:] if b[0] > a[0]]
     if not pairs:
-        return 0.0
+        return None
     tau = sum((b[1] > a[1]) - (b[1] < a[1]) for a, b in pairs) / len(pairs)
     slope = median((b[1] - a[1]) / (b[0] - a[0]) for a, b in pairs)
     if tau > -DRIFT_TAU or slope >= 0:
-        return 0.0
-    offset = median(v - slope * t for t, v in pts)
-    scatter = spread([v - slope * t - offset for t, v in pts] + [0.0])
-    return slope if -slope * (pts[-1][0] - pts[0][0]) > NOISE_K * max(scatter, noise) else 0.0
+        return None
+    offset = median(v - slope * t for t, v in logs)
+    scatter = spread([v - slope * t - offset for t, v in logs] + [0.0])
+    span = logs[-1][0] - logs[0][0]
+    return Fall(slope, offset, span) if -slope * span > NOISE_K * max(scatter, log_noise) else None
 
 
 def levels(pts: Sequence[tuple[float, float]], marks: set) -> list[list[float]]:
@@ -298,7 +327,8 @@ class Experiment:
     correlation: float = 0.0     # how much successive values move together (History.spread)
     seen: int = 0                # the signal's values since the cut (their places after it)
     calm: int = 0                # settled rounds in a row (past settle and lag) with the signal in health
-    drift: float = 0.0           # the signal's own fall per second before the cut (drift(); <= 0)
+    drift: float = 0.0           # the signal's own fall before the cut, its logarithm's per second (drift(); <= 0)
+    drift_span: float = 0.0      # seconds that fall was seen over: it is projected no further
     lag: float = 0.0             # seconds the signal's value reaches back when the cut was taken
     before_at: float = 0.0       # the middle of the span `before` was taken over
     release: Verdict | None = None     # a release of a kept cut (A/B/A): the verdict that kept it
@@ -310,7 +340,7 @@ class Experiment:
     def fields(self) -> dict:
         return {"lever": self.lever, "cgroup": self.key[0], "signal": self.key[1], "before": round(self.before, 3),
                 "noise": round(self.noise, 3), "n_before": self.n_before, "correlation": round(self.correlation, 3),
-                "drift_per_s": round(self.drift, 3), "lag_s": round(self.lag, 3), "started": self.started,
+                "drift_log_per_s": round(self.drift, 4), "lag_s": round(self.lag, 3), "started": self.started,
                 "bound": self.bound, "test": "release" if self.release is not None else "cut"}
 
 
@@ -557,8 +587,8 @@ class Lab:
         share = min(max(given / e.be_before, 0.0), 1.0) if e.be_before > 0 else 0.0
         expected = None
         if e.drift < 0:      # falling on its own: judged against where it would have got to (module docstring)
-            elapsed = min(median(t for t, _, _ in after) - e.before_at, self.window)
-            expected = max(e.before + e.drift * max(elapsed, 0.0), 0.0)
+            elapsed = min(median(t for t, _, _ in after) - e.before_at, e.drift_span, self.window)
+            expected = e.before * math.exp(e.drift * max(elapsed, 0.0))
         v = Verdict(e.lever, e.key, False, e.before, level, e.noise, need, given, early, e.n_before, len(after),
                     expected, release=e.release is not None, cost_s=(now - e.started) * share)
         if e.release is not None:
@@ -621,10 +651,13 @@ class Lab:
         past, before = self._before(key, now)
         sigma, r = self.history.spread(key, until=now)
         log_noise, log_r = self.history.log_spread(key, until=now) or (None, 0.0)
-        fall = drift([(t, v) for t, v in self.history.points.get(key, ()) if now - self.window - 1e-9 < t <= now],
-                     sigma)
+        seen = [(t, v) for t, v in self.history.points.get(key, ()) if now - self.window - 1e-9 < t <= now]
+        fall = drift(seen, log_noise)
+        if fall is not None:     # its noise about the fall, not with it (Fall.noise)
+            (sigma, r), (log_noise, log_r) = fall.noise(seen), fall.noise(seen, log=True)
         self.running = Experiment(lever, key, now, now, before, sigma, be_cores, cond, undo, bound,
-                                  n_before=max(len(past), 1), correlation=r, drift=fall,
+                                  n_before=max(len(past), 1), correlation=r,
+                                  drift=fall.rate if fall else 0.0, drift_span=fall.span if fall else 0.0,
                                   lag=self.lags.get(key, 0.0),
                                   before_at=median(t for t, _ in past) if past else now, release=release,
                                   log_noise=log_noise, log_correlation=log_r)

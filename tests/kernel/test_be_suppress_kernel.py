@@ -507,8 +507,11 @@ def test_rule_slack_keeps_a_cut_that_bought_a_missed_slo_its_latency_and_the_lev
     def levers() -> dict | None:
         return (((koordd.status() or {}).get("loops", {}).get(LOOP, {}).get("report")) or {}).get("levers")
 
+    def first_cut() -> dict | None:      # the cut's start: its before, noise and drift, to read a failure by
+        return next((d["reason"].get("experiment") for d in ours() if d["reason"].get("experiment")), None)
+
     found = wait_for(helped, 120)
-    assert found, f"no cut judged helped: {steps()}\nlevers {levers()}\n{koordd.log_text()}"
+    assert found, f"no cut judged helped: {steps()}\nfirst cut {first_cut()}\nlevers {levers()}\n{koordd.log_text()}"
     # status.json is written on its own beat: wait for it to count the verdict the decision shows
     record = wait_for(lambda: (lv := levers()) and lv["be_cap"]["by_signal"].get("app_p99_us", {}).get("helped")
                       and lv, 10) or levers()
