@@ -86,14 +86,18 @@ def ab_table(runs: Sequence[dict], targets: dict, a: str, b: str) -> str:
     """An A/B of two programs (bench-qos --koordd-b) pair by pair: the runs of `a` and `b` at one repetition and
     load had the same arrival times, LS alone and BE alone, so each pair compares the programs and nothing
     else. Per pair each side's LS p99, whether it met the SLO (where one was given), its BE work over the
-    repetition's BE alone and koordd's writes in the window; then b over a as medians, and the pairs where b
-    had the lower p99 and the more BE work (a sign count: which way the pairs lean, not a size)."""
+    repetition's BE alone, koordd's writes in the window and which side ran first; then b over a as medians,
+    the pairs where b had the lower p99 and the more BE work (a sign count: which way the pairs lean, not a
+    size), and how often the later run of a pair had the lower p99. A host that drifts during a repetition
+    favours the later run: in issue 36's A/B over minutes (3 repetitions, the third a fresh shuffle) the later
+    run won every pair on both axes and b ran later in two of three."""
     loads = sorted({r["load"] for r in runs if r["setup"] in (a, b)}, key=lambda x: (x is None, x or 0))
     out = []
     for load in loads:
         target = targets.get(load)
         verdicts = {(v.rep, v.setup): v for v in slo_verdicts(runs, load, target if target else float("inf"))}
         writes = {(r.get("rep", 0), r["setup"]): _writes(r) for r in runs if r["load"] == load}
+        ran = {(r.get("rep", 0), r["setup"]): i for i, r in enumerate(runs) if r["load"] == load}   # runs: in order
         pairs = [(rep, verdicts[(rep, a)], verdicts[(rep, b)]) for rep in sorted({rep for rep, _ in verdicts})
                  if (rep, a) in verdicts and (rep, b) in verdicts]
         if not pairs:
@@ -101,11 +105,12 @@ def ab_table(runs: Sequence[dict], targets: dict, a: str, b: str) -> str:
         out += [f"LS load {'sine' if load is None else f'{load}%'}"
                 + (f": SLO p99 <= {target * 1000:.2f} ms" if target else ": no SLO given"), "",
                 f"| rep | {a} p99 (ms) | {b} p99 (ms) | {a} meets | {b} meets | {a} BE work | {b} BE work | "
-                "writes in the window (a / b) |", "|---|---|---|---|---|---|---|---|"]
+                "writes in the window (a / b) | ran first |", "|---|---|---|---|---|---|---|---|---|"]
         for rep, va, vb in pairs:
             met = (lambda v: "yes" if v.meets else "no") if target else (lambda v: "-")
             out.append(f"| {rep + 1} | {va.p99 * 1000:.2f} | {vb.p99 * 1000:.2f} | {met(va)} | {met(vb)} | "
-                       f"{_pct(va.be_work)} | {_pct(vb.be_work)} | {writes[(rep, a)]} / {writes[(rep, b)]} |")
+                       f"{_pct(va.be_work)} | {_pct(vb.be_work)} | {writes[(rep, a)]} / {writes[(rep, b)]} | "
+                       f"{a if ran[(rep, a)] < ran[(rep, b)] else b} |")
         p99s = [ratio(vb.p99, va.p99) for _, va, vb in pairs]
         works = [ratio(vb.be_work, va.be_work) for _, va, vb in pairs]
         lower = sum(1 for _, va, vb in pairs if vb.p99 < va.p99)
@@ -114,8 +119,22 @@ def ab_table(runs: Sequence[dict], targets: dict, a: str, b: str) -> str:
                 f"BE work {times(median_spread(works))}; {b} had the lower p99 in {lower} and the more BE work in "
                 f"{more} of {len(pairs)} pairs"
                 + (f"; met the SLO in {sum(v.meets for _, _, v in pairs)} against {a}'s "
-                   f"{sum(v.meets for _, v, _ in pairs)}" if target else "") + ".", ""]
+                   f"{sum(v.meets for _, v, _ in pairs)}" if target else "") + ".", "", _order_line(pairs, ran, a, b), ""]
     return "\n".join(out)
+
+
+def _order_line(pairs: Sequence[tuple], ran: dict, a: str, b: str) -> str:
+    """Which side ran later in each pair, and how often the later run had the lower p99: where that is most
+    pairs and one side was mostly later, the host's drift may be the difference."""
+    later_b = sum(1 for rep, _, _ in pairs if ran[(rep, b)] > ran[(rep, a)])
+    later_won = sum(1 for rep, va, vb in pairs
+                    if (vb.p99 < va.p99) == (ran[(rep, b)] > ran[(rep, a)]) and vb.p99 != va.p99)
+    balanced = 2 * later_b == len(pairs)
+    return (f"Order: {b} ran later in {later_b} of {len(pairs)} pairs; the later run had the lower p99 in "
+            f"{later_won}. " + ("Balanced: each side ran later equally often." if balanced else
+                               "Not balanced: a host that drifts during a repetition favours the side that ran "
+                               "later more often (an even number of repetitions balances it: every second one "
+                               "runs in the reverse order)."))
 
 
 def _writes(run: dict) -> str:

@@ -95,20 +95,36 @@ def test_the_report_sets_each_pair_side_by_side_and_counts_which_way_they_lean()
     assert lines[0] == "LS load 50%: SLO p99 <= 8.00 ms"
     rows = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
     # BE work over each repetition's own BE alone (200 in repetition 2)
-    assert rows == ["| 1 | 6.00 | 5.00 | yes | yes | 40% | 50% | 3 / 1 |",
-                    "| 2 | 7.00 | 7.50 | yes | no | 50% | 60% | 0 / 2 |",
-                    "| 3 | 9.00 | 4.00 | no | yes | 60% | 55% | 5 / 0 |"]
+    assert rows == [f"| 1 | 6.00 | 5.00 | yes | yes | 40% | 50% | 3 / 1 | {KOORDD_A} |",
+                    f"| 2 | 7.00 | 7.50 | yes | no | 50% | 60% | 0 / 2 | {KOORDD_A} |",
+                    f"| 3 | 9.00 | 4.00 | no | yes | 60% | 55% | 5 / 0 | {KOORDD_A} |"]
     summary = next(line for line in lines if line.startswith(f"{KOORDD_B} over"))
     # p99 ratios 0.83, 1.07, 0.44; BE work 1.25, 1.2, 0.92
     assert summary == (f"{KOORDD_B} over {KOORDD_A}, median (min-max) of 3 pairs: LS p99 0.83x (0.44-1.07), "
                        f"BE work 1.20x (0.92-1.25); {KOORDD_B} had the lower p99 in 2 and the more BE work in 2 of "
                        f"3 pairs; met the SLO in 2 against {KOORDD_A}'s 2.")
+    # b ran later in every pair (the runs are listed in the order they ran) and won two of them: that may be
+    # the host's drift as much as b
+    order = next(line for line in lines if line.startswith("Order:"))
+    assert order.startswith(f"Order: {KOORDD_B} ran later in 3 of 3 pairs; the later run had the lower p99 in 2. "
+                            "Not balanced"), order
+
+
+def test_an_order_that_puts_each_side_later_equally_often_is_said_to_be_balanced():
+    """bench-qos runs every second repetition in the reverse order: over two repetitions each side is later
+    once. Here the later run had the lower p99 both times, b's win and a's."""
+    runs = [be_alone(0), run(KOORDD_A, 6.0, 40.0, 0), run(KOORDD_B, 5.0, 50.0, 0),
+            be_alone(1), run(KOORDD_B, 7.5, 40.0, 1), run(KOORDD_A, 7.0, 50.0, 1)]
+    text = ab_table(runs, {50: 8 * MS}, KOORDD_A, KOORDD_B)
+    assert f"| 2 | 7.00 | 7.50 | yes | yes | 50% | 40% | 0 / 0 | {KOORDD_B} |" in text
+    assert (f"Order: {KOORDD_B} ran later in 1 of 2 pairs; the later run had the lower p99 in 2. Balanced: each "
+            "side ran later equally often.") in text
 
 
 def test_without_an_slo_the_pairs_still_compare_and_a_side_without_its_pair_is_left_out():
     runs = RUNS + [run(KOORDD_A, 5.0, 50.0, 3)]               # repetition 4: koordd-b's run is missing
     text = ab_table(runs, {}, KOORDD_A, KOORDD_B)
     assert text.startswith("LS load 50%: no SLO given")
-    assert "| 1 | 6.00 | 5.00 | - | - | 40% | 50% | 3 / 1 |" in text and "| 4 |" not in text
+    assert f"| 1 | 6.00 | 5.00 | - | - | 40% | 50% | 3 / 1 | {KOORDD_A} |" in text and "| 4 |" not in text
     assert "met the SLO" not in text
     assert ab_table([r for r in RUNS if r["setup"] != KOORDD_B], {}, KOORDD_A, KOORDD_B) == ""
