@@ -756,7 +756,7 @@ def _guard_rest(settings, state: State, now: float, signal: str | None = None) -
 def _verdict_step(settings, state: State, verdict: Verdict, running, experiment: dict,
                   healthy: Iterable, units: dict[str, float]) -> tuple[str | None, list]:
     """The running cut's verdict came due (its experiment ended): one that bought nothing is undone and its
-    lever rests (a guard's bounded cut also stops the guard cutting for guard_cut_max); one that helped while
+    lever rests (a guard's bounded cut also ends the guard's episode: _guard_rest from its bound); one that helped while
     its signal is still not healthy is released once to test it (_release); a release is judged the other
     way round (_release_verdict). Returns the round's step (None where the cut helped and stays: the round
     goes on) and the actions. `units`: the BE pods a hot cap may take this round (_hot_units)."""
@@ -769,8 +769,11 @@ def _verdict_step(settings, state: State, verdict: Verdict, running, experiment:
         return None, []
     lab, now = state.lab, state.lab.now
     if running.bound is not None:
-        state.guard_cut = None       # a guard's cut that bought nothing: the guard cuts no more for a while
-        lab.rest_for(BE_CAP, verdict.key[1], now + float(settings.guard_cut_max))
+        # A guard's cut that bought nothing ends its episode as one that ran its time would (at its bound): the
+        # guard rests from there, so that it cuts at most once per 2 x guard_cut_max whenever the undo comes.
+        # Resting from the undo, a cut undone after one 5 s window came back 20-28 s after the last (CI's VM).
+        state.guard_cut = None
+        _guard_rest(settings, state, running.bound, verdict.key[1])
     step = f"undo: {verdict.text()}; {_rests(lab, verdict)}"
     _forget_miss(state, running)
     return step, _undo_actions(state, running, step, experiment)

@@ -605,7 +605,8 @@ class Lab:
 
     def confirmed(self, key: Key, now: float, over: float) -> bool:
         """The signal has been at or over `over` in every round of the last `confirm` seconds (half the
-        window unless set), at least CONFIRM_ROUNDS of them, and was first seen that long ago: a cut may be
+        window unless set), and in at least CONFIRM_ROUNDS rounds (the last ones where the span holds fewer),
+        and was first seen that long ago: a cut may be
         taken (module docstring). Without the last condition a fresh koordd (or a signal just appeared) cut on
         its first two rounds: a median and a noise of two values, a real 42 -> 15 ms gain judged "bought
         nothing" against a 29 ms margin in CI, and the lever rested for minutes."""
@@ -614,6 +615,11 @@ class Lab:
         if first is None or first > now - span + 1e-9:
             return False
         recent = self.history.values(key, since=now - span - 1e-9)
+        if len(recent) < CONFIRM_ROUNDS:
+            # Rounds further apart than the span holds (an interval over half the window): the last
+            # CONFIRM_ROUNDS rounds, however old. Before, be_suppress at interval = "3s" (window 5 s) never
+            # confirmed a risk, so it never cut, however late LS was.
+            recent = self.history.values(key)[-CONFIRM_ROUNDS:]
         return len(recent) >= CONFIRM_ROUNDS and all(v >= over for v in recent)
 
     def _end(self, now: float, v: Verdict) -> Verdict:

@@ -71,6 +71,19 @@ def test_a_cut_needs_the_signal_over_in_every_round_of_half_the_window():
     assert lab.confirmed(KEY, 4.5, 4000)
 
 
+def test_rounds_further_apart_than_half_the_window_confirm_on_the_last_two():
+    # A round every 3 s against a 2.5 s confirmation span: the span never holds two rounds, and before, no
+    # risk was ever confirmed (no cut, however late LS was). The last two rounds decide, both over.
+    lab = Lab(window=5, settle=2)
+    lab.observe(0.0, {KEY: 1000}, 1.0)
+    lab.observe(3.0, {KEY: 5000}, 1.0)
+    assert not lab.confirmed(KEY, 3.0, 4000)               # the round before was under
+    lab.observe(6.0, {KEY: 5000}, 1.0)
+    assert lab.confirmed(KEY, 6.0, 4000)
+    lab.observe(9.0, {KEY: 1000}, 1.0)
+    assert not lab.confirmed(KEY, 9.0, 4000)
+
+
 def test_a_signal_is_confirmed_only_once_seen_for_half_the_window_as_after_a_start():
     # A fresh koordd (or a service just appeared) over its target from its first round: two rounds over are not
     # enough until they span 2.5 s. In CI a cut on a fresh koordd's first two rounds had a median and a noise of
