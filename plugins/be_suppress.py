@@ -118,6 +118,7 @@ from koordd.core.health import (LATENCY_SENSITIVE, SLO_QUANTILES, SLO_SIGNALS, S
                                 worst_slack)
 from koordd.core.slo import SloWindow
 from koordd.core.interference import Detector, pearson
+from koordd.core.miss_rate import Blame, MissLedger
 from koordd.core.loop import NODE, Action, Loop, restore
 from koordd.core.options import Duration, Option
 from koordd.core.protected import Protected
@@ -174,6 +175,8 @@ class State:
     dwell: float = 0.0                               # rule slack: how long it waited there last time
     unshowable_rounds: int = 0                       # rule slack: rounds that held BE as no cut could show
     missed_band: int | None = None                   # rule slack: LS's load band (fifths of the node) at the miss
+    misses: dict[int, MissLedger] = field(default_factory=dict)   # rule slack: load band -> how often LS
+                                                     # begins to miss at each BE level (core/miss_rate.py)
 
 
 class BeSuppress(Loop):
@@ -462,6 +465,7 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
                     guard, units, below, between, guarding, None if steal is None else round(steal * 1000, 1))
 
     _forget_stale_miss(state, rd)
+    _note_round(settings, state, rd)
     experiment = verdict.fields() if verdict is not None else None
     lapsed = lab.lapsed(now) if verdict is None else None
     if verdict is not None:
@@ -505,6 +509,7 @@ def _without_ls(snapshot: Snapshot, settings, state: State, capacity: int):
     extra += _lift_hot(state, "no LS cgroup on the node") + (
         _wake_release(state, "no LS cgroup on the node") if state.wake else [])
     state.guard_cut, state.below_zero, state.guard_rest_times = None, False, 1     # the next LS starts anew
+    state.misses = {}
     _grow(settings, state, capacity)
     _forget_levels(state)
     state.lab.moved()
@@ -976,20 +981,21 @@ def _start_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, l
             for cg in capped]
     lab.start(now, BE_CAP, key, rd.be_used, cond, undo=state.allowance)
     healthy = state.healthy_at
-    _note_miss(settings, state, rd)
+    blame = _note_miss(settings, state, rd)
+    said = "" if blame.blamed else f"; no new growth ceiling: {blame.text()}"
     if healthy is not None and rd.floor < healthy < rd.be_used:
         # Where LS was healthy a while ago with less BE, the cut goes back there first; if LS still misses
         # deeply once the signal can show it, the floor follows (_steer_cut).
         state.allowance = healthy
-        return f"shrink (back to {healthy:.2f} CPUs, where LS was last healthy)", []
+        return f"shrink (back to {healthy:.2f} CPUs, where LS was last healthy){said}", []
     if _deep_miss(state, rd):
         _to_floor(state, rd)
-        return "floor", []
+        return f"floor{said}", []
     # A shallow miss, or one round below zero (one wild sample, a p99 of a few waits): give back part of what
     # BE uses (a share of an allowance BE does not use takes nothing), and go to the floor if the next round
     # misses deeply. The allowance comes back as it was where this cut bought nothing.
     state.allowance = max(min(state.allowance, rd.be_used), rd.floor) * (1 - settings.slack_shrink_percent / 100)
-    return ("shrink (below zero)" if rd.s < 0 else "shrink"), []
+    return ("shrink (below zero)" if rd.s < 0 else "shrink") + said, []
 
 
 def _guard_cut(settings, state: State, rd: SlackRound) -> str:
@@ -1027,16 +1033,40 @@ def _cannot_show(state: State, key, now: float) -> str | None:
             f"{show_value(signal, need)})")
 
 
-def _note_miss(settings, state: State, rd: SlackRound) -> None:
-    """A whole-BE cut starts: LS missed with BE using rd.be_used. Where that is near the last miss (within two
-    eighths of a step: a probe past it, or the last halving below it, missed), the wait before the next probe
-    doubles; else it starts over at DWELL_FIRST."""
-    creep = settings.slack_grow_percent / 100 * rd.capacity / CREEP_STEPS
+def _note_round(settings, state: State, rd: SlackRound) -> None:
+    """Count the round in the miss ledger of LS's load band (core/miss_rate.py): BE's use, and whether the
+    steering signal is at risk (under 5% slack). Bins of an eighth of a growth step; a new ledger where the
+    node's size moved. One per band: at another load LS tolerates another level of BE."""
+    if rd.s is None:
+        return
+    width, band = _creep(settings, rd.capacity), _load_band(rd)
+    ledger = state.misses.get(band)
+    if ledger is None or ledger.width != width:
+        ledger = state.misses[band] = MissLedger(width)
+    ledger.note(rd.now, rd.be_used, rd.s < HOLD_AT)
+
+
+def _creep(settings, capacity: int) -> float:
+    return settings.slack_grow_percent / 100 * capacity / CREEP_STEPS
+
+
+def _note_miss(settings, state: State, rd: SlackRound) -> Blame:
+    """A whole-BE cut starts: LS missed with BE using rd.be_used. Where LS began to miss about as often with
+    less BE (the ledger's blame), BE's use says nothing of what LS tolerates: the growth ceiling stays as it
+    was. Else it is set there; where that is near the last miss (within two eighths of a step: a probe past
+    it, or the last halving below it, missed), the wait before the next probe doubles; else it starts over at
+    DWELL_FIRST. Returns the blame."""
+    ledger = state.misses.get(_load_band(rd))
+    blame = ledger.blame(rd.be_used) if ledger is not None else Blame(True, rd.be_used, (0, 0), (0, 0), None)
+    if not blame.blamed:
+        return blame
+    creep = _creep(settings, rd.capacity)
     again = state.missed_at is not None and abs(rd.be_used - state.missed_at) <= 2 * creep
     state.dwell = min(2 * state.dwell, DWELL_MAX) if again and state.dwell else DWELL_FIRST
     state.missed_at = max(rd.be_used, rd.floor)
     state.probe_at = rd.now + state.dwell
     state.missed_band = _load_band(rd)
+    return blame
 
 
 def _load_band(rd: SlackRound) -> int:

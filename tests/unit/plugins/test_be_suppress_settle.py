@@ -5,7 +5,9 @@ to where LS was healthy, the wait before probing past a miss, and what forgets a
 from __future__ import annotations
 
 import copy
+import random
 
+from koordd.core.miss_rate import Blame, MissLedger
 from koordd_plugins.be_suppress import DWELL_FIRST, BeSuppress
 
 from unit.plugins.test_be_suppress import PERIOD, at, health, settings
@@ -13,9 +15,10 @@ from unit.plugins.test_be_suppress import PERIOD, at, health, settings
 TARGET_US = 2000
 
 
-def closed_loop(harm, rounds, ls_usage=lambda t: 1.0, forget=False, wants=2.5):
+def closed_loop(harm, rounds, ls_usage=lambda t: 1.0, forget=False, wants=2.5, spikes=None):
     """Rounds of be_suppress on 4 CPUs where BE wants `wants` CPUs and LS's p99 is harm(BE's use) µs against a
-    2 ms target. `forget`: drop every remembered level each round (the growth before this change).
+    2 ms target, and 3 ms in the rounds in `spikes` whatever BE does. `forget`: drop every remembered level
+    each round (the growth before this change).
     Returns [(t, allowance the round found, p99, steps, the state after the round)]."""
     s = settings(rule="slack")
     state = BeSuppress.initial_state(s)
@@ -23,7 +26,7 @@ def closed_loop(harm, rounds, ls_usage=lambda t: 1.0, forget=False, wants=2.5):
     for t in range(rounds):
         allowance = 4.0 if state.allowance is None else state.allowance
         used = min(allowance, wants)
-        p99 = harm(used)
+        p99 = harm(used) if spikes is None or t not in spikes else 3000
         actions = BeSuppress.decide(health(at(t), ls_usage(t), round(allowance * PERIOD), p99_us=p99,
                                            be_usage=used), s, state)
         if forget:
@@ -106,3 +109,54 @@ def test_status_shows_what_growth_remembers():
     fresh = closed_loop(lambda used: 1000, 3)[-1][4]      # LS never missed: no miss, healthy at the whole node
     assert BeSuppress.report(s, fresh)["levels"] == {"missed_at_cores": None, "healthy_at_cores": 4.0,
                                                      "probe_in_s": None}
+
+
+def random_spikes(rounds: int, seed: int, every: float = 40.0, length: int = 4) -> set[int]:
+    """Rounds in which LS misses whatever BE does (its own stalls, a noisy host): episodes of `length` rounds
+    starting at random, one per `every` rounds on average."""
+    rng = random.Random(seed)
+    out: set[int] = set()
+    for t in range(rounds):
+        if rng.random() < 1 / every:
+            out.update(range(t, t + length))
+    return out
+
+
+def _with_and_without_the_ledger(monkeypatch, harm, seeds=range(10), rounds=900):
+    """Per seed, (BE's mean allowance after the first 5 minutes, LS's misses then, decisions that set no new
+    ceiling) with every miss blamed on BE (the growth before the miss ledger) and as it is now."""
+    def one(blame_all: bool, seed: int):
+        with monkeypatch.context() as m:
+            if blame_all:
+                m.setattr(MissLedger, "blame", lambda self, level: Blame(True, level, (0, 0), (0, 0), None))
+            run = closed_loop(harm, rounds, spikes=random_spikes(rounds, seed, every=10, length=3))
+        tail = [(min(a, 2.5), p99) for t, a, p99, _, _ in run if t >= 300]
+        kept = sum(any("no new growth ceiling" in x for x in steps) for _, _, _, steps, _ in run)
+        return sum(a for a, _ in tail) / len(tail), sum(p99 > TARGET_US for _, p99 in tail), kept
+    return [(one(True, seed), one(False, seed)) for seed in seeds]
+
+
+def test_misses_that_come_at_any_level_of_be_do_not_lower_its_growth_ceiling(monkeypatch):
+    # On 2 CPUs over minutes LS missed with BE at 0.02-0.95 CPUs within a minute; each miss set the growth
+    # ceiling at BE's use then, and it fell to 0.40 CPUs (docs/benchmarks.md). Here LS misses in random
+    # episodes (3 rounds, one every 10 on average) whatever BE uses, and BE wants 2.5 of 4 CPUs. Before the
+    # ledger every miss was blamed on BE (forced here); now a miss at a level where LS began to miss as often
+    # with less BE sets no ceiling: over ten seeds BE keeps more (1.97 -> 2.02 CPUs on average when written;
+    # the cuts on each episode, judged helped as it passes, cost the rest). Per seed within 0.1 below (one
+    # ceiling not set changes every later step: seed 7 went 1.72 -> 1.66, seed 2 1.54 -> 1.92).
+    runs = _with_and_without_the_ledger(monkeypatch, lambda used: 1000)
+    before = sum(b[0] for b, _ in runs) / len(runs)
+    now = sum(n[0] for _, n in runs) / len(runs)
+    assert now >= before + 0.03, (before, now, runs)
+    assert all(n[0] >= b[0] - 0.1 for b, n in runs), runs
+    assert all(n[2] > 0 for _, n in runs) and all(b[2] == 0 for b, _ in runs), runs
+
+
+def test_misses_that_come_more_often_past_a_level_of_be_still_set_the_ceiling(monkeypatch):
+    # The same episodes, and LS also misses whenever BE uses over 1.5 CPUs: the ledger finds misses more
+    # frequent there and keeps the ceilings; LS misses no more often than with every miss blamed
+    # (377.9 -> 361.9 rounds of 600 over ten seeds when written).
+    runs = _with_and_without_the_ledger(monkeypatch, step_harm)
+    before = sum(b[1] for b, _ in runs)
+    now = sum(n[1] for _, n in runs)
+    assert now <= 1.02 * before, (before, now, runs)
