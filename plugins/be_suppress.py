@@ -112,7 +112,7 @@ from dataclasses import dataclass, field, replace
 
 from koordd.core.cgroup_text import CFS_QUOTA_MIN, MAX_CPUS, format_cpu_max, format_cpulist, parse_cpu_max, parse_cpulist
 from koordd.core.classes import NON_BE
-from koordd.core.experiment import BUSY_CORES, History, Lab, Verdict, conditions, show_value
+from koordd.core.experiment import BUSY_CORES, LEAVE, History, Lab, Record, Verdict, conditions, show_value
 from koordd.core.headroom import STOLEN_MS, Event, Headroom
 from koordd.core.health import (LATENCY_SENSITIVE, SLO_QUANTILES, SLO_SIGNALS, SOCKET_FULL, RunqWindow, ls_signals,
                                 worst_slack)
@@ -133,7 +133,7 @@ MIN_CORRELATION = 0.3        # a suspect's CPU use must follow the victim's sign
 SIGNAL_SECTIONS = {"runq": RUNQ_LATENCY, "cpi": CPI}
 # The levers of rule slack: a cap on the busiest BE cgroups alone, the whole-BE cap (the policy's knob),
 # and leaving BE alone (cpu.idle, qos_baseline's, decides who runs): core/experiment.py judges each cut.
-HOT_CAP, BE_CAP, LEAVE = "hot_cap", "be_cap", "leave"
+HOT_CAP, BE_CAP = "hot_cap", "be_cap"
 # Faster wake-ups: koordd's request of 0 µs CPU wake-up latency (the pm_qos backend's knob on the node), which
 # keeps CPUs out of deep idle while held. It takes no CPU from BE: tried before any cut (_wake_lever).
 WAKE, WAKE_KNOB = "wake", "cpu_dma_latency"
@@ -175,6 +175,7 @@ class State:
     dwell: float = 0.0                               # rule slack: how long it waited there last time
     unshowable_rounds: int = 0                       # rule slack: rounds that held BE as no cut could show
     missed_band: int | None = None                   # rule slack: LS's load band (fifths of the node) at the miss
+    risks_since_control: int = 0                     # rule slack: confirmed risks since the last left alone (_control)
     misses: dict[int, MissLedger] = field(default_factory=dict)   # rule slack: load band -> how often LS
                                                      # begins to miss at each BE level (core/miss_rate.py)
 
@@ -392,6 +393,10 @@ SLO_GAP = 2.0                     # seconds: a round this soon after the SLO's l
 CREEP_STEPS = 8                   # past the BE use at which LS last missed, BE grows by this fraction of a step
 DWELL_FIRST, DWELL_MAX = 10.0, 320.0   # seconds BE waits near where LS missed before probing past it, doubling
 GUARD_REST_TIMES = 16             # a guard rests at most this many times guard_cut_max (_guard_rest)
+# The control arm (_control): once the best cut has helped CONTROL_AFTER times for a load band and signal, one
+# confirmed risk in CONTROL_EVERY is left alone and judged as a cut is, until CONTROL_TRIALS such trials; from
+# then on BE is left alone wherever LS recovered left alone as often as the cut helped.
+CONTROL_AFTER, CONTROL_EVERY, CONTROL_TRIALS = 3, 3, 3
 
 
 def _split(snapshot: Snapshot, signals: list) -> tuple[list, list]:
@@ -767,6 +772,9 @@ def _verdict_step(settings, state: State, verdict: Verdict, running, experiment:
     goes on) and the actions. `units`: the BE pods a hot cap may take this round (_hot_units)."""
     if running.release is not None:
         return _release_verdict(state, verdict, running, experiment, units)
+    if running.lever == LEAVE:
+        # nothing to undo; where LS did not recover, the control arm rests and a cut may come next round
+        return (None if verdict.helped else f"{verdict.text()}; {_rests(state.lab, verdict)}"), []
     if verdict.helped:
         if (running.lever in (BE_CAP, HOT_CAP) and running.bound is None and verdict.key not in set(healthy)
                 and state.lab.retest(running.lever, running.conditions, state.lab.now)):
@@ -833,6 +841,8 @@ def _recut(state: State, e, step: str, experiment: dict, units: dict[str, float]
 
 
 def _what(e) -> str:
+    if e.lever == LEAVE:
+        return "BE left alone"
     return f"the release of the {e.lever} cut" if e.release is not None else f"the {e.lever} cut"
 
 
@@ -845,6 +855,8 @@ def _lapsed_step(state: State, e) -> tuple[str, list]:
         return f"stay released: {e.key[1]} of {e.key[0]} gave no value since the release of the {e.lever} cut", []
     if e.bound is not None:
         state.guard_cut = None
+    if e.lever == LEAVE:
+        return f"{e.key[1]} of {e.key[0]} gave no value since BE was left alone: nothing to judge it by", []
     step = (f"undo: {e.key[1]} of {e.key[0]} gave no value since the {e.lever} cut (its work gone or idle): "
             f"nothing to judge the cut by")
     _forget_miss(state, e)
@@ -970,6 +982,9 @@ def _start_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, l
         return step, []
     if (hopeless := _cannot_show(state, key, now)) is not None:
         return hopeless, []
+    if (alone := _control(state, levers[0], cond)) is not None:
+        lab.start(now, LEAVE, key, rd.be_used, cond)
+        return alone, []
     if levers[0] == HOT_CAP:
         capped = _hot_cap(state, settings, rd.units, key)
         lab.start(now, HOT_CAP, key, rd.be_used, cond, undo=capped)
@@ -996,6 +1011,37 @@ def _start_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, l
     # misses deeply. The allowance comes back as it was where this cut bought nothing.
     state.allowance = max(min(state.allowance, rd.be_used), rd.floor) * (1 - settings.slack_shrink_percent / 100)
     return ("shrink (below zero)" if rd.s < 0 else "shrink") + said, []
+
+
+def _control(state: State, best: str, cond: tuple) -> str | None:
+    """Whether this confirmed risk is left alone (the control arm, core/experiment.py's LEAVE), and the step
+    that says why; else None (the cut `best` goes ahead). A cut is judged against the rounds before it, and a
+    risk that passes on its own (a spike, a burst of requests) reads as a cut that helped: on 2 CPUs over
+    minutes LS missed with BE at 0.02-0.95 CPUs, each cut "helped" as the spike passed, and BE did 50% of its
+    work where cpu.idle alone gave it 65.5% at the same p99. Left alone now and then, and judged the same way,
+    a risk shows how often LS recovers without the cut; the cut is taken where it helps more often than that.
+    The first trials come only once the cut has helped CONTROL_AFTER times here, one risk in CONTROL_EVERY:
+    never on a fresh koordd's first misses."""
+    lab = state.lab
+    state.risks_since_control += 1
+    if lab.resting(LEAVE, cond[2], lab.now):
+        return None
+    cut, alone = lab.record(best, cond), lab.record(LEAVE, cond)
+    trials = alone.helped + alone.nothing
+    if trials >= CONTROL_TRIALS:
+        if alone.score < cut.score:
+            return None
+        state.risks_since_control = 0
+        return (f"leave BE alone: LS recovered left alone {_tally(alone)}, the {best} cut helped {_tally(cut)}")
+    if cut.helped - cut.retracted < CONTROL_AFTER or state.risks_since_control < CONTROL_EVERY:
+        return None
+    state.risks_since_control = 0
+    return (f"leave BE alone to test (trial {trials + 1} of {CONTROL_TRIALS}): the {best} cut helped "
+            f"{_tally(cut)}; does LS recover as often without it?")
+
+
+def _tally(r: Record) -> str:
+    return f"{r.helped - r.retracted} of {r.helped + r.nothing} times"
 
 
 def _guard_cut(settings, state: State, rd: SlackRound) -> str:
@@ -1095,7 +1141,7 @@ def _forget_miss(state: State, e) -> None:
 
 def _undo(state: State, e) -> list[Action]:
     """Put back what experiment `e` moved (a release moved nothing back to put: it gave BE its CPU)."""
-    if e is None or e.release is not None:
+    if e is None or e.release is not None or e.lever == LEAVE:
         return []
     if e.lever == WAKE:
         return _wake_release(state, "its cut is undone")

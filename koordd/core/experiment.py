@@ -112,6 +112,9 @@ MAD_SIGMA = 1.4826               # the median absolute deviation of normal noise
 DRIFT_TAU = 0.8                  # values before a cut falling this consistently (Kendall's tau) fall on their own
 DRIFT_ROUNDS = 4                 # ... judged over at least this many values
 LOAD_BANDS = 5                   # LS load in fifths of the node
+# The control arm: a confirmed risk left alone (nothing moved), judged as a cut is. Its "helped" is how often
+# the signal recovers on its own within a window; a cut is worth its BE work only where it helps more often.
+LEAVE = "leave"
 BUSY_CORES = 0.1                 # a BE cgroup using less is not "busy" in a condition
 MAX_CONDITIONS = 256             # conditions remembered (they name BE cgroups: pods come and go), oldest dropped
 MAX_AFTER_ROUNDS = 32            # can_show() bounds a verdict's margin over at most this many values after a cut
@@ -421,6 +424,8 @@ class Verdict:
                 return (f"release cost little: {figures}{back}, under {GIVE_BACK:.0%}: the {self.lever} cut "
                         "bought nothing after all")
             return f"release cost nothing: {figures}: the {self.lever} cut bought nothing after all"
+        if self.lever == LEAVE:
+            return f"{'recovered' if self.helped else 'did not recover'} with BE left alone: {figures}"
         what = "cut helped" if self.helped else "cut bought nothing"
         return f"{what}: {figures} for {self.be_given_up:.2f} BE cores"
 
@@ -746,19 +751,23 @@ class Lab:
         """The levers free to try for `cond`'s signal, best first: by the share of cuts that helped under
         the same conditions, else under the same load band and signal, else untried; ties in the given
         order."""
+        free = [lv for lv in levers if self.resting(lv, cond[2], now) == 0]
+        return sorted(free, key=lambda lv: (-self.record(lv, cond).score, levers.index(lv)))
+
+    def record(self, lever: str, cond: tuple) -> Record:
+        """What `lever` bought under `cond`, else under the same load band and signal summed (an empty Record
+        where it was never judged there)."""
+        exact = self.memory.get(cond, {}).get(lever)
+        if exact is not None:
+            return exact
         band, _, signal = cond
-        def score(lever: str) -> float:
-            exact = self.memory.get(cond, {}).get(lever)
-            if exact is not None:
-                return exact.score
-            near = Record()
-            for c, records in self.memory.items():
-                if c[0] == band and c[2] == signal and lever in records:
-                    r = records[lever]
-                    near.helped, near.nothing = near.helped + r.helped, near.nothing + r.nothing
-            return near.score
-        free = [lv for lv in levers if self.resting(lv, signal, now) == 0]
-        return sorted(free, key=lambda lv: (-score(lv), levers.index(lv)))
+        near = Record()
+        for c, records in self.memory.items():
+            if c[0] == band and c[2] == signal and lever in records:
+                r = records[lever]
+                near.helped, near.nothing, near.retracted = (near.helped + r.helped, near.nothing + r.nothing,
+                                                             near.retracted + r.retracted)
+        return near
 
     def status(self, now: float, levers: Iterable[str] = ()) -> dict:
         """Per lever: times chosen, verdicts and mean gain per signal, rests, the last verdict; and the

@@ -8,6 +8,7 @@ import copy
 import random
 
 from koordd.core.miss_rate import Blame, MissLedger
+from koordd_plugins import be_suppress
 from koordd_plugins.be_suppress import DWELL_FIRST, BeSuppress
 
 from unit.plugins.test_be_suppress import PERIOD, at, health, settings
@@ -54,8 +55,10 @@ def test_be_settles_under_the_use_ls_tolerates_where_it_cycled_around_it():
         now = misses_and_mean(closed_loop(harm, 300))
         # without the remembered levels: LS missed in over a third of the rounds
         assert before[0] > 100, (harm.__name__, before)
-        # now: a handful of misses (the probes), BE at 80% or more of what LS tolerates, never past it
-        assert now[0] <= 6 and 0.8 * tolerated <= now[1] <= tolerated, (harm.__name__, now)
+        # now: a handful of misses (the probes; with step_harm 6 more from two control trials, a window each
+        # with LS left missing to learn whether it recovers without a cut: at most 3 per load band and
+        # signal), BE at 80% or more of what LS tolerates, never past it
+        assert now[0] <= 12 and 0.8 * tolerated <= now[1] <= tolerated, (harm.__name__, now)
 
 
 def test_growth_halves_the_way_to_the_miss_and_a_miss_goes_back_to_where_ls_was_healthy_not_the_floor():
@@ -122,41 +125,60 @@ def random_spikes(rounds: int, seed: int, every: float = 40.0, length: int = 4) 
     return out
 
 
-def _with_and_without_the_ledger(monkeypatch, harm, seeds=range(10), rounds=900):
-    """Per seed, (BE's mean allowance after the first 5 minutes, LS's misses then, decisions that set no new
-    ceiling) with every miss blamed on BE (the growth before the miss ledger) and as it is now."""
-    def one(blame_all: bool, seed: int):
+def _spiky_runs(monkeypatch, harm, blame_all=False, control=True, seeds=range(10), rounds=900):
+    """Per seed: (BE's mean allowance after the first 5 minutes, LS's misses then, decisions that set no new
+    ceiling) where LS also misses in random episodes (3 rounds, one every 10 on average) whatever BE uses.
+    `blame_all`: every miss blamed on BE (the growth before the miss ledger); `control`: the control arm on."""
+    def one(seed: int):
         with monkeypatch.context() as m:
             if blame_all:
                 m.setattr(MissLedger, "blame", lambda self, level: Blame(True, level, (0, 0), (0, 0), None))
+            if not control:
+                m.setattr(be_suppress, "CONTROL_AFTER", 10**9)
             run = closed_loop(harm, rounds, spikes=random_spikes(rounds, seed, every=10, length=3))
         tail = [(min(a, 2.5), p99) for t, a, p99, _, _ in run if t >= 300]
         kept = sum(any("no new growth ceiling" in x for x in steps) for _, _, _, steps, _ in run)
         return sum(a for a, _ in tail) / len(tail), sum(p99 > TARGET_US for _, p99 in tail), kept
-    return [(one(True, seed), one(False, seed)) for seed in seeds]
+    return [one(seed) for seed in seeds]
+
+
+def mean(runs, i: int) -> float:
+    return sum(r[i] for r in runs) / len(runs)
 
 
 def test_misses_that_come_at_any_level_of_be_do_not_lower_its_growth_ceiling(monkeypatch):
     # On 2 CPUs over minutes LS missed with BE at 0.02-0.95 CPUs within a minute; each miss set the growth
     # ceiling at BE's use then, and it fell to 0.40 CPUs (docs/benchmarks.md). Here LS misses in random
-    # episodes (3 rounds, one every 10 on average) whatever BE uses, and BE wants 2.5 of 4 CPUs. Before the
-    # ledger every miss was blamed on BE (forced here); now a miss at a level where LS began to miss as often
-    # with less BE sets no ceiling: over ten seeds BE keeps more (1.97 -> 2.02 CPUs on average when written;
-    # the cuts on each episode, judged helped as it passes, cost the rest). Per seed within 0.1 below (one
-    # ceiling not set changes every later step: seed 7 went 1.72 -> 1.66, seed 2 1.54 -> 1.92).
-    runs = _with_and_without_the_ledger(monkeypatch, lambda used: 1000)
-    before = sum(b[0] for b, _ in runs) / len(runs)
-    now = sum(n[0] for _, n in runs) / len(runs)
-    assert now >= before + 0.03, (before, now, runs)
-    assert all(n[0] >= b[0] - 0.1 for b, n in runs), runs
-    assert all(n[2] > 0 for _, n in runs) and all(b[2] == 0 for b, _ in runs), runs
+    # episodes whatever BE uses, and BE wants 2.5 of 4 CPUs. Before the ledger every miss was blamed on BE
+    # (forced here); now a miss at a level where LS began to miss as often with less BE sets no ceiling.
+    # Over ten seeds, without the control arm (whose leaving BE alone does most of the work here, next test)
+    # BE's mean went 1.97 -> 2.02 CPUs when written, per seed within 0.1 (one ceiling not set changes every
+    # later step: seed 7 went 1.72 -> 1.66, seed 2 1.54 -> 1.92).
+    before = _spiky_runs(monkeypatch, lambda used: 1000, blame_all=True, control=False)
+    now = _spiky_runs(monkeypatch, lambda used: 1000, control=False)
+    assert mean(now, 0) >= mean(before, 0) + 0.03, (before, now)
+    assert all(n[0] >= b[0] - 0.1 for b, n in zip(before, now)), (before, now)
+    assert all(n[2] > 0 for n in now) and all(b[2] == 0 for b in before), (before, now)
 
 
 def test_misses_that_come_more_often_past_a_level_of_be_still_set_the_ceiling(monkeypatch):
     # The same episodes, and LS also misses whenever BE uses over 1.5 CPUs: the ledger finds misses more
     # frequent there and keeps the ceilings; LS misses no more often than with every miss blamed
-    # (377.9 -> 361.9 rounds of 600 over ten seeds when written).
-    runs = _with_and_without_the_ledger(monkeypatch, step_harm)
-    before = sum(b[1] for b, _ in runs)
-    now = sum(n[1] for _, n in runs)
-    assert now <= 1.02 * before, (before, now, runs)
+    # (377.9 -> 361.9 rounds of 600 over ten seeds, the control arm off, when written).
+    before = _spiky_runs(monkeypatch, step_harm, blame_all=True, control=False)
+    now = _spiky_runs(monkeypatch, step_harm, control=False)
+    assert mean(now, 1) <= 1.02 * mean(before, 1), (before, now)
+
+
+def test_where_ls_recovers_as_often_left_alone_be_is_left_alone_and_where_it_does_not_the_cut_goes_on(monkeypatch):
+    # Each cut on an episode that passes on its own reads "helped". The control arm leaves one risk in three
+    # alone (once the cut has helped three times, three trials): where LS recovers as often without the cut,
+    # BE is left alone from then on. Over ten seeds of random episodes whatever BE does, BE's mean went
+    # 2.02 -> 2.24 of the 2.5 CPUs it wants (LS's misses the same: 166.1 rounds of 600, they are not BE's);
+    # where LS also misses past 1.5 CPUs of BE, the trials fail there and the cut goes on: LS's misses
+    # 361.9 -> 357.1, BE 1.53 -> 1.49 CPUs (when written).
+    flat = lambda used: 1000
+    off, on = _spiky_runs(monkeypatch, flat, control=False), _spiky_runs(monkeypatch, flat)
+    assert mean(on, 0) >= mean(off, 0) + 0.15 and mean(on, 1) == mean(off, 1), (off, on)
+    off, on = _spiky_runs(monkeypatch, step_harm, control=False), _spiky_runs(monkeypatch, step_harm)
+    assert mean(on, 1) <= 1.02 * mean(off, 1) and mean(on, 0) >= mean(off, 0) - 0.1, (off, on)
