@@ -220,6 +220,10 @@ class BeSuppress(Loop):
                "(/dev/cpu_dma_latency: CPUs stay out of deep idle) while LS is at risk, tried before any cut, kept "
                "while it helps; false turns it off. Never tried where the host has no cpuidle driver: no request changes "
                "how CPUs idle there"),
+        Option("control_trials", int, 3, "rule slack: once the best cut has helped 3 times for a load band and "
+               "signal, one risk in 3 is left alone for a window and judged as a cut is, this many times; then BE is "
+               "left alone wherever LS recovered so as often as the cut helped; 0 turns it off (every risk is cut)",
+               min=0, max=100),
         Option("hot_cap_percent", float, 50.0, "rule slack: a lever that caps the busiest BE cgroups (pods, jobs) "
                "alone, to this much less than they use; 0 turns it off", min=0, max=95),
         Option("steal_headroom_percent", float, 10.0, "rule slack: where the hypervisor takes busy vCPUs away "
@@ -394,9 +398,9 @@ CREEP_STEPS = 8                   # past the BE use at which LS last missed, BE 
 DWELL_FIRST, DWELL_MAX = 10.0, 320.0   # seconds BE waits near where LS missed before probing past it, doubling
 GUARD_REST_TIMES = 16             # a guard rests at most this many times guard_cut_max (_guard_rest)
 # The control arm (_control): once the best cut has helped CONTROL_AFTER times for a load band and signal, one
-# confirmed risk in CONTROL_EVERY is left alone and judged as a cut is, until CONTROL_TRIALS such trials; from
-# then on BE is left alone wherever LS recovered left alone as often as the cut helped.
-CONTROL_AFTER, CONTROL_EVERY, CONTROL_TRIALS = 3, 3, 3
+# confirmed risk in CONTROL_EVERY is left alone and judged as a cut is, up to `control_trials` such trials;
+# from then on BE is left alone wherever LS recovered left alone as often as the cut helped.
+CONTROL_AFTER, CONTROL_EVERY = 3, 3
 
 
 def _split(snapshot: Snapshot, signals: list) -> tuple[list, list]:
@@ -982,7 +986,7 @@ def _start_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, l
         return step, []
     if (hopeless := _cannot_show(state, key, now)) is not None:
         return hopeless, []
-    if (alone := _control(state, levers[0], cond)) is not None:
+    if (alone := _control(settings, state, levers[0], cond)) is not None:
         lab.start(now, LEAVE, key, rd.be_used, cond)
         return alone, []
     if levers[0] == HOT_CAP:
@@ -1013,7 +1017,7 @@ def _start_cut(snapshot, settings, state: State, rd: SlackRound) -> tuple[str, l
     return ("shrink (below zero)" if rd.s < 0 else "shrink") + said, []
 
 
-def _control(state: State, best: str, cond: tuple) -> str | None:
+def _control(settings, state: State, best: str, cond: tuple) -> str | None:
     """Whether this confirmed risk is left alone (the control arm, core/experiment.py's LEAVE), and the step
     that says why; else None (the cut `best` goes ahead). A cut is judged against the rounds before it, and a
     risk that passes on its own (a spike, a burst of requests) reads as a cut that helped: on 2 CPUs over
@@ -1022,13 +1026,13 @@ def _control(state: State, best: str, cond: tuple) -> str | None:
     a risk shows how often LS recovers without the cut; the cut is taken where it helps more often than that.
     The first trials come only once the cut has helped CONTROL_AFTER times here, one risk in CONTROL_EVERY:
     never on a fresh koordd's first misses."""
-    lab = state.lab
+    lab, most = state.lab, settings.control_trials
     state.risks_since_control += 1
-    if lab.resting(LEAVE, cond[2], lab.now):
+    if most == 0 or lab.resting(LEAVE, cond[2], lab.now):
         return None
     cut, alone = lab.record(best, cond), lab.record(LEAVE, cond)
     trials = alone.helped + alone.nothing
-    if trials >= CONTROL_TRIALS:
+    if trials >= most:
         if alone.score < cut.score:
             return None
         state.risks_since_control = 0
@@ -1036,7 +1040,7 @@ def _control(state: State, best: str, cond: tuple) -> str | None:
     if cut.helped - cut.retracted < CONTROL_AFTER or state.risks_since_control < CONTROL_EVERY:
         return None
     state.risks_since_control = 0
-    return (f"leave BE alone to test (trial {trials + 1} of {CONTROL_TRIALS}): the {best} cut helped "
+    return (f"leave BE alone to test (trial {trials + 1} of {most}): the {best} cut helped "
             f"{_tally(cut)}; does LS recover as often without it?")
 
 

@@ -8,7 +8,6 @@ import copy
 import random
 
 from koordd.core.miss_rate import Blame, MissLedger
-from koordd_plugins import be_suppress
 from koordd_plugins.be_suppress import DWELL_FIRST, BeSuppress
 
 from unit.plugins.test_be_suppress import PERIOD, at, health, settings
@@ -16,12 +15,12 @@ from unit.plugins.test_be_suppress import PERIOD, at, health, settings
 TARGET_US = 2000
 
 
-def closed_loop(harm, rounds, ls_usage=lambda t: 1.0, forget=False, wants=2.5, spikes=None):
+def closed_loop(harm, rounds, ls_usage=lambda t: 1.0, forget=False, wants=2.5, spikes=None, **options):
     """Rounds of be_suppress on 4 CPUs where BE wants `wants` CPUs and LS's p99 is harm(BE's use) µs against a
     2 ms target, and 3 ms in the rounds in `spikes` whatever BE does. `forget`: drop every remembered level
     each round (the growth before this change).
     Returns [(t, allowance the round found, p99, steps, the state after the round)]."""
-    s = settings(rule="slack")
+    s = settings(rule="slack", **options)
     state = BeSuppress.initial_state(s)
     out = []
     for t in range(rounds):
@@ -128,16 +127,17 @@ def random_spikes(rounds: int, seed: int, every: float = 40.0, length: int = 4) 
 def _spiky_runs(monkeypatch, harm, blame_all=False, control=True, seeds=range(10), rounds=900):
     """Per seed: (BE's mean allowance after the first 5 minutes, LS's misses then, decisions that set no new
     ceiling) where LS also misses in random episodes (3 rounds, one every 10 on average) whatever BE uses.
-    `blame_all`: every miss blamed on BE (the growth before the miss ledger); `control`: the control arm on."""
+    `blame_all`: every miss blamed on BE (the growth before the miss ledger); `control`: the control arm on
+    (control_trials 3, the default; else 0, which turns it off)."""
     def one(seed: int):
         with monkeypatch.context() as m:
             if blame_all:
                 m.setattr(MissLedger, "blame", lambda self, level: Blame(True, level, (0, 0), (0, 0), None))
-            if not control:
-                m.setattr(be_suppress, "CONTROL_AFTER", 10**9)
-            run = closed_loop(harm, rounds, spikes=random_spikes(rounds, seed, every=10, length=3))
+            run = closed_loop(harm, rounds, spikes=random_spikes(rounds, seed, every=10, length=3),
+                              control_trials=3 if control else 0)
         tail = [(min(a, 2.5), p99) for t, a, p99, _, _ in run if t >= 300]
         kept = sum(any("no new growth ceiling" in x for x in steps) for _, _, _, steps, _ in run)
+        assert control or not any(x.startswith("leave BE alone to") for _, _, _, steps, _ in run for x in steps)
         return sum(a for a, _ in tail) / len(tail), sum(p99 > TARGET_US for _, p99 in tail), kept
     return [one(seed) for seed in seeds]
 
