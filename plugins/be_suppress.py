@@ -45,7 +45,11 @@ Two rules decide how much CPU BE may use (`rule`):
   whose CPU use follows the signal, else the busiest, half of them at most), the whole-BE cap (`policy`'s
   knob), and leaving BE alone (cpu.idle decides who runs; what earlier steps left of a cap grows back) when
   every cut rests. What each bought is remembered
-  per LS load band, busy BE cgroups and signal; the one that helped there goes first.
+  per LS load band, busy BE cgroups and signal; the one that helped there goes first. Leaving BE alone is
+  also the control arm (`control_trials`, _control): once the cut has helped 3 times there, one risk in 3 is
+  left alone and judged as a cut is, and where LS recovered so as often as the cut helped, BE is left alone
+  from then on. A miss sets the level growth stops short of only where LS begins to miss less often with
+  less BE (core/miss_rate.py, _note_miss).
   Before any of them, faster wake-ups (`wake_lever`): koordd holds 0 µs CPU wake-up latency on
   /dev/cpu_dma_latency (the pm_qos backend's `cpu_dma_latency`), so CPUs stay out of deep idle (a VM's vCPU
   does not halt). It takes no CPU from BE, so where the host has the device and a cpuidle driver (without
