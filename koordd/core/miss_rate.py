@@ -35,7 +35,7 @@ class Bin:
 
 @dataclass(frozen=True)
 class Blame:
-    """Whether a miss at `level` is BE's doing, with the counts that decided it (for the decision)."""
+    """Whether a miss at `level` is BE's doing, with the counts that decided it (the decision's text)."""
     blamed: bool
     level: float
     below: tuple[float, float]          # (onsets, exposure s) with less BE
@@ -46,12 +46,6 @@ class Blame:
         lo, hi = self.below, self.at_or_above
         return (f"LS began to miss {lo[0]:.0f} times in {lo[1]:.0f}s below {self.level:.2f} BE CPUs, "
                 f"{hi[0]:.0f} in {hi[1]:.0f}s at or above")
-
-    def fields(self) -> dict:
-        return {"blamed": self.blamed, "level": round(self.level, 3),
-                "below": [round(self.below[0], 2), round(self.below[1], 1)],
-                "at_or_above": [round(self.at_or_above[0], 2), round(self.at_or_above[1], 1)],
-                "chance": None if self.chance is None else round(self.chance, 3)}
 
 
 @dataclass
