@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from koordtest.bench.steal import steal_line
-from koordtest.bench.qos_stats import BE_ALONE, LS_ALONE, WINDOWS_MET, Spread, median_spread, slo_verdicts
+from koordtest.bench.qos_stats import (BE_ALONE, LS_ALONE, WINDOWS_MET, Spread, lever_verdicts, median_spread,
+                                      slo_verdicts)
 
 SWEEP_FACTORS = (1.1, 1.25, 1.5, 2.0, 3.0)
 KOORDD_PREFIX = "koordd"
@@ -315,6 +316,9 @@ def koordd_activity(runs: Sequence[dict], load) -> list[str]:
         if any(unshowable):
             line += (f"; held BE where no cut could show in {sum(unshowable)} rounds ({sum(1 for n in unshowable if n)} "
                      f"of {len(mine)} runs, counted from koordd's start: such rounds write nothing)")
+        verdicts = lever_verdicts(mine)
+        if verdicts:
+            line += f"; its levers' verdicts, counted from koordd's start: {verdicts}"
         if acted == 0 and before == 0:
             line += ("; with none, its BE ran as under be-idle, and where their points differ that is the runs' "
                      "own scatter (and koordd's own CPU)")

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from koordtest.bench.common import cell, page
 from koordtest.bench.qos_stats import (BE_ALONE, LS_ALONE, WINDOWS_MET, Row, SloVerdict, Spread, baselines,
-    be_work_ratio, median_spread, oracle, ratio, slo_verdicts)
+    be_work_ratio, lever_verdicts, median_spread, oracle, ratio, slo_verdicts)
 
 COLUMNS = ("LS load", "setup", "LS p50", "LS p99", "LS p99.9", "BE work", "BE share of LS-idle CPU",
            "LS p99 (ms)", "other CPU", "client CPU")
@@ -120,6 +120,11 @@ def ab_table(runs: Sequence[dict], targets: dict, a: str, b: str) -> str:
                 f"{more} of {len(pairs)} pairs"
                 + (f"; met the SLO in {sum(v.meets for _, _, v in pairs)} against {a}'s "
                    f"{sum(v.meets for _, v, _ in pairs)}" if target else "") + ".", "", _order_line(pairs, ran, a, b), ""]
+        for side in (a, b):
+            mine = [r for r in runs if r["setup"] == side and r["load"] == load]
+            if lever_verdicts(mine):
+                out += [f"{side}'s levers' verdicts over its {len(mine)} runs, counted from koordd's start: "
+                        f"{lever_verdicts(mine)}.", ""]
     return "\n".join(out)
 
 

@@ -496,7 +496,10 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
         out["koordd_window"] = window_decisions(decisions, wall0, wall0 + bench.seconds)
         out["koordd_before"] = decisions_before(decisions, wall0)
         # rounds that held BE where no cut could show write nothing: only be_suppress's report counts them
-        out["koordd_unshowable"] = ((loops.get("be_suppress") or {}).get("report") or {}).get("unshowable_rounds")
+        report = (loops.get("be_suppress") or {}).get("report") or {}
+        out["koordd_unshowable"] = report.get("unshowable_rounds")
+        # a control trial LS recovered from (BE left alone) writes nothing: only the levers' report counts it
+        out["koordd_levers"] = report.get("levers")
         if setup.needs_sched_ext:
             out["sched_ext_ops"] = _sched_ext_ops()
             if out["sched_ext_ops"] != "koordd":     # a comparison without the scheduler would say nothing

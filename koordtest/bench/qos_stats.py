@@ -14,6 +14,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from koordd.core.experiment import LEAVE
+
 LS_ALONE, BE_ALONE = "ls-alone", "be-alone"
 PERCENTILES = (("p50", 50.0), ("p99", 99.0), ("p999", 99.9))
 
@@ -186,3 +188,29 @@ def oracle(verdicts: Sequence[SloVerdict], candidates: Sequence[str]) -> SloVerd
     """The static setting with the most BE work among the `candidates` that meet the SLO; None if none does."""
     meeting = [v for v in verdicts if v.setup in candidates and v.meets and v.be_work is not None]
     return max(meeting, key=lambda v: v.be_work, default=None)
+
+
+def lever_verdicts(runs: Sequence[dict]) -> str:
+    """be_suppress's verdicts summed over `runs` per lever (their status.json report, from koordd's start), the
+    control arm's in its own words: a trial in which LS recovered with BE left alone writes nothing, so the
+    window's writes cannot count it. "" where no run has a report or no lever was judged."""
+    totals: dict[str, list[int]] = {}
+    for r in runs:
+        levers = r.get("koordd_levers")
+        for name, lever in (levers.items() if isinstance(levers, dict) else ()):
+            signals = lever.get("by_signal") if isinstance(lever, dict) else None
+            for record in (signals.values() if isinstance(signals, dict) else ()):
+                counts = totals.setdefault(str(name), [0, 0, 0])
+                for i, key in enumerate(("helped", "bought_nothing", "retracted")):
+                    n = record.get(key) if isinstance(record, dict) else None
+                    counts[i] += n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+    parts = []
+    for name, (helped, nothing, retracted) in sorted(totals.items()):
+        if not helped and not nothing:
+            continue
+        if name == LEAVE:
+            parts.append(f"BE left alone as a control {helped + nothing} times, LS recovered in {helped}")
+        else:
+            undone = f" ({retracted} retracted by their release)" if retracted else ""
+            parts.append(f"{name} {helped} helped{undone}, {nothing} bought nothing")
+    return "; ".join(parts)

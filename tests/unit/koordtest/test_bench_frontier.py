@@ -118,6 +118,25 @@ def test_the_report_counts_the_rounds_koordd_held_be_where_no_cut_could_show():
     assert "no cut could show" not in none
 
 
+def test_the_report_counts_the_levers_verdicts_and_the_control_trials_that_wrote_nothing():
+    # a trial in which LS recovered with BE left alone moves no knob: only the levers' report (status.json) has it
+    def levers(helped, nothing, recovered, failed, retracted=0):
+        return {"whole_be": {"chosen": 9, "by_signal": {"app_p99_us": {"helped": helped, "bought_nothing": nothing,
+                                                                       "retracted": retracted}}},
+                "leave": {"chosen": 61, "by_signal": {"app_p99_us": {"helped": recovered, "bought_nothing": failed},
+                                                      "runq_p99_us": {"helped": 1, "bought_nothing": 0}}},
+                "cpuset": {"chosen": 0, "by_signal": {}}}
+    runs = [dict(run(koordd_setup(1.5), 3.0, 50.0, rep=0), koordd_window=[], koordd_levers=levers(4, 2, 1, 1, 1)),
+            dict(run(koordd_setup(1.5), 3.0, 50.0, rep=1), koordd_window=[], koordd_levers=levers(3, 0, 0, 0)),
+            dict(run(koordd_setup(1.5), 3.0, 50.0, rep=2), koordd_window=[]),                  # an older koordd
+            dict(run(koordd_setup(2.0), 3.0, 50.0, rep=0), koordd_window=[],
+                 koordd_levers={"whole_be": "forged", "leave": {"by_signal": {"x": {"helped": -5, "bought_nothing": True}}}})]
+    judged, forged = koordd_activity(runs, 50)
+    assert ("; its levers' verdicts, counted from koordd's start: BE left alone as a control 4 times, LS recovered "
+            "in 3; whole_be 7 helped (1 retracted by their release), 2 bought nothing") in judged, judged
+    assert "verdicts" not in forged
+
+
 def test_the_report_says_how_often_each_cap_held_be_back_and_names_the_caps_that_never_did():
     """memcached against cpu at 70% on 2 CPUs: BE used 0.59-0.84 CPUs under a 1.2-CPU cap, and that cap's
     points, differing from be-idle's by scatter alone, were named the oracle. cpu.stat says whether it bound."""

@@ -128,3 +128,13 @@ def test_without_an_slo_the_pairs_still_compare_and_a_side_without_its_pair_is_l
     assert f"| 1 | 6.00 | 5.00 | - | - | 40% | 50% | 3 / 1 | {KOORDD_A} |" in text and "| 4 |" not in text
     assert "met the SLO" not in text
     assert ab_table([r for r in RUNS if r["setup"] != KOORDD_B], {}, KOORDD_A, KOORDD_B) == ""
+
+
+def test_each_side_s_levers_verdicts_are_summed_so_control_trials_that_wrote_nothing_show():
+    leave = {"leave": {"chosen": 4, "by_signal": {"app_p99_us": {"helped": 2, "bought_nothing": 1}}},
+             "whole_be": {"chosen": 5, "by_signal": {"app_p99_us": {"helped": 3, "bought_nothing": 2}}}}
+    runs = [dict(r, koordd_levers=leave) if r["setup"] == KOORDD_A else r for r in RUNS]
+    text = ab_table(runs, {50: 8 * MS}, KOORDD_A, KOORDD_B)
+    assert (f"{KOORDD_A}'s levers' verdicts over its 3 runs, counted from koordd's start: BE left alone as a "
+            "control 9 times, LS recovered in 6; whole_be 9 helped, 6 bought nothing.") in text, text
+    assert f"{KOORDD_B}'s levers'" not in text            # its runs carry no report (an older koordd)
