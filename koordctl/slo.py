@@ -18,6 +18,7 @@ from koordctl.common import ago, local_time, pid_alive
 from koordctl.running import trusted_state_dir
 from koordctl.shapes import STATUS
 from koordctl.statefiles import escaped, read_document, read_records
+from koordd.core.experiment import LEAVE
 from koordd.core.feeds import STATUS_FILE
 from koordd.core.health import SLO_SIGNALS
 from koordd.core.printable import printable
@@ -264,6 +265,10 @@ def _gain(signal: str, x: Any) -> str:
     return "?" if _number(x) is None else (ms(x) if signal.endswith("_us") else f"{x:.3g}")
 
 
+def _count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
 def lever_lines(status: dict) -> list[str]:
     """One line per lever: times chosen, and per signal how many cuts helped or bought nothing, the mean
     latency bought and the BE cores it cost; whether it rests."""
@@ -276,6 +281,12 @@ def lever_lines(status: dict) -> list[str]:
         for signal, r in sorted((lv.get("by_signal") or {}).items()):
             if not isinstance(r, dict):
                 continue
+            if name == LEAVE:          # its verdicts are control trials: did LS recover with BE left alone?
+                trials = sum(n for n in (r.get("helped"), r.get("bought_nothing")) if _count(n))
+                if trials:
+                    parts.append(f"{printable(signal)} LS recovered in {r['helped'] if _count(r.get('helped')) else 0} "
+                                 f"of {trials} control trials")
+                continue
             bought = (f", {_gain(signal, r.get('mean_gain'))} bought for {r.get('mean_be_cores_given_up'):.2f} BE cores"
                       if _number(r.get("mean_gain")) is not None and _number(r.get("mean_be_cores_given_up")) is not None
                       else "")
@@ -286,6 +297,7 @@ def lever_lines(status: dict) -> list[str]:
         rests = lv.get("resting_s") if isinstance(lv.get("resting_s"), dict) else {}
         rest = "; rests " + ", ".join(f"{_number(v) or 0:g}s for {printable(k)}" for k, v in sorted(rests.items())) \
             if rests else ""
-        out.append(f"  {printable(name)}: chosen {lv.get('chosen', 0)}" + (": " + "; ".join(parts) if parts else "")
+        what = " (control trials, and rounds where every cut rested)" if name == LEAVE else ""
+        out.append(f"  {printable(name)}: chosen {lv.get('chosen', 0)}{what}" + (": " + "; ".join(parts) if parts else "")
                    + rest)
     return out

@@ -10,6 +10,9 @@ STATUS = {"loops": {"be_suppress": {"ticks": 9, "report": {"running": None, "lev
                                                           "mean_be_cores_given_up": None}},
                 "resting_s": {"app_p99_us": 12.0}, "last": None},
     "leave": {"chosen": 4, "by_signal": {}, "resting_s": {}, "last": None}}}}}}
+TRIALS = {"chosen": 61, "by_signal": {"app_p99_us": {"helped": 2, "bought_nothing": 1, "mean_gain": 10.0},
+                                      "runq_p99_us": {"helped": True, "bought_nothing": -3}},
+          "resting_s": {"app_p99_us": 10.0}, "last": None}
 
 
 def test_each_lever_says_what_it_bought_for_how_much_be_work():
@@ -19,7 +22,14 @@ def test_each_lever_says_what_it_bought_for_how_much_be_work():
     # a helped whose release then cost nothing (A/B/A) is said so
     assert lines[2] == ("  hot_cap: chosen 1: app_p99_us 1 helped (1 of them not: their release did not confirm them), "
                         "1 bought nothing; rests 12s for app_p99_us")
-    assert lines[3] == "  leave: chosen 4"
+    assert lines[3] == "  leave: chosen 4 (control trials, and rounds where every cut rested)"
+
+
+def test_leaving_be_alone_says_in_how_many_control_trials_ls_recovered():
+    # a control trial is judged as a cut is (helped: LS recovered with BE left alone), but no latency was bought
+    status = {"loops": {"be_suppress": {"report": {"levers": {"leave": TRIALS}}}}}
+    assert lever_lines(status)[1] == ("  leave: chosen 61 (control trials, and rounds where every cut rested): "
+                                      "app_p99_us LS recovered in 2 of 3 control trials; rests 10s for app_p99_us")
 
 
 def test_no_report_or_a_malformed_one_shows_nothing():
