@@ -265,8 +265,9 @@ def _gain(signal: str, x: Any) -> str:
     return "?" if _number(x) is None else (ms(x) if signal.endswith("_us") else f"{x:.3g}")
 
 
-def _count(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+def _count(x: Any) -> int:
+    """A verdict count from status.json: the number where it is a non-negative integer, else 0."""
+    return x if isinstance(x, int) and not isinstance(x, bool) and x >= 0 else 0
 
 
 def lever_lines(status: dict) -> list[str]:
@@ -282,10 +283,10 @@ def lever_lines(status: dict) -> list[str]:
             if not isinstance(r, dict):
                 continue
             if name == LEAVE:          # its verdicts are control trials: did LS recover with BE left alone?
-                trials = sum(n for n in (r.get("helped"), r.get("bought_nothing")) if _count(n))
+                recovered = _count(r.get("helped"))
+                trials = recovered + _count(r.get("bought_nothing"))
                 if trials:
-                    parts.append(f"{printable(signal)} LS recovered in {r['helped'] if _count(r.get('helped')) else 0} "
-                                 f"of {trials} control trials")
+                    parts.append(f"{printable(signal)} LS recovered in {recovered} of {trials} control trials")
                 continue
             bought = (f", {_gain(signal, r.get('mean_gain'))} bought for {r.get('mean_be_cores_given_up'):.2f} BE cores"
                       if _number(r.get("mean_gain")) is not None and _number(r.get("mean_be_cores_given_up")) is not None

@@ -122,9 +122,10 @@ def ab_table(runs: Sequence[dict], targets: dict, a: str, b: str) -> str:
                    f"{sum(v.meets for _, v, _ in pairs)}" if target else "") + ".", "", _order_line(pairs, ran, a, b), ""]
         for side in (a, b):
             mine = [r for r in runs if r["setup"] == side and r["load"] == load]
-            if lever_verdicts(mine):
+            verdicts = lever_verdicts(mine)
+            if verdicts:
                 out += [f"{side}'s levers' verdicts over its {len(mine)} runs, counted from koordd's start: "
-                        f"{lever_verdicts(mine)}.", ""]
+                        f"{verdicts}.", ""]
     return "\n".join(out)
 
 
