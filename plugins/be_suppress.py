@@ -48,7 +48,8 @@ Two rules decide how much CPU BE may use (`rule`):
   per LS load band, busy BE cgroups and signal; the one that helped there goes first. Leaving BE alone is
   also the control arm (`control_trials`, _control): once the cut has helped 3 times there, one risk in 3 is
   left alone and judged as a cut is, and where LS recovered so as often as the cut helped, BE is left alone
-  from then on. A miss sets the level growth stops short of only where LS begins to miss less often with
+  from then on; where the cut helped more often, but too few verdicts say so clearly (core/experiment.py's
+  chance_better under 90%), trials go on one risk in 6. A miss sets the level growth stops short of only where LS begins to miss less often with
   less BE (core/miss_rate.py, _note_miss).
   Before any of them, faster wake-ups (`wake_lever`): koordd holds 0 µs CPU wake-up latency on
   /dev/cpu_dma_latency (the pm_qos backend's `cpu_dma_latency`), so CPUs stay out of deep idle (a VM's vCPU
@@ -116,7 +117,8 @@ from dataclasses import dataclass, field, replace
 
 from koordd.core.cgroup_text import CFS_QUOTA_MIN, MAX_CPUS, format_cpu_max, format_cpulist, parse_cpu_max, parse_cpulist
 from koordd.core.classes import NON_BE
-from koordd.core.experiment import BUSY_CORES, LEAVE, History, Lab, Record, Verdict, conditions, show_value
+from koordd.core.experiment import (BUSY_CORES, LEAVE, History, Lab, Record, Verdict, chance_better, conditions,
+                                    show_value)
 from koordd.core.headroom import STOLEN_MS, Event, Headroom
 from koordd.core.health import (LATENCY_SENSITIVE, SLO_QUANTILES, SLO_SIGNALS, SOCKET_FULL, RunqWindow, ls_signals,
                                 worst_slack)
@@ -226,7 +228,9 @@ class BeSuppress(Loop):
                "how CPUs idle there"),
         Option("control_trials", int, 3, "rule slack: once the best cut has helped 3 times for a load band and "
                "signal, one risk in 3 is left alone for a window and judged as a cut is, this many times; then BE is "
-               "left alone wherever LS recovered so as often as the cut helped; 0 turns it off (every risk is cut)",
+               "left alone wherever LS recovered so as often as the cut helped, and where the cut helped more often "
+               "but with a chance under 90% of being the better, one risk in 6 is tried so, up to 4 times this in "
+               "all; 0 turns it off (every risk is cut)",
                min=0, max=100),
         Option("hot_cap_percent", float, 50.0, "rule slack: a lever that caps the busiest BE cgroups (pods, jobs) "
                "alone, to this much less than they use; 0 turns it off", min=0, max=95),
@@ -403,8 +407,11 @@ DWELL_FIRST, DWELL_MAX = 10.0, 320.0   # seconds BE waits near where LS missed b
 GUARD_REST_TIMES = 16             # a guard rests at most this many times guard_cut_max (_guard_rest)
 # The control arm (_control): once the best cut has helped CONTROL_AFTER times for a load band and signal, one
 # confirmed risk in CONTROL_EVERY is left alone and judged as a cut is, up to `control_trials` such trials;
-# from then on BE is left alone wherever LS recovered left alone as often as the cut helped.
+# from then on BE is left alone wherever LS recovered left alone as often as the cut helped. Where the cut
+# helped more often, but not with a chance of CONTROL_CLEAR that it is the better (core/experiment.py's
+# chance_better), trials go on one risk in 2 x CONTROL_EVERY, up to CONTROL_MORE x `control_trials` in all.
 CONTROL_AFTER, CONTROL_EVERY = 3, 3
+CONTROL_CLEAR, CONTROL_MORE = 0.9, 4
 
 
 def _split(snapshot: Snapshot, signals: list) -> tuple[list, list]:
@@ -1029,7 +1036,9 @@ def _control(settings, state: State, best: str, cond: tuple) -> str | None:
     work where cpu.idle alone gave it 65.5% at the same p99. Left alone now and then, and judged the same way,
     a risk shows how often LS recovers without the cut; the cut is taken where it helps more often than that.
     The first trials come only once the cut has helped CONTROL_AFTER times here, one risk in CONTROL_EVERY:
-    never on a fresh koordd's first misses."""
+    never on a fresh koordd's first misses. Where BE is then left alone, each such risk is judged and LS left
+    alone's record grows, so a leave chosen on lucky trials corrects itself; a cut chosen on unlucky ones
+    would not (only the cut's record grows), so trials go on while the verdicts leave it unclear."""
     lab, most = state.lab, settings.control_trials
     state.risks_since_control += 1
     if most == 0 or lab.resting(LEAVE, cond[2], lab.now):
@@ -1037,10 +1046,20 @@ def _control(settings, state: State, best: str, cond: tuple) -> str | None:
     cut, alone = lab.record(best, cond), lab.record(LEAVE, cond)
     trials = alone.helped + alone.nothing
     if trials >= most:
-        if alone.score < cut.score:
+        if alone.score >= cut.score:
+            state.risks_since_control = 0
+            return (f"leave BE alone: LS recovered left alone {_tally(alone)}, the {best} cut helped {_tally(cut)}")
+        # The cut looks better; while a few verdicts leave that unclear, trials go on at half the rate. A cut
+        # chosen on three unlucky trials would otherwise never meet the control arm again: the cut's own
+        # record grows, LS left alone's stays as those three trials left it.
+        edge = chance_better(cut, alone)
+        if (edge >= CONTROL_CLEAR or trials >= CONTROL_MORE * most
+                or state.risks_since_control < 2 * CONTROL_EVERY):
             return None
         state.risks_since_control = 0
-        return (f"leave BE alone: LS recovered left alone {_tally(alone)}, the {best} cut helped {_tally(cut)}")
+        return (f"leave BE alone to test again (trial {trials + 1}, at most {CONTROL_MORE * most}): the {best} "
+                f"cut helped {_tally(cut)}, LS recovered left alone {_tally(alone)}: the chance that the cut is the "
+                f"better is {edge:.0%}, under {CONTROL_CLEAR:.0%}")
     if cut.helped - cut.retracted < CONTROL_AFTER or state.risks_since_control < CONTROL_EVERY:
         return None
     state.risks_since_control = 0

@@ -703,3 +703,57 @@ def test_median_and_fmean_are_the_statistics_module_s():
     assert median([math.inf, 1.0, 2.0]) == 2.0
     with pytest.raises(ValueError):
         median([])
+
+
+from koordd.core.experiment import CHANCE_COUNTS, Record, chance_better  # noqa: E402
+
+
+def _integrated(a: tuple[int, int], b: tuple[int, int], steps: int = 20000) -> float:
+    """P(X > Y), X ~ Beta(1 + a helps, 1 + a misses), Y likewise for b, by the midpoint rule on
+    the integral of X's density times Y's distribution: an independent way to the same figure."""
+    def density(k, n):
+        logc = math.lgamma(n + 2) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+        return lambda x: math.exp(logc + k * math.log(x) + (n - k) * math.log(1 - x))
+    fa, fb = density(*a), density(*b)
+    h = 1.0 / steps
+    total, below = 0.0, 0.0
+    for i in range(steps):
+        x = (i + 0.5) * h
+        below += fb(x) * h / 2          # Y's distribution at x (the midpoint's half step)
+        total += fa(x) * below * h
+        below += fb(x) * h / 2
+    return total
+
+
+@pytest.mark.parametrize("a,b", [((0, 0), (0, 0)), ((1, 1), (0, 0)), ((2, 3), (1, 3)), ((4, 5), (2, 3)),
+                                 ((30, 45), (30, 50)), ((0, 3), (3, 3)), ((9, 12), (1, 3))])
+def test_the_chance_that_one_lever_helps_more_often_than_another_is_the_posterior_s(a, b):
+    record = lambda k, n: Record(helped=k, nothing=n - k)
+    got = chance_better(record(*a), record(*b))
+    assert got == pytest.approx(_integrated(a, b), abs=2e-3), (a, b)
+    assert got + chance_better(record(*b), record(*a)) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_a_retracted_help_counts_as_none_and_equal_records_are_a_coin_toss():
+    assert chance_better(Record(), Record()) == pytest.approx(0.5)
+    assert chance_better(Record(helped=1), Record()) == pytest.approx(2 / 3)
+    assert chance_better(Record(helped=3, nothing=1, retracted=2), Record(helped=1, nothing=3)) == pytest.approx(0.5)
+    # 2 of 3 against 1 of 3 is no sure thing; 200 of 300 against 100 of 300 is
+    assert 0.7 < chance_better(Record(helped=2, nothing=1), Record(helped=1, nothing=2)) < 0.8
+    assert chance_better(Record(helped=200, nothing=100), Record(helped=100, nothing=200)) > 0.999
+
+
+def test_a_long_lived_koordd_s_huge_counts_count_as_chance_counts_at_their_share():
+    # the exact sum runs over the smaller record's helps, and lgamma loses digits at 10^12: past
+    # CHANCE_COUNTS verdicts a record counts as that many, at its share
+    scale = CHANCE_COUNTS // 1000
+    assert chance_better(Record(helped=3000, nothing=1000), Record(helped=2940, nothing=1060)) == pytest.approx(
+        chance_better(Record(helped=750 * scale, nothing=250 * scale), Record(helped=735 * scale, nothing=265 * scale)))
+    huge = Record(helped=10 ** 12, nothing=10 ** 12)
+    assert chance_better(huge, huge) == pytest.approx(0.5)
+    # the huge record's share is 0.5 to many digits: the chance is that of Beta(2, 10) staying under 0.5,
+    # 1 - P(Binomial(11, 0.5) <= 1) = 1 - 12/2048
+    assert chance_better(huge, Record(helped=1, nothing=9)) == pytest.approx(1 - 12 / 2048, abs=1e-3)
+    assert chance_better(Record(helped=1, nothing=9), huge) == pytest.approx(12 / 2048, abs=1e-3)
+    assert chance_better(huge, Record(helped=10 ** 12 + 10 ** 10, nothing=10 ** 12)) == pytest.approx(
+        chance_better(Record(helped=500, nothing=500), Record(helped=502, nothing=498)))
