@@ -19,10 +19,12 @@ Pure functions of run records (the dicts of results.json; koordtest.bench.qos_st
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
+from koordtest.bench.power import paired_ratio, pooled_log_sd, runs_needed
 from koordtest.bench.steal import steal_line
 from koordtest.bench.qos_stats import (BE_ALONE, LS_ALONE, WINDOWS_MET, Spread, lever_verdicts, median_spread,
                                       slo_verdicts)
@@ -178,6 +180,30 @@ class SweepRow:
         return "**no**"
 
 
+def paired_lines(runs: Sequence[dict], load, rows: Sequence[SweepRow]) -> list[str]:
+    """The 95% rule paired by repetition: at each factor with an oracle, koordd's run over the oracle setting's run
+    of the same repetition (the same arrivals, LS alone and BE alone, and the host's hour), as a geometric mean
+    with its 90% interval and whether it is at least ORACLE_SHARE with 95% confidence (power.PairedRatio), and
+    how often each met the target. Medians of a few repetitions cannot say that; the pairs' drift cancels."""
+    out = []
+    for row in rows:
+        if row.oracle is None or row.koordd is None:
+            continue
+        verdicts = slo_verdicts(runs, load, row.target)
+        mine = {v.rep: v for v in verdicts if v.setup == row.koordd.setup}
+        theirs = {v.rep: v for v in verdicts if v.setup == row.oracle.setup}
+        reps = sorted(set(mine) & set(theirs))
+        met = (f"met the target in {sum(mine[r].meets for r in reps)} of {len(reps)} repetitions, "
+               f"{row.oracle.setup} in {sum(theirs[r].meets for r in reps)}")
+        ratio = paired_ratio((theirs[r].be_work, mine[r].be_work) for r in reps)
+        said = ("one pair: no interval" if ratio is None else
+                f"{ratio.ratio:.2f} ({ratio.low:.2f}-{ratio.high:.2f}, 90% interval) over {ratio.pairs} pairs: "
+                f"{ratio.against(ORACLE_SHARE)}")
+        out.append(f"- {row.factor:g}x paired by repetition: {row.koordd.setup}'s BE work over {row.oracle.setup}'s "
+                   f"{said}; {met}")
+    return out
+
+
 def koordd_setup(factor: float) -> str:
     """The name of setup koordd told an SLO of `factor` x LS alone's p99."""
     return f"{KOORDD_PREFIX}-slo-{factor:g}"
@@ -268,17 +294,43 @@ def settings_spreads(runs: Sequence[dict], load, setups: Sequence[str]) -> tuple
     runs are more runs of its base: on 16 CPUs, in one repetition, be-idle-cpu-max-60 never bound and read
     5.76 ms where be-idle read 30.99 ms, and with each setting's scatter taken as 0 a point between them was
     called dominated beyond the measured spread."""
-    verdicts = slo_verdicts(runs, load, float("inf"))
+    groups = knob_groups(runs, load, setups)
+    repeated = [mine for mine in groups.values() if len(mine) > 1]
+    p99s = [relative_spread(v.p99 for v in mine) for mine in repeated]
+    works = [relative_spread(v.be_work for v in mine) for mine in repeated]
     knobs = same_knobs(runs, load, setups)
-    p99s, works = [], []
-    for group in sorted(set(knobs.values())):
-        mine = [v for v in verdicts if knobs.get(v.setup) == group and v.be_work is not None]
-        if len(mine) > 1:
-            p99s.append(relative_spread(v.p99 for v in mine))
-            works.append(relative_spread(v.be_work for v in mine))
-    pooled = tuple(s for s in knobs if knobs[s] != s and any(v.setup == s for v in verdicts))
+    pooled = tuple(s for s in knobs if knobs[s] != s and any(v.setup == s for mine in groups.values() for v in mine))
     return (statistics.median(p99s) if p99s else 0.0, statistics.median(works) if works else 0.0, bool(p99s),
             pooled)
+
+
+def knob_groups(runs: Sequence[dict], load, setups: Sequence[str]) -> dict[str, list]:
+    """The runs at `load` of `setups` (and of a setting run again beside one) that have BE work, grouped by the
+    knobs they held in effect (same_knobs): runs with nothing changed between them."""
+    knobs = same_knobs(runs, load, setups)
+    groups: dict[str, list] = {}
+    for v in slo_verdicts(runs, load, float("inf")):
+        if v.setup in knobs and v.be_work is not None:
+            groups.setdefault(knobs[v.setup], []).append(v)
+    return dict(sorted(groups.items()))
+
+
+def power_line(runs: Sequence[dict], load, setups: Sequence[str], margin: float) -> str | None:
+    """The report's line on how many repetitions the rules would need at the scatter this run measured (power.py):
+    the 95% rule's 5% of BE work and a p99 difference of the smallest SLO margin. None where no setting ran twice."""
+    groups = knob_groups(runs, load, setups).values()
+    work = pooled_log_sd([v.be_work for v in mine] for mine in groups)
+    p99 = pooled_log_sd([v.p99 for v in mine] for mine in groups)
+    if work is None or p99 is None:
+        return None
+    reps = max((len({v.rep for v in mine}) for mine in groups), default=0)
+    need = [f"telling {100 * ORACLE_SHARE:.0f}% of the oracle's BE work from 100% about "
+            f"{runs_needed(work.log_sd, 1 / ORACLE_SHARE)} repetitions of each setting"]
+    if margin > 0:
+        need.append(f"a p99 {100 * margin:.0f}% apart about {runs_needed(p99.log_sd, 1 + margin)}")
+    return (f"- repetitions the rules need at this scatter (one run of a static setting with nothing changed: BE work "
+            f"×/÷ {math.exp(work.log_sd):.2f}, p99 ×/÷ {math.exp(p99.log_sd):.2f} as one standard deviation, "
+            f"{work.freedom} degrees of freedom): {', '.join(need)} (two-sided 5%, power 80%); this run had {reps}")
 
 
 def instrument(runs: Sequence[dict], load, margin: float, statics: Sequence[str] = ()) -> Instrument | None:
@@ -405,7 +457,7 @@ def report(runs: Sequence[dict], load, statics: Sequence[str], factors: Sequence
            f"here" + ("" if inst.sees_margin else f"; it sees about {100 * max(inst.spread, inst.lag_share):.0f}%"),
            f"- BE alone's work: spread {100 * inst.be_spread:.1f}% of its median over its repetitions",
            settings_line(inst),
-           *filter(None, [steal_line(runs, load, inst.alone.median)]),
+           *filter(None, [power_line(runs, load, statics, inst.margin), steal_line(runs, load, inst.alone.median)]),
            *koordd_activity(runs, load),
            *filter(None, [throttle_line(runs, load, [*statics, *koordd_setups(runs, load)]),
                           separates(runs, load, statics, inst.alone.median, factors)]),
@@ -430,6 +482,7 @@ def report(runs: Sequence[dict], load, statics: Sequence[str], factors: Sequence
                    f"{f'{100 * k.be_work:.0f}%' if k else '-'} | "
                    f"{f'{100 * r.koordd_over_oracle:.0f}%' if r.koordd_over_oracle is not None else '-'} | "
                    f"{r.verdict(inst.resolution)} |")
+    out += ["", *paired_lines(runs, load, rows)] if any(r.oracle and r.koordd for r in rows) else []
     out += ["", f"BE work over {BE_ALONE}'s of the same repetition; every cell a median over repetitions. A setting "
             f"meets an SLO when its p99 is at or under the target and {100 * WINDOWS_MET:.0f}% of its windows are. "
             "The static frontier: the static settings no other static setting beats on both BE work and p99. "

@@ -3,11 +3,14 @@ where koordd lies against it, the SLO sweep's oracle and verdicts, and whether t
 margin (LS alone's spread and the client's send lag)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from koordtest.bench.frontier import (Point, Resolution, clearly_dominates, dominates, frontier, instrument,
                                       koordd_activity, koordd_setup, report, separates, standing, sweep,
                                       throttle_line)
+from koordtest.bench.power import paired_ratio, runs_needed
 from koordtest.bench.qos_run import SETUP_NAMES, run_order
 
 MS = 1e-3
@@ -340,3 +343,46 @@ def test_a_miss_of_the_oracle_rule_inside_the_spread_of_be_work_says_so_and_stay
            run("be-idle", 2.0, 88.0), run(koordd_setup(1.5), 2.0, 80.0)]
     assert ("| **no**, within LS and BE alone's spread (the settings' scatter not measured) |"
             in report(one, 50, ["be-idle"], (1.5,)))
+
+
+def test_the_report_says_how_many_repetitions_the_rules_need_at_the_scatter_it_measured():
+    """Two repetitions, be-idle's BE work 85% then 95% of BE alone's and its p99 2 then 3 ms: one run scatters by
+    a factor of about 1.06 in work (pooled with the cap's two equal runs), so telling 95% from 100% takes
+    about 19 runs of each setting."""
+    runs = [be_alone(0, 100.0), be_alone(1, 100.0), run("ls-alone", 2.0, rep=0), run("ls-alone", 2.0, rep=1),
+            run("be-idle", 2.0, 85.0, rep=0), run("be-idle", 3.0, 95.0, rep=1),
+            run("be-idle-cpu-max-60", 2.0, 50.0, rep=0), run("be-idle-cpu-max-60", 2.0, 50.0, rep=1),
+            run(koordd_setup(1.5), 2.0, 90.0, rep=0), run(koordd_setup(1.5), 2.0, 90.0, rep=1)]
+    statics = ["be-idle", "be-idle-cpu-max-60"]
+    text = report(runs, 50, statics, (1.5,))
+    # pooled over be-idle (1 degree of freedom, log sd |ln(95/85)| / sqrt 2) and the cap (1, 0)
+    work_sd = math.log(95 / 85) / 2
+    p99_sd = math.log(3 / 2) / 2
+    assert (f"- repetitions the rules need at this scatter (one run of a static setting with nothing changed: BE work "
+            f"×/÷ {math.exp(work_sd):.2f}, p99 ×/÷ {math.exp(p99_sd):.2f} as one standard deviation, 2 degrees of "
+            f"freedom): telling 95% of the oracle's BE work from 100% about {runs_needed(work_sd, 1 / 0.95)} "
+            f"repetitions of each setting, a p99 50% apart about {runs_needed(p99_sd, 1.5)} (two-sided 5%, power "
+            "80%); this run had 2") in text, text
+    assert runs_needed(work_sd, 1 / 0.95) == 19       # 15.7 x (0.0556 / 0.0513)^2 = 18.4
+    # nothing ran twice: no line (the scatter line already says it was not measured)
+    once = [r for r in runs if r["rep"] == 0 or r["setup"] == "ls-alone"]
+    assert "repetitions the rules need" not in report(once, 50, statics, (1.5,))
+
+
+def test_the_sweep_pairs_koordd_with_the_oracle_by_repetition_to_judge_the_95_percent_rule():
+    """Medians of a few repetitions cannot tell 93% from 97% on a host whose BE work drifts between them; the
+    runs of one repetition share that drift. Five pairs, koordd 96-101% of be-idle's work as it drifts 60-90%."""
+    runs = []
+    for rep, (idle, k) in enumerate([(60, 60), (90, 88), (75, 76), (80, 77), (70, 71)]):
+        runs += [be_alone(rep, 100.0), run("ls-alone", 2.0, rep=rep), run("be-idle", 2.0, float(idle), rep=rep),
+                 run(koordd_setup(2.0), 2.0, float(k), rep=rep)]
+    runs.append(run(koordd_setup(2.0), 9.0, 50.0, rep=9))     # no be-idle in its repetition: no pair
+    text = report(runs, 50, ["be-idle"], (2.0,))
+    r = paired_ratio([(60, 60), (90, 88), (75, 76), (80, 77), (70, 71)])
+    assert r.low >= 0.95
+    assert (f"- 2x paired by repetition: koordd-slo-2's BE work over be-idle's {r.ratio:.2f} ({r.low:.2f}-"
+            f"{r.high:.2f}, 90% interval) over 5 pairs: at least 95% with 95% confidence; met the target in 5 of 5 "
+            "repetitions, be-idle in 5") in text, text
+    # one pair: said, not judged
+    assert "- 2x paired by repetition: koordd-slo-2's BE work over be-idle's one pair: no interval; met the target " \
+           "in 1 of 1 repetitions, be-idle in 1" in report([r_ for r_ in runs if r_["rep"] == 0], 50, ["be-idle"], (2.0,))
