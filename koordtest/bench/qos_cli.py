@@ -66,6 +66,9 @@ process's CPU in each window is recorded too (koordd_cpu), with or without it.
 --be-idle-twice (with --frontier) runs be-idle a second time in each repetition, as setup be-idle-again: its runs
 count in the static settings' own scatter only (not as a point of the frontier, not as an oracle), so that a
 proof of one repetition still measures how far one setting's runs scatter with nothing changed.
+With --frontier the report also says how many repetitions its rules would need at the scatter it measured, and
+judges the 95% rule paired by repetition: koordd's BE work over the oracle's in the same repetition, with a 90%
+interval (koordtest/bench/power.py; docs/benchmarks.md, "How many repetitions the rules need").
 
 --client-cpus N keeps the client off LS and BE's CPUs: its processes get the lowest N CPUs (sched_setaffinity,
 not cpusets), everything else (LS servers, BE workers, koordd, bench-qos itself) the others, and loads, server
