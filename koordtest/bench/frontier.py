@@ -19,12 +19,11 @@ Pure functions of run records (the dicts of results.json; koordtest.bench.qos_st
 """
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-from koordtest.bench.power import paired_ratio, pooled_log_sd, runs_needed
+from koordtest.bench.power import exp_or_inf, paired_ratio, pooled_log_sd, runs_needed
 from koordtest.bench.steal import steal_line
 from koordtest.bench.qos_stats import (BE_ALONE, LS_ALONE, WINDOWS_MET, Spread, lever_verdicts, median_spread,
                                       slo_verdicts)
@@ -299,7 +298,8 @@ def settings_spreads(runs: Sequence[dict], load, setups: Sequence[str]) -> tuple
     p99s = [relative_spread(v.p99 for v in mine) for mine in repeated]
     works = [relative_spread(v.be_work for v in mine) for mine in repeated]
     knobs = same_knobs(runs, load, setups)
-    pooled = tuple(s for s in knobs if knobs[s] != s and any(v.setup == s for mine in groups.values() for v in mine))
+    ran = {v.setup for mine in groups.values() for v in mine}
+    pooled = tuple(s for s in knobs if knobs[s] != s and s in ran)
     return (statistics.median(p99s) if p99s else 0.0, statistics.median(works) if works else 0.0, bool(p99s),
             pooled)
 
@@ -329,7 +329,7 @@ def power_line(runs: Sequence[dict], load, setups: Sequence[str], margin: float)
     if margin > 0:
         need.append(f"a p99 {100 * margin:.0f}% apart about {runs_needed(p99.log_sd, 1 + margin)}")
     return (f"- repetitions the rules need at this scatter (one run of a static setting with nothing changed: BE work "
-            f"×/÷ {math.exp(work.log_sd):.2f}, p99 ×/÷ {math.exp(p99.log_sd):.2f} as one standard deviation, "
+            f"×/÷ {exp_or_inf(work.log_sd):.2f}, p99 ×/÷ {exp_or_inf(p99.log_sd):.2f} as one standard deviation, "
             f"{work.freedom} degrees of freedom): {', '.join(need)} (two-sided 5%, power 80%); this run had {reps}")
 
 

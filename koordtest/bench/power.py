@@ -18,10 +18,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Iterable, Sequence
 
-Z_TWO_SIDED_5 = 1.959964     # the normal quantile for a two-sided 5% test
-Z_POWER_80 = 0.841621        # ... and for 80% power
+Z_TWO_SIDED_5 = NormalDist().inv_cdf(0.975)     # the normal quantile for a two-sided 5% test (1.96)
+Z_POWER_80 = NormalDist().inv_cdf(0.80)         # ... and for 80% power (0.84)
+Z_ONE_SIDED_5 = NormalDist().inv_cdf(0.95)      # ... and for a one-sided 5% bound (1.645)
+
+
+def positive(v) -> bool:
+    """A value a logarithm can take: a finite number over 0 (a forged or missing figure in results.json is not)."""
+    return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,7 @@ def pooled_log_sd(groups: Iterable[Sequence[float]]) -> Noise | None:
     group had two."""
     squares, freedom = 0.0, 0
     for group in groups:
-        logs = [math.log(v) for v in group if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
+        logs = [math.log(v) for v in group if positive(v)]
         if len(logs) < 2:
             continue
         mean = sum(logs) / len(logs)
@@ -61,7 +68,6 @@ def runs_needed(log_sd: float, ratio: float) -> int:
 # within 0.001 of the table.
 T_95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761, 1.753,
         1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701, 1.699, 1.697)
-Z_ONE_SIDED_5 = 1.644854
 
 
 def t_95(freedom: int) -> float:
@@ -101,11 +107,15 @@ class PairedRatio:
 def paired_ratio(pairs: Iterable[tuple[float, float]]) -> PairedRatio | None:
     """b / a over `pairs` of (a, b); pairs with a value that is not a positive number are left out. None for
     fewer than two pairs."""
-    logs = [math.log(b / a) for a, b in pairs
-            if all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (a, b))]
+    logs = [math.log(b) - math.log(a) for a, b in pairs if positive(a) and positive(b)]    # b / a may overflow
     if len(logs) < 2:
         return None
     mean = sum(logs) / len(logs)
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
     half = t_95(len(logs) - 1) * sd / math.sqrt(len(logs))
-    return PairedRatio(len(logs), math.exp(mean), math.exp(mean - half), math.exp(mean + half), sd)
+    return PairedRatio(len(logs), exp_or_inf(mean), exp_or_inf(mean - half), exp_or_inf(mean + half), sd)
+
+
+def exp_or_inf(x: float) -> float:
+    """e ** x, infinite past what a float holds (a forged ratio of 1e308 over 5e-324 is not a crash)."""
+    return math.exp(x) if x < 709 else math.inf

@@ -386,3 +386,11 @@ def test_the_sweep_pairs_koordd_with_the_oracle_by_repetition_to_judge_the_95_pe
     # one pair: said, not judged
     assert "- 2x paired by repetition: koordd-slo-2's BE work over be-idle's one pair: no interval; met the target " \
            "in 1 of 1 repetitions, be-idle in 1" in report([r_ for r_ in runs if r_["rep"] == 0], 50, ["be-idle"], (2.0,))
+
+
+def test_forged_extremes_in_results_json_still_give_a_report():
+    runs = [be_alone(0, 100.0), be_alone(1, 100.0), run("ls-alone", 2.0, rep=0), run("ls-alone", 2.0, rep=1),
+            run("be-idle", 1e-300, 5e-322, rep=0), run("be-idle", 1e300, 1e300, rep=1),
+            run(koordd_setup(1.5), 2.0, 90.0, rep=0), run(koordd_setup(1.5), 2.0, 90.0, rep=1)]
+    assert "repetitions the rules need at this scatter (one run of a static setting with nothing changed: BE work " \
+           "×/÷ inf" in report(runs, 50, ["be-idle"], (1.5,))

@@ -87,3 +87,10 @@ def test_the_95_percent_rule_paired_is_settled_only_where_the_interval_leaves_no
     need = int(text.split("about ")[1].split(" pairs")[0])
     assert need == max(9, math.ceil((1.644854 * noisy.log_sd / abs(math.log(noisy.ratio / 0.95))) ** 2))
     assert PairedRatio(4, 0.95, 0.9, 1.0, 0.05).against(0.95) == "undetermined: the ratio sits on 95%"
+
+
+def test_forged_extremes_in_results_json_give_finite_figures_not_a_crash():
+    r = paired_ratio([(5e-324, 1e308), (1e308, 5e-324), (1.0, 1.0)])
+    assert r is not None and math.isfinite(r.log_sd) and r.ratio == pytest.approx(1.0) and r.high == math.inf
+    assert r.against(0.95).startswith(("undetermined", "at least", "under"))
+    assert math.isfinite(pooled_log_sd([[5e-324, 1e308]]).log_sd)
