@@ -50,6 +50,9 @@ every run with LS: the server-side p99 the kernel saw next to the client's, in r
 first seconds are its reaction, which a static setting has none of, and the frontier compares where each
 settles (on 16 CPUs koordd floored BE 1.9 s into a 4 s window, and the windows before set its p99). The
 window's arrivals are then a later stretch of the same seeded Poisson process; not with --low-load.
+--settle-also be-idle settles be-idle's runs as long: a pair of one repetition then differs in koordd alone, not
+in its window's arrivals nor in how long LS and BE ran before it (LS alone and BE alone, the baselines, do not
+settle unless named).
 
 --koordd-b OTHER/.venv/bin/koordd compares two programs in one invocation: setup koordd-b runs that program
 with setup koordd's config and SLO, its runs interleaved with koordd's and the rest, so both sides share LS
@@ -193,6 +196,7 @@ def run_benchmark(args, layout, tree: CgroupTree, ls_kind, workdir: Path, out: P
                   koordd_command_b=koordd_command(str(args.koordd_b)) if args.koordd_b else None,
                   window=args.window, app_latency=open_app_latency(args),
                   koordd_terms=args.koordd_terms, cpus=args.cpus, koordd_settle=args.koordd_settle,
+                  settle_also=frozenset(args.settle_also),
                   bpf_stats=args.bpf_stats)
     bench.remember_knobs()
     calibrated = calibrate(bench, args.loads + ([args.low_load] if args.low_load else []), workdir,
@@ -332,6 +336,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--koordd-settle", type=float, default=0.0,
                    help="koordd's runs: seconds of load before the window beyond --warmup, so that the window "
                         "measures koordd once it has acted, not its reaction (default 0; not with --low-rate)")
+    p.add_argument("--settle-also", default="", metavar="SETUPS",
+                   help="static setups whose runs settle --koordd-settle's seconds too (comma-separated): paired "
+                        "with koordd's, such a run's window then starts as late, on the same arrivals (default: "
+                        "none, koordd's runs alone settle)")
     p.add_argument("--drain", type=float, default=2.0, help="seconds the client waits for late answers (default 2)")
     p.add_argument("--out", help="directory for report.md, qos.png, results.json (default ./bench-qos-<time>)")
     p.add_argument("--seed", type=int, default=1, help="run order and arrival times (default 1)")
@@ -409,6 +417,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.koordd_settle < 0 or (args.koordd_settle and args.low_load is not None):
         p.error("--koordd-settle: seconds, 0 or more, and not with --low-load (the sine spans warm-up and "
                 "window: a longer warm-up would stretch koordd's)")
+    args.settle_also = [s for s in args.settle_also.split(",") if s]
+    if args.settle_also and not args.koordd_settle:
+        p.error("--settle-also: with --koordd-settle, the seconds they settle")
+    if unrun := [s for s in args.settle_also if s not in args.setups or SETUPS[SETUP_NAMES.index(s)].koordd]:
+        p.error(f"--settle-also: {', '.join(unrun)} not among this invocation's static setups "
+                f"({', '.join(s for s in args.setups if not SETUPS[SETUP_NAMES.index(s)].koordd)})")
     if args.client_processes != "auto" and not (args.client_processes.isdigit() and int(args.client_processes) > 0):
         p.error("--client-processes: a positive number or auto")
     try:
@@ -593,8 +607,9 @@ def write_report(args, bench: Bench, layout, costs: dict[int, float], rates: dic
         f"BE: {bench.ncpu} `{bench.antagonist}` workers, work counted in {UNITS[bench.antagonist]}"
         + (f" (growing to {bench.be_memory >> 20} MiB together)" if bench.antagonist == "memory" else ""),
         f"runs: {bench.seconds:g} s measured after {bench.warmup:g} s of warm-up"
-        + (f" ({bench.warmup + bench.koordd_settle:g} s for koordd's runs: it settles {bench.koordd_settle:g} s "
-           f"first)" if bench.koordd_settle else "") + f", {args.reps} repetitions, "
+        + (f" ({bench.warmup + bench.koordd_settle:g} s for koordd's runs"
+           + "".join(f", {s}'s" for s in sorted(bench.settle_also))
+           + f": they settle {bench.koordd_settle:g} s first)" if bench.koordd_settle else "") + f", {args.reps} repetitions, "
         f"setups and loads in a random order per repetition, every second one reversed (seed {args.seed}); "
         f"every setup at the same "
         f"load and repetition gets the same arrival times"

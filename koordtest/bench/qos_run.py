@@ -243,6 +243,7 @@ class Bench:
     client_processes: int = 1        # compiled engines at once
     cpus: CpuSplit | None = None     # --client-cpus: the client's CPUs and LS and BE's (None: all share all)
     koordd_settle: float = 0.0       # koordd's runs: seconds of load before the window, beyond the warm-up
+    settle_also: frozenset = frozenset()   # static setups whose runs settle as koordd's do (--settle-also)
     bpf_stats: bool = False          # --bpf-stats: koordd's BPF programs' cost over each window (kernel counters on)
     originals: dict[str, dict[str, str]] = field(default_factory=dict)   # cgroup -> knob -> value
 
@@ -254,6 +255,12 @@ class Bench:
     @property
     def client_cpus(self) -> int:
         return len(self.cpus.client) if self.cpus else 0
+
+    def settle_for(self, setup: Setup) -> float:
+        """Seconds of load a run of `setup` gets before its window beyond the warm-up: koordd's runs settle, and a
+        static setting named by --settle-also settles as long, so that a pair differs in koordd alone, not in
+        how long LS and BE ran before the window nor in the window's arrivals."""
+        return self.koordd_settle if setup.koordd or setup.name in self.settle_also else 0.0
 
     def remember_knobs(self) -> None:
         self.originals = {cg: read_knobs(self.fs, cg, WATCHED_KNOBS) for cg in (self.tree.path(LS), self.tree.path(BE))}
@@ -402,7 +409,8 @@ def _window(bench: Bench, setup: Setup, rate: float | None, seed: int, sockets: 
     sending = time.monotonic() + CLIENT_STARTUP
     # koordd's runs settle first: the frontier compares steady states, and a controller's first seconds are
     # its reaction, which a static setting has none of (the changing-load case is where reaction counts).
-    warmup = bench.warmup + (bench.koordd_settle if koordd else 0.0)
+    settle = bench.settle_for(setup)
+    warmup = bench.warmup + settle
     start_at = sending + warmup
     client = None
     if setup.ls:
@@ -453,7 +461,7 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
     scanned0 = reclaim_scans()
     programs = bpf_stats.koordd_programs(koordd.status()) if koordd and bench.bpf_stats else {}
     counters0, counted0 = bpf_stats.read_counters(programs), time.monotonic()
-    out: dict = {}
+    out: dict = {"settled": bench.settle_for(setup)}
     if setup.be and bench.switch_to:
         # The first antagonist for the first half, then the other: each half's work over its own counters
         out["be_work_halves"] = [_work_over(counters, bench.seconds / 2) / (bench.seconds / 2)]

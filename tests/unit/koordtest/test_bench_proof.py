@@ -231,3 +231,28 @@ def test_presence_runs_pairs_of_be_idle_and_a_koordd_that_cuts_nothing_with_its_
         with pytest.raises(SystemExit):
             proof.parse_args(["--presence", "3", *beside])
         assert "do not apply" in capsys.readouterr().err
+
+
+def test_a_static_setting_settles_as_koordd_does_only_when_named_and_only_beside_a_settling_time(capsys):
+    """A pair of be-idle and koordd whose windows start 10 s and 100 s into their runs differs in more than koordd:
+    the arrivals, and how long LS and BE ran before. --settle-also names the static setups that settle too."""
+    from koordtest.bench.qos_run import SETUPS, Bench
+    base = ["--frontier", "--candidates", "be-idle", "--sweep", "1.5", "--engine", "python", "--no-install",
+            "--loads", "50", "--koordd-settle", "90"]
+    assert bench_qos_args(base).settle_also == []
+    assert bench_qos_args(base + ["--settle-also", "be-idle"]).settle_also == ["be-idle"]
+    for bad in (["--settle-also", "be-idle-cpu-max-60"],       # not run here
+                ["--settle-also", "koordd-slo-1.5"],            # koordd's runs settle anyway
+                ["--settle-also", "no-such-setup"]):
+        with pytest.raises(SystemExit):
+            bench_qos_args(base + bad)
+        assert "--settle-also" in capsys.readouterr().err
+    with pytest.raises(SystemExit):                               # nothing to settle for
+        bench_qos_args(base[:-2] + ["--settle-also", "be-idle"])
+    assert "--settle-also" in capsys.readouterr().err
+    named = {s.name: s for s in SETUPS}
+    bench = Bench(tree=None, fs=None, ncpu=2, ls_kind=None, antagonist="membw", be_memory=0, seconds=15, warmup=10,
+                  drain=2, realtime_client=False, koordd_config=None, koordd_command=[], koordd_settle=90.0)
+    assert [bench.settle_for(named[n]) for n in ("be-idle", "koordd-slo-1.5", "ls-alone")] == [0.0, 90.0, 0.0]
+    bench.settle_also = frozenset({"be-idle"})
+    assert [bench.settle_for(named[n]) for n in ("be-idle", "koordd-slo-1.5", "ls-alone")] == [90.0, 90.0, 0.0]
