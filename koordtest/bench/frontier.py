@@ -27,6 +27,7 @@ from koordtest.bench.power import exp_or_inf, paired_ratio, pooled_log_sd, runs_
 from koordtest.bench.steal import steal_line
 from koordtest.bench.qos_stats import (BE_ALONE, LS_ALONE, WINDOWS_MET, Spread, lever_verdicts, median_spread,
                                       slo_verdicts)
+from koordd.kernel.pm_qos import NO_CONSTRAINT
 
 SWEEP_FACTORS = (1.1, 1.25, 1.5, 2.0, 3.0)
 KOORDD_PREFIX = "koordd"
@@ -349,6 +350,12 @@ def koordd_setups(runs: Sequence[dict], load) -> list[str]:
     return sorted({r["setup"] for r in runs if r["setup"].startswith(KOORDD_PREFIX) and r["load"] == load})
 
 
+def cpu_latency_held(run: dict) -> bool:
+    """Whether a CPU latency request was in force at the run's window start or end (bench-qos reads
+    /dev/cpu_dma_latency there): CPUs kept out of deep idle, which BE's knobs at the window's end do not show."""
+    return any(isinstance(v, int) and 0 <= v < NO_CONSTRAINT for v in run.get("cpu_latency_us") or ())
+
+
 def koordd_activity(runs: Sequence[dict], load) -> list[str]:
     """A report line per koordd setup at `load`: in how many of its measured windows it decided anything, and
     how many writes it made there and before them (settling: bench-qos --koordd-settle), with BE's cpu.max at
@@ -364,6 +371,10 @@ def koordd_activity(runs: Sequence[dict], load) -> list[str]:
         if any("koordd_before" in r for r in mine):
             ends = ", ".join(str(r.get("be_cpu_max")) for r in mine)
             line += f"; {before} writes before them (settling); BE's cpu.max at the windows' end: {ends}"
+        held = [r for r in mine if cpu_latency_held(r)]
+        if any("cpu_latency_us" in r for r in mine):
+            line += (f"; CPUs held out of deep idle (a CPU latency request in force at the window's start or end: "
+                     f"its wake lever) in {len(held)} of {len(mine)} windows")
         unshowable = [r["koordd_unshowable"] for r in mine if r.get("koordd_unshowable") is not None]
         if any(unshowable):
             line += (f"; held BE where no cut could show in {sum(unshowable)} rounds ({sum(1 for n in unshowable if n)} "
@@ -371,7 +382,7 @@ def koordd_activity(runs: Sequence[dict], load) -> list[str]:
         verdicts = lever_verdicts(mine)
         if verdicts:
             line += f"; its levers' verdicts, counted from koordd's start: {verdicts}"
-        if acted == 0 and before == 0:
+        if acted == 0 and before == 0 and not held:
             line += ("; with none, its BE ran as under be-idle, and where their points differ that is the runs' "
                      "own scatter (and koordd's own CPU)")
         out.append(line)

@@ -120,10 +120,12 @@ from koordtest.bench.ls_servers import Memcached, Probe, Redis, find_memcached, 
 from koordtest.bench.packages import apt_install
 from koordtest.bench.probe import bytes_for
 from koordtest.bench.qos_report import ab_table, markdown, plot, slo_table, window_plot
-from koordtest.bench.qos_run import (BE, KOORDD_A, KOORDD_B, LS, ORACLE_SETUPS, SETUP_NAMES, SETUPS, Bench,
-                                     CpuSplit, follow_alone, on_cpus, run_one, run_order, split_cpus)
+from koordtest.bench.qos_run import (BE, CANDIDATE_SETUPS, KOORDD_A, KOORDD_B, LS, ORACLE_SETUPS, SETUP_NAMES,
+                                     SETUPS, WAKE_SETUP, Bench, CpuSplit, follow_alone, on_cpus, run_one, run_order,
+                                     split_cpus)
 from koordtest.bench.qos_stats import BE_ALONE, LS_ALONE, baselines, median_spread, summarise
 from koordd.kernel.cgroupfs import CgroupFS, detect_layout
+from koordd.kernel.pm_qos import DEVICE
 from koordd.backends.cgroup_knobs import KNOBS
 from koordd.kernel.sched_ext import has_sched_ext, missing_reason
 from koordd.sensors.node import parse_meminfo
@@ -372,8 +374,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if any(not 0 < load < 100 for load in args.loads):
         p.error("--loads are percentages between 0 and 100")
     args.candidates = list(ORACLE_SETUPS) if args.candidates is None else [c for c in args.candidates.split(",") if c]
-    if not set(args.candidates) <= set(ORACLE_SETUPS):
-        p.error(f"--candidates must be among {', '.join(ORACLE_SETUPS)}")
+    if not set(args.candidates) <= set(CANDIDATE_SETUPS):
+        p.error(f"--candidates must be among {', '.join(CANDIDATE_SETUPS)}")
     args.sweep = [float(f) for f in args.sweep.split(",") if f]
     if args.frontier and (unswept := [f for f in args.sweep if koordd_setup(f) not in SETUP_NAMES]):
         p.error(f"--sweep: no setup for {unswept}; known factors: {', '.join(f'{f:g}' for f in SWEEP_FACTORS)}")
@@ -392,7 +394,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.setups is None:
         default = ["ls-alone", "be-alone", *args.candidates, KOORDD_A] if args.oracle else \
             [s.name for s in SETUPS if (not s.needs_sched_ext or has_sched_ext()) and s.name not in ORACLE_SETUPS[1:]
-             and not s.program_b and s.name != "be-idle-again"]
+             and not s.program_b and s.name not in ("be-idle-again", WAKE_SETUP)]
         if args.koordd_b is not None:
             default.insert(default.index(KOORDD_A) + 1, KOORDD_B)
         args.setups = ",".join(default)
@@ -406,6 +408,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.setups) - set(SETUP_NAMES)
     if unknown:
         p.error(f"unknown setups {sorted(unknown)}; known: {', '.join(SETUP_NAMES)}")
+    if WAKE_SETUP in args.setups and not DEVICE.exists():
+        p.error(f"setup {WAKE_SETUP}: this host has no {DEVICE} (a kernel without CPU idle PM QoS)")
     if (KOORDD_B in args.setups) != (args.koordd_b is not None):
         p.error("setup koordd-b and --koordd-b go together: the program to run, and the setup that runs it")
     if not has_sched_ext() and (needing := [s.name for s in SETUPS if s.needs_sched_ext and s.name in args.setups]):

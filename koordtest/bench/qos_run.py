@@ -34,6 +34,7 @@ from koordtest.bench.static_knobs import StaticKnobs, read_knobs
 from koordtest.bench.steal import StealSampler, window_steal
 from koordd.core.cgroup_text import format_cpulist
 from koordd.kernel.cgroupfs import CgroupFS
+from koordd.kernel.pm_qos import DEVICE, LatencyRequest, read_target
 from koordd.sensors.cgroup_stats import CgroupSensor
 from koordd.sensors.node import parse_proc_stat_cpu
 
@@ -58,7 +59,10 @@ class Setup:
     needs_sched_ext: bool = False                             # runs only on a kernel with sched_ext
     slo_factor: float | None = None   # koordd: its SLO is this x LS alone's p99 (else the benchmark's target)
     program_b: bool = False           # koordd: run --koordd-b's program (another checkout's), not this one's
+    wake: bool = False                # the benchmark holds a 0 µs request on /dev/cpu_dma_latency for the run
 
+
+WAKE_SETUP = "be-idle-wake"
 
 SETUPS = (
     Setup("ls-alone", "LS without BE: the latency baseline", be=False),
@@ -69,6 +73,11 @@ SETUPS = (
     Setup("be-idle-again", "be-idle's knobs once more in the same repetition (--frontier --be-idle-twice): a static "
           "setting's own scatter, measured where one repetition is all there is time for",
           knobs=lambda ncpu: {"cpu.idle": "1"}),
+    # be_suppress's wake lever held for good, as tuned's latency-performance profile holds it: the static setting
+    # to judge koordd's wake lever against, where its windows had CPUs held out of deep idle and be-idle's had not
+    Setup(WAKE_SETUP, "be-idle's knobs with CPUs kept out of deep idle for the run: the benchmark holds a 0 µs request "
+          "on /dev/cpu_dma_latency (a vCPU that polls is not halted, so a wake-up is no slow re-entry)",
+          knobs=lambda ncpu: {"cpu.idle": "1"}, wake=True),
     Setup("be-thread-idle", "BE threads SCHED_IDLE and BE cpu.weight = 1 (the placement koordd uses where the "
           "kubelet owns the group: the kubelet gives BestEffort the lowest weight)",
           knobs=lambda ncpu: {"cpu.weight": "1"}, idle_threads=True),
@@ -112,6 +121,7 @@ SETUPS += tuple(Setup(koordd_setup(f), f"koordd as setup koordd, its LS class's 
                       koordd=True, slo_factor=f) for f in SWEEP_FACTORS)
 SETUP_NAMES = tuple(s.name for s in SETUPS)
 ORACLE_SETUPS = ("be-idle",) + tuple(f"be-{kind}cpu-max-{pct}" for kind in ("", "idle-") for pct in ORACLE_PERCENTS)
+CANDIDATE_SETUPS = ORACLE_SETUPS + (WAKE_SETUP,)      # --candidates may name it; not swept unless named
 
 
 def run_order(setups: list[str], loads: list[int], reps: int, seed: int,
@@ -302,7 +312,7 @@ def run_one(bench: Bench, setup: Setup, rate: float | None, seed: int, workdir: 
                 bench.ls_kind.prepare(sock)
                 sockets.append(sock)
         static = StaticKnobs(bench.fs, bench.tree.path(BE), setup.knobs(bench.ncpu) if setup.knobs else {})
-        with static:
+        with static, held_cpu_latency(setup.wake):
             counters = workdir / "be.counters"
             if setup.be:
                 workers += start_antagonist(bench, setup, bench.antagonist, counters, workdir, env)
@@ -461,7 +471,7 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
     scanned0 = reclaim_scans()
     programs = bpf_stats.koordd_programs(koordd.status()) if koordd and bench.bpf_stats else {}
     counters0, counted0 = bpf_stats.read_counters(programs), time.monotonic()
-    out: dict = {"settled": bench.settle_for(setup)}
+    out: dict = {"settled": bench.settle_for(setup), "cpu_latency_us": [cpu_latency_target()]}
     if setup.be and bench.switch_to:
         # The first antagonist for the first half, then the other: each half's work over its own counters
         out["be_work_halves"] = [_work_over(counters, bench.seconds / 2) / (bench.seconds / 2)]
@@ -485,6 +495,7 @@ def _measure(bench: Bench, setup: Setup, start_at: float, counters: Path, workdi
     if programs:
         out["koordd_bpf"] = bpf_stats.cost(programs, counters0, bpf_stats.read_counters(programs),
                                            time.monotonic() - counted0)
+    out["cpu_latency_us"].append(cpu_latency_target())
     out["steal"] = window_steal(steal.stop(), start_at, bench.seconds, window_count(bench.seconds, bench.window))
     scanned1 = reclaim_scans()
     if bench.app_latency is not None and setup.ls:
@@ -594,6 +605,28 @@ class CpuMeter:
 
 def _proc_stat() -> tuple[int, int]:
     return parse_proc_stat_cpu(Path("/proc/stat").read_text())
+
+
+@contextmanager
+def held_cpu_latency(wake: bool) -> Iterator[None]:
+    """A 0 µs CPU latency request held for the block where `wake` (the wake setup's run), none otherwise."""
+    if not wake:
+        yield
+        return
+    request = LatencyRequest(0, DEVICE)
+    try:
+        yield
+    finally:
+        request.close()
+
+
+def cpu_latency_target() -> int | None:
+    """The CPU latency target in force (µs; NO_CONSTRAINT where no request is held), None where the host has no
+    /dev/cpu_dma_latency: whether a window ran with CPUs held out of deep idle, by koordd's wake lever or else."""
+    try:
+        return read_target(DEVICE)
+    except (OSError, ValueError):
+        return None
 
 
 def reclaim_scans() -> int:

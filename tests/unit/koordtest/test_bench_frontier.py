@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from koordtest.bench.frontier import (Point, Resolution, clearly_dominates, dominates, frontier, instrument,
-                                      koordd_activity, koordd_setup, report, separates, standing, sweep,
+from koordtest.bench.frontier import (Point, Resolution, clearly_dominates, cpu_latency_held, dominates, frontier,
+                                      instrument, koordd_activity, koordd_setup, report, separates, standing, sweep,
                                       throttle_line)
 from koordtest.bench.power import paired_ratio, runs_needed
 from koordtest.bench.qos_run import SETUP_NAMES, run_order
@@ -394,3 +394,22 @@ def test_forged_extremes_in_results_json_still_give_a_report():
             run(koordd_setup(1.5), 2.0, 90.0, rep=0), run(koordd_setup(1.5), 2.0, 90.0, rep=1)]
     assert "repetitions the rules need at this scatter (one run of a static setting with nothing changed: BE work " \
            "×/÷ inf" in report(runs, 50, ["be-idle"], (1.5,))
+
+
+def test_a_window_with_the_wake_lever_held_is_counted_and_not_said_to_have_run_as_be_idle():
+    """koordd's wake lever holds /dev/cpu_dma_latency from its settling time through windows in which it writes
+    nothing (redis against memory, 2026-12-02): BE's cpu.max at the window's end cannot show it, the read of the
+    CPU latency target at the window's start and end does."""
+    from koordd.kernel.pm_qos import NO_CONSTRAINT
+    runs = [dict(run(koordd_setup(1.5), 3.0, 50.0, rep=0), koordd_window=[], cpu_latency_us=[0, 0]),
+            dict(run(koordd_setup(1.5), 3.0, 50.0, rep=1), koordd_window=[], cpu_latency_us=[NO_CONSTRAINT, 0]),
+            dict(run(koordd_setup(1.5), 3.0, 50.0, rep=2), koordd_window=[], cpu_latency_us=[NO_CONSTRAINT, None]),
+            dict(run(koordd_setup(2.0), 3.0, 50.0, rep=0), koordd_window=[], cpu_latency_us=[NO_CONSTRAINT] * 2),
+            dict(run(koordd_setup(3.0), 3.0, 50.0, rep=0), koordd_window=[], cpu_latency_us=["0", -1])]   # forged
+    held, released, forged = koordd_activity(runs, 50)
+    assert ("; CPUs held out of deep idle (a CPU latency request in force at the window's start or end: its wake "
+            "lever) in 2 of 3 windows") in held
+    assert "with none" not in held
+    assert "in 0 of 1 windows" in released and "with none" in released
+    assert "in 0 of 1 windows" in forged
+    assert not cpu_latency_held(run("be-idle", 3.0, 50.0))            # a run from before the record

@@ -256,3 +256,32 @@ def test_a_static_setting_settles_as_koordd_does_only_when_named_and_only_beside
     assert [bench.settle_for(named[n]) for n in ("be-idle", "koordd-slo-1.5", "ls-alone")] == [0.0, 90.0, 0.0]
     bench.settle_also = frozenset({"be-idle"})
     assert [bench.settle_for(named[n]) for n in ("be-idle", "koordd-slo-1.5", "ls-alone")] == [90.0, 90.0, 0.0]
+
+
+def test_the_wake_setting_holds_a_zero_request_for_its_run_only_and_is_swept_only_when_named(tmp_path, monkeypatch,
+                                                                                              capsys):
+    """be-idle-wake is be_suppress's wake lever held for good (tuned's latency-performance): a static setting to
+    judge koordd against where its windows ran with CPUs held out of deep idle."""
+    from koordtest.bench import qos_cli, qos_run
+    from koordd.kernel.pm_qos import NO_CONSTRAINT
+    device = tmp_path / "cpu_dma_latency"
+    device.write_bytes(NO_CONSTRAINT.to_bytes(4, "little", signed=True))
+    monkeypatch.setattr(qos_run, "DEVICE", device)
+    with qos_run.held_cpu_latency(False):
+        assert qos_run.cpu_latency_target() == NO_CONSTRAINT
+    with qos_run.held_cpu_latency(True):
+        assert qos_run.cpu_latency_target() == 0      # a stand-in file reads back what was written
+    monkeypatch.setattr(qos_run, "DEVICE", tmp_path / "none")
+    assert qos_run.cpu_latency_target() is None       # a host without the device: no record, no crash
+    wake = qos_run.SETUPS[qos_run.SETUP_NAMES.index("be-idle-wake")]
+    assert wake.wake and wake.knobs(2) == {"cpu.idle": "1"} and not any(s.wake for s in qos_run.SETUPS if s != wake)
+    base = ["--engine", "python", "--no-install", "--loads", "50"]
+    assert "be-idle-wake" not in bench_qos_args(base).setups                    # not in any default list
+    assert "be-idle-wake" not in bench_qos_args(["--frontier"] + base).setups
+    monkeypatch.setattr(qos_cli, "DEVICE", device)
+    named = bench_qos_args(["--frontier", "--candidates", "be-idle,be-idle-wake", "--sweep", "1.5"] + base)
+    assert named.setups == ["ls-alone", "be-alone", "be-idle", "be-idle-wake", "koordd-slo-1.5"]
+    monkeypatch.setattr(qos_cli, "DEVICE", tmp_path / "none")
+    with pytest.raises(SystemExit):
+        bench_qos_args(["--frontier", "--candidates", "be-idle,be-idle-wake"] + base)
+    assert "be-idle-wake" in capsys.readouterr().err
