@@ -97,3 +97,23 @@ def _quota_set(be: Path, mode: str) -> bool:
         return not (be / "cpu.max").read_text().startswith("max")
     except OSError:
         return False
+
+
+def test_the_wake_setting_holds_cpus_out_of_deep_idle_in_its_window_only_and_settles_when_named(tmp_path):
+    """be-idle-wake holds a 0 µs request on /dev/cpu_dma_latency for its run and drops it after; --settle-also
+    gives a static setting koordd's settling time. Every run records the CPU latency target at its window's start
+    and end: be-idle's must read no request (nothing of ours left one behind)."""
+    from koordd.kernel.pm_qos import DEVICE, NO_CONSTRAINT, read_target
+    detect_host()
+    if not DEVICE.exists():
+        pytest.skip(f"{DEVICE}: this kernel has no CPU idle PM QoS")
+    setups = ["be-idle", "be-idle-wake", "koordd"]
+    p = subprocess.run([sys.executable, str(SCRIPT), *SHORT, "--setups", ",".join(setups), "--koordd-settle", "1",
+                        "--settle-also", "be-idle-wake", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    runs = {r["setup"]: r for r in json.loads((tmp_path / "results.json").read_text())["runs"]}
+    assert runs["be-idle-wake"]["cpu_latency_us"] == [0, 0]
+    assert runs["be-idle"]["cpu_latency_us"] == [NO_CONSTRAINT, NO_CONSTRAINT]
+    assert [runs[s]["settled"] for s in setups] == [0.0, 1.0, 1.0]
+    assert read_target() == NO_CONSTRAINT            # the request went with the run
