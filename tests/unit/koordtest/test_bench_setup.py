@@ -57,6 +57,7 @@ def test_static_setups():
     oracle |= {f"be-idle-cpu-max-{pct}": {"cpu.idle": "1", "cpu.max": f"{2000 * pct} 100000"}
                for pct in range(10, 100, 10)}
     assert STATIC == {"be-weight-1": {"cpu.weight": "1"}, "be-idle": {"cpu.idle": "1"}, "be-idle-again": {"cpu.idle": "1"},
+                      "be-idle-wake": {"cpu.idle": "1"},
                       "be-thread-idle": {"cpu.weight": "1"}, "be-quota-half": {"cpu.max": "100000 100000"}, **oracle}
     assert [s.name for s in SETUPS if s.idle_threads] == ["be-thread-idle"]
     assert ORACLE_SETUPS == ("be-idle", *oracle)
