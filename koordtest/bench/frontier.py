@@ -373,8 +373,8 @@ def koordd_activity(runs: Sequence[dict], load) -> list[str]:
             line += f"; {before} writes before them (settling); BE's cpu.max at the windows' end: {ends}"
         held = [r for r in mine if cpu_latency_held(r)]
         if any("cpu_latency_us" in r for r in mine):
-            line += (f"; CPUs held out of deep idle (a CPU latency request in force at the window's start or end: "
-                     f"its wake lever) in {len(held)} of {len(mine)} windows")
+            line += (f"; CPUs held out of deep idle (a CPU latency request in force at the window's start or "
+                     f"end: its wake lever) in {len(held)} of {len(mine)} windows")
         unshowable = [r["koordd_unshowable"] for r in mine if r.get("koordd_unshowable") is not None]
         if any(unshowable):
             line += (f"; held BE where no cut could show in {sum(unshowable)} rounds ({sum(1 for n in unshowable if n)} "

@@ -424,9 +424,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.settle_also = [s for s in args.settle_also.split(",") if s]
     if args.settle_also and not args.koordd_settle:
         p.error("--settle-also: with --koordd-settle, the seconds they settle")
-    if unrun := [s for s in args.settle_also if s not in args.setups or SETUPS[SETUP_NAMES.index(s)].koordd]:
-        p.error(f"--settle-also: {', '.join(unrun)} not among this invocation's static setups "
-                f"({', '.join(s for s in args.setups if not SETUPS[SETUP_NAMES.index(s)].koordd)})")
+    static = [s.name for s in SETUPS if s.name in args.setups and not s.koordd]
+    if unrun := [s for s in args.settle_also if s not in static]:
+        p.error(f"--settle-also: {', '.join(unrun)} not among this invocation's static setups ({', '.join(static)})")
     if args.client_processes != "auto" and not (args.client_processes.isdigit() and int(args.client_processes) > 0):
         p.error("--client-processes: a positive number or auto")
     try:
@@ -613,7 +613,8 @@ def write_report(args, bench: Bench, layout, costs: dict[int, float], rates: dic
         f"runs: {bench.seconds:g} s measured after {bench.warmup:g} s of warm-up"
         + (f" ({bench.warmup + bench.koordd_settle:g} s for koordd's runs"
            + "".join(f", {s}'s" for s in sorted(bench.settle_also))
-           + f": they settle {bench.koordd_settle:g} s first)" if bench.koordd_settle else "") + f", {args.reps} repetitions, "
+           + f": they settle {bench.koordd_settle:g} s first)" if bench.koordd_settle else "")
+        + f", {args.reps} repetitions, "
         f"setups and loads in a random order per repetition, every second one reversed (seed {args.seed}); "
         f"every setup at the same "
         f"load and repetition gets the same arrival times"

@@ -16,7 +16,7 @@ import os
 import random
 import subprocess
 import time
-from contextlib import contextmanager
+from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -64,20 +64,24 @@ class Setup:
 
 WAKE_SETUP = "be-idle-wake"
 
+
+def _idle(ncpu: int) -> dict[str, str]:
+    """BE's group SCHED_IDLE: be-idle's knobs, and those of the settings that repeat or extend it."""
+    return {"cpu.idle": "1"}
+
 SETUPS = (
     Setup("ls-alone", "LS without BE: the latency baseline", be=False),
     Setup("be-alone", "BE without LS: the BE work baseline", ls=False),
     Setup("no-control", "LS and BE, no knob changed"),
     Setup("be-weight-1", "BE cpu.weight = 1 (v1: cpu.shares 10)", knobs=lambda ncpu: {"cpu.weight": "1"}),
-    Setup("be-idle", "BE cpu.idle = 1 (SCHED_IDLE as a group)", knobs=lambda ncpu: {"cpu.idle": "1"}),
+    Setup("be-idle", "BE cpu.idle = 1 (SCHED_IDLE as a group)", knobs=_idle),
     Setup("be-idle-again", "be-idle's knobs once more in the same repetition (--frontier --be-idle-twice): a static "
-          "setting's own scatter, measured where one repetition is all there is time for",
-          knobs=lambda ncpu: {"cpu.idle": "1"}),
+          "setting's own scatter, measured where one repetition is all there is time for", knobs=_idle),
     # be_suppress's wake lever held for good, as tuned's latency-performance profile holds it: the static setting
     # to judge koordd's wake lever against, where its windows had CPUs held out of deep idle and be-idle's had not
-    Setup(WAKE_SETUP, "be-idle's knobs with CPUs kept out of deep idle for the run: the benchmark holds a 0 µs request "
-          "on /dev/cpu_dma_latency (a vCPU that polls is not halted, so a wake-up is no slow re-entry)",
-          knobs=lambda ncpu: {"cpu.idle": "1"}, wake=True),
+    Setup(WAKE_SETUP, "be-idle's knobs with CPUs kept out of deep idle for the run: the benchmark holds a 0 µs "
+          "request on /dev/cpu_dma_latency (a vCPU that polls is not halted, so a wake-up is no slow re-entry)",
+          knobs=_idle, wake=True),
     Setup("be-thread-idle", "BE threads SCHED_IDLE and BE cpu.weight = 1 (the placement koordd uses where the "
           "kubelet owns the group: the kubelet gives BestEffort the lowest weight)",
           knobs=lambda ncpu: {"cpu.weight": "1"}, idle_threads=True),
@@ -419,8 +423,7 @@ def _window(bench: Bench, setup: Setup, rate: float | None, seed: int, sockets: 
     sending = time.monotonic() + CLIENT_STARTUP
     # koordd's runs settle first: the frontier compares steady states, and a controller's first seconds are
     # its reaction, which a static setting has none of (the changing-load case is where reaction counts).
-    settle = bench.settle_for(setup)
-    warmup = bench.warmup + settle
+    warmup = bench.warmup + bench.settle_for(setup)
     start_at = sending + warmup
     client = None
     if setup.ls:
@@ -607,17 +610,9 @@ def _proc_stat() -> tuple[int, int]:
     return parse_proc_stat_cpu(Path("/proc/stat").read_text())
 
 
-@contextmanager
-def held_cpu_latency(wake: bool) -> Iterator[None]:
+def held_cpu_latency(wake: bool):
     """A 0 µs CPU latency request held for the block where `wake` (the wake setup's run), none otherwise."""
-    if not wake:
-        yield
-        return
-    request = LatencyRequest(0, DEVICE)
-    try:
-        yield
-    finally:
-        request.close()
+    return closing(LatencyRequest(0, DEVICE)) if wake else nullcontext()
 
 
 def cpu_latency_target() -> int | None:
