@@ -391,6 +391,12 @@ class Verdict:
                     and (not self.release or (self.log_back or 0.0) >= GIVE_BACK))
         return by_margin, by_ratio
 
+    def cost(self) -> bool:
+        """Whether the signal got worse after the move by more than the margin a gain must pass (or, by ratio,
+        by more than the factor): what a move that takes nothing from BE is released for."""
+        by_ratio = self.log_gain is not None and self.log_margin is not None and -self.log_gain > self.log_margin
+        return -self.gain > self.margin or by_ratio
+
     def fields(self) -> dict:
         return {"lever": self.lever, "cgroup": self.key[0], "signal": self.key[1], "before": round(self.before, 3),
                 "after": round(self.after, 3), "noise": round(self.noise, 3), "margin": round(self.margin, 3),

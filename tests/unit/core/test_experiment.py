@@ -757,3 +757,21 @@ def test_a_long_lived_koordd_s_huge_counts_count_as_chance_counts_at_their_share
     assert chance_better(Record(helped=1, nothing=9), huge) == pytest.approx(12 / 2048, abs=1e-3)
     assert chance_better(huge, Record(helped=10 ** 12 + 10 ** 10, nothing=10 ** 12)) == pytest.approx(
         chance_better(Record(helped=500, nothing=500), Record(helped=502, nothing=498)))
+
+
+from koordd.core.experiment import Verdict  # noqa: E402
+
+
+@pytest.mark.parametrize("after, release, cost", [
+    (4.5, False, True),       # a move after which the signal rose by more than the margin
+    (3.1, False, False),      # within the margin: nothing either way
+    (2.0, False, False),      # better: no cost
+    (2.0, True, True),        # a release after which the signal fell: keeping the cut was the cost
+    (4.5, True, False),
+])
+def test_a_verdict_says_a_cost_only_where_the_signal_got_worse_by_more_than_the_margin(after, release, cost):
+    """Verdict.cost: what a move that takes nothing from BE (the wake lever) is released for."""
+    v = Verdict("wake", ("ls", "app_p99_us"), False, 3.0, after, 0.1, 0.3, 0.0, release=release)
+    assert v.cost() is cost
+    # by ratio too: worse by more than the factor a gain must pass
+    assert Verdict("wake", ("ls", "app_p99_us"), False, 3.0, 3.1, 0.1, 0.3, 0.0, log_gain=-0.2, log_margin=0.05).cost()

@@ -1,6 +1,7 @@
 """be_suppress's wake lever (rule slack): 0 µs CPU wake-up latency held through the pm_qos backend's
 `cpu_dma_latency` while LS is at risk. It takes no CPU from BE, so it is tried before any cut, judged by the
-same experiment (core/experiment.py), kept while it helps, released when it bought nothing (and it rests),
+same experiment (core/experiment.py), kept while it helps and where it bought nothing measurable (it takes no CPU from BE), released where it
+cost latency (and it rests),
 released once LS has been healthy for WAKE_CALM_WINDOWS experiment windows, never tried when turned off or
 where the host lacks the knob. Hand-built snapshots (the "kernel" is the test: LS's run-queue p99 follows
 whether the request is held), then the daemon on a fake tree and a stand-in device: held by an fd, released
@@ -78,23 +79,43 @@ def test_tried_before_any_cut_and_kept_while_it_helps_then_released_once_ls_is_h
     assert levers(state)["be_cap"]["chosen"] == 0
 
 
-def test_a_request_that_buys_nothing_is_released_it_rests_and_the_cuts_come_next():
+def test_a_request_that_buys_nothing_stays_held_while_ls_is_at_risk_and_the_cuts_come_on_top():
+    """It takes no CPU from BE, and one window cannot see the few percent of p99 it buys (docs/be-control.md):
+    "bought nothing" keeps it held, said so, and the cuts are tried next with it held."""
     rows, state = run(lambda held: AT_RISK_US, 45)
     assert rows[1]["wake"] == ["wake"] and rows[1]["quotas"] == []        # once confirmed (t=1)
-    # Judged with the experiment window (5 s): nothing bought, released, and it rests 10 s for this signal;
-    # tried again after its rest, bought nothing again: its rest doubles (as a cut's does).
+    # Judged with the experiment window (5 s): nothing bought, not released; the verdict is on record on BE's
+    # knob (kept, as every verdict is) and BE was held while it was judged
+    assert all(r["held"] for r in rows[1:]), [(r["t"], r["held"]) for r in rows]
+    assert not any(w != "hold" for r in rows[2:] for w in r["wake"]), rows
+    assert rows[6]["step"].startswith("keep wake: cut bought nothing: runq_p99_us 3.00 ms -> 3.00 ms")
+    assert "it takes no CPU from BE, held while LS is at risk" in rows[6]["step"]
+    assert all(r["quotas"] in ([], [200000]) for r in rows[:7]), rows[:7]
+    # the whole-BE cap comes next round, on top of the request; it buys nothing either and is undone
+    assert rows[7]["step"] == "floor" and rows[7]["quotas"] == [2000]
+    assert rows[12]["step"].startswith("undo: cut bought nothing") and rows[12]["held"]
+    assert levers(state)["wake"]["by_signal"]["runq_p99_us"]["bought_nothing"] == 1
+    assert levers(state)["wake"]["chosen"] == 1
+
+
+def test_a_request_that_costs_latency_is_released_it_rests_and_the_cuts_come_next():
+    rows, state = run(lambda held: 4500 if held else AT_RISK_US, 45)
+    assert rows[1]["wake"] == ["wake"] and rows[1]["quotas"] == []        # once confirmed (t=1)
+    # Judged with the experiment window (5 s): worse by more than the margin, released, and it rests 10 s for
+    # this signal; tried again after its rest, worse again: its rest doubles (as a cut's does).
     undos = [r["t"] for r in rows if r["wake"] and r["wake"][0].startswith("undo")]
-    assert undos == [6, 21], rows
-    assert len(rows[6]["wake"]) == 1 and len(rows[21]["wake"]) == 1       # one release, the undo
-    assert "cut bought nothing: runq_p99_us 3.00 ms -> 3.00 ms" in rows[6]["wake"][0]
-    assert "wake rests 10s for runq_p99_us" in rows[6]["wake"][0] and "wake rests 20s" in rows[21]["wake"][0]
-    assert not rows[6]["held"] and not rows[21]["held"]
+    assert undos[0] == 6 and len(undos) >= 2, rows
+    assert len(rows[6]["wake"]) == 1                                       # one release, the undo
+    assert "cut bought nothing: runq_p99_us 3.00 ms -> 4.50 ms" in rows[6]["wake"][0]
+    assert "wake rests 10s for runq_p99_us" in rows[6]["wake"][0]
+    assert "wake rests 20s for runq_p99_us" in rows[undos[1]]["wake"][0]
+    assert not rows[6]["held"] and not rows[undos[1]]["held"]
     # BE held while it was judged (no cut before its verdict), then the whole-BE cap is tried
     assert all(r["quotas"] == [] for r in rows[:7]), rows[:7]
     assert rows[7]["step"] == "floor" and rows[7]["quotas"] == [2000]
-    # resting: not held again within its rests
-    assert not any(r["held"] for r in rows[7:16] + rows[22:41]) and rows[41]["held"]
-    assert levers(state)["wake"]["by_signal"]["runq_p99_us"]["bought_nothing"] == 2
+    # resting: not held again within its rest
+    assert not any(r["held"] for r in rows[7:16]), rows[7:16]
+    assert levers(state)["wake"]["by_signal"]["runq_p99_us"]["bought_nothing"] == len(undos)
 
 
 @pytest.mark.parametrize("how", [{"wake_lever": False}, {"supported": False}, {"driver": "none"}])
