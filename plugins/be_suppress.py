@@ -55,8 +55,10 @@ Two rules decide how much CPU BE may use (`rule`):
   /dev/cpu_dma_latency (the pm_qos backend's `cpu_dma_latency`), so CPUs stay out of deep idle (a VM's vCPU
   does not halt). It takes no CPU from BE, so where the host has the device and a cpuidle driver (without
   one, CPUs idle by a halt no request governs: _wake_can_act) it is tried first, judged
-  as a cut is, released when it bought nothing (it then rests as a cut's lever does), kept while it
-  helps, and released once the steering slack has been 10% or more for 6 experiment windows in a row
+  as a cut is, kept while it helps and also where it bought nothing measurable (a window's verdict cannot
+  see the few percent of p99 it buys, and it costs BE nothing: the cuts come next, on top of it), released
+  where LS was worse with it by more than the margin (Verdict.cost; it then rests as a cut's lever does),
+  and once the steering slack has been 10% or more for 6 experiment windows in a row
   (30 s by default: not on the first good round, which it may have bought), when turned off, and at stop;
   if koordd dies the kernel drops the request with its file descriptor.
   Where the hypervisor takes busy vCPUs away (steal of 50 ms or more in a round, a stall no per-miss cut can
@@ -224,7 +226,7 @@ class BeSuppress(Loop):
                "a row the SLO stayed met, up to 16 times)", min=1, max=3600),
         Option("wake_lever", bool, True, "rule slack: a lever that asks the kernel for 0 µs CPU wake-up latency "
                "(/dev/cpu_dma_latency: CPUs stay out of deep idle) while LS is at risk, tried before any cut, kept "
-               "while it helps; false turns it off. Never tried where the host has no cpuidle driver: no request changes "
+               "unless LS is worse with it; false turns it off. Never tried where the host has no cpuidle driver: no request changes "
                "how CPUs idle there"),
         Option("control_trials", int, 3, "rule slack: once the best cut has helped 3 times for a load band and "
                "signal, one risk in 3 is left alone for a window and judged as a cut is, this many times; then BE is "
