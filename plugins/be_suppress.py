@@ -793,10 +793,11 @@ def _verdict_step(settings, state: State, verdict: Verdict, running, experiment:
         # nothing to undo; where LS did not recover, the control arm rests and a cut may come next round
         return (None if verdict.helped else f"{verdict.text()}; {_rests(state.lab, verdict)}"), []
     if running.lever == WAKE and not verdict.helped and not verdict.cost():
-        # It takes no CPU from BE, and one window's verdict cannot see what it buys: held for good beside every
-        # static setting (be-idle-wake, 30 pairs on 2 CPUs) it gave LS a p99 of 0.94 (0.88-1.00) of cpu.idle
-        # alone's, while koordd's own verdicts on it read "bought nothing" 48 times and "helped" 18. Released
-        # where it cost latency, or once LS is healthy (_wake_upkeep); the cuts come next round, on top of it.
+        # It takes no CPU from BE, and one window's verdict cannot see what it buys: held for good as a static
+        # setting (be-idle-wake, 30 pairs on 2 CPUs) it gave LS a p99 of 0.94 (0.88-1.00) of cpu.idle alone's,
+        # while koordd's own verdicts on it read "bought nothing" 48 times and "helped" 18. Kept so, koordd did
+        # 1.20 (1.08-1.33) of the BE work it did releasing it (docs/benchmarks.md, 16 pairs). Released where it
+        # cost latency, or once LS is healthy (_wake_upkeep); the cuts come next round, on top of it.
         return f"keep wake: {verdict.text()}; it takes no CPU from BE, held while LS is at risk", []
     if verdict.helped:
         if (running.lever in (BE_CAP, HOT_CAP) and running.bound is None and verdict.key not in set(healthy)
