@@ -226,8 +226,8 @@ class BeSuppress(Loop):
                "a row the SLO stayed met, up to 16 times)", min=1, max=3600),
         Option("wake_lever", bool, True, "rule slack: a lever that asks the kernel for 0 µs CPU wake-up latency "
                "(/dev/cpu_dma_latency: CPUs stay out of deep idle) while LS is at risk, tried before any cut, kept "
-               "unless LS is worse with it; false turns it off. Never tried where the host has no cpuidle driver: no request changes "
-               "how CPUs idle there"),
+               "unless LS is worse with it; false turns it off. Never tried where the host has no cpuidle driver: "
+               "no request changes how CPUs idle there"),
         Option("control_trials", int, 3, "rule slack: once the best cut has helped 3 times for a load band and "
                "signal, one risk in 3 is left alone for a window and judged as a cut is, this many times; then BE is "
                "left alone wherever LS recovered so as often as the cut helped, and where the cut helped more often "

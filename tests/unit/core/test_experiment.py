@@ -2,7 +2,7 @@
 helped under which conditions."""
 import pytest
 
-from koordd.core.experiment import Lab, conditions, correlation, margin, spread, standard_error
+from koordd.core.experiment import Lab, Verdict, conditions, correlation, margin, spread, standard_error
 
 KEY = ("ls", "app_p99_us")
 COND = conditions(1.0, 4, ["be/a"], "app_p99_us")
@@ -757,9 +757,6 @@ def test_a_long_lived_koordd_s_huge_counts_count_as_chance_counts_at_their_share
     assert chance_better(Record(helped=1, nothing=9), huge) == pytest.approx(12 / 2048, abs=1e-3)
     assert chance_better(huge, Record(helped=10 ** 12 + 10 ** 10, nothing=10 ** 12)) == pytest.approx(
         chance_better(Record(helped=500, nothing=500), Record(helped=502, nothing=498)))
-
-
-from koordd.core.experiment import Verdict  # noqa: E402
 
 
 @pytest.mark.parametrize("after, release, cost", [

@@ -1,9 +1,8 @@
 """be_suppress's wake lever (rule slack): 0 µs CPU wake-up latency held through the pm_qos backend's
 `cpu_dma_latency` while LS is at risk. It takes no CPU from BE, so it is tried before any cut, judged by the
-same experiment (core/experiment.py), kept while it helps and where it bought nothing measurable (it takes no CPU from BE), released where it
-cost latency (and it rests),
-released once LS has been healthy for WAKE_CALM_WINDOWS experiment windows, never tried when turned off or
-where the host lacks the knob. Hand-built snapshots (the "kernel" is the test: LS's run-queue p99 follows
+same experiment (core/experiment.py), kept while it helps and where it bought nothing measurable, released
+where LS was worse with it (and it rests), released once LS has been healthy for WAKE_CALM_WINDOWS experiment
+windows, never tried when turned off or where the host lacks the knob. Hand-built snapshots (the "kernel" is the test: LS's run-queue p99 follows
 whether the request is held), then the daemon on a fake tree and a stand-in device: held by an fd, released
 at stop."""
 from __future__ import annotations
