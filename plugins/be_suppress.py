@@ -177,7 +177,7 @@ class State:
     be_cpu: History = field(default_factory=lambda: History(60.0))   # rule slack: BE cgroups' CPU, to attribute
     wake: bool = False                               # rule slack: the wake lever's request is held
     wake_calm: float | None = None                   # rule slack: since when LS is healthy while it is held
-    steal: deque = field(default_factory=deque)      # rule slack: (time, the round's worst vCPU steal, ms)
+    steal: History = field(default_factory=lambda: History(60.0))   # rule slack: rounds' worst vCPU steal, ms
     members_read: bool = True                        # rule slack: read BE pods' CPU next round (hot caps may matter)
     headroom: Headroom = field(default_factory=Headroom)   # rule slack: the standing headroom (core/headroom.py)
     missed_at: float | None = None                   # rule slack: BE's CPU use when LS last missed, cut for it
@@ -408,7 +408,7 @@ RAISE_MARGIN = 1.25               # a raised target: what LS showed at BE's floo
 RAISED_FOR = 300.0                # seconds; then LS is judged by its declared targets again
 STEAL_SAID_MS = 20.0              # a round's steal the decision's sentence names: a stall the guest saw nowhere else
 WAKE_KEEP_STEAL_MS = 5.0          # ms a second the host may take from a vCPU for the wake request to stay unproven
-STEAL_KEPT = 60.0                 # seconds of rounds' steal kept (_note_steal)
+STEAL = "steal_ms"                # State.steal's key: the round's steal of the vCPU that lost the most
 SLO_GAP = 2.0                     # seconds: a round this soon after the SLO's last value lies between two values
 CREEP_STEPS = 8                   # past the BE use at which LS last missed, BE grows by this fraction of a step
 DWELL_FIRST, DWELL_MAX = 10.0, 320.0   # seconds BE waits near where LS missed before probing past it, doubling
@@ -484,12 +484,13 @@ def _slack_allowance(snapshot: Snapshot, settings, state: State, be, capacity: i
         state.allowance = _allowance_held(settings, be, capacity)
     allowance, running = state.allowance, lab.running          # as the round found them
     values, healthy = _readings(signals, raised)
-    _note_steal(state, now, snapshot.node.steal_worst)
+    steal = snapshot.node.steal_worst
+    if steal is not None:
+        state.steal.add(now, STEAL, steal * 1000)       # for the wake lever's verdict (_steal_rate)
     verdict = lab.observe(now, values, be_used, healthy, _lags(state, values))
     below = state.below_zero             # the last round's: this round's is noted next
     between = _note_slo_rounds(snapshot, state, signals, steer)
     guarding = _guard_clock(settings, state, steer, guard, now)
-    steal = snapshot.node.steal_worst
     rd = SlackRound(now, capacity, others, be_used, len(be) * MIN_QUOTA_US / DEFAULT_PERIOD_US, signals, steer,
                     guard, units, below, between, guarding, None if steal is None else round(steal * 1000, 1))
 
@@ -833,15 +834,6 @@ def _rests(lab, verdict: Verdict) -> str:
     return f"{verdict.lever} rests {round(rest, 1):g}s for {verdict.key[1]}"
 
 
-def _note_steal(state: State, now: float, steal_s: float | None) -> None:
-    """Keep the rounds' steal (the vCPU that lost the most, ms) for STEAL_KEPT seconds: longer than any
-    experiment's window after its move (a lagging signal's included)."""
-    if steal_s is not None:
-        state.steal.append((now, steal_s * 1000))
-    while state.steal and state.steal[0][0] < now - STEAL_KEPT:
-        state.steal.popleft()
-
-
 def _steal_rate(state: State, since: float, now: float) -> float | None:
     """Ms a second the hypervisor took from the worst vCPU over the rounds after `since` up to `now` (None: no
     round counted). Where the host takes time back, the wake request's polling vCPUs make it take more: against
@@ -849,7 +841,7 @@ def _steal_rate(state: State, since: float, now: float) -> float | None:
     alone's in 14 of 14 pairs and LS's server-side p99 1.32 (1.11-1.58), a cost one window's verdict cannot
     see (docs/benchmarks.md); there it is kept only where it helped. Against membw the host took about 1 ms a
     second and kept, the request bought BE 1.20 of its work at the same p99."""
-    stolen = [ms for t, ms in state.steal if since < t <= now]
+    stolen = [ms for t, ms in state.steal.points.get(STEAL, ()) if since < t <= now]
     return sum(stolen) / (now - since) if stolen and now > since else None
 
 
