@@ -549,8 +549,9 @@ def _work_over(counters: Path, seconds: float) -> int:
 
 def window_decisions(decisions: list[dict], start: float, end: float) -> list[dict]:
     """What koordd decided within the window, compactly: when (seconds into it), which knob and value,
-    and for be_suppress's rule the step it took, the LS signal behind it, and the standing headroom's phase
-    (with the sentence where it changed: core/headroom.py)."""
+    and for be_suppress's rule the step it took, the LS signal behind it, the standing headroom's phase
+    (with the sentence where it changed: core/headroom.py), and the experiment's lever and verdict where the
+    decision carries one (a kept "helped" is on record only so)."""
     out = []
     for d in decisions:
         if not start <= d.get("time", 0) <= end:
@@ -559,9 +560,11 @@ def window_decisions(decisions: list[dict], start: float, end: float) -> list[di
         row = {"t": round(d["time"] - start, 2), "loop": d.get("loop"), "knob": d.get("knob"), "new": d.get("new"),
                "outcome": d.get("outcome")}
         headroom = reason.get("headroom") if isinstance(reason.get("headroom"), dict) else {}
+        experiment = reason.get("experiment") if isinstance(reason.get("experiment"), dict) else {}
         row.update({k: v for k, v in (("step", reason.get("step")), ("slack", reason.get("slack")),
                                       ("signal", worst.get("signal")), ("measured", worst.get("value")),
-                                      ("headroom", headroom.get("phase")))
+                                      ("headroom", headroom.get("phase")), ("lever", experiment.get("lever")),
+                                      ("verdict", experiment.get("verdict")))
                     if v is not None})
         if "headroom" in (d.get("message") or ""):     # the standing headroom holds, starts, is judged or ends
             row["said"] = d["message"]

@@ -154,6 +154,8 @@ def test_window_decisions_keep_what_happened_in_the_window_with_the_slack_eviden
         {"time": 103.0, "loop": "be_suppress", "knob": "cpu.max", "new": "160000 100000", "outcome": "applied",
          "message": "LS slack 40% (...): grow; headroom trial for 242 rounds: ...",
          "reason": {"step": "grow", "headroom": {"phase": "trial", "ceiling": 1.6}}},
+        {"time": 104.0, "loop": "be_suppress", "knob": "cpu.max", "new": "160000 100000", "outcome": "kept",
+         "reason": {"step": "hold", "experiment": {"lever": "wake", "verdict": "helped", "before": 3.0}}},
         {"time": 111.0, "loop": "be_suppress", "knob": "cpu.max", "new": "max 100000", "outcome": "applied"},
     ]
     assert window_decisions(decisions, 100.0, 110.0) == [
@@ -161,7 +163,9 @@ def test_window_decisions_keep_what_happened_in_the_window_with_the_slack_eviden
          "step": "grow", "slack": 0.4, "signal": "runq_p99_us", "measured": 1200},
         {"t": 2.0, "loop": "qos_baseline", "knob": "cpu.idle", "new": "1", "outcome": "applied"},
         {"t": 3.0, "loop": "be_suppress", "knob": "cpu.max", "new": "160000 100000", "outcome": "applied",
-         "step": "grow", "headroom": "trial", "said": "LS slack 40% (...): grow; headroom trial for 242 rounds: ..."}]
+         "step": "grow", "headroom": "trial", "said": "LS slack 40% (...): grow; headroom trial for 242 rounds: ..."},
+        {"t": 4.0, "loop": "be_suppress", "knob": "cpu.max", "new": "160000 100000", "outcome": "kept",
+         "step": "hold", "lever": "wake", "verdict": "helped"}]
 
 
 def test_koordd_is_ready_once_its_loops_ticked_and_needed_sensors_settled(tmp_path):
